@@ -1,0 +1,50 @@
+# Builds train_gpt, the data tools and every test. `make test` runs the whole suite (GPU parts are
+# reported as skipped on a machine without a GPU). Override GPU_ARCH for other GPUs, e.g.
+#   make GPU_ARCH="-gencode arch=compute_80,code=sm_80"
+NVCC ?= nvcc
+CXX ?= g++
+GPU_ARCH ?= -gencode arch=compute_90a,code=sm_90a
+NVCC_FLAGS ?= -O3 -std=c++17 $(GPU_ARCH) -Xcompiler -Wall,-fopenmp -Wno-deprecated-gpu-targets
+CXX_FLAGS ?= -O3 -std=c++17 -Wall -Wextra -pthread
+CUDA_LIBS = -lcublasLt -lcublas -lgomp
+BUILD = build
+
+KERNELS = $(wildcard kernels/*.cuh)
+DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp
+DATALOADER_HDRS = $(wildcard dataloader/*.h)
+CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader
+GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_gpt2
+
+.PHONY: all tests test clean
+all: train_gpt $(BUILD)/prepare_shards
+tests: $(CPU_TESTS) $(GPU_TESTS)
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+train_gpt: train_gpt.cu $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) train_gpt.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
+
+$(BUILD)/prepare_shards: dataloader/prepare_shards.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp $(DATALOADER_SRCS) -o $@
+
+$(BUILD)/test_cpu_reference: test/test_cpu_reference.cpp test/cpu_reference.cpp test/cpu_reference.h test/debug_state.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp test/test_cpu_reference.cpp test/cpu_reference.cpp -o $@
+
+$(BUILD)/test_tokenizer: test/test_tokenizer.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_tokenizer.cpp $(DATALOADER_SRCS) -o $@
+
+$(BUILD)/test_dataloader: test/test_dataloader.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_dataloader.cpp $(DATALOADER_SRCS) -o $@
+
+$(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
+
+test: all tests
+	bash test/run_tests.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt

@@ -1,0 +1,293 @@
+// DataLoader: shard discovery, the (optionally shuffled) batch order, window reads, and the read-ahead thread.
+#include "dataloader.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <stdexcept>
+
+#include "shards.h"
+
+namespace {
+
+constexpr uint32_t kStateMagic = 0x4C444C44;  // "DLDL"
+constexpr uint32_t kStateVersion = 1;
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("DataLoader: " + what); }
+
+uint64_t splitmix64(uint64_t& state) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// A permutation of 0..n-1 that depends only on (seed, epoch, stream): Fisher-Yates driven by SplitMix64
+// with unbiased bounded draws. Written out rather than std::shuffle, whose output differs between standard
+// libraries, so runs (and resumes) are reproducible everywhere.
+std::vector<uint32_t> permutation(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t stream) {
+    uint64_t state = seed;
+    state = splitmix64(state) ^ epoch;
+    state = splitmix64(state) ^ stream;
+    std::vector<uint32_t> p(n);
+    std::iota(p.begin(), p.end(), 0u);
+    for (uint64_t i = n; i > 1; --i) {
+        const uint64_t reject_below = (0 - i) % i;  // 2^64 mod i: draws below it would bias the modulo
+        uint64_t r;
+        do r = splitmix64(state);
+        while (r < reject_below);
+        std::swap(p[i - 1], p[r % i]);
+    }
+    return p;
+}
+
+std::vector<std::string> glob_sorted(const std::string& pattern) {
+    glob_t g;
+    int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+    if (rc == GLOB_NOMATCH) fail("no shard files match '" + pattern + "'");
+    if (rc != 0) fail("cannot expand '" + pattern + "' (glob error " + std::to_string(rc) + ")");
+    std::vector<std::string> paths(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+    ::globfree(&g);
+    std::sort(paths.begin(), paths.end());  // byte order, whatever the locale
+    return paths;
+}
+
+}  // namespace
+
+HostAllocator HostAllocator::system() {
+    return {[](size_t bytes) { return std::malloc(bytes); }, [](void* p) { std::free(p); }};
+}
+
+DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
+    const DataLoaderConfig& c = config_;
+    if (c.B <= 0 || c.T <= 0) fail("B and T must be positive (got B=" + std::to_string(c.B) + ", T=" + std::to_string(c.T) + ")");
+    if (c.num_ranks <= 0 || c.rank < 0 || c.rank >= c.num_ranks)
+        fail("rank " + std::to_string(c.rank) + " is not in [0, num_ranks=" + std::to_string(c.num_ranks) + ")");
+    if (c.prefetch_depth < 0) fail("prefetch_depth must be >= 0");
+    if (c.vocab_size <= 0 || c.vocab_size > 65536) fail("vocab_size must be in 1..65536 (uint16 tokens)");
+    if (!c.allocator.allocate || !c.allocator.deallocate) fail("the host allocator needs both functions");
+
+    global_tokens_ = uint64_t(c.num_ranks) * c.B * c.T;
+    shard_paths_ = glob_sorted(c.pattern);
+    for (const std::string& path : shard_paths_) {
+        const uint64_t n = ShardReader(path).num_tokens();
+        shard_tokens_.push_back(n);
+        num_tokens_ += n;
+        // Window k starts at k*G and needs G+1 tokens.
+        windows_per_shard_.push_back(n > global_tokens_ ? (n - 1) / global_tokens_ : 0);
+        batches_per_epoch_ += windows_per_shard_.back();
+    }
+    if (batches_per_epoch_ == 0)
+        fail("no shard matching '" + c.pattern + "' has the " + std::to_string(global_tokens_ + 1) +
+             " tokens one batch needs (num_ranks*B*T + 1)");
+    if (shard_paths_.size() > UINT32_MAX) fail("too many shards");
+
+    scratch_.resize(size_t(c.B) * c.T + 1);
+    const size_t bytes = 2 * size_t(c.B) * c.T * sizeof(int32_t);
+    slots_.resize(c.prefetch_depth == 0 ? 1 : c.prefetch_depth + 1);
+    for (Slot& slot : slots_) {
+        slot.data = static_cast<int32_t*>(c.allocator.allocate(bytes));
+        if (!slot.data) {
+            for (Slot& s : slots_)
+                if (s.data) c.allocator.deallocate(s.data);
+            fail("host allocator returned null for " + std::to_string(bytes) + " bytes");
+        }
+    }
+    consumer_pos_ = first_position();
+    start_reader();
+}
+
+DataLoader::~DataLoader() {
+    stop_reader();
+    for (Slot& slot : slots_) config_.allocator.deallocate(slot.data);
+}
+
+// ---- batch order ------------------------------------------------------------------------------------------
+
+const std::vector<uint32_t>& DataLoader::shard_order(uint64_t epoch) {
+    const uint64_t key = config_.shuffle ? epoch : 0;  // unshuffled: one order for every epoch
+    if (shard_order_epoch_ != key) {
+        if (config_.shuffle) {
+            shard_order_ = permutation(shard_paths_.size(), config_.seed, key, 0);
+        } else {
+            shard_order_.resize(shard_paths_.size());
+            std::iota(shard_order_.begin(), shard_order_.end(), 0u);
+        }
+        shard_order_epoch_ = key;
+    }
+    return shard_order_;
+}
+
+const std::vector<uint32_t>& DataLoader::window_order(uint64_t epoch, uint32_t shard) {
+    if (window_order_epoch_ != epoch || window_order_shard_ != shard) {
+        window_order_ = permutation(windows_per_shard_[shard], config_.seed, epoch, uint64_t(shard) + 1);
+        window_order_epoch_ = epoch;
+        window_order_shard_ = shard;
+    }
+    return window_order_;
+}
+
+DataLoader::Position DataLoader::first_position() {
+    Position pos;
+    if (windows_per_shard_[shard_order(0)[0]] == 0) advance(pos);  // the first shard too short for a batch
+    return pos;
+}
+
+// Next window; past a shard's last window, the next shard (in this epoch's order) that holds one.
+void DataLoader::advance(Position& pos) {
+    ++pos.window_pos;
+    while (pos.window_pos >= windows_per_shard_[shard_order(pos.epoch)[pos.shard_pos]]) {
+        pos.window_pos = 0;
+        if (++pos.shard_pos == shard_paths_.size()) {
+            pos.shard_pos = 0;
+            ++pos.epoch;
+        }
+    }
+}
+
+void DataLoader::fill(Slot& slot, Position& pos) {
+    const uint32_t shard = shard_order(pos.epoch)[pos.shard_pos];
+    const uint64_t window = config_.shuffle ? window_order(pos.epoch, shard)[pos.window_pos] : pos.window_pos;
+    const size_t rank_tokens = size_t(config_.B) * config_.T;
+    const uint64_t first = window * global_tokens_ + uint64_t(config_.rank) * rank_tokens;
+    if (!open_shard_ || open_shard_index_ != shard) {
+        open_shard_.reset();
+        auto reader = std::make_unique<ShardReader>(shard_paths_[shard]);
+        if (reader->num_tokens() != shard_tokens_[shard])
+            fail(shard_paths_[shard] + " changed size since the loader was created");
+        open_shard_ = std::move(reader);
+        open_shard_index_ = shard;
+    }
+    open_shard_->read(first, rank_tokens + 1, scratch_.data());
+    check_token_ids(shard_paths_[shard], scratch_.data(), rank_tokens + 1, first, config_.vocab_size);
+    // Rows overlap by one token, so the rank's B rows are one run of B*T+1 tokens: inputs are the run
+    // without its last token, targets the run without its first.
+    int32_t* inputs = slot.data;
+    int32_t* targets = slot.data + rank_tokens;
+    for (size_t i = 0; i < rank_tokens; ++i) {
+        inputs[i] = scratch_[i];
+        targets[i] = scratch_[i + 1];
+    }
+    advance(pos);
+    slot.after = pos;
+}
+
+// ---- serving and read-ahead -------------------------------------------------------------------------------
+
+Batch DataLoader::next() {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    const size_t rank_tokens = size_t(config_.B) * config_.T;
+    if (config_.prefetch_depth == 0) {
+        Position pos = consumer_pos_;
+        fill(slots_[0], pos);
+        consumer_pos_ = pos;
+        return {slots_[0].data, slots_[0].data + rank_tokens, seconds()};
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (held_ >= 0) {
+        free_.push_back(held_);
+        held_ = -1;
+        free_cv_.notify_one();
+    }
+    ready_cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+    if (ready_.empty()) std::rethrow_exception(error_);
+    held_ = ready_.front();
+    ready_.pop_front();
+    consumer_pos_ = slots_[held_].after;
+    return {slots_[held_].data, slots_[held_].data + rank_tokens, seconds()};
+}
+
+void DataLoader::reader_loop() {
+    for (;;) {
+        int slot;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            free_cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
+            if (stop_) return;
+            slot = free_.back();
+            free_.pop_back();
+        }
+        try {
+            fill(slots_[slot], reader_pos_);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            error_ = std::current_exception();
+            ready_cv_.notify_one();
+            return;
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_.push_back(slot);
+        ready_cv_.notify_one();
+    }
+}
+
+void DataLoader::start_reader() {
+    reader_pos_ = consumer_pos_;
+    ready_.clear();
+    free_.clear();
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) free_.push_back(i);
+    held_ = -1;
+    error_ = nullptr;
+    stop_ = false;
+    if (config_.prefetch_depth > 0) reader_ = std::thread(&DataLoader::reader_loop, this);
+}
+
+void DataLoader::stop_reader() {
+    if (!reader_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    free_cv_.notify_all();
+    reader_.join();
+}
+
+// ---- state ------------------------------------------------------------------------------------------------
+
+DataLoaderState DataLoader::state() const {
+    DataLoaderState s{};
+    s.magic = kStateMagic;
+    s.version = kStateVersion;
+    s.seed = config_.seed;
+    s.shuffle = config_.shuffle ? 1 : 0;
+    s.num_shards = static_cast<uint32_t>(shard_paths_.size());
+    s.global_rows = uint64_t(config_.num_ranks) * config_.B;
+    s.T = config_.T;
+    s.epoch = consumer_pos_.epoch;
+    s.shard_pos = consumer_pos_.shard_pos;
+    s.window_pos = consumer_pos_.window_pos;
+    return s;
+}
+
+void DataLoader::restore(const DataLoaderState& s) {
+    auto mismatch = [](const std::string& what, uint64_t saved, uint64_t now) {
+        fail("cannot restore state: " + what + " is " + std::to_string(saved) + " in the state but " +
+             std::to_string(now) + " here");
+    };
+    if (s.magic != kStateMagic || s.version != kStateVersion) fail("cannot restore state: not a DataLoader state (bad magic/version)");
+    if (s.seed != config_.seed) mismatch("seed", s.seed, config_.seed);
+    if (s.shuffle != (config_.shuffle ? 1u : 0u)) mismatch("shuffle", s.shuffle, config_.shuffle);
+    if (s.num_shards != shard_paths_.size()) mismatch("the shard count", s.num_shards, shard_paths_.size());
+    if (s.global_rows != uint64_t(config_.num_ranks) * config_.B)
+        mismatch("num_ranks*B", s.global_rows, uint64_t(config_.num_ranks) * config_.B);
+    if (s.T != uint64_t(config_.T)) mismatch("T", s.T, config_.T);
+    stop_reader();  // the order caches below belong to the reader while it runs
+    if (s.shard_pos >= shard_paths_.size() ||
+        s.window_pos >= windows_per_shard_[shard_order(s.epoch)[s.shard_pos]]) {
+        start_reader();
+        fail("cannot restore state: position (epoch " + std::to_string(s.epoch) + ", shard " +
+             std::to_string(s.shard_pos) + ", window " + std::to_string(s.window_pos) + ") does not exist");
+    }
+    consumer_pos_ = Position{s.epoch, s.shard_pos, s.window_pos};
+    start_reader();
+}
+
+void DataLoader::reset() {
+    stop_reader();
+    consumer_pos_ = first_position();
+    start_reader();
+}

@@ -1,0 +1,143 @@
+// DataLoader: serves batches of B rows x (T+1) tokens from a sorted glob of llm.c token shards, in the
+// batch order of docs/formats.md, for one of `num_ranks` data-parallel ranks.
+//
+// Order. The global window of a step is num_ranks*B rows: tokens [o, o + num_ranks*B*T] of one shard; rank r
+// takes rows r*B .. r*B+B-1, i.e. tokens [o + r*B*T, o + (r+1)*B*T] (inputs are each row's first T tokens,
+// targets its last T). A shard with N tokens holds the windows o = k*G (G = num_ranks*B*T) with o + G + 1 <= N.
+// Unshuffled: shards in sorted order, windows in order, then wrap (a new epoch). Shuffled: each epoch takes
+// the shards in a permuted order, and each shard's windows in a permuted order; both permutations are pure
+// functions of (seed, epoch[, shard]), so every rank computes the same ones and the ranks still split one
+// global window between them.
+//
+// Resuming. state() is a small POD; restore() makes the loader continue exactly where the saved one was
+// (the permutations are recomputed from the seed, so the "RNG state" is just seed + position). A state can
+// be restored with a different rank count as long as the global window (num_ranks*B) and T are the same.
+//
+// Prefetch. With prefetch_depth > 0 a background thread reads up to that many batches ahead into buffers
+// from a caller-supplied allocator (the trainer passes cudaMallocHost/cudaFreeHost for pinned memory; this
+// file does not depend on CUDA). With 0, next() reads synchronously. Errors in the reader thread (I/O, bad
+// token ids) are rethrown by the next() that would have returned the failed batch.
+//
+// Threading: call the public methods from one thread; the reader thread is internal and stopped by
+// restore()/reset() and the destructor.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+class ShardReader;
+
+struct HostAllocator {
+    std::function<void*(size_t bytes)> allocate;  // must return memory aligned for int32_t, or throw
+    std::function<void(void*)> deallocate;
+    static HostAllocator system();  // std::malloc / std::free
+};
+
+struct DataLoaderConfig {
+    std::string pattern;  // glob of shard files, e.g. "data/tinyshakespeare/tinyshakespeare_train_*.bin"
+    int B = 0;            // rows per rank
+    int T = 0;            // sequence length
+    int num_ranks = 1;
+    int rank = 0;
+    bool shuffle = false;
+    uint64_t seed = 0;
+    int prefetch_depth = 2;   // batches read ahead by the background thread; 0 = synchronous
+    int vocab_size = 50257;   // every served token id must be below this
+    HostAllocator allocator = HostAllocator::system();
+};
+
+// Pointers stay valid until the next call to next(), reset() or restore(), or the loader's destruction.
+struct Batch {
+    const int32_t* inputs;   // B*T, row-major
+    const int32_t* targets;  // B*T
+    double wait_seconds;     // how long next() blocked on data (the whole read when synchronous)
+};
+
+// Position of the next batch, plus what the position means. Fixed layout: store it as raw bytes.
+struct DataLoaderState {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t seed;
+    uint32_t shuffle;
+    uint32_t num_shards;
+    uint64_t global_rows;  // num_ranks * B
+    uint64_t T;
+    uint64_t epoch;
+    uint64_t shard_pos;   // index into this epoch's shard order
+    uint64_t window_pos;  // index into that shard's window order
+};
+
+class DataLoader {
+public:
+    explicit DataLoader(const DataLoaderConfig& config);
+    ~DataLoader();
+    DataLoader(const DataLoader&) = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
+
+    Batch next();
+    DataLoaderState state() const;
+    void restore(const DataLoaderState& state);  // throws if the state belongs to a different setup
+    void reset();                                // back to the first batch of epoch 0
+
+    uint64_t num_tokens() const { return num_tokens_; }  // all tokens in all shards
+    size_t num_shards() const { return shard_paths_.size(); }
+    uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+
+private:
+    struct Position {
+        uint64_t epoch = 0, shard_pos = 0, window_pos = 0;
+    };
+    struct Slot {
+        int32_t* data = nullptr;  // inputs (B*T) then targets (B*T)
+        Position after;           // position following this batch
+    };
+
+    Position first_position();
+    void fill(Slot& slot, Position& pos);  // reads the batch at pos into slot and advances pos
+    void advance(Position& pos);
+    const std::vector<uint32_t>& shard_order(uint64_t epoch);
+    const std::vector<uint32_t>& window_order(uint64_t epoch, uint32_t shard);
+    void start_reader();
+    void stop_reader();
+    void reader_loop();
+
+    DataLoaderConfig config_;
+    std::vector<std::string> shard_paths_;
+    std::vector<uint64_t> shard_tokens_;
+    std::vector<uint64_t> windows_per_shard_;
+    uint64_t num_tokens_ = 0;
+    uint64_t batches_per_epoch_ = 0;
+    uint64_t global_tokens_ = 0;  // G = num_ranks*B*T
+
+    // Used only by whoever fills slots (the reader thread, or next() when synchronous).
+    std::unique_ptr<ShardReader> open_shard_;
+    uint32_t open_shard_index_ = 0;
+    std::vector<uint16_t> scratch_;
+    uint64_t shard_order_epoch_ = UINT64_MAX;
+    std::vector<uint32_t> shard_order_;
+    uint64_t window_order_epoch_ = UINT64_MAX;
+    uint32_t window_order_shard_ = 0;
+    std::vector<uint32_t> window_order_;
+
+    std::vector<Slot> slots_;
+    Position consumer_pos_;  // position of the batch next() returns next
+    Position reader_pos_;    // position of the batch the reader fills next
+
+    std::mutex mutex_;
+    std::condition_variable ready_cv_, free_cv_;
+    std::deque<int> ready_;  // filled slots, oldest first
+    std::vector<int> free_;
+    int held_ = -1;          // the slot whose batch the caller is using
+    bool stop_ = false;
+    std::exception_ptr error_;
+    std::thread reader_;
+};

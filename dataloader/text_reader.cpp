@@ -1,0 +1,124 @@
+// TextFileReader: plain files are read directly; .xz files through an `xz -dc` child process.
+#include "text_reader.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+TextFileReader::TextFileReader(const std::string& path) : path_(path) {
+    file_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (file_fd_ < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    struct stat st;
+    if (::fstat(file_fd_, &st) != 0) fail(std::string("cannot stat: ") + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) fail("is a directory");
+    file_size_ = static_cast<uint64_t>(st.st_size);
+    if (!ends_with(path, ".xz")) {
+        text_fd_ = file_fd_;
+        return;
+    }
+
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+        ::close(out_pipe[0]);
+        ::close(out_pipe[1]);
+        fail(std::string("pipe: ") + std::strerror(errno));
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, file_fd_, STDIN_FILENO);  // dup2 clears O_CLOEXEC
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+    char arg0[] = "xz", arg1[] = "-dc";
+    char* argv[] = {arg0, arg1, nullptr};
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "xz", &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    if (rc != 0) {
+        ::close(out_pipe[0]);
+        ::close(err_pipe[0]);
+        fail(std::string("cannot run `xz -dc` to decompress it: ") + std::strerror(rc));
+    }
+    child_pid_ = pid;
+    text_fd_ = out_pipe[0];
+    stderr_fd_ = err_pipe[0];
+}
+
+TextFileReader::~TextFileReader() {
+    if (child_pid_ > 0) {
+        ::close(text_fd_);  // an unfinished xz gets SIGPIPE and exits
+        int status;
+        ::waitpid(child_pid_, &status, 0);
+        ::close(stderr_fd_);
+    }
+    if (file_fd_ >= 0) ::close(file_fd_);
+}
+
+void TextFileReader::fail(const std::string& what) const {
+    throw std::runtime_error(path_ + ": " + what);
+}
+
+size_t TextFileReader::read(char* buf, size_t n) {
+    if (n == 0 || text_fd_ < 0) return 0;
+    for (;;) {
+        ssize_t got = ::read(text_fd_, buf, n);
+        if (got > 0) return static_cast<size_t>(got);
+        if (got == 0) {
+            finish_child();
+            return 0;
+        }
+        if (errno != EINTR) fail(std::string("read error: ") + std::strerror(errno));
+    }
+}
+
+void TextFileReader::finish_child() {
+    if (child_pid_ <= 0) return;
+    int status = 0;
+    while (::waitpid(child_pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    child_pid_ = -1;
+    std::string message;
+    char buf[512];
+    ssize_t got;
+    while (message.size() < 2048 && (got = ::read(stderr_fd_, buf, sizeof buf)) > 0) message.append(buf, got);
+    ::close(stderr_fd_);
+    ::close(text_fd_);
+    text_fd_ = stderr_fd_ = -1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    // xz's message names "(stdin)"; keep its first line, which carries the reason.
+    message = message.substr(0, message.find('\n'));
+    fail("`xz -dc` failed" + (message.empty() ? std::string() : ": " + message));
+}
+
+uint64_t TextFileReader::file_position() const {
+    off_t pos = ::lseek(file_fd_, 0, SEEK_CUR);
+    return pos < 0 ? 0 : static_cast<uint64_t>(pos);
+}
+
+std::string read_text_file(const std::string& path) {
+    TextFileReader reader(path);
+    std::string text;
+    text.reserve(reader.file_size());
+    char buf[1 << 16];
+    size_t got;
+    while ((got = reader.read(buf, sizeof buf)) > 0) text.append(buf, got);
+    return text;
+}

@@ -1,0 +1,73 @@
+// LM-head softmax fused with cross-entropy. Per row: the loss, and (optionally) the logits gradient
+// written in place over the logits, so the full-vocabulary probabilities are never stored.
+// defines: fused_classifier
+#pragma once
+#include <cfloat>
+#include "common.cuh"
+
+// Online softmax statistics: running max and sum of exp(x - max).
+struct SoftmaxStats {
+    float max_value, sum;
+};
+__device__ __forceinline__ SoftmaxStats combine(SoftmaxStats a, SoftmaxStats b) {
+    float m = fmaxf(a.max_value, b.max_value);
+    return {m, a.sum * expf(a.max_value - m) + b.sum * expf(b.max_value - m)};
+}
+
+// One block per row of logits (stride Vp, the first V columns real). losses[row] = logsumexp - logit[target].
+// When dloss != 0: logits[row, j] = (softmax_j - [j == target]) * dloss for j < V, and 0 for padded columns.
+template <typename floatX>
+__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+    constexpr int X = Packed128<floatX>::size;
+    __shared__ float shared_max[32], shared_sum[32];
+    const long row = blockIdx.x;
+    floatX* x = logits + row * Vp;
+    const int target = targets[row];
+    SoftmaxStats stats = {-FLT_MAX, 0.0f};  // -FLT_MAX, not -inf: combining two empty stats stays finite
+    for (int j = threadIdx.x * X; j < V; j += blockDim.x * X) {
+        Packed128<floatX> v = load128(x + j);
+        for (int i = 0; i < X && j + i < V; i++) stats = combine(stats, {to_float(v[i]), 1.0f});
+    }
+    // block-wide combine, in a fixed order
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        SoftmaxStats other = {__shfl_xor_sync(0xffffffff, stats.max_value, offset),
+                              __shfl_xor_sync(0xffffffff, stats.sum, offset)};
+        stats = combine(stats, other);
+    }
+    if (lane == 0) { shared_max[warp] = stats.max_value; shared_sum[warp] = stats.sum; }
+    __syncthreads();
+    stats = {-FLT_MAX, 0.0f};
+    for (int w = 0; w < num_warps; w++) stats = combine(stats, {shared_max[w], shared_sum[w]});
+    const float log_sum = logf(stats.sum);
+    if (threadIdx.x == 0) losses[row] = log_sum + stats.max_value - to_float(x[target]);
+    if (dloss == 0.0f) return;
+    __syncthreads();  // every thread has read x[target] before it is overwritten
+    const float inv_sum = 1.0f / stats.sum;
+    for (int j = threadIdx.x * X; j < Vp; j += blockDim.x * X) {
+        Packed128<floatX> v = load128(x + j);
+        for (int i = 0; i < X; i++) {
+            int col = j + i;
+            float grad = 0.0f;
+            if (col < V) {
+                float p = expf(to_float(v[i]) - stats.max_value) * inv_sum;
+                grad = (p - (col == target ? 1.0f : 0.0f)) * dloss;
+            }
+            v[i] = from_float<floatX>(grad);
+        }
+        store128(x + j, v);
+    }
+}
+
+// logits (N, Vp); losses (N) fp32; targets (N). dloss = d(total loss)/d(row loss), e.g.
+// loss_scale / (B*T*grad_accum_steps); pass 0 for a forward-only evaluation (logits are kept).
+template <typename floatX>
+void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
+                      cudaStream_t stream) {
+    if (Vp % Packed128<floatX>::size != 0) {
+        fprintf(stderr, "error: padded vocabulary %d must be a multiple of %d\n", Vp, Packed128<floatX>::size);
+        exit(EXIT_FAILURE);
+    }
+    fused_classifier_kernel<<<N, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,176 @@
+// Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
+// 128-bit packed loads/stores, warp/block reductions and stochastic rounding.
+// It holds no layer logic.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cmath>
+#include <type_traits>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#include <cublasLt.h>
+
+// ---------------------------------------------------------------------------------------------
+// Error checking: every CUDA / cuBLAS call and every launch goes through one of these.
+inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "error: CUDA: %s at %s:%d\n", cudaGetErrorString(err), file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(err) (cuda_check((err), __FILE__, __LINE__))
+// After a kernel launch: catches bad launch configurations at the launch site.
+#define cudaCheckLaunch() (cuda_check(cudaGetLastError(), __FILE__, __LINE__))
+
+inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "error: cuBLAS: %s (%d) at %s:%d\n", cublasGetStatusString(status), (int)status, file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
+
+inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
+
+// ---------------------------------------------------------------------------------------------
+// Precision: every kernel is a template over the storage type of parameters, activations and
+// gradients (floatX). Arithmetic, statistics and optimizer state stay fp32.
+enum class Precision { FP32, BF16, FP16 };
+
+template <typename T> struct PrecisionOf;
+template <> struct PrecisionOf<float> { static constexpr Precision value = Precision::FP32; };
+template <> struct PrecisionOf<__nv_bfloat16> { static constexpr Precision value = Precision::BF16; };
+template <> struct PrecisionOf<__half> { static constexpr Precision value = Precision::FP16; };
+
+template <typename T> inline cudaDataType_t cuda_data_type();
+template <> inline cudaDataType_t cuda_data_type<float>() { return CUDA_R_32F; }
+template <> inline cudaDataType_t cuda_data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+template <> inline cudaDataType_t cuda_data_type<__half>() { return CUDA_R_16F; }
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+// ---------------------------------------------------------------------------------------------
+// 128-bit packed vectors: memory-bound kernels move 16 bytes per thread per access.
+template <typename T>
+struct alignas(16) Packed128 {
+    static constexpr int size = 16 / sizeof(T);
+    T payload[size];
+    __device__ __forceinline__ T& operator[](int i) { return payload[i]; }
+    __device__ __forceinline__ const T& operator[](int i) const { return payload[i]; }
+    __device__ static Packed128 zeros() {
+        Packed128 p;
+        for (int i = 0; i < size; i++) p.payload[i] = from_float<T>(0.0f);
+        return p;
+    }
+};
+template <typename T> __device__ __forceinline__ Packed128<T> load128(const T* address) {
+    return *reinterpret_cast<const Packed128<T>*>(address);
+}
+// Streaming load: data read once, don't keep it in L1/L2 at the expense of reused data.
+template <typename T> __device__ __forceinline__ Packed128<T> load128cs(const T* address) {
+    Packed128<T> p;
+    *reinterpret_cast<int4*>(&p) = __ldcs(reinterpret_cast<const int4*>(address));
+    return p;
+}
+template <typename T> __device__ __forceinline__ void store128(T* address, Packed128<T> value) {
+    *reinterpret_cast<Packed128<T>*>(address) = value;
+}
+template <typename T> __device__ __forceinline__ void store128cs(T* address, Packed128<T> value) {
+    __stcs(reinterpret_cast<int4*>(address), *reinterpret_cast<int4*>(&value));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    return v;
+}
+__device__ __forceinline__ float warp_reduce_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    return v;
+}
+// Sum over the whole block, result broadcast to every thread. Fixed order: deterministic.
+// `shared` must hold 32 floats; the block size must be a multiple of 32.
+__device__ __forceinline__ float block_reduce_sum(float v, float* shared) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    v = warp_reduce_sum(v);
+    __syncthreads();  // `shared` may still be read by a previous reduction
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < num_warps ? shared[lane] : 0.0f;
+    return warp_reduce_sum(v);
+}
+__device__ __forceinline__ float block_reduce_max(float v, float* shared) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    v = warp_reduce_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < num_warps ? shared[lane] : -INFINITY;
+    return warp_reduce_max(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counter-based random numbers: a pure function of (seed, index), so results do not depend on the
+// launch configuration and a resumed run draws exactly what the uninterrupted run drew.
+__host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+__device__ __forceinline__ uint32_t random_u32(uint64_t seed, uint64_t index) {
+    return (uint32_t)(splitmix64(seed ^ splitmix64(index)) >> 32);
+}
+
+// Stochastic rounding float -> bf16: adding random low bits before truncation rounds up with
+// probability equal to the discarded fraction, so tiny AdamW updates are not systematically lost.
+template <typename T> __device__ __forceinline__ T round_stochastic(float x, uint32_t random);
+template <> __device__ __forceinline__ float round_stochastic<float>(float x, uint32_t) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 round_stochastic<__nv_bfloat16>(float x, uint32_t random) {
+    if (!isfinite(x)) return __float2bfloat16_rn(x);
+    uint32_t bits = __float_as_uint(x);
+    bits = (bits + (random & 0xFFFFu)) & 0xFFFF0000u;
+    return __float2bfloat16_rz(__uint_as_float(bits));
+}
+// fp16 keeps round-to-nearest: its 10-bit mantissa loses far less than bf16's 7 bits, and fp16
+// parameters are always paired with fp32 master weights.
+template <> __device__ __forceinline__ __half round_stochastic<__half>(float x, uint32_t) { return __float2half_rn(x); }
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic column sums: kernels that reduce over rows (bias and LayerNorm weight gradients) write
+// one fp32 partial row per block; this adds the partial rows, in block order, into `out` (+=).
+template <typename floatX>
+__global__ void partials_accumulate_kernel(floatX* out, const float* partials, int num_partials, int width) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    float acc = to_float(out[i]);
+    for (int p = 0; p < num_partials; p++) acc += partials[(long)p * width + i];
+    out[i] = from_float<floatX>(acc);
+}
+template <typename floatX>
+void partials_accumulate(floatX* out, const float* partials, int num_partials, int width, cudaStream_t stream) {
+    partials_accumulate_kernel<<<ceil_div(width, 256), 256, 0, stream>>>(out, partials, num_partials, width);
+    cudaCheckLaunch();
+}
+
+// Multiprocessor count of the current device, read once: grid sizes of persistent-style kernels.
+inline int device_sm_count() {
+    static int count = 0;
+    if (count == 0) {
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    }
+    return count;
+}

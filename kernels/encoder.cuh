@@ -1,0 +1,114 @@
+// Token + position embedding: forward (gather and add) and a deterministic backward.
+// defines: encoder_forward, encoder_backward, EncoderBuckets (host-side grouping of positions by token)
+#pragma once
+#include <vector>
+#include <numeric>
+#include <algorithm>
+#include "common.cuh"
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+template <typename floatX>
+__global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe,
+                                       int B, int T, int C) {
+    constexpr int X = Packed128<floatX>::size;
+    long idx = ((long)blockIdx.x * blockDim.x + threadIdx.x) * X;
+    if (idx >= (long)B * T * C) return;
+    long bt = idx / C;
+    int t = bt % T, c = idx % C;
+    Packed128<floatX> e = load128(wte + (long)tokens[bt] * C + c);
+    Packed128<floatX> p = load128(wpe + (long)t * C + c);
+    Packed128<floatX> o;
+    for (int i = 0; i < X; i++) o[i] = from_float<floatX>(to_float(e[i]) + to_float(p[i]));
+    store128(out + idx, o);
+}
+
+template <typename floatX>
+void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
+    const int block = 256;
+    const long n = (long)B * T * C / Packed128<floatX>::size;
+    encoder_forward_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, tokens, wte, wpe, B, T, C);
+    cudaCheckLaunch();
+}
+
+// The backward scatter-adds each position's gradient into its token's row of dwte. Atomics would make
+// the sum order (and so the bits) vary between runs; instead the host groups positions by token
+// (a stable sort, so the order within a group is fixed) and one thread sums each group in order.
+struct EncoderBuckets {
+    std::vector<int> tokens;     // distinct tokens of the batch, ascending
+    std::vector<int> starts;     // group g covers positions[starts[g] .. starts[g+1])
+    std::vector<int> positions;  // b*T + t, grouped by token
+    void build(const int* inputs, int n) {
+        positions.resize(n);
+        std::iota(positions.begin(), positions.end(), 0);
+        std::stable_sort(positions.begin(), positions.end(), [&](int a, int b) { return inputs[a] < inputs[b]; });
+        tokens.clear();
+        starts.clear();
+        for (int i = 0; i < n; i++) {
+            if (i == 0 || inputs[positions[i]] != inputs[positions[i - 1]]) {
+                tokens.push_back(inputs[positions[i]]);
+                starts.push_back(i);
+            }
+        }
+        starts.push_back(n);
+    }
+    // Packs the three arrays into one int buffer (tokens | starts | positions) for a single copy.
+    void pack(std::vector<int>& out) const {
+        out.clear();
+        out.insert(out.end(), tokens.begin(), tokens.end());
+        out.insert(out.end(), starts.begin(), starts.end());
+        out.insert(out.end(), positions.begin(), positions.end());
+    }
+};
+
+template <typename floatX>
+__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* bucket_tokens,
+                                            const int* bucket_starts, const int* positions, int C) {
+    constexpr int X = Packed128<floatX>::size;
+    const int bucket = blockIdx.x;
+    const int c = (blockIdx.y * blockDim.x + threadIdx.x) * X;
+    if (c >= C) return;
+    float acc[X];
+    floatX* row = dwte + (long)bucket_tokens[bucket] * C + c;
+    Packed128<floatX> current = load128(row);
+    for (int i = 0; i < X; i++) acc[i] = to_float(current[i]);
+    for (int p = bucket_starts[bucket]; p < bucket_starts[bucket + 1]; p++) {
+        Packed128<floatX> d = load128(dout + (long)positions[p] * C + c);
+        for (int i = 0; i < X; i++) acc[i] += to_float(d[i]);
+    }
+    for (int i = 0; i < X; i++) current[i] = from_float<floatX>(acc[i]);
+    store128(row, current);
+}
+
+// dwpe[t,:] += sum over b of dout[b,t,:], summed in b order.
+template <typename floatX>
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+    constexpr int X = Packed128<floatX>::size;
+    long idx = ((long)blockIdx.x * blockDim.x + threadIdx.x) * X;
+    if (idx >= (long)T * C) return;
+    float acc[X];
+    Packed128<floatX> current = load128(dwpe + idx);
+    for (int i = 0; i < X; i++) acc[i] = to_float(current[i]);
+    for (int b = 0; b < B; b++) {
+        Packed128<floatX> d = load128(dout + (long)b * T * C + idx);
+        for (int i = 0; i < X; i++) acc[i] += to_float(d[i]);
+    }
+    for (int i = 0; i < X; i++) current[i] = from_float<floatX>(acc[i]);
+    store128(dwpe + idx, current);
+}
+
+// Accumulates (+=) into dwte and dwpe. `buckets_device` holds EncoderBuckets::pack() of the same batch.
+template <typename floatX>
+void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* buckets_device, int num_buckets,
+                      int B, int T, int C, cudaStream_t stream) {
+    constexpr int X = Packed128<floatX>::size;
+    const int block = 128;
+    const int* bucket_tokens = buckets_device;
+    const int* bucket_starts = buckets_device + num_buckets;
+    const int* positions = bucket_starts + num_buckets + 1;
+    dim3 grid(num_buckets, ceil_div(C / X, block));
+    encoder_backward_wte_kernel<<<grid, block, 0, stream>>>(dwte, dout, bucket_tokens, bucket_starts, positions, C);
+    cudaCheckLaunch();
+    encoder_backward_wpe_kernel<<<ceil_div((long)T * C / X, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,38 @@
+// Parameter initialisation and precision conversion on the device.
+// defines: fill_normal, fill_constant, convert_precision
+#pragma once
+#include "common.cuh"
+
+// out[i] = std * N(0,1), drawn from (seed, i) by Box-Muller: the same values whatever the launch shape.
+__global__ void fill_normal_kernel(float* out, long n, float std, uint64_t seed) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)i));
+        float u1 = ((uint32_t)(r >> 40) + 1.0f) / 16777217.0f;  // (0, 1]: log is finite
+        float u2 = (uint32_t)(r & 0xFFFFFF) / 16777216.0f;
+        out[i] = std * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    }
+}
+inline void fill_normal(float* out, long n, float std, uint64_t seed, cudaStream_t stream) {
+    fill_normal_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, std, seed);
+    cudaCheckLaunch();
+}
+
+__global__ void fill_constant_kernel(float* out, long n, float value) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) out[i] = value;
+}
+inline void fill_constant(float* out, long n, float value, cudaStream_t stream) {
+    fill_constant_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, value);
+    cudaCheckLaunch();
+}
+
+// Round-to-nearest conversion between storage precisions (float <-> floatX).
+template <typename To, typename From>
+__global__ void convert_precision_kernel(To* out, const From* inp, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        out[i] = from_float<To>(to_float(inp[i]));
+}
+template <typename To, typename From>
+void convert_precision(To* out, const From* inp, long n, cudaStream_t stream) {
+    convert_precision_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, inp, n);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,147 @@
+// Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
+// our own deterministic bias-gradient kernel, and the cuBLAS handle shared with attention.
+// defines: matmul_setup, matmul_teardown, matmul_context, matmul_forward, matmul_backward, bias_backward,
+//          bias_backward_scratch_floats, matmul_compute_type
+#pragma once
+#include "common.cuh"
+
+struct MatmulContext {
+    cublasLtHandle_t lt = nullptr;
+    cublasHandle_t blas = nullptr;  // batched products in attention
+    void* workspace = nullptr;
+    size_t workspace_bytes = 32ull << 20;
+    bool allow_tf32 = false;  // fp32 mode is exact unless the user asks for TF32
+};
+inline MatmulContext& matmul_context() {
+    static MatmulContext context;
+    return context;
+}
+
+inline void matmul_setup(bool allow_tf32) {
+    MatmulContext& ctx = matmul_context();
+    ctx.allow_tf32 = allow_tf32;
+    cublasCheck(cublasLtCreate(&ctx.lt));
+    cublasCheck(cublasCreate(&ctx.blas));
+    cudaCheck(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
+    cublasCheck(cublasSetWorkspace(ctx.blas, ctx.workspace, ctx.workspace_bytes));
+    cublasCheck(cublasSetMathMode(ctx.blas, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+inline void matmul_teardown() {
+    MatmulContext& ctx = matmul_context();
+    cublasCheck(cublasLtDestroy(ctx.lt));
+    cublasCheck(cublasDestroy(ctx.blas));
+    cudaCheck(cudaFree(ctx.workspace));
+    ctx = MatmulContext();
+}
+
+template <typename floatX> inline cublasComputeType_t matmul_compute_type() {
+    if (std::is_same<floatX, float>::value)
+        return matmul_context().allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    return CUBLAS_COMPUTE_32F;
+}
+
+// Column-major D(m,n) = op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate].
+// Row-major callers pass their matrices as the transposed column-major ones (see matmul_forward).
+template <typename floatX>
+void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
+    MatmulContext& ctx = matmul_context();
+    const cudaDataType_t type = cuda_data_type<floatX>();
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, matmul_compute_type<floatX>(), CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (bias != nullptr) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    }
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
+    cublasLtMatmulPreference_t preference;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &ctx.workspace_bytes, sizeof(ctx.workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference, 1,
+                                               &heuristic, &found));
+    if (found == 0) {
+        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d bias=%d\n", m, n, k,
+                trans_a, trans_b, bias != nullptr);
+        exit(EXIT_FAILURE);
+    }
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,
+                               &heuristic.algo, ctx.workspace, ctx.workspace_bytes, stream));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
+}
+
+// out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (row-major, PyTorch Linear layout).
+template <typename floatX>
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C, int OC,
+                    cudaStream_t stream) {
+    matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream);
+}
+
+// dbias[OC] += column sums of dout[N,OC]. Each thread owns one 16-byte group of columns; blockDim.y
+// threads split the rows, their sums are combined in shared memory in a fixed order, and each block
+// writes one fp32 partial row that partials_accumulate adds in block order: deterministic, no atomics.
+constexpr int kBiasRowThreads = 8;
+inline int bias_backward_row_blocks(int OC, int X) {
+    const int column_blocks = ceil_div(OC, 32 * X);
+    return std::max(1, 2 * device_sm_count() / column_blocks);
+}
+template <typename floatX>
+inline size_t bias_backward_scratch_floats(int OC) {
+    return (size_t)bias_backward_row_blocks(OC, Packed128<floatX>::size) * OC;
+}
+
+template <typename floatX>
+__global__ void bias_backward_kernel(float* partials, const floatX* dout, int N, int OC) {
+    constexpr int X = Packed128<floatX>::size;
+    __shared__ float shared[kBiasRowThreads][32 * X];
+    const int c = (blockIdx.x * 32 + threadIdx.x) * X;
+    float acc[X] = {};
+    if (c < OC) {
+        for (long row = (long)blockIdx.y * blockDim.y + threadIdx.y; row < N; row += (long)gridDim.y * blockDim.y) {
+            Packed128<floatX> v = load128(dout + row * OC + c);
+            for (int i = 0; i < X; i++) acc[i] += to_float(v[i]);
+        }
+    }
+    for (int i = 0; i < X; i++) shared[threadIdx.y][threadIdx.x * X + i] = acc[i];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        for (int y = 1; y < kBiasRowThreads; y++)
+            for (int i = 0; i < X; i++) acc[i] += shared[y][threadIdx.x * X + i];
+        for (int i = 0; i < X; i++) partials[(long)blockIdx.y * OC + c + i] = acc[i];
+    }
+}
+
+template <typename floatX>
+void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    constexpr int X = Packed128<floatX>::size;
+    dim3 grid(ceil_div(OC, 32 * X), bias_backward_row_blocks(OC, X));
+    bias_backward_kernel<<<grid, dim3(32, kBiasRowThreads), 0, stream>>>(scratch, dout, N, OC);
+    cudaCheckLaunch();
+    partials_accumulate(dbias, scratch, grid.y, OC, stream);
+}
+
+// Given dout[N,OC]: dinp[N,C] = dout weight (overwritten), dweight[OC,C] += dout^T inp,
+// dbias[OC] += column sums of dout. dweight == nullptr skips the weight and bias gradients
+// (frozen weights); dbias == nullptr skips the bias gradient.
+template <typename floatX>
+void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                     const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream) {
+    matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream);
+    if (dweight != nullptr) matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream);
+    if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
+}

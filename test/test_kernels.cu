@@ -1,0 +1,343 @@
+// Every kernel against the fp32 CPU reference (test/cpu_reference.cpp), forward and backward, in fp32, bf16
+// and fp16, on several shapes (row counts and widths that are not multiples of any block size), with
+// fresh random inputs each run (the seed is printed) and outputs poisoned with NaN before each launch.
+// Usage: test_kernels [seed]
+#include <chrono>
+#include <random>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/encoder.cuh"
+#include "../kernels/layernorm.cuh"
+#include "../kernels/matmul.cuh"
+#include "../kernels/attention.cuh"
+#include "../kernels/gelu.cuh"
+#include "../kernels/classifier.cuh"
+#include "../kernels/adamw.cuh"
+#include "../kernels/global_norm.cuh"
+#include "cpu_reference.h"
+#include "check.h"
+
+// Tolerances (relative L2 against the fp32 reference computed on the same, already rounded, inputs).
+// fp32: only summation order differs: ~1e-6. bf16 keeps 8 significant bits, so one rounding of an output
+// costs up to 2^-9 = 2e-3 relative; kernels that round intermediates (attention's scores and
+// probabilities, the backward's chained products) compound a few of those. fp16 keeps 11 bits: 8x tighter.
+struct Tolerance { double simple, composite; };
+template <typename T> Tolerance tolerance();
+template <> Tolerance tolerance<float>() { return {1e-5, 1e-5}; }
+template <> Tolerance tolerance<__nv_bfloat16>() { return {1e-2, 3e-2}; }
+template <> Tolerance tolerance<__half>() { return {2e-3, 5e-3}; }
+template <typename T> const char* type_name();
+template <> const char* type_name<float>() { return "fp32"; }
+template <> const char* type_name<__nv_bfloat16>() { return "bf16"; }
+template <> const char* type_name<__half>() { return "fp16"; }
+
+static std::mt19937_64 rng;
+
+static float host_round(float x, float*) { return x; }
+static float host_round(float x, __nv_bfloat16*) { return __bfloat162float(__float2bfloat16(x)); }
+static float host_round(float x, __half*) { return __half2float(__float2half(x)); }
+static float host_to_float(float x) { return x; }
+static float host_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+static float host_to_float(__half x) { return __half2float(x); }
+
+// Random values already rounded to floatX, so the reference sees exactly what the GPU sees.
+template <typename floatX> std::vector<float> random_vector(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = host_round(normal(rng), (floatX*)nullptr);
+    return v;
+}
+
+// A device copy in floatX (freed at scope exit); `poison` fills it with NaN instead of values.
+template <typename T> struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) { cudaCheck(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); poison(); }
+    DeviceBuffer(const std::vector<float>& values) : DeviceBuffer(values.size()) { upload(values); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // all-ones bits: NaN in every float type
+    void upload(const std::vector<float>& values) {
+        std::vector<T> raw(n);
+        for (size_t i = 0; i < n; i++) raw[i] = (T)values[i];
+        cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> download() const {
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<T> raw(n);
+        cudaCheck(cudaMemcpy(raw.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        std::vector<float> out(n);
+        for (size_t i = 0; i < n; i++) out[i] = host_to_float(raw[i]);
+        return out;
+    }
+};
+template <> void DeviceBuffer<__nv_bfloat16>::upload(const std::vector<float>& values) {
+    std::vector<__nv_bfloat16> raw(n);
+    for (size_t i = 0; i < n; i++) raw[i] = __float2bfloat16(values[i]);
+    cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+}
+template <> void DeviceBuffer<__half>::upload(const std::vector<float>& values) {
+    std::vector<__half> raw(n);
+    for (size_t i = 0; i < n; i++) raw[i] = __float2half(values[i]);
+    cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(__half), cudaMemcpyHostToDevice));
+}
+
+static void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected, double tol) {
+    const double err = relative_l2(got.data(), expected.data(), expected.size());
+    char buf[128];
+    snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", err, tol);
+    check(err <= tol, name, buf);
+}
+
+struct Shape { int B, T, C, NH; };
+
+template <typename floatX>
+void test_encoder(const Shape& s, const std::string& tag, cudaStream_t stream) {
+    const int B = s.B, T = s.T, C = s.C, V = 300;
+    std::uniform_int_distribution<int> token(0, V - 1);
+    std::vector<int> tokens(B * T);
+    for (auto& t : tokens) t = token(rng);
+    tokens[0] = tokens[B * T - 1];  // at least one repeated token
+    auto wte = random_vector<floatX>((size_t)V * C), wpe = random_vector<floatX>((size_t)T * C);
+    std::vector<float> out_ref((size_t)B * T * C);
+    cpuref::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    int* tokens_d;
+    cudaCheck(cudaMalloc(&tokens_d, tokens.size() * 4 * 4));
+    cudaCheck(cudaMemcpy(tokens_d, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+    DeviceBuffer<floatX> wte_d(wte), wpe_d(wpe), out_d(out_ref.size());
+    encoder_forward(out_d.ptr, tokens_d, wte_d.ptr, wpe_d.ptr, B, T, C, stream);
+    compare(tag + " encoder_forward", out_d.download(), out_ref, tolerance<floatX>().simple);
+
+    // backward accumulates into existing gradients
+    auto dout = random_vector<floatX>(out_ref.size());
+    auto dwte = random_vector<floatX>(wte.size()), dwpe = random_vector<floatX>(wpe.size());
+    DeviceBuffer<floatX> dout_d(dout), dwte_d(dwte), dwpe_d(dwpe);
+    cpuref::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    EncoderBuckets buckets;
+    buckets.build(tokens.data(), B * T);
+    std::vector<int> packed;
+    buckets.pack(packed);
+    cudaCheck(cudaMemcpy(tokens_d, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
+    encoder_backward(dwte_d.ptr, dwpe_d.ptr, dout_d.ptr, tokens_d, (int)buckets.tokens.size(), B, T, C, stream);
+    compare(tag + " encoder_backward dwte", dwte_d.download(), dwte, tolerance<floatX>().simple);
+    compare(tag + " encoder_backward dwpe", dwpe_d.download(), dwpe, tolerance<floatX>().simple);
+    cudaCheck(cudaFree(tokens_d));
+}
+
+template <typename floatX>
+void test_layernorm(const Shape& s, const std::string& tag, cudaStream_t stream) {
+    const int N = s.B * s.T, C = s.C;
+    auto a = random_vector<floatX>((size_t)N * C), b = random_vector<floatX>((size_t)N * C);
+    auto w = random_vector<floatX>(C), bias = random_vector<floatX>(C);
+    // residual + LayerNorm: the reference normalises the rounded sum, as the kernel does
+    std::vector<float> residual((size_t)N * C), out_ref((size_t)N * C), mean_ref(N), rstd_ref(N);
+    cpuref::residual_forward(residual.data(), a.data(), b.data(), N * C);
+    for (auto& x : residual) x = host_round(x, (floatX*)nullptr);
+    cpuref::layernorm_forward(out_ref.data(), mean_ref.data(), rstd_ref.data(), residual.data(), w.data(), bias.data(), N, C);
+    DeviceBuffer<floatX> a_d(a), b_d(b), w_d(w), bias_d(bias), residual_d(residual.size()), out_d(out_ref.size());
+    DeviceBuffer<float> mean_d(N), rstd_d(N);
+    residual_layernorm_forward(residual_d.ptr, out_d.ptr, mean_d.ptr, rstd_d.ptr, a_d.ptr, b_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
+    compare(tag + " residual_layernorm_forward residual", residual_d.download(), residual, tolerance<floatX>().simple);
+    compare(tag + " residual_layernorm_forward out", out_d.download(), out_ref, tolerance<floatX>().simple);
+    compare(tag + " residual_layernorm_forward mean", mean_d.download(), mean_ref, 1e-5);
+    compare(tag + " residual_layernorm_forward rstd", rstd_d.download(), rstd_ref, 1e-5);
+    out_d.poison(); mean_d.poison(); rstd_d.poison();
+    layernorm_forward(out_d.ptr, mean_d.ptr, rstd_d.ptr, residual_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
+    compare(tag + " layernorm_forward out", out_d.download(), out_ref, tolerance<floatX>().simple);
+
+    // backward: dinp, dweight, dbias all accumulate; dweight and dbias adjacent as in the parameter layout
+    auto dout = random_vector<floatX>((size_t)N * C), dinp = random_vector<floatX>((size_t)N * C);
+    auto dwb = random_vector<floatX>(2 * C);
+    std::vector<float> dinp_ref = dinp, dw_ref(dwb.begin(), dwb.begin() + C), db_ref(dwb.begin() + C, dwb.end());
+    cpuref::layernorm_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), residual.data(), w.data(),
+                               mean_ref.data(), rstd_ref.data(), N, C);
+    std::vector<float> dwb_ref(dw_ref);
+    dwb_ref.insert(dwb_ref.end(), db_ref.begin(), db_ref.end());
+    DeviceBuffer<floatX> dout_d(dout), dinp_d(dinp), dwb_d(dwb);
+    DeviceBuffer<float> scratch(layernorm_backward_scratch_floats(C));
+    layernorm_backward(dinp_d.ptr, dwb_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, mean_d.ptr, rstd_d.ptr, N, C, stream);
+    compare(tag + " layernorm_backward dinp", dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
+    compare(tag + " layernorm_backward dweight+dbias", dwb_d.download(), dwb_ref, tolerance<floatX>().simple);
+}
+
+template <typename floatX>
+void test_matmul(int N, int C, int OC, const std::string& tag, cudaStream_t stream) {
+    auto inp = random_vector<floatX>((size_t)N * C), w = random_vector<floatX>((size_t)OC * C, 0.05f);
+    auto bias = random_vector<floatX>(OC);
+    std::vector<float> out_ref((size_t)N * OC);
+    cpuref::matmul_forward(out_ref.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+    DeviceBuffer<floatX> inp_d(inp), w_d(w), bias_d(bias), out_d(out_ref.size());
+    matmul_forward(out_d.ptr, inp_d.ptr, w_d.ptr, bias_d.ptr, N, C, OC, stream);
+    std::string shape = " " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC);
+    compare(tag + " matmul_forward" + shape, out_d.download(), out_ref, tolerance<floatX>().simple);
+
+    auto dout = random_vector<floatX>((size_t)N * OC);
+    auto dw = random_vector<floatX>(w.size()), db = random_vector<floatX>(OC);
+    std::vector<float> dinp_ref(inp.size(), 0.0f), dw_ref = dw, db_ref = db;
+    cpuref::matmul_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    DeviceBuffer<floatX> dout_d(dout), dinp_d(inp.size()), dw_d(dw), db_d(db);
+    DeviceBuffer<float> scratch(bias_backward_scratch_floats<floatX>(OC));
+    matmul_backward(dinp_d.ptr, dw_d.ptr, db_d.ptr, scratch.ptr, dout_d.ptr, inp_d.ptr, w_d.ptr, N, C, OC, stream);
+    compare(tag + " matmul_backward dinp" + shape, dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
+    compare(tag + " matmul_backward dweight" + shape, dw_d.download(), dw_ref, tolerance<floatX>().simple);
+    compare(tag + " matmul_backward dbias" + shape, db_d.download(), db_ref, tolerance<floatX>().simple);
+}
+
+template <typename floatX>
+void test_attention(const Shape& s, const std::string& tag, cudaStream_t stream) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    const size_t n = (size_t)B * T * C, tt = (size_t)B * NH * T * T;
+    auto qkv = random_vector<floatX>(3 * n);
+    std::vector<float> out_ref(n), preatt_ref(tt), att_ref(tt);
+    cpuref::attention_forward(out_ref.data(), preatt_ref.data(), att_ref.data(), qkv.data(), B, T, C, NH);
+    DeviceBuffer<floatX> qkv_d(qkv), out_d(n), att_d(tt), qkvr(3 * n), preatt(tt), vaccum(n);
+    attention_forward(out_d.ptr, att_d.ptr, qkvr.ptr, preatt.ptr, vaccum.ptr, qkv_d.ptr, B, T, C, NH, stream);
+    const std::string shape = " B" + std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" + std::to_string(NH);
+    compare(tag + " attention_forward out" + shape, out_d.download(), out_ref, tolerance<floatX>().composite);
+    // the reference leaves the masked (future) probabilities unwritten: compare the causal part only
+    std::vector<float> att_got = att_d.download();
+    for (size_t r = 0; r < (size_t)B * NH * T; r++)
+        for (int j = r % T + 1; j < T; j++) { att_ref[r * T + j] = 0.0f; }
+    compare(tag + " attention_forward att" + shape, att_got, att_ref, tolerance<floatX>().composite);
+
+    auto dout = random_vector<floatX>(n);
+    std::vector<float> dqkv_ref(3 * n, 0.0f), dpreatt_ref(tt, 0.0f), datt_ref(tt, 0.0f);
+    cpuref::attention_backward(dqkv_ref.data(), dpreatt_ref.data(), datt_ref.data(), dout.data(), qkv.data(), att_ref.data(), B, T, C, NH);
+    DeviceBuffer<floatX> dout_d(dout), dqkv_d(3 * n), dqkvr(3 * n), datt(tt), dvaccum(n);
+    attention_backward(dqkv_d.ptr, qkvr.ptr, dqkvr.ptr, datt.ptr, dvaccum.ptr, dout_d.ptr, qkv_d.ptr, att_d.ptr, B, T, C, NH, stream);
+    compare(tag + " attention_backward dqkv" + shape, dqkv_d.download(), dqkv_ref, tolerance<floatX>().composite);
+}
+
+template <typename floatX>
+void test_gelu(size_t n, const std::string& tag, cudaStream_t stream) {
+    auto x = random_vector<floatX>(n, 2.0f), dout = random_vector<floatX>(n);
+    std::vector<float> y_ref(n), dx_ref(n, 0.0f);
+    cpuref::gelu_forward(y_ref.data(), x.data(), (int)n);
+    cpuref::gelu_backward(dx_ref.data(), x.data(), dout.data(), (int)n);
+    DeviceBuffer<floatX> x_d(x), y_d(n), dout_d(dout), dx_d(n);
+    gelu_forward(y_d.ptr, x_d.ptr, (long)n, stream);
+    gelu_backward(dx_d.ptr, x_d.ptr, dout_d.ptr, (long)n, stream);
+    compare(tag + " gelu_forward n=" + std::to_string(n), y_d.download(), y_ref, tolerance<floatX>().simple);
+    compare(tag + " gelu_backward n=" + std::to_string(n), dx_d.download(), dx_ref, tolerance<floatX>().simple);
+}
+
+template <typename floatX>
+void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) {
+    const int Vp = (V + 127) / 128 * 128;
+    auto logits = random_vector<floatX>((size_t)N * Vp, 3.0f);
+    std::uniform_int_distribution<int> token(0, V - 1);
+    std::vector<int> targets(N);
+    for (auto& t : targets) t = token(rng);
+    const float dloss = 1.0f / N;
+    std::vector<float> probs((size_t)N * Vp), losses_ref(N), dlogits_ref((size_t)N * Vp, 0.0f);
+    cpuref::softmax_crossentropy_forward(probs.data(), losses_ref.data(), logits.data(), targets.data(), N, V, Vp);
+    cpuref::softmax_crossentropy_backward(dlogits_ref.data(), probs.data(), targets.data(), dloss, N, V, Vp);
+    int* targets_d;
+    cudaCheck(cudaMalloc(&targets_d, N * sizeof(int)));
+    cudaCheck(cudaMemcpy(targets_d, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    DeviceBuffer<floatX> logits_d(logits);
+    DeviceBuffer<float> losses_d(N);
+    fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, 0.0f, N, V, Vp, stream);
+    const std::string shape = " N" + std::to_string(N) + " V" + std::to_string(V);
+    compare(tag + " fused_classifier losses" + shape, losses_d.download(), losses_ref, 1e-5);
+    compare(tag + " fused_classifier keeps logits when dloss=0" + shape, logits_d.download(), logits, 0.0);
+    losses_d.poison();
+    fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, dloss, N, V, Vp, stream);
+    compare(tag + " fused_classifier losses (with gradient)" + shape, losses_d.download(), losses_ref, 1e-5);
+    compare(tag + " fused_classifier dlogits" + shape, logits_d.download(), dlogits_ref, tolerance<floatX>().simple);
+    cudaCheck(cudaFree(targets_d));
+}
+
+template <typename floatX>
+void test_optimizer(size_t n, const std::string& tag, cudaStream_t stream) {
+    auto master = random_vector<float>(n), grad = random_vector<floatX>(n, 0.1f);
+    auto m = random_vector<float>(n, 0.01f), v = random_vector<float>(n, 0.01f);
+    for (auto& x : v) x = fabsf(x);
+    std::vector<float> params(n);
+    for (size_t i = 0; i < n; i++) params[i] = host_round(master[i], (floatX*)nullptr);
+    const bool has_master = !std::is_same<floatX, float>::value;
+    // everything decays in this test's mask; the layout's mask itself is covered by the model test
+    DecayMask mask;
+    mask.head_end = (long)n;
+    AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3, 42};
+    std::vector<float> p_ref = has_master ? master : params, m_ref = m, v_ref = v;
+    cpuref::adamw_update(p_ref.data(), grad.data(), m_ref.data(), v_ref.data(), n, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.t);
+    DeviceBuffer<floatX> params_d(params), grad_d(grad);
+    DeviceBuffer<float> master_d(master), m_d(m), v_d(v);
+    adamw_update(params_d.ptr, has_master ? master_d.ptr : nullptr, grad_d.ptr, m_d.ptr, v_d.ptr, (long)n, 0, h, mask, stream);
+    const std::string size = " n=" + std::to_string(n);
+    compare(tag + " adamw m" + size, m_d.download(), m_ref, 1e-6);
+    compare(tag + " adamw v" + size, v_d.download(), v_ref, 1e-6);
+    if (has_master) compare(tag + " adamw master" + size, master_d.download(), p_ref, 1e-6);
+    compare(tag + " adamw params" + size, params_d.download(), p_ref, tolerance<floatX>().simple);
+
+    DeviceBuffer<float> norm_d(1), scratch(global_norm_scratch_floats());
+    global_norm_squared(norm_d.ptr, grad_d.ptr, (long)n, scratch.ptr, stream);
+    const double expected = cpuref::global_norm(grad.data(), n);
+    const double got = sqrt(norm_d.download()[0]);
+    char buf[128];
+    snprintf(buf, sizeof(buf), "got %.7g expected %.7g", got, expected);
+    check(fabs(got - expected) <= 1e-5 * expected, tag + " global_norm" + size, buf);
+}
+
+// bf16 stochastic rounding: unbiased (the mean of many roundings of x is x) and always one of the two
+// neighbouring bf16 values.
+__global__ void stochastic_round_kernel(float* out, float x, int n, uint64_t seed) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __bfloat162float(round_stochastic<__nv_bfloat16>(x, random_u32(seed, i)));
+}
+static void test_stochastic_rounding() {
+    const int n = 1 << 20;
+    const float x = 1.0f + 1.0f / 300.0f;  // between the bf16 neighbours 1 and 1 + 2^-7
+    DeviceBuffer<float> out(n);
+    stochastic_round_kernel<<<ceil_div(n, 256), 256>>>(out.ptr, x, n, 7);
+    cudaCheckLaunch();
+    std::vector<float> v = out.download();
+    double sum = 0.0;
+    bool neighbours = true;
+    for (float y : v) { sum += y; neighbours = neighbours && (y == 1.0f || y == 1.0078125f); }
+    const double mean = sum / n;
+    char buf[128];
+    snprintf(buf, sizeof(buf), "mean %.7f expected %.7f", mean, (double)x);
+    // the standard error of the mean is 2^-7 * 0.5 / sqrt(n) = 4e-6: 5e-5 is over 10 sigma
+    check(neighbours && fabs(mean - x) < 5e-5, "bf16 stochastic rounding is unbiased", buf);
+}
+
+template <typename floatX>
+void test_precision(cudaStream_t stream) {
+    const std::string tag = type_name<floatX>();
+    const Shape shapes[] = {{3, 37, 200, 5}, {2, 64, 768, 12}, {1, 130, 64, 1}};
+    for (const Shape& s : shapes) {
+        test_encoder<floatX>(s, tag, stream);
+        test_layernorm<floatX>(s, tag, stream);
+        test_attention<floatX>(s, tag, stream);
+    }
+    test_matmul<floatX>(111, 200, 600, tag, stream);
+    test_matmul<floatX>(256, 768, 3072, tag, stream);
+    test_matmul<floatX>(77, 64, 1024, tag, stream);
+    test_gelu<floatX>(8 * 1001, tag, stream);
+    test_classifier<floatX>(37, 1000, tag, stream);
+    test_classifier<floatX>(8, 50257, tag, stream);
+    test_optimizer<floatX>(100003, tag, stream);
+}
+
+int main(int argc, char** argv) {
+    const unsigned long seed = argc > 1 ? strtoul(argv[1], nullptr, 10)
+                                        : (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count();
+    printf("test_kernels: seed %lu\n", seed);
+    rng.seed(seed);
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("SKIP kernels: no GPU\n");
+        return 0;
+    }
+    matmul_setup(false);
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    test_precision<float>(stream);
+    test_precision<__nv_bfloat16>(stream);
+    test_precision<__half>(stream);
+    test_stochastic_rounding();
+    cudaCheck(cudaStreamDestroy(stream));
+    matmul_teardown();
+    return check_failures() == 0 ? 0 : 1;
+}
