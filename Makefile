@@ -25,8 +25,8 @@ $(BUILD):
 train_gpt: train_gpt.cu $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) train_gpt.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/prepare_shards: dataloader/prepare_shards.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
-	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp $(DATALOADER_SRCS) -o $@
+$(BUILD)/prepare_shards: dataloader/prepare_shards.cpp dataloader/text_reader.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp dataloader/text_reader.cpp $(DATALOADER_SRCS) -o $@
 
 $(BUILD)/test_cpu_reference: test/test_cpu_reference.cpp test/cpu_reference.cpp test/cpu_reference.h test/debug_state.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_cpu_reference.cpp test/cpu_reference.cpp -o $@

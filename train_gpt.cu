@@ -9,6 +9,11 @@
 #include <string>
 #include <vector>
 #include <cstring>
+#include <chrono>
+#include <dirent.h>
+#include <sys/stat.h>
+#include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
+#include "dataloader/tokenizer.h"    // defines: GPT2Tokenizer, TokenDecoder (to decode samples)
 #include "kernels/common.cuh"
 #include "kernels/init.cuh"
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
@@ -307,7 +312,7 @@ struct GPT2 {
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
     static void activation_counts(const ModelConfig& c, int B, int T, size_t* x_elements, size_t* stat_elements) {
         const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads, L = c.num_layers;
-        const size_t per_layer = N * C * 6 + N * 3 * C + N * 4 * C * 2 + (size_t)B * NH * T * T;
+        const size_t per_layer = N * C * 5 + N * 3 * C + N * 4 * C * 2 + (size_t)B * NH * T * T;
         const size_t global = N * C * 2 + N * c.padded_vocab_size;
         const size_t scratch = N * 3 * C * 2 + (size_t)B * NH * T * T + N * C * 2 + N * C * 2 + N * 4 * C;
         *x_elements = per_layer * L + global + scratch;
@@ -590,8 +595,8 @@ struct GPT2 {
 struct Options {
     std::string model = "d12";  // dN, or an llm.c model file to start from
     int layers = -1, heads = -1, channels = -1, max_seq_len = -1;  // override the dN shape (random init only)
-    std::string train_data = "data/tinyshakespeare/tiny_shakespeare_train.bin";
-    std::string val_data = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    std::string train_data = "data/tinyshakespeare/tinyshakespeare_train_*.bin";
+    std::string val_data = "data/tinyshakespeare/tinyshakespeare_val_*.bin";
     std::string tokenizer = "data/gpt2";
     int batch_size = 4;
     int seq_len = 1024;
@@ -716,7 +721,7 @@ static Options parse_options(int argc, char** argv) {
             case Flag::STRING: *(std::string*)flag->target = value; break;
         }
         if (flag->kind != Flag::STRING && (value.empty() || *end != '\0' || errno != 0))
-            die("flag " + arg + " expects a " + (flag->kind == Flag::FLOAT ? "number" : "integer") + ", got '" + value + "'");
+            die("flag " + arg + " expects " + (flag->kind == Flag::FLOAT ? "a number" : "an integer") + ", got '" + value + "'");
     }
     return o;
 }
@@ -732,3 +737,361 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
     if (schedule == "linear") return max_lr - (max_lr - final_lr) * progress;
     return max_lr;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints: DIR/model_NNNNNNNN.bin (an ordinary llm.c model file: bf16 parameters in bf16 mode, else
+// fp32) and DIR/state_NNNNNNNN.bin (master weights, Adam moments, loss scale, data position). The state is
+// written last, so a state file marks a complete checkpoint; each file goes through a temporary name.
+
+constexpr int kStateMagic = 20261126, kStateVersion = 1;
+
+inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/%s_%08d.bin", kind, step);
+    return dir + name;
+}
+
+// The highest step with both files in `dir`, or -1.
+inline int latest_checkpoint(const std::string& dir) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return -1;
+    int best = -1;
+    while (dirent* e = readdir(d)) {
+        const std::string name = e->d_name;  // state_NNNNNNNN.bin
+        if (name.size() != 18 || name.rfind("state_", 0) != 0 || name.compare(14, 4, ".bin") != 0) continue;
+        const int step = atoi(name.substr(6, 8).c_str());
+        struct stat st;
+        if (step > best && stat(checkpoint_path(dir, "model", step).c_str(), &st) == 0) best = step;
+    }
+    closedir(d);
+    return best;
+}
+
+inline void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
+    bool ok = true;
+    for (auto& part : parts) ok = ok && fwrite(part.first, 1, part.second, f) == part.second;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) die(tmp + ": write failed (disk full?)");
+    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+}
+
+template <typename floatX>
+void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
+    mkdir(dir.c_str(), 0755);
+    const bool bf16 = std::is_same<floatX, __nv_bfloat16>::value;
+    // bf16 parameters are stochastically rounded, so they are not a function of the master weights: save them as they are
+    write_model_file(checkpoint_path(dir, "model", step), model.config, bf16 ? model.parameters_host() : model.master_host(), bf16);
+    int header[256] = {};
+    header[0] = kStateMagic;
+    header[1] = kStateVersion;
+    header[2] = step;
+    header[3] = (int)PrecisionOf<floatX>::value;
+    header[4] = model.B;
+    header[5] = model.T;
+    memcpy(&header[6], &model.scaler.scale, sizeof(float));
+    header[7] = model.scaler.clean_steps;
+    header[8] = (int)model.scaler.skipped_steps;
+    const long long P = (long long)model.layout.total;
+    memcpy(&header[9], &P, sizeof(P));
+    header[11] = GPT2<floatX>::kHasMaster;
+    header[12] = (int)sizeof(DataLoaderState);
+    std::vector<float> master = GPT2<floatX>::kHasMaster ? model.master_host() : std::vector<float>();
+    std::vector<float> m = GPT2<floatX>::to_host(model.adam_m, P), v = GPT2<floatX>::to_host(model.adam_v, P);
+    write_file_atomically(checkpoint_path(dir, "state", step), {{header, sizeof(header)},
+                                                                {master.data(), master.size() * sizeof(float)},
+                                                                {m.data(), m.size() * sizeof(float)},
+                                                                {v.data(), v.size() * sizeof(float)},
+                                                                {&data_state, sizeof(data_state)}});
+}
+
+// Restores parameters, optimizer state and loss scale; returns the data position to restore.
+template <typename floatX>
+DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
+    const std::string state_path = checkpoint_path(dir, "state", step);
+    std::vector<float> values;
+    ModelConfig config = read_model_file(checkpoint_path(dir, "model", step), values);
+    if (ParameterLayout(config).total != model.layout.total)
+        die(checkpoint_path(dir, "model", step) + ": shape differs from the model being trained");
+    model.set_parameters(values);
+    FILE* f = fopen(state_path.c_str(), "rb");
+    if (f == nullptr) die(state_path + ": cannot open: " + strerror(errno));
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic || header[1] != kStateVersion)
+        die(state_path + ": not a train_gpt state file (bad header)");
+    if (header[3] != (int)PrecisionOf<floatX>::value) die(state_path + ": saved in another --precision");
+    long long P;
+    memcpy(&P, &header[9], sizeof(P));
+    if (P != (long long)model.layout.total || header[11] != (int)GPT2<floatX>::kHasMaster || header[12] != (int)sizeof(DataLoaderState))
+        die(state_path + ": does not match this model and precision");
+    memcpy(&model.scaler.scale, &header[6], sizeof(float));
+    model.scaler.clean_steps = header[7];
+    model.scaler.skipped_steps = header[8];
+    std::vector<float> buffer(P);
+    auto read_to_device = [&](float* device, const char* what) {
+        if (fread(buffer.data(), sizeof(float), P, f) != (size_t)P) die(state_path + ": truncated while reading " + what);
+        cudaCheck(cudaMemcpy(device, buffer.data(), P * sizeof(float), cudaMemcpyHostToDevice));
+    };
+    if (GPT2<floatX>::kHasMaster) read_to_device(model.master, "master weights");
+    read_to_device(model.adam_m, "Adam m");
+    read_to_device(model.adam_v, "Adam v");
+    DataLoaderState data_state;
+    if (fread(&data_state, sizeof(data_state), 1, f) != 1) die(state_path + ": truncated while reading the data position");
+    fclose(f);
+    return data_state;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling: each new token is one forward over the sequence so far (no KV cache: a 64-token sample of
+// d12 takes ~64 short forwards, well under a second, so the periodic samples cost little).
+
+template <typename floatX>
+std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int count, float temperature, int top_k, uint64_t seed) {
+    const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
+    std::vector<float> logits;
+    std::vector<std::pair<float, int>> candidates(V);
+    for (int i = 0; i < count; i++) {
+        const int start = std::max(0, (int)tokens.size() - T);  // a window of at most T tokens
+        const int t = (int)tokens.size() - start;
+        model.B = 1;
+        model.T = t;
+        model.upload_batch(tokens.data() + start, nullptr);
+        model.forward(false, 0.0f);
+        logits = GPT2<floatX>::to_host(model.logits + (size_t)(t - 1) * Vp, V);
+        for (int j = 0; j < V; j++) candidates[j] = {logits[j] / std::max(temperature, 1e-6f), j};
+        int k = (top_k > 0 && top_k < V) ? top_k : V;
+        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), std::greater<>());
+        double sum = 0.0;
+        for (int j = 0; j < k; j++) sum += exp(candidates[j].first - candidates[0].first);
+        const double u = (splitmix64(seed + i) >> 11) * (1.0 / 9007199254740992.0) * sum;
+        double acc = 0.0;
+        int chosen = candidates[k - 1].second;
+        for (int j = 0; j < k; j++) {
+            acc += exp(candidates[j].first - candidates[0].first);
+            if (u < acc) { chosen = candidates[j].second; break; }
+        }
+        tokens.push_back(chosen);
+    }
+    model.B = B;
+    model.T = T;
+    return tokens;
+}
+
+// Decodes with the GPT-2 vocabulary when one is found; token ids otherwise.
+struct SampleDecoder {
+    TokenDecoder decoder;
+    bool ok = false;
+    explicit SampleDecoder(const std::string& path) {
+        try {
+            struct stat st;
+            if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) decoder = GPT2Tokenizer::load(path).decoder();
+            else decoder = TokenDecoder::load_llmc(path);
+            ok = true;
+        } catch (const std::exception& e) {
+            fprintf(stderr, "warning: no tokenizer (%s): samples are printed as token ids\n", e.what());
+        }
+    }
+    std::string operator()(const std::vector<int>& ids) const {
+        if (ok) return decoder.decode(ids);
+        std::string s;
+        for (int id : ids) s += std::to_string(id) + " ";
+        return s;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The training loop
+
+inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+inline size_t device_memory_in_use() {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
+template <typename floatX>
+int train(const Options& o, const ModelConfig& config, const std::vector<float>* initial_values) {
+    const int B = o.batch_size, T = o.seq_len;
+    const long tokens_per_micro = (long)B * T;
+    const long total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
+    if (total_batch_tokens % tokens_per_micro != 0)
+        die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len = " + std::to_string(tokens_per_micro));
+    const int grad_accum = (int)(total_batch_tokens / tokens_per_micro);
+
+    // data first: a bad shard is reported before anything else can fail (also on a machine without a GPU)
+    int device_count = 0;
+    const bool have_gpu = cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0;
+    HostAllocator pinned{[](size_t bytes) { void* p; cudaCheck(cudaMallocHost(&p, bytes)); return p; },
+                         [](void* p) { cudaFreeHost(p); }};
+    DataLoaderConfig train_config;
+    train_config.pattern = o.train_data;
+    train_config.B = B;
+    train_config.T = T;
+    train_config.shuffle = o.shuffle != 0;
+    train_config.seed = (uint64_t)o.seed;
+    train_config.vocab_size = config.vocab_size;
+    train_config.allocator = have_gpu ? pinned : HostAllocator::system();
+    std::unique_ptr<DataLoader> train_loader, val_loader;
+    try {
+        train_loader.reset(new DataLoader(train_config));
+        if (!o.val_data.empty() && o.val_every > 0) {
+            DataLoaderConfig val_config = train_config;
+            val_config.pattern = o.val_data;
+            val_config.shuffle = false;
+            val_loader.reset(new DataLoader(val_config));
+        }
+    } catch (const std::exception& e) {
+        die(e.what());
+    }
+    if (!have_gpu) die("no CUDA GPU found");
+    matmul_setup(o.tf32 != 0);
+    const int steps = o.steps > 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
+    const int val_batches = val_loader ? (int)std::min<uint64_t>(o.val_batches, val_loader->batches_per_epoch()) : 0;
+
+    // memory plan, predicted before allocating
+    GPT2<floatX> model(config);
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T);
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    printf("model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
+           config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
+    printf("batch: %d x %d tokens, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T, grad_accum,
+           total_batch_tokens, steps, o.precision.c_str());
+    printf("memory plan (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
+           gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
+           gib(plan.scratch), gib(plan.total()), gib(free_bytes));
+    if (plan.total() > free_bytes)
+        die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
+            std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)");
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    const size_t in_use_before = device_memory_in_use();
+    model.allocate(B, T, stream);
+    printf("device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
+           gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
+    if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
+
+    int start_step = 0;
+    const int resume_step = (o.resume && !o.output_dir.empty()) ? latest_checkpoint(o.output_dir) : -1;
+    if (resume_step >= 0) {
+        DataLoaderState data_state = load_checkpoint(o.output_dir, resume_step, model);
+        try { train_loader->restore(data_state); } catch (const std::exception& e) { die(e.what()); }
+        start_step = resume_step;
+        printf("resumed from %s at step %d\n", checkpoint_path(o.output_dir, "state", resume_step).c_str(), resume_step);
+    } else if (o.resume && !o.output_dir.empty()) {
+        printf("no checkpoint in %s: starting from scratch\n", o.output_dir.c_str());
+    }
+    if (resume_step < 0) {
+        if (initial_values) model.set_parameters(*initial_values);
+        else model.init_parameters((uint64_t)o.seed);
+    }
+
+    FILE* log = nullptr;
+    if (!o.output_dir.empty()) {
+        mkdir(o.output_dir.c_str(), 0755);
+        log = fopen((o.output_dir + "/log.txt").c_str(), start_step > 0 ? "a" : "w");
+        if (log == nullptr) die(o.output_dir + "/log.txt: cannot open for writing");
+        if (start_step == 0) fprintf(log, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");
+        setvbuf(log, nullptr, _IOLBF, 0);
+    }
+    SampleDecoder decode(o.tokenizer);
+    // FLOPs per token for forward + backward: 6 per parameter that multiplies (all but wpe) plus attention's
+    // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
+    const double flops_per_token = 6.0 * (model.num_parameters() - (size_t)config.max_seq_len * config.channels) +
+                                   12.0 * config.num_layers * config.channels * T;
+    const double peak_flops = 989e12;  // H100/H200 dense bf16
+    const int eot = 50256;
+
+    for (int step = start_step; step <= steps; step++) {
+        const bool last = step == steps;
+        if (val_loader && (step % o.val_every == 0 || last)) {
+            val_loader->reset();
+            double sum = 0.0;
+            for (int i = 0; i < val_batches; i++) {
+                Batch batch = val_loader->next();
+                model.upload_batch(batch.inputs, batch.targets);
+                model.forward(true, 0.0f);
+                sum += model.mean_loss();
+            }
+            printf("step %d: val loss %.6f\n", step, sum / std::max(1, val_batches));
+            if (log) fprintf(log, "# val step %d loss %.9g\n", step, sum / std::max(1, val_batches));
+        }
+        if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
+            std::vector<int> sample = generate(model, {eot}, std::min(o.sample_tokens, config.max_seq_len - 1), o.temperature,
+                                               o.top_k, splitmix64((uint64_t)o.seed ^ (uint64_t)step));
+            printf("step %d sample: %s\n---\n", step, decode(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
+        }
+        if (o.checkpoint_every > 0 && !o.output_dir.empty() && step > start_step && (step % o.checkpoint_every == 0 || last)) {
+            save_checkpoint(o.output_dir, step, model, train_loader->state());
+            printf("wrote checkpoint %s\n", checkpoint_path(o.output_dir, "state", step).c_str());
+        }
+        if (last) break;
+
+        const auto start = std::chrono::steady_clock::now();
+        double data_seconds = 0.0, loss_sum = 0.0;
+        model.zero_grad();
+        for (int micro = 0; micro < grad_accum; micro++) {
+            Batch batch;
+            try { batch = train_loader->next(); } catch (const std::exception& e) { die(e.what()); }
+            data_seconds += batch.wait_seconds;
+            model.upload_batch(batch.inputs, batch.targets);
+            model.forward(true, model.dloss(grad_accum));
+            model.backward();
+            loss_sum += model.mean_loss();
+        }
+        const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
+        AdamWHyper h{lr, o.beta1, o.beta2, o.eps, o.weight_decay, 1.0f, step + 1, splitmix64((uint64_t)o.seed + 0x5EED + step)};
+        typename GPT2<floatX>::StepResult result = model.optimizer_step(h, o.grad_clip);
+        cudaCheck(cudaStreamSynchronize(stream));
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const float loss = (float)(loss_sum / grad_accum);
+        const double tokens_per_second = total_batch_tokens / seconds;
+        printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
+               step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
+               100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
+        if (std::is_same<floatX, __half>::value)
+            printf(" | scale %g | skipped %ld%s", model.scaler.scale, model.scaler.skipped_steps, result.skipped ? " (this step)" : "");
+        printf("\n");
+        if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
+    }
+    if (log) fclose(log);
+    cudaCheck(cudaStreamDestroy(stream));
+    matmul_teardown();
+    return 0;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    Options o = parse_options(argc, argv);
+    // model shape: a dN descriptor (plus overrides), or a model file
+    ModelConfig config;
+    std::vector<float> initial_values;
+    const bool from_file = !config_from_descriptor(o.model, config);
+    if (from_file) {
+        config = read_model_file(o.model, initial_values);
+        if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
+            die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
+    } else {
+        if (o.layers > 0) config.num_layers = o.layers;
+        if (o.heads > 0) config.num_heads = o.heads;
+        if (o.channels > 0) config.channels = o.channels;
+        if (o.max_seq_len > 0) config.max_seq_len = o.max_seq_len;
+        std::string problem = config_problem(config);
+        if (!problem.empty()) die("model " + o.model + ": " + problem);
+    }
+    if (o.batch_size <= 0) die("--batch-size must be positive");
+    if (o.seq_len <= 0 || o.seq_len > config.max_seq_len)
+        die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length)");
+    if (o.lr_schedule != "cosine" && o.lr_schedule != "linear" && o.lr_schedule != "constant")
+        die("--lr-schedule must be cosine, linear or constant, got '" + o.lr_schedule + "'");
+    if (o.precision != "bf16" && o.precision != "fp16" && o.precision != "fp32")
+        die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
+    if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
+    const std::vector<float>* initial = from_file ? &initial_values : nullptr;
+    return o.precision == "fp32" ? train<float>(o, config, initial)
+         : o.precision == "fp16" ? train<__half>(o, config, initial)
+                                 : train<__nv_bfloat16>(o, config, initial);
+}
+#endif

@@ -22,17 +22,29 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 TextFileReader::TextFileReader(const std::string& path) : path_(path) {
-    file_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (file_fd_ < 0) fail(std::string("cannot open: ") + std::strerror(errno));
-    struct stat st;
-    if (::fstat(file_fd_, &st) != 0) fail(std::string("cannot stat: ") + std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) fail("is a directory");
-    file_size_ = static_cast<uint64_t>(st.st_size);
-    if (!ends_with(path, ".xz")) {
-        text_fd_ = file_fd_;
+    if (path == "-") {
+        text_fd_ = STDIN_FILENO;
         return;
     }
+    file_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (file_fd_ < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+    try {
+        struct stat st;
+        if (::fstat(file_fd_, &st) != 0) fail(std::string("cannot stat: ") + std::strerror(errno));
+        if (S_ISDIR(st.st_mode)) fail("is a directory");
+        file_size_ = static_cast<uint64_t>(st.st_size);
+        if (ends_with(path, ".xz")) {
+            start_xz();
+        } else {
+            text_fd_ = file_fd_;
+        }
+    } catch (...) {
+        ::close(file_fd_);
+        throw;
+    }
+}
 
+void TextFileReader::start_xz() {
     int out_pipe[2], err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
     if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -57,6 +69,7 @@ TextFileReader::TextFileReader(const std::string& path) : path_(path) {
         ::close(err_pipe[0]);
         fail(std::string("cannot run `xz -dc` to decompress it: ") + std::strerror(rc));
     }
+    xz_ = true;
     child_pid_ = pid;
     text_fd_ = out_pipe[0];
     stderr_fd_ = err_pipe[0];
@@ -80,7 +93,10 @@ size_t TextFileReader::read(char* buf, size_t n) {
     if (n == 0 || text_fd_ < 0) return 0;
     for (;;) {
         ssize_t got = ::read(text_fd_, buf, n);
-        if (got > 0) return static_cast<size_t>(got);
+        if (got > 0) {
+            bytes_read_ += static_cast<uint64_t>(got);
+            return static_cast<size_t>(got);
+        }
         if (got == 0) {
             finish_child();
             return 0;
@@ -109,6 +125,7 @@ void TextFileReader::finish_child() {
 }
 
 uint64_t TextFileReader::file_position() const {
+    if (!xz_) return bytes_read_;  // plain file or stdin: what we read is what was consumed
     off_t pos = ::lseek(file_fd_, 0, SEEK_CUR);
     return pos < 0 ? 0 : static_cast<uint64_t>(pos);
 }

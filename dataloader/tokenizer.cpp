@@ -373,6 +373,43 @@ void ByteStringTable::clear() {
     count_ = 0;
 }
 
+// ---- MergeTable -----------------------------------------------------------------------------------------
+
+const MergeTable::Merge* MergeTable::find(int left, int right) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = key_of(left, right);
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = slot_of(key);; i = (i + 1) & mask) {
+        if (slots_[i].key == key) return &slots_[i].merge;
+        if (slots_[i].key == kEmpty) return nullptr;
+    }
+}
+
+bool MergeTable::insert(int left, int right, Merge merge) {
+    if (find(left, right)) return false;
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    const uint64_t key = key_of(left, right);
+    const size_t mask = slots_.size() - 1;
+    size_t i = slot_of(key);
+    while (slots_[i].key != kEmpty) i = (i + 1) & mask;
+    slots_[i] = Slot{key, merge};
+    ++count_;
+    return true;
+}
+
+void MergeTable::grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(old.empty() ? 64 : old.size() * 2, Slot{});
+    shift_ = 64 - __builtin_ctzll(slots_.size());
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+        if (s.key == kEmpty) continue;
+        size_t i = slot_of(s.key);
+        while (slots_[i].key != kEmpty) i = (i + 1) & mask;
+        slots_[i] = s;
+    }
+}
+
 // ---- TokenDecoder ----------------------------------------------------------------------------------------
 
 TokenDecoder::TokenDecoder(std::vector<std::string> token_bytes, int eot) : eot_(eot) {
@@ -499,8 +536,7 @@ GPT2Tokenizer GPT2Tokenizer::load_files(const std::string& encoder_json, const s
         const uint32_t* r = tok.vocab_.find(right);
         const uint32_t* m = tok.vocab_.find(left + right);
         if (!l || !r || !m) throw std::runtime_error(where + ": merge uses or makes a token not in encoder.json");
-        uint64_t key = uint64_t(*l) << 32 | *r;
-        if (!tok.merges_.emplace(key, Merge{rank++, static_cast<int>(*m)}).second)
+        if (!tok.merges_.insert(static_cast<int>(*l), static_cast<int>(*r), {rank++, static_cast<int>(*m)}))
             throw std::runtime_error(where + ": duplicate merge");
     }
     tok.decoder_ = TokenDecoder(std::move(token_bytes), tok.eot());
@@ -514,36 +550,45 @@ GPT2Tokenizer GPT2Tokenizer::load_files(const std::string& encoder_json, const s
 // A min-heap of candidate pairs over a linked list of symbols keeps long pieces (runs of spaces or
 // punctuation) O(n log n); entries made stale by an earlier merge are detected and skipped when popped.
 void GPT2Tokenizer::byte_pair_merge(std::string_view piece, std::vector<int>& out) const {
+    struct Scratch {  // reused across calls, to keep allocation out of the loop
+        std::vector<int> sym, next, prev;
+        std::vector<std::pair<int, int>> heap;  // (rank, left symbol index)
+    };
+    thread_local Scratch scratch;
     const int n = static_cast<int>(piece.size());
-    std::vector<int> sym(n), next(n), prev(n);
+    std::vector<int>& sym = scratch.sym;
+    std::vector<int>& next = scratch.next;  // -1: last symbol; kMerged: merged into its left neighbour
+    std::vector<int>& prev = scratch.prev;
+    constexpr int kMerged = -2;
+    sym.resize(n), next.resize(n), prev.resize(n);
     for (int i = 0; i < n; ++i) {
         sym[i] = byte_token_[static_cast<unsigned char>(piece[i])];
         next[i] = i + 1 < n ? i + 1 : -1;
         prev[i] = i - 1;
     }
-    auto merge_of = [&](int left) -> const Merge* {
-        auto it = merges_.find(uint64_t(sym[left]) << 32 | uint32_t(sym[next[left]]));
-        return it == merges_.end() ? nullptr : &it->second;
-    };
-    using Candidate = std::pair<int, int>;  // (rank, left symbol index)
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    auto& heap = scratch.heap;
+    heap.clear();
+    const std::greater<std::pair<int, int>> later;  // makes the std heap functions keep the minimum on top
     auto push = [&](int left) {
         if (left < 0 || next[left] < 0) return;
-        if (const Merge* m = merge_of(left)) heap.push({m->rank, left});
+        if (const MergeTable::Merge* m = merges_.find(sym[left], sym[next[left]])) {
+            heap.emplace_back(m->rank, left);
+            std::push_heap(heap.begin(), heap.end(), later);
+        }
     };
     for (int i = 0; i + 1 < n; ++i) push(i);
-    std::vector<bool> alive(n, true);
     while (!heap.empty()) {
-        auto [rank, left] = heap.top();
-        heap.pop();
-        if (!alive[left] || next[left] < 0) continue;
-        const Merge* m = merge_of(left);
-        if (!m || m->rank != rank) continue;
-        int right = next[left];
+        std::pop_heap(heap.begin(), heap.end(), later);
+        const auto [rank, left] = heap.back();
+        heap.pop_back();
+        const int right = next[left];
+        if (right < 0) continue;  // left was merged away or is now the last symbol
+        const MergeTable::Merge* m = merges_.find(sym[left], sym[right]);
+        if (!m || m->rank != rank) continue;  // stale: a neighbour changed since this entry was pushed
         sym[left] = m->result;
-        alive[right] = false;
         next[left] = next[right];
-        if (next[right] >= 0) prev[next[right]] = left;
+        next[right] = kMerged;
+        if (next[left] >= 0) prev[next[left]] = left;
         push(prev[left]);
         push(left);
     }

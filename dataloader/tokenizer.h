@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 // Token id -> bytes table: everything decoding needs. Loadable from llm.c's tokenizer file, so a program
@@ -65,6 +64,31 @@ private:
     size_t count_ = 0;
 };
 
+// Open-addressing hash table from a pair of token ids to the merge that joins them (BPE's inner loop).
+class MergeTable {
+public:
+    struct Merge {
+        int rank;    // position in vocab.bpe: lower merges first
+        int result;  // token id of the merged pair
+    };
+    const Merge* find(int left, int right) const;
+    bool insert(int left, int right, Merge merge);  // false if the pair is already present
+
+private:
+    struct Slot {
+        uint64_t key = kEmpty;
+        Merge merge{};
+    };
+    static constexpr uint64_t kEmpty = UINT64_MAX;
+    static uint64_t key_of(int left, int right) { return uint64_t(uint32_t(left)) << 32 | uint32_t(right); }
+    size_t slot_of(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> shift_; }
+    void grow();
+
+    std::vector<Slot> slots_;
+    int shift_ = 64;
+    size_t count_ = 0;
+};
+
 class GPT2Tokenizer {
 public:
     // Reads DIR/encoder.json and DIR/vocab.bpe.
@@ -84,16 +108,12 @@ public:
     const TokenDecoder& decoder() const { return decoder_; }
 
 private:
-    struct Merge {
-        int rank;
-        int result;
-    };
     void encode_piece(std::string_view piece, std::vector<int>& out) const;
     void byte_pair_merge(std::string_view piece, std::vector<int>& out) const;
 
     TokenDecoder decoder_;
-    ByteStringTable vocab_;                          // token bytes -> id (the special token excluded)
-    int byte_token_[256] = {};                       // single byte -> token id
-    std::unordered_map<uint64_t, Merge> merges_;     // (left id << 32 | right id) -> merge
-    uint64_t instance_id_ = 0;                       // identifies this vocabulary to the per-thread cache
+    ByteStringTable vocab_;     // token bytes -> id (the special token excluded)
+    int byte_token_[256] = {};  // single byte -> token id
+    MergeTable merges_;         // from vocab.bpe
+    uint64_t instance_id_ = 0;  // identifies this vocabulary to the per-thread cache
 };

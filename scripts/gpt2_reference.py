@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HEADER_INTS = 256
+GPT2_VOCAB = 50257
 MODEL_MAGIC = 20240326
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 STATE_MAGIC, STATE_VERSION = 20240327, 2
@@ -231,14 +232,15 @@ def build_model(args):
         for key, value in config_flags.items():
             if value is not None and value != from_file[key]:
                 raise InputError(f"--{key.replace('_', '-')} {value} conflicts with {args.init_from} ({from_file[key]})")
-        if args.vocab_size != cfg.vocab_size:
+        if args.vocab_size is not None and args.vocab_size != cfg.vocab_size:
             raise InputError(f"--vocab-size {args.vocab_size} conflicts with {args.init_from} ({cfg.vocab_size})")
         return model
     missing = [k for k in ("layers", "heads", "channels") if config_flags[k] is None]
     if missing:
         raise InputError("without --init-from, need " + ", ".join("--" + k for k in missing))
     max_seq_len = args.max_seq_len if args.max_seq_len is not None else args.seq_len
-    model = GPT(Config(max_seq_len, args.vocab_size, args.layers, args.heads, args.channels), args.sdpa)
+    vocab_size = args.vocab_size if args.vocab_size is not None else GPT2_VOCAB
+    model = GPT(Config(max_seq_len, vocab_size, args.layers, args.heads, args.channels), args.sdpa)
     init_weights(model, args.seed)
     return model
 
@@ -550,7 +552,7 @@ def add_model_args(p):
     p.add_argument("--heads", type=int)
     p.add_argument("--channels", type=int)
     p.add_argument("--max-seq-len", type=int, help="default: --seq-len")
-    p.add_argument("--vocab-size", type=int, default=50257, help="padded to a multiple of 128")
+    p.add_argument("--vocab-size", type=int, help="default 50257; padded to a multiple of 128")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--seq-len", type=int, required=True)
@@ -595,7 +597,7 @@ def main(argv=None):
     p = sub.add_parser("make-shard", help="write a shard of uniformly random tokens")
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", type=int, required=True)
-    p.add_argument("--vocab-size", type=int, default=50257)
+    p.add_argument("--vocab-size", type=int, default=GPT2_VOCAB)
     p.add_argument("--seed", type=int, default=1337)
     p.set_defaults(func=cmd_make_shard)
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs the whole test suite and prints one closing line "N passed, N failed, N skipped".
+# Every test program prints one line per check: "PASS name", "FAIL name: why" or "SKIP name: why".
+# CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise.
+set -u
+cd "$(dirname "$0")/.."
+LOG=${TEST_LOG:-build/test.log}
+WORK=build/test_work
+mkdir -p "$WORK"
+: > "$LOG"
+
+# Runs a command whose stdout holds check lines; a crash or non-zero exit without a FAIL line counts as one FAIL.
+run() {
+    local name=$1; shift
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" >> "$LOG"
+    printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' || true
+    if [ $rc -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
+        echo "FAIL $name: exited $rc: $(printf '%s\n' "$out" | tail -n 1)" | tee -a "$LOG"
+    fi
+}
+skip() { echo "SKIP $1: $2" | tee -a "$LOG"; }
+
+gpu_count=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
+
+# ---- CPU tests
+run tokenizer build/test_tokenizer
+run dataloader build/test_dataloader
+run cli bash test/test_cli.sh
+fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
+if [ $fixture_rc -eq 0 ]; then
+    run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
+elif [ $fixture_rc -eq 2 ]; then
+    skip "cpu reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
+else
+    echo "FAIL cpu reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
+fi
+
+# ---- GPU tests
+if [ "$gpu_count" -ge 1 ]; then
+    run kernels build/test_kernels
+    run model bash test/test_model_gpu.sh
+    run training bash test/test_training_gpu.sh
+else
+    for t in "kernels vs CPU reference" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity"; do
+        skip "$t" "no GPU"
+    done
+fi
+
+passed=$(grep -c '^PASS ' "$LOG"); failed=$(grep -c '^FAIL ' "$LOG"); skipped=$(grep -c '^SKIP ' "$LOG")
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

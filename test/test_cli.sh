@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# train_gpt's command line and input checks, without a GPU: --help, bad flags and values, bad model files,
+# bad shards, sizes that don't divide. Each case must exit non-zero with a one-line error naming the
+# flag or file.
+set -u
+cd "$(dirname "$0")/.."
+BIN=./train_gpt
+W=build/test_work/cli
+rm -rf "$W"; mkdir -p "$W"
+
+# expect_error NAME PATTERN ARGS...: non-zero exit, and the first stderr line matches PATTERN
+expect_error() {
+    local name=$1 pattern=$2; shift 2
+    local err rc
+    err=$("$BIN" "$@" 2>&1 >/dev/null); rc=$?
+    local first=$(printf '%s\n' "$err" | head -n 1)
+    if [ $rc -ne 0 ] && printf '%s' "$first" | grep -q -- "$pattern" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
+        echo "PASS cli $name"
+    else
+        echo "FAIL cli $name: rc=$rc, stderr: $err"
+    fi
+}
+
+help=$($BIN --help); rc=$?
+missing=""
+for flag in $(grep -o '{"--[a-z0-9-]*"' train_gpt.cu | tr -d '{"'); do
+    printf '%s' "$help" | grep -q -- "$flag" || missing="$missing $flag"
+done
+if [ $rc -eq 0 ] && [ -z "$missing" ]; then echo "PASS cli --help lists every flag"; else echo "FAIL cli --help: rc=$rc missing:$missing"; fi
+
+# shards: one good, one with a wrong magic, one truncated
+python3 - "$W" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def shard(path, tokens, magic=20240520, version=1, count=None, cut=0):
+    header = [magic, version, len(tokens) if count is None else count] + [0] * 253
+    data = struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}H", *tokens)
+    open(path, "wb").write(data[:len(data) - cut] if cut else data)
+shard(f"{d}/good.bin", [i % 1000 for i in range(5000)])
+shard(f"{d}/badmagic.bin", list(range(100)), magic=1234)
+shard(f"{d}/truncated.bin", list(range(100)), cut=10)
+open(f"{d}/badmodel.bin", "wb").write(struct.pack("<256i", *([999] + [0] * 255)))
+PY
+SMALL="--layers 2 --heads 2 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data="
+expect_error "unknown flag" "unknown flag '--bogus'" --bogus 1
+expect_error "flag without value" "flag --steps needs a value" --steps
+expect_error "integer flag with text" "flag -b expects an integer, got 'x'" -b x
+expect_error "float flag with text" "flag --lr expects a number" --lr fast
+expect_error "bad precision" "--precision must be bf16, fp16 or fp32" --precision fp8
+expect_error "bad schedule" "--lr-schedule must be" --lr-schedule step
+expect_error "heads do not divide channels" "channels (100) must be divisible by heads (3)" --channels 100 --heads 3
+expect_error "seq-len above max" "--seq-len must be in 1..64" --layers 2 --heads 2 --channels 64 --max-seq-len 64 --seq-len 128
+expect_error "missing model file" "cannot open model file" --model "$W/none.bin"
+expect_error "bad model magic" "badmodel.bin: bad magic 999" --model "$W/badmodel.bin"
+expect_error "no shards match" "no shard files match" $SMALL --train-data "$W/nothing_*.bin"
+expect_error "shard with bad magic" "badmagic.bin" $SMALL --train-data "$W/badmagic.bin"
+expect_error "truncated shard" "truncated.bin" $SMALL --train-data "$W/truncated.bin"
+expect_error "total batch not a multiple" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" $SMALL --train-data "$W/good.bin" --total-batch-tokens 100
+expect_error "resume without output dir" "--resume needs --output-dir" $SMALL --resume 1
+exit 0

@@ -1,0 +1,446 @@
+// Tests for token shards (dataloader/shards.*) and the DataLoader (dataloader/dataloader.*): shard round trip
+// and header validation errors, the docs/formats.md batch order, rank partitioning, shuffling, state
+// save/restore, read-ahead versus synchronous reads, reset, allocator use, and error propagation.
+//
+// Works in a temporary directory. Prints one PASS/FAIL/SKIP line per check; exits 1 on any FAIL.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dataloader.h"
+#include "shards.h"
+
+namespace {
+
+int g_failures = 0;
+
+void pass(const std::string& name) { std::printf("PASS %s\n", name.c_str()); }
+void fail(const std::string& name, const std::string& detail) {
+    std::printf("FAIL %s: %s\n", name.c_str(), detail.c_str());
+    ++g_failures;
+}
+void check(bool ok, const std::string& name, const std::string& detail) { ok ? pass(name) : fail(name, detail); }
+
+void guarded(const std::string& name, const std::function<void()>& body) {
+    try {
+        body();
+    } catch (const std::exception& e) {
+        fail(name, std::string("exception: ") + e.what());
+    }
+}
+
+// Expects body() to throw a message containing every one of `needles`.
+void expect_error(const std::string& name, const std::vector<std::string>& needles, const std::function<void()>& body) {
+    try {
+        body();
+        fail(name, "no error");
+    } catch (const std::exception& e) {
+        const std::string msg = e.what();
+        for (const std::string& needle : needles) {
+            if (msg.find(needle) == std::string::npos)
+                return fail(name, "message \"" + msg + "\" lacks \"" + needle + "\"");
+        }
+        if (msg.find('\n') != std::string::npos) return fail(name, "message spans several lines: " + msg);
+        pass(name);
+    }
+}
+
+std::string g_dir;
+
+std::string path_in_dir(const std::string& name) { return g_dir + "/" + name; }
+
+void write_bytes(const std::string& path, const std::string& data) {
+    std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+std::string shard_bytes(int32_t magic, int32_t version, int32_t count, size_t tokens) {
+    int32_t h[256] = {};
+    h[0] = magic, h[1] = version, h[2] = count;
+    return std::string(reinterpret_cast<const char*>(h), sizeof h) + std::string(2 * tokens, '\0');
+}
+
+// Distinct, recognisable tokens: shard s, index i.
+std::vector<uint16_t> make_tokens(int shard, size_t n) {
+    std::vector<uint16_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((shard * 7919 + i) % 50257);
+    return t;
+}
+
+// A batch copied out of the loader: inputs then targets.
+std::vector<int32_t> take(DataLoader& loader, int B, int T) {
+    Batch b = loader.next();
+    std::vector<int32_t> out(b.inputs, b.inputs + size_t(B) * T);
+    out.insert(out.end(), b.targets, b.targets + size_t(B) * T);
+    return out;
+}
+
+std::vector<std::vector<int32_t>> take_n(DataLoader& loader, int B, int T, int n) {
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < n; ++i) out.push_back(take(loader, B, T));
+    return out;
+}
+
+DataLoaderConfig config(const std::string& pattern, int B, int T) {
+    DataLoaderConfig c;
+    c.pattern = pattern;
+    c.B = B;
+    c.T = T;
+    return c;
+}
+
+// ---- shards ------------------------------------------------------------------------------------------------
+
+void test_shards() {
+    guarded("shard_round_trip", [] {
+        const std::string p = path_in_dir("round_trip.bin");
+        std::vector<uint16_t> tokens = make_tokens(1, 1000);
+        write_shard(p, tokens);
+        struct stat st;
+        ::stat(p.c_str(), &st);
+        ShardReader reader(p);
+        std::vector<uint16_t> middle(10);
+        reader.read(500, 10, middle.data());
+        check(read_shard(p, 50257) == tokens && reader.num_tokens() == 1000 && st.st_size == 1024 + 2000 &&
+                  std::equal(middle.begin(), middle.end(), tokens.begin() + 500),
+              "shard_round_trip", "tokens or file size differ");
+    });
+    guarded("shard_empty", [] {
+        write_shard(path_in_dir("empty.bin"), std::vector<uint16_t>{});
+        check(read_shard(path_in_dir("empty.bin"), 50257).empty(), "shard_empty", "not empty");
+    });
+    guarded("shard_no_temp_left", [] {
+        bool temp_found = false;
+        DIR* d = ::opendir(g_dir.c_str());
+        while (dirent* e = ::readdir(d)) temp_found |= std::strstr(e->d_name, ".tmp.") != nullptr;
+        ::closedir(d);
+        check(!temp_found, "shard_no_temp_left", "a temporary file was left behind");
+    });
+
+    const std::string bad = path_in_dir("bad.bin");
+    expect_error("shard_missing", {path_in_dir("missing.bin"), "cannot open"},
+                 [] { ShardReader r(path_in_dir("missing.bin")); });
+    write_bytes(bad, std::string(100, '\0'));
+    expect_error("shard_short", {bad, "shorter than the 1024-byte shard header"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240326, 1, 4, 4));
+    expect_error("shard_wrong_magic", {bad, "bad magic 20240326"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 2, 4, 4));
+    expect_error("shard_wrong_version", {bad, "unsupported shard version 2"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 1, 10, 4));
+    expect_error("shard_truncated", {bad, "size mismatch", "10 tokens"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 1, 4, 5));
+    expect_error("shard_too_long", {bad, "size mismatch"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 1, -1, 0));
+    expect_error("shard_negative_count", {bad, "negative token count"}, [&] { ShardReader r(bad); });
+    write_shard(bad, std::vector<uint16_t>{1, 2, 60000, 3});
+    expect_error("shard_token_out_of_vocab", {bad, "token id 60000 at index 2", "vocab size 50257"},
+                 [&] { read_shard(bad, 50257); });
+    expect_error("shard_read_past_end", {bad, "passes the end"}, [&] {
+        uint16_t out[8];
+        ShardReader(bad).read(2, 8, out);
+    });
+    expect_error("shard_write_bad_dir", {"/nonexistent_dir/x.bin"},
+                 [] { write_shard("/nonexistent_dir/x.bin", std::vector<uint16_t>{1}); });
+}
+
+// ---- DataLoader ----------------------------------------------------------------------------------------------
+
+// Shards a_0..a_3 with different lengths (one too short for a batch of the sizes used below).
+const std::vector<size_t> kShardLengths = {1000, 40, 777, 1301};
+std::vector<std::vector<uint16_t>> g_shards;
+
+void write_loader_shards() {
+    for (size_t s = 0; s < kShardLengths.size(); ++s) {
+        g_shards.push_back(make_tokens(static_cast<int>(s), kShardLengths[s]));
+        char name[32];
+        std::snprintf(name, sizeof name, "a_%06zu.bin", s);
+        write_shard(path_in_dir(name), g_shards.back());
+    }
+}
+
+const std::string kPattern() { return path_in_dir("a_*.bin"); }
+
+// The docs/formats.md order, computed directly: global windows of G+1 tokens, stepping G, next shard when
+// o + G + 1 would pass the end, wrapping after the last. Returns the rank's inputs+targets per step.
+std::vector<std::vector<int32_t>> expected_unshuffled(int B, int T, int ranks, int rank, int steps) {
+    const size_t G = size_t(ranks) * B * T;
+    std::vector<std::vector<int32_t>> out;
+    size_t s = 0, o = 0;
+    auto skip_short = [&] {
+        while (g_shards[s].size() < o + G + 1) s = (s + 1) % g_shards.size(), o = 0;
+    };
+    skip_short();
+    for (int step = 0; step < steps; ++step) {
+        std::vector<int32_t> inputs, targets;
+        for (int i = rank * B; i < (rank + 1) * B; ++i) {
+            for (int t = 0; t < T; ++t) {
+                inputs.push_back(g_shards[s][o + size_t(i) * T + t]);
+                targets.push_back(g_shards[s][o + size_t(i) * T + t + 1]);
+            }
+        }
+        inputs.insert(inputs.end(), targets.begin(), targets.end());
+        out.push_back(inputs);
+        o += G;
+        if (o + G + 1 > g_shards[s].size()) s = (s + 1) % g_shards.size(), o = 0;
+        skip_short();
+    }
+    return out;
+}
+
+// Rank r's share of single-process batches: rows r*B..r*B+B-1 of inputs and of targets.
+std::vector<int32_t> rank_rows(const std::vector<int32_t>& global, int B, int T, int ranks, int r) {
+    const size_t half = global.size() / 2, n = size_t(B) * T;
+    std::vector<int32_t> out(global.begin() + r * n, global.begin() + (r + 1) * n);
+    out.insert(out.end(), global.begin() + half + r * n, global.begin() + half + (r + 1) * n);
+    (void)ranks;
+    return out;
+}
+
+void test_order() {
+    guarded("order_unshuffled", [] {
+        // B=3, T=16: G=48, windows per shard 20, 0, 16, 27 = 63 per epoch; 150 steps wrap twice.
+        DataLoader loader(config(kPattern(), 3, 16));
+        bool ok = take_n(loader, 3, 16, 150) == expected_unshuffled(3, 16, 1, 0, 150);
+        check(ok && loader.batches_per_epoch() == 63, "order_unshuffled",
+              "batches differ from docs/formats.md order (batches/epoch " + std::to_string(loader.batches_per_epoch()) + ")");
+    });
+    guarded("num_tokens", [] {
+        DataLoader loader(config(kPattern(), 3, 16));
+        check(loader.num_tokens() == 1000 + 40 + 777 + 1301 && loader.num_shards() == 4, "num_tokens",
+              std::to_string(loader.num_tokens()));
+    });
+    for (bool shuffle : {false, true}) {
+        const std::string name = std::string("ranks_partition_") + (shuffle ? "shuffled" : "unshuffled");
+        guarded(name, [&] {
+            const int B = 2, T = 8, R = 3, steps = 100;
+            DataLoaderConfig single = config(kPattern(), R * B, T);
+            single.shuffle = shuffle;
+            single.seed = 7;
+            DataLoader whole(single);
+            std::vector<std::vector<int32_t>> global = take_n(whole, R * B, T, steps);
+            bool ok = true;
+            for (int r = 0; r < R; ++r) {
+                DataLoaderConfig c = config(kPattern(), B, T);
+                c.num_ranks = R, c.rank = r, c.shuffle = shuffle, c.seed = 7;
+                DataLoader part(c);
+                for (int step = 0; step < steps; ++step) ok = ok && take(part, B, T) == rank_rows(global[step], B, T, R, r);
+            }
+            if (!shuffle) ok = ok && global == expected_unshuffled(R * B, T, 1, 0, steps);
+            check(ok, name, "the ranks' rows do not add up to the single-process batches");
+        });
+    }
+    guarded("ranks_formats_md", [] {
+        // Directly against the formats.md rule for rank 1 of 2.
+        DataLoaderConfig c = config(kPattern(), 4, 8);
+        c.num_ranks = 2, c.rank = 1;
+        DataLoader loader(c);
+        check(take_n(loader, 4, 8, 80) == expected_unshuffled(4, 8, 2, 1, 80), "ranks_formats_md", "rank 1's batches differ");
+    });
+}
+
+void test_shuffle() {
+    const int B = 2, T = 8;  // G=16: windows 62, 2, 48, 81 = 193 per epoch
+    auto shuffled = [&](uint64_t seed, int depth) {
+        DataLoaderConfig c = config(kPattern(), B, T);
+        c.shuffle = true, c.seed = seed, c.prefetch_depth = depth;
+        return c;
+    };
+    guarded("shuffle_deterministic", [&] {
+        DataLoader a(shuffled(42, 2)), b(shuffled(42, 0));
+        check(take_n(a, B, T, 500) == take_n(b, B, T, 500), "shuffle_deterministic", "same seed, different batches");
+    });
+    guarded("shuffle_seed_matters", [&] {
+        DataLoader a(shuffled(42, 2)), b(shuffled(43, 2));
+        check(take_n(a, B, T, 50) != take_n(b, B, T, 50), "shuffle_seed_matters", "seeds 42 and 43 give the same batches");
+    });
+    guarded("shuffle_is_permutation", [&] {
+        // Each epoch serves every window exactly once, and epochs differ in order.
+        DataLoader plain(config(kPattern(), B, T)), mixed(shuffled(5, 2));
+        const int per_epoch = static_cast<int>(plain.batches_per_epoch());
+        auto unshuffled = take_n(plain, B, T, per_epoch);
+        auto epoch0 = take_n(mixed, B, T, per_epoch), epoch1 = take_n(mixed, B, T, per_epoch);
+        std::multiset<std::vector<int32_t>> want(unshuffled.begin(), unshuffled.end());
+        bool ok = std::multiset<std::vector<int32_t>>(epoch0.begin(), epoch0.end()) == want &&
+                  std::multiset<std::vector<int32_t>>(epoch1.begin(), epoch1.end()) == want && epoch0 != unshuffled &&
+                  epoch0 != epoch1;
+        check(ok && per_epoch == 193, "shuffle_is_permutation", "an epoch is not a reordering of all windows");
+    });
+}
+
+void test_state_and_prefetch() {
+    const int B = 2, T = 8;
+    for (bool shuffle : {false, true}) {
+        const std::string name = std::string("state_restore_") + (shuffle ? "shuffled" : "unshuffled");
+        guarded(name, [&] {
+            DataLoaderConfig c = config(kPattern(), B, T);
+            c.shuffle = shuffle, c.seed = 11;
+            DataLoader a(c);
+            take_n(a, B, T, 190);  // close to the end of epoch 0, so the resumed part crosses into epoch 1
+            DataLoaderState saved = a.state();
+            std::vector<std::vector<int32_t>> after = take_n(a, B, T, 30);
+            DataLoader b(c);
+            b.restore(saved);
+            bool ok = take_n(b, B, T, 30) == after;
+            a.restore(saved);  // also within the same loader, discarding its read-ahead
+            ok = ok && take_n(a, B, T, 30) == after;
+            check(ok && saved.epoch == 0 && a.state().epoch == 1, name, "batches after restore differ");
+        });
+    }
+    guarded("state_restore_other_rank_split", [&] {
+        // One process with 2B rows saves; two ranks of B rows each resume and split the same batches.
+        DataLoaderConfig one = config(kPattern(), 2 * B, T);
+        one.shuffle = true, one.seed = 3;
+        DataLoader whole(one);
+        take_n(whole, 2 * B, T, 17);
+        DataLoaderState saved = whole.state();
+        std::vector<int32_t> want = take(whole, 2 * B, T);
+        bool ok = true;
+        for (int r = 0; r < 2; ++r) {
+            DataLoaderConfig c = config(kPattern(), B, T);
+            c.shuffle = true, c.seed = 3, c.num_ranks = 2, c.rank = r;
+            DataLoader part(c);
+            part.restore(saved);
+            ok = ok && take(part, B, T) == rank_rows(want, B, T, 2, r);
+        }
+        check(ok, "state_restore_other_rank_split", "ranks resumed from a single-process state disagree");
+    });
+    {
+        DataLoaderConfig c = config(kPattern(), B, T);
+        c.shuffle = true, c.seed = 1;
+        DataLoader a(c);
+        DataLoaderState s = a.state();
+        s.seed = 2;
+        expect_error("state_restore_wrong_seed", {"seed"}, [&] { a.restore(s); });
+        s = a.state();
+        s.window_pos = 1000000;
+        expect_error("state_restore_bad_position", {"does not exist"}, [&] { a.restore(s); });
+        guarded("state_usable_after_bad_restore", [&] {
+            DataLoader fresh(c);
+            check(take(a, B, T) == take(fresh, B, T), "state_usable_after_bad_restore", "loader moved");
+        });
+    }
+    guarded("reset", [&] {
+        DataLoaderConfig c = config(kPattern(), B, T);
+        c.shuffle = true, c.seed = 9;
+        DataLoader a(c);
+        auto first = take_n(a, B, T, 5);
+        take_n(a, B, T, 300);
+        a.reset();
+        check(take_n(a, B, T, 5) == first && a.state().epoch == 0, "reset", "batches after reset differ");
+    });
+    guarded("prefetch_matches_sync", [&] {
+        bool ok = true;
+        for (bool shuffle : {false, true}) {
+            std::vector<std::vector<std::vector<int32_t>>> runs;
+            for (int depth : {0, 1, 2, 8}) {
+                DataLoaderConfig c = config(kPattern(), 3, 5);
+                c.shuffle = shuffle, c.seed = 4, c.prefetch_depth = depth;
+                DataLoader loader(c);
+                runs.push_back(take_n(loader, 3, 5, 400));
+            }
+            for (const auto& run : runs) ok = ok && run == runs[0];
+        }
+        check(ok, "prefetch_matches_sync", "read-ahead depth changes the batches");
+    });
+    guarded("allocator_used", [&] {
+        int allocs = 0, frees = 0;
+        {
+            DataLoaderConfig c = config(kPattern(), B, T);
+            c.prefetch_depth = 3;
+            c.allocator = {[&](size_t n) { ++allocs; return std::malloc(n); }, [&](void* p) { ++frees; std::free(p); }};
+            DataLoader loader(c);
+            take_n(loader, B, T, 10);
+        }
+        check(allocs == 4 && frees == 4, "allocator_used",
+              std::to_string(allocs) + " allocations, " + std::to_string(frees) + " frees (want 4, 4)");
+    });
+    guarded("wait_time_reported", [&] {
+        DataLoader loader(config(kPattern(), B, T));
+        Batch b = loader.next();
+        check(b.wait_seconds >= 0 && b.wait_seconds < 10, "wait_time_reported", std::to_string(b.wait_seconds));
+    });
+    guarded("shutdown_while_reading_ahead", [&] {
+        for (int i = 0; i < 20; ++i) {
+            DataLoaderConfig c = config(kPattern(), B, T);
+            c.prefetch_depth = 4;
+            DataLoader loader(c);  // destroyed with the reader thread blocked on a full queue or mid-read
+            if (i % 2) take(loader, B, T);
+        }
+        pass("shutdown_while_reading_ahead");
+    });
+}
+
+void test_loader_errors() {
+    expect_error("loader_empty_glob", {"no shard files match", path_in_dir("nothing_*.bin")},
+                 [] { DataLoader l(config(path_in_dir("nothing_*.bin"), 2, 8)); });
+    expect_error("loader_shard_too_small", {"one batch needs"}, [] { DataLoader l(config(kPattern(), 100, 64)); });
+    expect_error("loader_bad_rank", {"rank 2"}, [] {
+        DataLoaderConfig c = config(kPattern(), 2, 8);
+        c.num_ranks = 2, c.rank = 2;
+        DataLoader l(c);
+    });
+    write_bytes(path_in_dir("b_000000.bin"), shard_bytes(20240520, 1, 10, 4));
+    expect_error("loader_bad_shard", {path_in_dir("b_000000.bin"), "size mismatch"},
+                 [] { DataLoader l(config(path_in_dir("b_*.bin"), 1, 2)); });
+    // A bad token id in the third window: the first two batches arrive, the third next() throws.
+    std::vector<uint16_t> tokens = make_tokens(0, 100);
+    tokens[2 * 16 + 5] = 65535;
+    write_shard(path_in_dir("c_000000.bin"), tokens);
+    for (int depth : {0, 2}) {
+        const std::string name = "loader_bad_token_depth" + std::to_string(depth);
+        int served = 0;
+        DataLoaderConfig c = config(path_in_dir("c_*.bin"), 2, 8);
+        c.prefetch_depth = depth;
+        try {
+            DataLoader loader(c);
+            for (; served < 5; ++served) loader.next();
+            fail(name, "no error");
+        } catch (const std::exception& e) {
+            const std::string msg = e.what();
+            check(served == 2 && msg.find("token id 65535 at index 37") != std::string::npos &&
+                      msg.find("c_000000.bin") != std::string::npos,
+                  name, "after " + std::to_string(served) + " batches: " + msg);
+        }
+    }
+}
+
+void remove_dir(const std::string& dir) {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;
+    while (dirent* e = ::readdir(d)) {
+        if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) ::unlink((dir + "/" + e->d_name).c_str());
+    }
+    ::closedir(d);
+    ::rmdir(dir.c_str());
+}
+
+}  // namespace
+
+int main() {
+    char dir_template[] = "/tmp/test_dataloader_XXXXXX";
+    if (!::mkdtemp(dir_template)) {
+        std::printf("FAIL setup: mkdtemp failed\n");
+        return 1;
+    }
+    g_dir = dir_template;
+    try {
+        test_shards();
+        write_loader_shards();
+        test_order();
+        test_shuffle();
+        test_state_and_prefetch();
+        test_loader_errors();
+    } catch (const std::exception& e) {
+        fail("setup", e.what());
+    }
+    remove_dir(g_dir);
+    return g_failures ? 1 : 0;
+}
