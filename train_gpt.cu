@@ -294,10 +294,17 @@ struct GPT2 {
     floatX *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* norm_squared = nullptr;    // one float
-    int* tokens_device = nullptr;     // inputs, targets (B*T each), encoder buckets
+    float* loss_sums = nullptr;       // per-row losses summed over forwards until take_mean_loss()
+    int forwards_summed = 0;
+    // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
+    // prepares the next micro-batch while the GPU still works on the current one.
+    int* tokens_device = nullptr;
+    int* staging[2] = {nullptr, nullptr};
+    cudaEvent_t staging_free[2] = {nullptr, nullptr};
+    int staging_index = 0;
     int num_buckets = 0;
-    EncoderBuckets buckets;
-    std::vector<int> packed_buckets;
+    std::vector<int> bucket_counts;
+    size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
 
     GPT2(const ModelConfig& c) : config(c), layout(c) {}
 
@@ -373,13 +380,24 @@ struct GPT2 {
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_squared, sizeof(float)));
-        cudaCheck(cudaMalloc(&tokens_device, N * 5 * sizeof(int)));  // inputs, targets, buckets (<= 2N + 1 + N)
+        cudaCheck(cudaMalloc(&loss_sums, N * sizeof(float)));
+        cudaCheck(cudaMemset(loss_sums, 0, N * sizeof(float)));
+        cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
+        for (int i = 0; i < 2; i++) {
+            cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
+            cudaCheck(cudaEventCreateWithFlags(&staging_free[i], cudaEventDisableTiming));
+        }
     }
 
     ~GPT2() {
         for (void* p : {(void*)params, (void*)grads, (void*)master, (void*)adam_m, (void*)adam_v, (void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)norm_squared, (void*)tokens_device})
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)norm_squared, (void*)tokens_device,
+                        (void*)loss_sums})
             if (p != nullptr) cudaFree(p);
+        for (int i = 0; i < 2; i++) {
+            if (staging[i] != nullptr) cudaFreeHost(staging[i]);
+            if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
+        }
     }
 
     // GPT-2 initialisation into the fp32 master copy: N(0, 0.02) weights, residual projections scaled by
@@ -446,20 +464,22 @@ struct GPT2 {
     floatX* grad(int l, BlockTensor t) const { return grads + layout.tensor(l, t); }
 
     // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping.
+    // Does not wait for the GPU, only for the copy that last used this staging buffer.
     void upload_batch(const int* inputs, const int* targets) {
         const size_t N = (size_t)B * T;
         for (size_t i = 0; i < N; i++)
             if (inputs[i] < 0 || inputs[i] >= config.vocab_size || (targets && (targets[i] < 0 || targets[i] >= config.vocab_size)))
                 die("token id out of range [0, " + std::to_string(config.vocab_size) + ") in the batch");
-        cudaCheck(cudaMemcpyAsync(tokens_device, inputs, N * sizeof(int), cudaMemcpyHostToDevice, stream));
-        if (targets) cudaCheck(cudaMemcpyAsync(tokens_device + N, targets, N * sizeof(int), cudaMemcpyHostToDevice, stream));
-        buckets.build(inputs, (int)N);
-        buckets.pack(packed_buckets);
-        num_buckets = (int)buckets.tokens.size();
-        cudaCheck(cudaMemcpyAsync(tokens_device + 2 * N, packed_buckets.data(), packed_buckets.size() * sizeof(int),
-                                  cudaMemcpyHostToDevice, stream));
-        // the host vectors are reused by the next batch: the copy must have read them
-        cudaCheck(cudaStreamSynchronize(stream));
+        int* s = staging[staging_index];
+        cudaCheck(cudaEventSynchronize(staging_free[staging_index]));
+        memcpy(s, inputs, N * sizeof(int));
+        if (targets) memcpy(s + N, targets, N * sizeof(int));
+        else memset(s + N, 0, N * sizeof(int));
+        num_buckets = encoder_buckets(inputs, (int)N, config.vocab_size, s + 2 * N, bucket_counts);
+        const size_t ints = 2 * N + 2 * num_buckets + 1 + N;
+        cudaCheck(cudaMemcpyAsync(tokens_device, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaEventRecord(staging_free[staging_index], stream));
+        staging_index ^= 1;
     }
 
     // Forward over the uploaded batch. With dloss != 0 the classifier also leaves the logits gradient in
@@ -490,7 +510,11 @@ struct GPT2 {
                                        last ? params + layout.lnfb : param(l + 1, LN1B), N, C, stream);
         }
         matmul_forward(logits, lnf, params + layout.wte, (const floatX*)nullptr, N, C, config.padded_vocab_size, stream);
-        if (with_loss) fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
+        if (with_loss) {
+            fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
+            accumulate_losses(loss_sums, losses, N, stream);
+            forwards_summed++;
+        }
     }
 
     // Backward after forward(true, dloss != 0). Gradients accumulate (+=) into `grads`, so micro-steps
@@ -535,18 +559,20 @@ struct GPT2 {
         return value;
     }
 
-    // Mean of the per-row losses of the last forward (divided back by nothing: plain cross-entropy).
-    // Synchronises; summed in double on the host so the value does not depend on a reduction order.
-    float mean_loss() {
+    // Mean loss over all forwards since the last call (e.g. the micro-steps of one step). Synchronises;
+    // the rows are summed in double on the host, so the value does not depend on a reduction order.
+    float take_mean_loss() {
         const size_t N = (size_t)B * T;
-        loss_host.resize(N);
-        cudaCheck(cudaMemcpyAsync(loss_host.data(), losses, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        std::vector<float> sums(N);
+        cudaCheck(cudaMemcpyAsync(sums.data(), loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
         cudaCheck(cudaStreamSynchronize(stream));
-        double sum = 0.0;
-        for (float x : loss_host) sum += x;
-        return (float)(sum / N);
+        double total = 0.0;
+        for (float x : sums) total += x;
+        const float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
+        forwards_summed = 0;
+        return mean;
     }
-    std::vector<float> loss_host;
 
     // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale`
     // before backward; a step whose gradients hold inf/NaN is skipped and the scale halved; after
@@ -1003,20 +1029,21 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
                                    12.0 * config.num_layers * config.channels * T;
     const double peak_flops = 989e12;  // H100/H200 dense bf16
     const int eot = 50256;
+    std::vector<double> step_ms;  // for the closing summary
+    size_t peak_memory = 0;
 
     for (int step = start_step; step <= steps; step++) {
         const bool last = step == steps;
         if (val_loader && (step % o.val_every == 0 || last)) {
             val_loader->reset();
-            double sum = 0.0;
             for (int i = 0; i < val_batches; i++) {
                 Batch batch = val_loader->next();
                 model.upload_batch(batch.inputs, batch.targets);
                 model.forward(true, 0.0f);
-                sum += model.mean_loss();
             }
-            printf("step %d: val loss %.6f\n", step, sum / std::max(1, val_batches));
-            if (log) fprintf(log, "# val step %d loss %.9g\n", step, sum / std::max(1, val_batches));
+            const float val_loss = model.take_mean_loss();
+            printf("step %d: val loss %.6f\n", step, val_loss);
+            if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
         }
         if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
             std::vector<int> sample = generate(model, {eot}, std::min(o.sample_tokens, config.max_seq_len - 1), o.temperature,
@@ -1030,7 +1057,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         if (last) break;
 
         const auto start = std::chrono::steady_clock::now();
-        double data_seconds = 0.0, loss_sum = 0.0;
+        double data_seconds = 0.0;
         model.zero_grad();
         for (int micro = 0; micro < grad_accum; micro++) {
             Batch batch;
@@ -1039,14 +1066,13 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             model.upload_batch(batch.inputs, batch.targets);
             model.forward(true, model.dloss(grad_accum));
             model.backward();
-            loss_sum += model.mean_loss();
         }
+        const float loss = model.take_mean_loss();
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
         AdamWHyper h{lr, o.beta1, o.beta2, o.eps, o.weight_decay, 1.0f, step + 1, splitmix64((uint64_t)o.seed + 0x5EED + step)};
         typename GPT2<floatX>::StepResult result = model.optimizer_step(h, o.grad_clip);
         cudaCheck(cudaStreamSynchronize(stream));
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        const float loss = (float)(loss_sum / grad_accum);
         const double tokens_per_second = total_batch_tokens / seconds;
         printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
                step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
@@ -1055,6 +1081,16 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             printf(" | scale %g | skipped %ld%s", model.scaler.scale, model.scaler.skipped_steps, result.skipped ? " (this step)" : "");
         printf("\n");
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
+        step_ms.push_back(seconds * 1e3);
+        peak_memory = std::max(peak_memory, device_memory_in_use());
+    }
+    // Summary for benchmarks: the median step time, leaving out the first steps (cuBLAS heuristics, warm-up).
+    if (step_ms.size() > 3) {
+        std::vector<double> timed(step_ms.begin() + 3, step_ms.end());
+        std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
+        const double ms = timed[timed.size() / 2];
+        printf("RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
+               gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
     }
     if (log) fclose(log);
     cudaCheck(cudaStreamDestroy(stream));

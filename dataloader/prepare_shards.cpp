@@ -360,7 +360,16 @@ int run_count(const Options& o, const GPT2Tokenizer& tok) {
     return 0;
 }
 
+void check_output_directory(const std::string& prefix) {
+    const size_t slash = prefix.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : prefix.substr(0, slash);
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        throw std::runtime_error("output directory " + dir + " does not exist (from --out " + prefix + ")");
+}
+
 int run_shards(const Options& o, const GPT2Tokenizer& tok) {
+    check_output_directory(o.out_prefix);
     std::vector<std::string> inputs = o.val_inputs;  // validation-only inputs first
     inputs.insert(inputs.end(), o.inputs.begin(), o.inputs.end());
     DocumentSource source(inputs, o.doc_per_file);

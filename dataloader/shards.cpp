@@ -47,7 +47,7 @@ void write_shard(const std::string& path, const uint16_t* tokens, size_t count) 
     header[2] = static_cast<int32_t>(count);
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(tmp, std::string("cannot create: ") + std::strerror(errno));
+    if (fd < 0) fail(path, "cannot create the temporary file " + tmp + ": " + std::strerror(errno));
     try {
         write_all(fd, header, sizeof header, tmp);
         write_all(fd, tokens, count * sizeof(uint16_t), tmp);

@@ -1,6 +1,6 @@
 // LM-head softmax fused with cross-entropy. Per row: the loss, and (optionally) the logits gradient
 // written in place over the logits, so the full-vocabulary probabilities are never stored.
-// defines: fused_classifier
+// defines: fused_classifier, accumulate_losses
 #pragma once
 #include <cfloat>
 #include "common.cuh"
@@ -69,5 +69,16 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, float d
         exit(EXIT_FAILURE);
     }
     fused_classifier_kernel<<<N, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+    cudaCheckLaunch();
+}
+
+// sums[i] += losses[i]: per-row losses summed over micro-steps on the device, so the host reads them once
+// per step instead of synchronising after every micro-batch.
+__global__ void accumulate_losses_kernel(float* sums, const float* losses, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) sums[i] += losses[i];
+}
+inline void accumulate_losses(float* sums, const float* losses, int n, cudaStream_t stream) {
+    accumulate_losses_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(sums, losses, n);
     cudaCheckLaunch();
 }

@@ -1,9 +1,7 @@
 // Token + position embedding: forward (gather and add) and a deterministic backward.
-// defines: encoder_forward, encoder_backward, EncoderBuckets (host-side grouping of positions by token)
+// defines: encoder_forward, encoder_backward, encoder_buckets (host-side grouping of positions by token)
 #pragma once
 #include <vector>
-#include <numeric>
-#include <algorithm>
 #include "common.cuh"
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
@@ -32,34 +30,31 @@ void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const fl
 }
 
 // The backward scatter-adds each position's gradient into its token's row of dwte. Atomics would make
-// the sum order (and so the bits) vary between runs; instead the host groups positions by token
-// (a stable sort, so the order within a group is fixed) and one thread sums each group in order.
-struct EncoderBuckets {
-    std::vector<int> tokens;     // distinct tokens of the batch, ascending
-    std::vector<int> starts;     // group g covers positions[starts[g] .. starts[g+1])
-    std::vector<int> positions;  // b*T + t, grouped by token
-    void build(const int* inputs, int n) {
-        positions.resize(n);
-        std::iota(positions.begin(), positions.end(), 0);
-        std::stable_sort(positions.begin(), positions.end(), [&](int a, int b) { return inputs[a] < inputs[b]; });
-        tokens.clear();
-        starts.clear();
-        for (int i = 0; i < n; i++) {
-            if (i == 0 || inputs[positions[i]] != inputs[positions[i - 1]]) {
-                tokens.push_back(inputs[positions[i]]);
-                starts.push_back(i);
-            }
-        }
-        starts.push_back(n);
+// the sum order (and so the bits) vary between runs; instead the host groups the positions by token and
+// one thread sums each group in position order. The grouping is a counting sort, O(n + vocab_size).
+// Writes `out` = tokens[U] | starts[U+1] | positions[n] (group g covers positions[starts[g] .. starts[g+1]))
+// and returns U, the number of distinct tokens. `counts` is scratch.
+inline int encoder_buckets(const int* inputs, int n, int vocab_size, int* out, std::vector<int>& counts) {
+    counts.assign(vocab_size, 0);
+    for (int i = 0; i < n; i++) counts[inputs[i]]++;
+    int num_buckets = 0;
+    for (int v = 0; v < vocab_size; v++) num_buckets += counts[v] > 0;
+    int* tokens = out;
+    int* starts = out + num_buckets;
+    int* positions = starts + num_buckets + 1;
+    int bucket = 0, offset = 0;
+    for (int v = 0; v < vocab_size; v++) {
+        if (counts[v] == 0) continue;
+        tokens[bucket] = v;
+        starts[bucket++] = offset;
+        const int count = counts[v];
+        counts[v] = offset;  // from here on: the next free slot of token v's group
+        offset += count;
     }
-    // Packs the three arrays into one int buffer (tokens | starts | positions) for a single copy.
-    void pack(std::vector<int>& out) const {
-        out.clear();
-        out.insert(out.end(), tokens.begin(), tokens.end());
-        out.insert(out.end(), starts.begin(), starts.end());
-        out.insert(out.end(), positions.begin(), positions.end());
-    }
-};
+    starts[num_buckets] = n;
+    for (int i = 0; i < n; i++) positions[counts[inputs[i]]++] = i;
+    return num_buckets;
+}
 
 template <typename floatX>
 __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* bucket_tokens,
@@ -97,7 +92,7 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
     store128(dwpe + idx, current);
 }
 
-// Accumulates (+=) into dwte and dwpe. `buckets_device` holds EncoderBuckets::pack() of the same batch.
+// Accumulates (+=) into dwte and dwpe. `buckets_device` holds encoder_buckets() of the same batch.
 template <typename floatX>
 void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* buckets_device, int num_buckets,
                       int B, int T, int C, cudaStream_t stream) {

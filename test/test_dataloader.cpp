@@ -2,7 +2,7 @@
 // and header validation errors, the docs/formats.md batch order, rank partitioning, shuffling, state
 // save/restore, read-ahead versus synchronous reads, reset, allocator use, and error propagation.
 //
-// Works in a temporary directory. Prints one PASS/FAIL/SKIP line per check; exits 1 on any FAIL.
+// Works in a temporary directory. Prints one PASS/FAIL line per check (test/check.h); exits 1 on any FAIL.
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,20 +16,16 @@
 #include <string>
 #include <vector>
 
-#include "dataloader.h"
-#include "shards.h"
+#include "../dataloader/dataloader.h"
+#include "../dataloader/shards.h"
+#include "check.h"
 
 namespace {
 
-int g_failures = 0;
-
-void pass(const std::string& name) { std::printf("PASS %s\n", name.c_str()); }
-void fail(const std::string& name, const std::string& detail) {
-    std::printf("FAIL %s: %s\n", name.c_str(), detail.c_str());
-    ++g_failures;
-}
-void check(bool ok, const std::string& name, const std::string& detail) { ok ? pass(name) : fail(name, detail); }
-
+void pass(const std::string& name) { check(true, name, ""); }
+void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
+// check() prints its detail on success too; ours describe failures, so they are shown only then.
+void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
 void guarded(const std::string& name, const std::function<void()>& body) {
     try {
         body();
@@ -109,20 +105,20 @@ void test_shards() {
         ShardReader reader(p);
         std::vector<uint16_t> middle(10);
         reader.read(500, 10, middle.data());
-        check(read_shard(p, 50257) == tokens && reader.num_tokens() == 1000 && st.st_size == 1024 + 2000 &&
+        expect(read_shard(p, 50257) == tokens && reader.num_tokens() == 1000 && st.st_size == 1024 + 2000 &&
                   std::equal(middle.begin(), middle.end(), tokens.begin() + 500),
               "shard_round_trip", "tokens or file size differ");
     });
     guarded("shard_empty", [] {
         write_shard(path_in_dir("empty.bin"), std::vector<uint16_t>{});
-        check(read_shard(path_in_dir("empty.bin"), 50257).empty(), "shard_empty", "not empty");
+        expect(read_shard(path_in_dir("empty.bin"), 50257).empty(), "shard_empty", "not empty");
     });
     guarded("shard_no_temp_left", [] {
         bool temp_found = false;
         DIR* d = ::opendir(g_dir.c_str());
         while (dirent* e = ::readdir(d)) temp_found |= std::strstr(e->d_name, ".tmp.") != nullptr;
         ::closedir(d);
-        check(!temp_found, "shard_no_temp_left", "a temporary file was left behind");
+        expect(!temp_found, "shard_no_temp_left", "a temporary file was left behind");
     });
 
     const std::string bad = path_in_dir("bad.bin");
@@ -209,12 +205,12 @@ void test_order() {
         // B=3, T=16: G=48, windows per shard 20, 0, 16, 27 = 63 per epoch; 150 steps wrap twice.
         DataLoader loader(config(kPattern(), 3, 16));
         bool ok = take_n(loader, 3, 16, 150) == expected_unshuffled(3, 16, 1, 0, 150);
-        check(ok && loader.batches_per_epoch() == 63, "order_unshuffled",
+        expect(ok && loader.batches_per_epoch() == 63, "order_unshuffled",
               "batches differ from docs/formats.md order (batches/epoch " + std::to_string(loader.batches_per_epoch()) + ")");
     });
     guarded("num_tokens", [] {
         DataLoader loader(config(kPattern(), 3, 16));
-        check(loader.num_tokens() == 1000 + 40 + 777 + 1301 && loader.num_shards() == 4, "num_tokens",
+        expect(loader.num_tokens() == 1000 + 40 + 777 + 1301 && loader.num_shards() == 4, "num_tokens",
               std::to_string(loader.num_tokens()));
     });
     for (bool shuffle : {false, true}) {
@@ -234,7 +230,7 @@ void test_order() {
                 for (int step = 0; step < steps; ++step) ok = ok && take(part, B, T) == rank_rows(global[step], B, T, R, r);
             }
             if (!shuffle) ok = ok && global == expected_unshuffled(R * B, T, 1, 0, steps);
-            check(ok, name, "the ranks' rows do not add up to the single-process batches");
+            expect(ok, name, "the ranks' rows do not add up to the single-process batches");
         });
     }
     guarded("ranks_formats_md", [] {
@@ -242,7 +238,7 @@ void test_order() {
         DataLoaderConfig c = config(kPattern(), 4, 8);
         c.num_ranks = 2, c.rank = 1;
         DataLoader loader(c);
-        check(take_n(loader, 4, 8, 80) == expected_unshuffled(4, 8, 2, 1, 80), "ranks_formats_md", "rank 1's batches differ");
+        expect(take_n(loader, 4, 8, 80) == expected_unshuffled(4, 8, 2, 1, 80), "ranks_formats_md", "rank 1's batches differ");
     });
 }
 
@@ -255,11 +251,11 @@ void test_shuffle() {
     };
     guarded("shuffle_deterministic", [&] {
         DataLoader a(shuffled(42, 2)), b(shuffled(42, 0));
-        check(take_n(a, B, T, 500) == take_n(b, B, T, 500), "shuffle_deterministic", "same seed, different batches");
+        expect(take_n(a, B, T, 500) == take_n(b, B, T, 500), "shuffle_deterministic", "same seed, different batches");
     });
     guarded("shuffle_seed_matters", [&] {
         DataLoader a(shuffled(42, 2)), b(shuffled(43, 2));
-        check(take_n(a, B, T, 50) != take_n(b, B, T, 50), "shuffle_seed_matters", "seeds 42 and 43 give the same batches");
+        expect(take_n(a, B, T, 50) != take_n(b, B, T, 50), "shuffle_seed_matters", "seeds 42 and 43 give the same batches");
     });
     guarded("shuffle_is_permutation", [&] {
         // Each epoch serves every window exactly once, and epochs differ in order.
@@ -271,7 +267,7 @@ void test_shuffle() {
         bool ok = std::multiset<std::vector<int32_t>>(epoch0.begin(), epoch0.end()) == want &&
                   std::multiset<std::vector<int32_t>>(epoch1.begin(), epoch1.end()) == want && epoch0 != unshuffled &&
                   epoch0 != epoch1;
-        check(ok && per_epoch == 193, "shuffle_is_permutation", "an epoch is not a reordering of all windows");
+        expect(ok && per_epoch == 193, "shuffle_is_permutation", "an epoch is not a reordering of all windows");
     });
 }
 
@@ -291,7 +287,7 @@ void test_state_and_prefetch() {
             bool ok = take_n(b, B, T, 30) == after;
             a.restore(saved);  // also within the same loader, discarding its read-ahead
             ok = ok && take_n(a, B, T, 30) == after;
-            check(ok && saved.epoch == 0 && a.state().epoch == 1, name, "batches after restore differ");
+            expect(ok && saved.epoch == 0 && a.state().epoch == 1, name, "batches after restore differ");
         });
     }
     guarded("state_restore_other_rank_split", [&] {
@@ -310,7 +306,7 @@ void test_state_and_prefetch() {
             part.restore(saved);
             ok = ok && take(part, B, T) == rank_rows(want, B, T, 2, r);
         }
-        check(ok, "state_restore_other_rank_split", "ranks resumed from a single-process state disagree");
+        expect(ok, "state_restore_other_rank_split", "ranks resumed from a single-process state disagree");
     });
     {
         DataLoaderConfig c = config(kPattern(), B, T);
@@ -324,7 +320,7 @@ void test_state_and_prefetch() {
         expect_error("state_restore_bad_position", {"does not exist"}, [&] { a.restore(s); });
         guarded("state_usable_after_bad_restore", [&] {
             DataLoader fresh(c);
-            check(take(a, B, T) == take(fresh, B, T), "state_usable_after_bad_restore", "loader moved");
+            expect(take(a, B, T) == take(fresh, B, T), "state_usable_after_bad_restore", "loader moved");
         });
     }
     guarded("reset", [&] {
@@ -334,7 +330,7 @@ void test_state_and_prefetch() {
         auto first = take_n(a, B, T, 5);
         take_n(a, B, T, 300);
         a.reset();
-        check(take_n(a, B, T, 5) == first && a.state().epoch == 0, "reset", "batches after reset differ");
+        expect(take_n(a, B, T, 5) == first && a.state().epoch == 0, "reset", "batches after reset differ");
     });
     guarded("prefetch_matches_sync", [&] {
         bool ok = true;
@@ -348,7 +344,7 @@ void test_state_and_prefetch() {
             }
             for (const auto& run : runs) ok = ok && run == runs[0];
         }
-        check(ok, "prefetch_matches_sync", "read-ahead depth changes the batches");
+        expect(ok, "prefetch_matches_sync", "read-ahead depth changes the batches");
     });
     guarded("allocator_used", [&] {
         int allocs = 0, frees = 0;
@@ -359,13 +355,13 @@ void test_state_and_prefetch() {
             DataLoader loader(c);
             take_n(loader, B, T, 10);
         }
-        check(allocs == 4 && frees == 4, "allocator_used",
+        expect(allocs == 4 && frees == 4, "allocator_used",
               std::to_string(allocs) + " allocations, " + std::to_string(frees) + " frees (want 4, 4)");
     });
     guarded("wait_time_reported", [&] {
         DataLoader loader(config(kPattern(), B, T));
         Batch b = loader.next();
-        check(b.wait_seconds >= 0 && b.wait_seconds < 10, "wait_time_reported", std::to_string(b.wait_seconds));
+        expect(b.wait_seconds >= 0 && b.wait_seconds < 10, "wait_time_reported", std::to_string(b.wait_seconds));
     });
     guarded("shutdown_while_reading_ahead", [&] {
         for (int i = 0; i < 20; ++i) {
@@ -405,7 +401,7 @@ void test_loader_errors() {
             fail(name, "no error");
         } catch (const std::exception& e) {
             const std::string msg = e.what();
-            check(served == 2 && msg.find("token id 65535 at index 37") != std::string::npos &&
+            expect(served == 2 && msg.find("token id 65535 at index 37") != std::string::npos &&
                       msg.find("c_000000.bin") != std::string::npos,
                   name, "after " + std::to_string(served) + " batches: " + msg);
         }
@@ -442,5 +438,5 @@ int main() {
         fail("setup", e.what());
     }
     remove_dir(g_dir);
-    return g_failures ? 1 : 0;
+    return check_failures() ? 1 : 0;
 }

@@ -50,7 +50,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     // loss and gradients of step 0
     model.zero_grad();
     model.forward(true, model.dloss(1));
-    const float loss = model.mean_loss();
+    const float loss = model.take_mean_loss();
     snprintf(buf, sizeof(buf), "ours %.7f reference %.7f (tol %.3g)", loss, state.loss, tol.loss_abs);
     check(fabsf(loss - state.loss) <= tol.loss_abs, label + " loss", buf);
     model.backward();
@@ -90,7 +90,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
             model.forward(true, model.dloss(1));
             model.backward();
         }
-        const float step_loss = step > 0 ? model.mean_loss() : loss;
+        const float step_loss = step > 0 ? model.take_mean_loss() : loss;
         worst = std::max(worst, (double)fabsf(step_loss - state.losses[step]));
         snprintf(buf, sizeof(buf), " %d:%.5f/%.5f", step, step_loss, state.losses[step]);
         detail += buf;

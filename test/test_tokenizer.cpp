@@ -3,7 +3,8 @@
 // round trips, thread safety of the piece cache, the llm.c tokenizer file, and load errors.
 //
 // Run from the repository root. Shared corpora are found in $SHARED_DATA or ../shared/data; checks that need
-// them SKIP when absent. Prints one PASS/FAIL/SKIP line per check; exits 1 on any FAIL.
+// them SKIP when absent. Prints one PASS/FAIL/SKIP line per check (test/check.h); exits 1 on any FAIL.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,22 +17,17 @@
 #include <unistd.h>
 #include <vector>
 
-#include "text_reader.h"
-#include "tokenizer.h"
+#include "../dataloader/text_reader.h"
+#include "../dataloader/tokenizer.h"
+#include "check.h"
 
 namespace {
 
-int g_failures = 0;
+void pass(const std::string& name) { check(true, name, ""); }
+void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
+// check() prints its detail on success too; ours describe failures, so they are shown only then.
+void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }void skip(const std::string& name, const std::string& why) { std::printf("SKIP %s: %s\n", name.c_str(), why.c_str()); }
 
-void pass(const std::string& name) { std::printf("PASS %s\n", name.c_str()); }
-void fail(const std::string& name, const std::string& detail) {
-    std::printf("FAIL %s: %s\n", name.c_str(), detail.c_str());
-    ++g_failures;
-}
-void skip(const std::string& name, const std::string& why) { std::printf("SKIP %s: %s\n", name.c_str(), why.c_str()); }
-void check(bool ok, const std::string& name, const std::string& detail) { ok ? pass(name) : fail(name, detail); }
-
-// Runs a check body; an exception it throws is a FAIL with the exception's message.
 void guarded(const std::string& name, const std::function<void()>& body) {
     try {
         body();
@@ -122,7 +118,7 @@ void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora) {
                 std::vector<int> want = parse_ids(f[4]), got = encode_mode(tok, f[2], input);
                 if (got != want) return fail(name, first_difference(got, want));
                 std::string back = tok.decode(got);
-                check(back == input, name, "decode(encode(x)) != x");
+                expect(back == input, name, "decode(encode(x)) != x");
             });
         } else if (f[0] == "corpus" && f.size() == 7) {
             corpora.push_back({f[1], f[2], std::stoul(f[3]), std::stoll(f[4]), parse_ids(f[5]), parse_ids(f[6])});
@@ -130,7 +126,7 @@ void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora) {
             fail("fixtures", path + ": malformed line: " + line.substr(0, 60));
         }
     }
-    check(cases >= 50, "fixtures_present", path + " has only " + std::to_string(cases) + " cases");
+    expect(cases >= 50, "fixtures_present", path + " has only " + std::to_string(cases) + " cases");
 }
 
 void run_corpus(const GPT2Tokenizer& tok, const Corpus& c, size_t exact_count) {
@@ -147,13 +143,13 @@ void run_corpus(const GPT2Tokenizer& tok, const Corpus& c, size_t exact_count) {
         std::vector<int> first(ids.begin(), ids.begin() + std::min<size_t>(50, ids.size()));
         std::vector<int> last(ids.end() - std::min<size_t>(50, ids.size()), ids.end());
         if (exact_count) {
-            check(ids.size() == exact_count, name + "/count_" + std::to_string(exact_count),
+            expect(ids.size() == exact_count, name + "/count_" + std::to_string(exact_count),
                   "got " + std::to_string(ids.size()) + " tokens");
         }
-        check(ids.size() == c.count && sum == c.sum && first == c.first && last == c.last, name + "/fixture",
+        expect(ids.size() == c.count && sum == c.sum && first == c.first && last == c.last, name + "/fixture",
               "got count " + std::to_string(ids.size()) + " sum " + std::to_string(sum) + ", fixture has " +
                   std::to_string(c.count) + " / " + std::to_string(c.sum));
-        check(tok.decode(ids) == text, name + "/round_trip", "decode(encode(text)) != text");
+        expect(tok.decode(ids) == text, name + "/round_trip", "decode(encode(text)) != text");
     });
 }
 
@@ -168,7 +164,7 @@ void run_threads(const GPT2Tokenizer& tok) {
         for (auto& t : threads) t.join();
         bool ok = true;
         for (const auto& g : got) ok = ok && g == want;
-        check(ok, "threads_agree", "a thread's encoding differs from the single-threaded one");
+        expect(ok, "threads_agree", "a thread's encoding differs from the single-threaded one");
     });
 }
 
@@ -189,7 +185,7 @@ void expect_llmc_error(const std::string& name, const std::string& path, const s
         fail(name, "no error");
     } catch (const std::exception& e) {
         std::string msg = e.what();
-        check(msg.find(needle) != std::string::npos && msg.find(path) != std::string::npos, name,
+        expect(msg.find(needle) != std::string::npos && msg.find(path) != std::string::npos, name,
               "message \"" + msg + "\" lacks \"" + needle + "\" or the path");
     }
 }
@@ -204,7 +200,7 @@ void run_llmc_file(const GPT2Tokenizer& tok) {
         TokenDecoder back = TokenDecoder::load_llmc(path);
         bool same = back.vocab_size() == tok.vocab_size() && back.eot() == tok.eot();
         for (int i = 0; same && i < tok.vocab_size(); ++i) same = back.decode_token(i) == tok.decode_token(i);
-        check(same, "llmc_round_trip", "tokens, vocab size or eot differ after save/load");
+        expect(same, "llmc_round_trip", "tokens, vocab size or eot differ after save/load");
     });
     guarded("llmc_version1", [&] {
         // Version 1 has no eot field; GPT-2's 50256 is implied (here: a 50257-token vocabulary of "x"s).
@@ -212,7 +208,7 @@ void run_llmc_file(const GPT2Tokenizer& tok) {
         for (int i = 0; i < 50257; ++i) data += std::string("\x01x", 2);
         write_bytes(path, data);
         TokenDecoder v1 = TokenDecoder::load_llmc(path);
-        check(v1.vocab_size() == 50257 && v1.eot() == 50256 && v1.decode({0, 1}) == "xx", "llmc_version1",
+        expect(v1.vocab_size() == 50257 && v1.eot() == 50256 && v1.decode({0, 1}) == "xx", "llmc_version1",
               "vocab/eot/decode wrong");
     });
     write_bytes(path, llmc_header(20240326, 2, 2, 1) + std::string("\x01" "a\x01" "b", 4));
@@ -232,7 +228,7 @@ void run_misc(const GPT2Tokenizer& tok) {
     guarded("special_only_when_asked", [&] {
         const std::string text = "a<|endoftext|>b";
         std::vector<int> ordinary = tok.encode(text), special = tok.encode_with_special(text);
-        check(special == std::vector<int>{tok.encode("a")[0], 50256, tok.encode("b")[0]} && ordinary.size() > 3,
+        expect(special == std::vector<int>{tok.encode("a")[0], 50256, tok.encode("b")[0]} && ordinary.size() > 3,
               "special_only_when_asked", "got " + ids_text(special, 0, 10) + " / " + ids_text(ordinary, 0, 10));
     });
     guarded("decode_range_check", [&] {
@@ -247,7 +243,7 @@ void run_misc(const GPT2Tokenizer& tok) {
         GPT2Tokenizer::load("/nonexistent_dir");
         fail("load_missing_dir", "no error");
     } catch (const std::exception& e) {
-        check(std::string(e.what()).find("/nonexistent_dir/encoder.json") != std::string::npos, "load_missing_dir",
+        expect(std::string(e.what()).find("/nonexistent_dir/encoder.json") != std::string::npos, "load_missing_dir",
               e.what());
     }
 }
@@ -257,7 +253,7 @@ void run_misc(const GPT2Tokenizer& tok) {
 int main() {
     try {
         GPT2Tokenizer tok = GPT2Tokenizer::load("data/gpt2");
-        check(tok.vocab_size() == 50257 && tok.decode_token(50256) == "<|endoftext|>", "load",
+        expect(tok.vocab_size() == 50257 && tok.decode_token(50256) == "<|endoftext|>", "load",
               "vocab size " + std::to_string(tok.vocab_size()));
         std::vector<Corpus> corpora;
         run_fixtures(tok, corpora);
@@ -267,12 +263,12 @@ int main() {
                                                                            : 0;
             run_corpus(tok, c, exact);
         }
-        check(corpora.size() == 2, "corpora_in_fixture", std::to_string(corpora.size()) + " corpus lines");
+        expect(corpora.size() == 2, "corpora_in_fixture", std::to_string(corpora.size()) + " corpus lines");
         run_threads(tok);
         run_llmc_file(tok);
         run_misc(tok);
     } catch (const std::exception& e) {
         fail("setup", e.what());
     }
-    return g_failures ? 1 : 0;
+    return check_failures() ? 1 : 0;
 }
