@@ -1082,7 +1082,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         printf("\n");
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
         step_ms.push_back(seconds * 1e3);
-        peak_memory = std::max(peak_memory, device_memory_in_use());
+        peak_memory = std::max(peak_memory, device_memory_in_use() - in_use_before);  // ours, without the CUDA context
     }
     // Summary for benchmarks: the median step time, leaving out the first steps (cuBLAS heuristics, warm-up).
     if (step_ms.size() > 3) {

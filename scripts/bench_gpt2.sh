@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Throughput benchmark on the GPU machine: GPT-2 124M (d12), T=1024, bf16, at B=64 and B=32, trained by
+# train_gpt and by the PyTorch reference (torch.compile, bf16 autocast, SDPA flash attention, fused AdamW)
+# in the same run on the same GPU. Prints tokens/s, ms/step, peak memory and the ratio ours/PyTorch.
+# Usage: scripts/bench_gpt2.sh [steps] [batch sizes...]   (default: 30 steps, B = 64 32)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-30}; shift || true
+BATCHES=${*:-64 32}
+W=build/bench; mkdir -p "$W"
+PY=${PYTHON:-python3}
+make -s train_gpt
+[ -f "$W/random.bin" ] || $PY scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 8000000 > /dev/null
+$PY scripts/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --layers 12 --heads 12 \
+    --channels 768 --max-seq-len 1024 --model-out "$W/d12.bin" --state-out "$W/unused.bin" > /dev/null
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+field() { grep '^RESULT' "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
+printf '\n%s, GPT-2 124M, T=1024, bf16, %s steps (median after warm-up)\n' "$gpu" "$STEPS"
+printf '%-4s %-10s %12s %10s %10s\n' B trainer tokens/s ms/step peak_GiB
+for B in $BATCHES; do
+    ./train_gpt --model "$W/d12.bin" --train-data "$W/random.bin" --val-every 0 --sample-every 0 --batch-size "$B" \
+        --seq-len 1024 --steps "$STEPS" --precision bf16 --lr 6e-4 > "$W/ours_b$B.log" 2>&1 || { tail -n 3 "$W/ours_b$B.log"; exit 1; }
+    $PY scripts/gpt2_reference.py train --init-from "$W/d12.bin" --train-shards "$W/random.bin" --batch-size "$B" \
+        --seq-len 1024 --steps "$STEPS" --dtype bf16 --device cuda --compile --sdpa --fused-adamw --lr 6e-4 \
+        > "$W/torch_b$B.log" 2>&1 || { tail -n 3 "$W/torch_b$B.log"; exit 1; }
+    for who in ours torch; do
+        printf '%-4s %-10s %12s %10s %10s\n' "$B" "$who" "$(field "$W/${who}_b$B.log" tokens_per_s)" \
+            "$(field "$W/${who}_b$B.log" ms_per_step)" "$(field "$W/${who}_b$B.log" peak_mem_gib)"
+    done
+    awk -v a="$(field "$W/ours_b$B.log" tokens_per_s)" -v b="$(field "$W/torch_b$B.log" tokens_per_s)" -v B="$B" \
+        'BEGIN { printf "B=%s ratio train_gpt / PyTorch tokens/s: %.3f\n", B, a / b }'
+done
