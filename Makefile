@@ -10,7 +10,7 @@ CUDA_LIBS = -lcublasLt -lcublas -lgomp
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh)
-DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp
+DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_gpt2
@@ -25,8 +25,8 @@ $(BUILD):
 train_gpt: train_gpt.cu $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) train_gpt.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/prepare_shards: dataloader/prepare_shards.cpp dataloader/text_reader.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
-	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp dataloader/text_reader.cpp $(DATALOADER_SRCS) -o $@
+$(BUILD)/prepare_shards: dataloader/prepare_shards.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp $(DATALOADER_SRCS) -o $@
 
 $(BUILD)/test_cpu_reference: test/test_cpu_reference.cpp test/cpu_reference.cpp test/cpu_reference.h test/debug_state.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_cpu_reference.cpp test/cpu_reference.cpp -o $@

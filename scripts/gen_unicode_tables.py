@@ -5,52 +5,98 @@ The regex distinguishes four classes: letters (\\p{L} = Lu Ll Lt Lm Lo), numbers
 white space (\\s = the Unicode White_Space property) and everything else. The table lists the first three as
 sorted, merged code-point ranges; anything not listed is "other".
 
-Source: Python's `unicodedata` (the Unicode version is written into the header). `unicodedata` has no
-White_Space property, so it is derived: White_Space is exactly Zs + Zl + Zp plus U+0009..U+000D and U+0085
-(PropList.txt, stable since Unicode 6.3); the script checks the result has the 25 code points that list has.
+Sources (the Unicode version is written into the header):
+  --ucd DIR   the Unicode Character Database files DIR/UnicodeData.txt and DIR/PropList.txt, e.g. Debian's
+              unicode-data package (/usr/share/unicode) or a UCD release from unicode.org. Preferred: pick
+              the version tiktoken's regex engine uses (see the repository's tokenizer notes).
+  (default)   Python's `unicodedata`. It has no White_Space property, so that is derived: White_Space is
+              exactly Zs + Zl + Zp plus U+0009..U+000D and U+0085 (PropList.txt, stable since Unicode 6.3).
+Either way the script checks that White_Space has its 25 code points.
 
-Usage: python3 scripts/gen_unicode_tables.py [OUTPUT]   (default: dataloader/unicode_tables.h)
+Usage: python3 scripts/gen_unicode_tables.py [--ucd DIR] [--out FILE]   (default: dataloader/unicode_tables.h)
 """
+import argparse
 import os
+import re
 import sys
 import unicodedata
 
-LETTER, NUMBER, SPACE = 1, 2, 3
+OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
+N_CODE_POINTS = 0x110000
 
 
-def classify(cp):
-    cat = unicodedata.category(chr(cp))
-    if cat in ("Zs", "Zl", "Zp") or 0x09 <= cp <= 0x0D or cp == 0x85:
-        return SPACE
-    if cat[0] == "L":
-        return LETTER
-    if cat[0] == "N":
-        return NUMBER
-    return 0
+def class_of_category(cat):
+    return LETTER if cat[0] == "L" else NUMBER if cat[0] == "N" else OTHER
 
 
-def ranges():
-    """Yield (first, last, class) for maximal runs of code points sharing a non-zero class."""
-    start, cur = None, 0
-    for cp in range(0x110000 + 1):
-        cls = classify(cp) if cp < 0x110000 else 0
-        if cls != cur:
-            if cur:
-                yield start, cp - 1, cur
-            start, cur = cp, cls
+def classes_from_unicodedata():
+    classes = bytearray(N_CODE_POINTS)
+    for cp in range(N_CODE_POINTS):
+        cat = unicodedata.category(chr(cp))
+        if cat in ("Zs", "Zl", "Zp") or 0x09 <= cp <= 0x0D or cp == 0x85:
+            classes[cp] = SPACE
+        else:
+            classes[cp] = class_of_category(cat)
+    source = f"Python {sys.version.split()[0]} unicodedata"
+    return classes, unicodedata.unidata_version, source
+
+
+def classes_from_ucd(ucd_dir):
+    classes = bytearray(N_CODE_POINTS)
+    range_start = None
+    with open(os.path.join(ucd_dir, "UnicodeData.txt"), encoding="utf-8") as f:
+        for line in f:
+            fields = line.split(";")
+            cp, name, cat = int(fields[0], 16), fields[1], fields[2]
+            if name.endswith(", First>"):  # large blocks are given as a First/Last pair of lines
+                range_start = cp
+                continue
+            first = range_start if name.endswith(", Last>") else cp
+            range_start = None
+            classes[first:cp + 1] = bytes([class_of_category(cat)]) * (cp + 1 - first)
+    version = None
+    with open(os.path.join(ucd_dir, "PropList.txt"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"# PropList-(\d+\.\d+\.\d+)\.txt", line)
+            if m:
+                version = m.group(1)
+            data = line.split("#")[0].split(";")
+            if len(data) == 2 and data[1].strip() == "White_Space":
+                lo, _, hi = data[0].strip().partition("..")
+                lo, hi = int(lo, 16), int(hi or lo, 16)
+                classes[lo:hi + 1] = bytes([SPACE]) * (hi + 1 - lo)
+    if version is None:
+        sys.exit(f"gen_unicode_tables.py: no version line in {ucd_dir}/PropList.txt")
+    return classes, version, f"UCD files in {ucd_dir}"
+
+
+def ranges(classes):
+    """(first, last, class) for maximal runs of code points sharing a class other than OTHER."""
+    out, start = [], 0
+    for cp in range(1, N_CODE_POINTS + 1):
+        if cp == N_CODE_POINTS or classes[cp] != classes[start]:
+            if classes[start] != OTHER:
+                out.append((start, cp - 1, classes[start]))
+            start = cp
+    return out
 
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "dataloader", "unicode_tables.h")
-    table = list(ranges())
-    n_space = sum(last - first + 1 for first, last, cls in table if cls == SPACE)
-    assert n_space == 25, f"White_Space derivation gave {n_space} code points, expected 25"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ucd", help="directory holding UnicodeData.txt and PropList.txt")
+    ap.add_argument("--out", default=os.path.join(here, "..", "dataloader", "unicode_tables.h"))
+    args = ap.parse_args()
+
+    classes, version, source = classes_from_ucd(args.ucd) if args.ucd else classes_from_unicodedata()
+    n_space = classes.count(SPACE)
+    assert n_space == 25, f"White_Space has {n_space} code points, expected 25"
+    table = ranges(classes)
 
     names = {LETTER: "kLetter", NUMBER: "kNumber", SPACE: "kSpace"}
     lines = [
         "// Generated by scripts/gen_unicode_tables.py -- do not edit.",
-        f"// Unicode {unicodedata.unidata_version} (Python {sys.version.split()[0]} unicodedata).",
+        f"// Unicode {version} ({source}).",
         "// Code-point classes for GPT-2's pre-tokenizer: \\p{L}, \\p{N}, \\s (White_Space); unlisted = other.",
         "// Ranges are sorted, disjoint and inclusive; adjacent ranges of one class are merged.",
         "#pragma once",
@@ -67,12 +113,11 @@ def main():
         "",
         f"inline constexpr Range kRanges[{len(table)}] = {{",
     ]
-    for first, last, cls in table:
-        lines.append(f"    {{0x{first:04X}, 0x{last:04X}, {names[cls]}}},")
+    lines += [f"    {{0x{first:04X}, 0x{last:04X}, {names[cls]}}}," for first, last, cls in table]
     lines += ["};", "", "}  // namespace unicode_tables", ""]
-    with open(out, "w", encoding="ascii") as f:
+    with open(args.out, "w", encoding="ascii") as f:
         f.write("\n".join(lines))
-    print(f"wrote {out}: {len(table)} ranges, Unicode {unicodedata.unidata_version}")
+    print(f"wrote {args.out}: {len(table)} ranges, Unicode {version}")
 
 
 if __name__ == "__main__":
