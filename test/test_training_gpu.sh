@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
 # the uninterrupted run) in fp32, bf16 and fp16, and loss-curve parity with the PyTorch reference
-# (200 steps of d12 in bf16 from the same initial model file and batches, within 3e-2 at every step;
+# (200 steps of d12 in bf16, B=16, T=512, lr 3e-4, from the same initial model file and batches, within 3e-2
+# at every step; PARITY_* variables change the setting;
 # plotted to build/test_work/training/curve_parity.png).
 set -u
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ for p in fp32 bf16 fp16; do
     # resume from the step-10 checkpoint of run a, in a fresh folder
     mkdir -p "$W/$p-r"
     cp "$W/$p-a/model_00000010.bin" "$W/$p-a/state_00000010.bin" "$W/$p-r/"
-    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 -o "$W/$p-r" --resume 1 > "$W/$p-r.out" 2>&1
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-r" --resume 1 > "$W/$p-r.out" 2>&1
     expected=$(train_log_lines "$W/$p-a" | awk '$1 >= 10')
     if grep -q "resumed from" "$W/$p-r.out" && [ "$expected" == "$(train_log_lines "$W/$p-r")" ]; then
         echo "PASS $p resume at step 10: steps 10-19 bitwise equal to the uninterrupted run"
@@ -45,18 +46,19 @@ done
 # curve parity: same initial model file, same batches, same schedule
 $PY scripts/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \
     --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --model-out "$W/d12_init.bin" --state-out "$W/unused.bin" > /dev/null
-COMMON=(--batch-size 8 --seq-len 256 --steps 200 --lr 6e-4 --warmup-steps 20 --lr-schedule cosine --final-lr-frac 0.1)
+COMMON=(--batch-size ${PARITY_B:-16} --seq-len ${PARITY_T:-512} --steps ${PARITY_STEPS:-200} --lr ${PARITY_LR:-3e-4} --warmup-steps 20 --lr-schedule cosine --final-lr-frac 0.1)
+PRECISION=${PARITY_PRECISION:-bf16}
 $PY scripts/gpt2_reference.py train --init-from "$W/d12_init.bin" --train-shards "$TRAIN" "${COMMON[@]}" \
-    --weight-decay 0.1 --grad-clip 1.0 --dtype bf16 --device cuda --log "$W/pytorch.log" > "$W/pytorch.out" 2>&1 \
+    --weight-decay 0.1 --grad-clip 1.0 --dtype $PRECISION --device cuda --log "$W/pytorch.log" > "$W/pytorch.out" 2>&1 \
     || echo "FAIL curve parity: reference: $(tail -n 1 "$W/pytorch.out")"
 ./train_gpt --model "$W/d12_init.bin" --train-data "$TRAIN" "${COMMON[@]}" --weight-decay 0.1 --grad-clip 1.0 \
-    --precision bf16 --val-every 0 --sample-every 0 -o "$W/ours" > "$W/ours.out" 2>&1 \
+    --precision $PRECISION --val-every 0 --sample-every 0 -o "$W/ours" > "$W/ours.out" 2>&1 \
     || echo "FAIL curve parity: train_gpt: $(tail -n 1 "$W/ours.out")"
 out=$($PY scripts/plot_losses.py --out "$W/curve_parity.png" "$W/pytorch.log" "$W/ours/log.txt" --labels pytorch train_gpt 2>&1)
 echo "$out" > "$W/curve_parity.txt"
 maxdiff=$(printf '%s\n' "$out" | grep -o 'max |difference| [0-9.e+-]*' | awk '{print $3}' | head -n 1)
 if [ -n "$maxdiff" ] && awk -v d="$maxdiff" 'BEGIN { exit !(d <= 0.03) }'; then
-    echo "PASS curve parity d12 bf16 200 steps: max |loss difference| $maxdiff (tol 0.03)"
+    echo "PASS curve parity d12 $PRECISION ${COMMON[*]}: max |loss difference| $maxdiff (tol 0.03)"
 else
-    echo "FAIL curve parity d12 bf16 200 steps: $out"
+    echo "FAIL curve parity d12 $PRECISION ${COMMON[*]}: $out"
 fi
