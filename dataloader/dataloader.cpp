@@ -63,7 +63,8 @@ HostAllocator HostAllocator::system() {
 
 DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
     const DataLoaderConfig& c = config_;
-    if (c.B <= 0 || c.T <= 0) fail("B and T must be positive (got B=" + std::to_string(c.B) + ", T=" + std::to_string(c.T) + ")");
+    if (c.B <= 0 || c.T <= 0)
+        fail("B and T must be positive (got B=" + std::to_string(c.B) + ", T=" + std::to_string(c.T) + ")");
     if (c.num_ranks <= 0 || c.rank < 0 || c.rank >= c.num_ranks)
         fail("rank " + std::to_string(c.rank) + " is not in [0, num_ranks=" + std::to_string(c.num_ranks) + ")");
     if (c.prefetch_depth < 0) fail("prefetch_depth must be >= 0");
@@ -88,13 +89,15 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
     scratch_.resize(size_t(c.B) * c.T + 1);
     const size_t bytes = 2 * size_t(c.B) * c.T * sizeof(int32_t);
     slots_.resize(c.prefetch_depth == 0 ? 1 : c.prefetch_depth + 1);
-    for (Slot& slot : slots_) {
-        slot.data = static_cast<int32_t*>(c.allocator.allocate(bytes));
-        if (!slot.data) {
-            for (Slot& s : slots_)
-                if (s.data) c.allocator.deallocate(s.data);
-            fail("host allocator returned null for " + std::to_string(bytes) + " bytes");
+    try {
+        for (Slot& slot : slots_) {
+            slot.data = static_cast<int32_t*>(c.allocator.allocate(bytes));
+            if (!slot.data) fail("host allocator returned null for " + std::to_string(bytes) + " bytes");
         }
+    } catch (...) {  // the destructor will not run: give back what was allocated
+        for (Slot& slot : slots_)
+            if (slot.data) c.allocator.deallocate(slot.data);
+        throw;
     }
     consumer_pos_ = first_position();
     start_reader();
@@ -268,7 +271,8 @@ void DataLoader::restore(const DataLoaderState& s) {
         fail("cannot restore state: " + what + " is " + std::to_string(saved) + " in the state but " +
              std::to_string(now) + " here");
     };
-    if (s.magic != kStateMagic || s.version != kStateVersion) fail("cannot restore state: not a DataLoader state (bad magic/version)");
+    if (s.magic != kStateMagic || s.version != kStateVersion)
+        fail("cannot restore state: not a DataLoader state (bad magic or version)");
     if (s.seed != config_.seed) mismatch("seed", s.seed, config_.seed);
     if (s.shuffle != (config_.shuffle ? 1u : 0u)) mismatch("shuffle", s.shuffle, config_.shuffle);
     if (s.num_shards != shard_paths_.size()) mismatch("the shard count", s.num_shards, shard_paths_.size());

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 class ShardReader;
@@ -75,6 +76,8 @@ struct DataLoaderState {
     uint64_t shard_pos;   // index into this epoch's shard order
     uint64_t window_pos;  // index into that shard's window order
 };
+static_assert(sizeof(DataLoaderState) == 64 && std::is_trivially_copyable<DataLoaderState>::value,
+              "DataLoaderState is stored as raw bytes in checkpoints");
 
 class DataLoader {
 public:

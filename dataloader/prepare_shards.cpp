@@ -162,8 +162,8 @@ public:
             if (path == "-") continue;  // stdin: size unknown
             struct stat st;
             if (::stat(path.c_str(), &st) != 0) throw std::runtime_error(path + ": " + std::strerror(errno));
-            if (!S_ISREG(st.st_mode)) throw std::runtime_error(path + ": not a regular file");
-            total_bytes_ += static_cast<uint64_t>(st.st_size);
+            if (S_ISDIR(st.st_mode)) throw std::runtime_error(path + ": is a directory");
+            if (S_ISREG(st.st_mode)) total_bytes_ += static_cast<uint64_t>(st.st_size);  // not pipes
         }
     }
 
@@ -201,19 +201,19 @@ public:
             buffer_.resize(old_size + got);
             if (got == 0) {  // end of file: the rest is the last document
                 emit(0, buffer_.size());
-                done_bytes_ += reader_->file_size();
+                done_bytes_ += reader_->file_position();
                 reader_.reset();
             }
         }
     }
 
     bool finished() const { return !reader_ && next_file_ == inputs_.size(); }
-    uint64_t total_bytes() const { return total_bytes_; }  // 0 if unknown (stdin)
+    uint64_t total_bytes() const { return total_bytes_; }  // 0 if unknown (stdin, pipes)
     uint64_t bytes_read() const { return done_bytes_ + (reader_ ? reader_->file_position() : 0); }
 
 private:
-    static constexpr const char* kSeparator = "<|endoftext|>";
-    static constexpr size_t kSeparatorLength = 13;
+    static constexpr char kSeparator[] = "<|endoftext|>";
+    static constexpr size_t kSeparatorLength = sizeof(kSeparator) - 1;
     static constexpr size_t kChunk = size_t(1) << 20;
 
     std::vector<std::string> inputs_;
@@ -234,7 +234,8 @@ std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, co
     // Largest documents first, so one big document does not start last and leave the other threads idle.
     std::vector<size_t> order(docs.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return docs[a].text.size() > docs[b].text.size(); });
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return docs[a].text.size() > docs[b].text.size(); });
     std::atomic<size_t> next{0};
     std::exception_ptr error;
     std::atomic<bool> failed{false};
@@ -286,11 +287,9 @@ public:
 
     void finish() {
         if (!buffer_.empty()) flush();
-        for (int i = shards_;; ++i) {  // stale shards of an earlier, longer run
-            const std::string stale = shard_path(prefix_, split_, i);
-            if (::unlink(stale.c_str()) != 0) break;
-            std::fprintf(stderr, "removed stale %s\n", stale.c_str());
-        }
+        int stale = 0;  // shards of an earlier, longer run with this prefix
+        while (::unlink(shard_path(prefix_, split_, shards_ + stale).c_str()) == 0) ++stale;
+        if (stale > 0) std::fprintf(stderr, "removed %d stale shard(s) %s from an earlier run\n", stale, pattern().c_str());
     }
 
     uint64_t tokens() const { return tokens_; }

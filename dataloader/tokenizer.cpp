@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
-#include <queue>
 #include <stdexcept>
 
 #include "unicode_tables.h"

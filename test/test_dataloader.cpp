@@ -107,7 +107,7 @@ void test_shards() {
         reader.read(500, 10, middle.data());
         expect(read_shard(p, 50257) == tokens && reader.num_tokens() == 1000 && st.st_size == 1024 + 2000 &&
                   std::equal(middle.begin(), middle.end(), tokens.begin() + 500),
-              "shard_round_trip", "tokens or file size differ");
+               "shard_round_trip", "tokens or file size differ");
     });
     guarded("shard_empty", [] {
         write_shard(path_in_dir("empty.bin"), std::vector<uint16_t>{});
@@ -192,11 +192,10 @@ std::vector<std::vector<int32_t>> expected_unshuffled(int B, int T, int ranks, i
 }
 
 // Rank r's share of single-process batches: rows r*B..r*B+B-1 of inputs and of targets.
-std::vector<int32_t> rank_rows(const std::vector<int32_t>& global, int B, int T, int ranks, int r) {
+std::vector<int32_t> rank_rows(const std::vector<int32_t>& global, int B, int T, int r) {
     const size_t half = global.size() / 2, n = size_t(B) * T;
     std::vector<int32_t> out(global.begin() + r * n, global.begin() + (r + 1) * n);
     out.insert(out.end(), global.begin() + half + r * n, global.begin() + half + (r + 1) * n);
-    (void)ranks;
     return out;
 }
 
@@ -206,12 +205,13 @@ void test_order() {
         DataLoader loader(config(kPattern(), 3, 16));
         bool ok = take_n(loader, 3, 16, 150) == expected_unshuffled(3, 16, 1, 0, 150);
         expect(ok && loader.batches_per_epoch() == 63, "order_unshuffled",
-              "batches differ from docs/formats.md order (batches/epoch " + std::to_string(loader.batches_per_epoch()) + ")");
+               "batches differ from docs/formats.md order (batches/epoch " +
+                   std::to_string(loader.batches_per_epoch()) + ")");
     });
     guarded("num_tokens", [] {
         DataLoader loader(config(kPattern(), 3, 16));
         expect(loader.num_tokens() == 1000 + 40 + 777 + 1301 && loader.num_shards() == 4, "num_tokens",
-              std::to_string(loader.num_tokens()));
+               std::to_string(loader.num_tokens()));
     });
     for (bool shuffle : {false, true}) {
         const std::string name = std::string("ranks_partition_") + (shuffle ? "shuffled" : "unshuffled");
@@ -227,7 +227,8 @@ void test_order() {
                 DataLoaderConfig c = config(kPattern(), B, T);
                 c.num_ranks = R, c.rank = r, c.shuffle = shuffle, c.seed = 7;
                 DataLoader part(c);
-                for (int step = 0; step < steps; ++step) ok = ok && take(part, B, T) == rank_rows(global[step], B, T, R, r);
+                for (int step = 0; step < steps; ++step)
+                    ok = ok && take(part, B, T) == rank_rows(global[step], B, T, r);
             }
             if (!shuffle) ok = ok && global == expected_unshuffled(R * B, T, 1, 0, steps);
             expect(ok, name, "the ranks' rows do not add up to the single-process batches");
@@ -238,7 +239,8 @@ void test_order() {
         DataLoaderConfig c = config(kPattern(), 4, 8);
         c.num_ranks = 2, c.rank = 1;
         DataLoader loader(c);
-        expect(take_n(loader, 4, 8, 80) == expected_unshuffled(4, 8, 2, 1, 80), "ranks_formats_md", "rank 1's batches differ");
+        expect(take_n(loader, 4, 8, 80) == expected_unshuffled(4, 8, 2, 1, 80), "ranks_formats_md",
+               "rank 1's batches differ");
     });
 }
 
@@ -255,7 +257,8 @@ void test_shuffle() {
     });
     guarded("shuffle_seed_matters", [&] {
         DataLoader a(shuffled(42, 2)), b(shuffled(43, 2));
-        expect(take_n(a, B, T, 50) != take_n(b, B, T, 50), "shuffle_seed_matters", "seeds 42 and 43 give the same batches");
+        expect(take_n(a, B, T, 50) != take_n(b, B, T, 50), "shuffle_seed_matters",
+               "seeds 42 and 43 give the same batches");
     });
     guarded("shuffle_is_permutation", [&] {
         // Each epoch serves every window exactly once, and epochs differ in order.
@@ -304,7 +307,7 @@ void test_state_and_prefetch() {
             c.shuffle = true, c.seed = 3, c.num_ranks = 2, c.rank = r;
             DataLoader part(c);
             part.restore(saved);
-            ok = ok && take(part, B, T) == rank_rows(want, B, T, 2, r);
+            ok = ok && take(part, B, T) == rank_rows(want, B, T, r);
         }
         expect(ok, "state_restore_other_rank_split", "ranks resumed from a single-process state disagree");
     });
@@ -356,7 +359,7 @@ void test_state_and_prefetch() {
             take_n(loader, B, T, 10);
         }
         expect(allocs == 4 && frees == 4, "allocator_used",
-              std::to_string(allocs) + " allocations, " + std::to_string(frees) + " frees (want 4, 4)");
+               std::to_string(allocs) + " allocations, " + std::to_string(frees) + " frees (want 4, 4)");
     });
     guarded("wait_time_reported", [&] {
         DataLoader loader(config(kPattern(), B, T));
@@ -403,7 +406,7 @@ void test_loader_errors() {
             const std::string msg = e.what();
             expect(served == 2 && msg.find("token id 65535 at index 37") != std::string::npos &&
                       msg.find("c_000000.bin") != std::string::npos,
-                  name, "after " + std::to_string(served) + " batches: " + msg);
+                   name, "after " + std::to_string(served) + " batches: " + msg);
         }
     }
 }

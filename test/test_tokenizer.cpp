@@ -68,7 +68,8 @@ std::vector<int> parse_ids(const std::string& s) {
 
 std::string from_hex(const std::string& hex) {
     std::string out;
-    for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    for (size_t i = 0; i + 1 < hex.size(); i += 2)
+        out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
     return out;
 }
 
@@ -145,10 +146,10 @@ void run_corpus(const GPT2Tokenizer& tok, const Corpus& c, size_t exact_count) {
         std::vector<int> last(ids.end() - std::min<size_t>(50, ids.size()), ids.end());
         if (exact_count) {
             expect(ids.size() == exact_count, name + "/count_" + std::to_string(exact_count),
-                  "got " + std::to_string(ids.size()) + " tokens");
+                   "got " + std::to_string(ids.size()) + " tokens");
         }
         expect(ids.size() == c.count && sum == c.sum && first == c.first && last == c.last, name + "/fixture",
-              "got count " + std::to_string(ids.size()) + " sum " + std::to_string(sum) + ", fixture has " +
+               "got count " + std::to_string(ids.size()) + " sum " + std::to_string(sum) + ", fixture has " +
                   std::to_string(c.count) + " / " + std::to_string(c.sum));
         expect(tok.decode(ids) == text, name + "/round_trip", "decode(encode(text)) != text");
     });
@@ -187,7 +188,7 @@ void expect_llmc_error(const std::string& name, const std::string& path, const s
     } catch (const std::exception& e) {
         std::string msg = e.what();
         expect(msg.find(needle) != std::string::npos && msg.find(path) != std::string::npos, name,
-              "message \"" + msg + "\" lacks \"" + needle + "\" or the path");
+               "message \"" + msg + "\" lacks \"" + needle + "\" or the path");
     }
 }
 
@@ -210,7 +211,7 @@ void run_llmc_file(const GPT2Tokenizer& tok) {
         write_bytes(path, data);
         TokenDecoder v1 = TokenDecoder::load_llmc(path);
         expect(v1.vocab_size() == 50257 && v1.eot() == 50256 && v1.decode({0, 1}) == "xx", "llmc_version1",
-              "vocab/eot/decode wrong");
+               "vocab/eot/decode wrong");
     });
     write_bytes(path, llmc_header(20240326, 2, 2, 1) + std::string("\x01" "a\x01" "b", 4));
     expect_llmc_error("llmc_bad_magic", path, "bad magic");
@@ -230,7 +231,7 @@ void run_misc(const GPT2Tokenizer& tok) {
         const std::string text = "a<|endoftext|>b";
         std::vector<int> ordinary = tok.encode(text), special = tok.encode_with_special(text);
         expect(special == std::vector<int>{tok.encode("a")[0], 50256, tok.encode("b")[0]} && ordinary.size() > 3,
-              "special_only_when_asked", "got " + ids_text(special, 0, 10) + " / " + ids_text(ordinary, 0, 10));
+               "special_only_when_asked", "got " + ids_text(special, 0, 10) + " / " + ids_text(ordinary, 0, 10));
     });
     guarded("decode_range_check", [&] {
         try {
@@ -245,7 +246,7 @@ void run_misc(const GPT2Tokenizer& tok) {
         fail("load_missing_dir", "no error");
     } catch (const std::exception& e) {
         expect(std::string(e.what()).find("/nonexistent_dir/encoder.json") != std::string::npos, "load_missing_dir",
-              e.what());
+               e.what());
     }
 }
 
@@ -255,7 +256,7 @@ int main() {
     try {
         GPT2Tokenizer tok = GPT2Tokenizer::load("data/gpt2");
         expect(tok.vocab_size() == 50257 && tok.decode_token(50256) == "<|endoftext|>", "load",
-              "vocab size " + std::to_string(tok.vocab_size()));
+               "vocab size " + std::to_string(tok.vocab_size()));
         std::vector<Corpus> corpora;
         run_fixtures(tok, corpora);
         for (const Corpus& c : corpora) {
