@@ -15,7 +15,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_gpt2
 
-.PHONY: all tests test clean
+.PHONY: all tests test train clean
 all: train_gpt $(BUILD)/prepare_shards
 tests: $(CPU_TESTS) $(GPU_TESTS)
 
@@ -45,6 +45,12 @@ $(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check
 
 test: all tests
 	bash test/run_tests.sh
+
+# The default job: a small GPT-2 (d12) trained from scratch on tinyshakespeare for a few minutes.
+train: all
+	@ls data/tinyshakespeare/tinyshakespeare_train_*.bin > /dev/null 2>&1 || bash scripts/prepare_tinyshakespeare.sh
+	./train_gpt --model d12 --batch-size 32 --seq-len 512 --steps 500 --lr 6e-4 --warmup-steps 50 --final-lr-frac 0.1 \
+	    --val-every 100 --val-batches 8 --sample-every 100 --sample-tokens 128 --output-dir log/tinyshakespeare
 
 clean:
 	rm -rf $(BUILD) train_gpt

@@ -640,6 +640,8 @@ struct Options {
     int val_every = 20, val_batches = 20;
     int sample_every = 20, sample_tokens = 64, top_k = 40;
     float temperature = 1.0f;
+    std::string prompt = "";
+    int generate = 0;  // > 0: only generate this many tokens from --prompt with --model, no training
     std::string output_dir = "";
     int checkpoint_every = 0;
     int resume = 0;
@@ -689,6 +691,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, "tokens per sample"},
         {"--temperature", nullptr, Flag::FLOAT, &o.temperature, "sampling temperature"},
         {"--top-k", nullptr, Flag::INT, &o.top_k, "sample from the k most likely tokens (0: all)"},
+        {"--prompt", nullptr, Flag::STRING, &o.prompt, "text that samples continue (after <|endoftext|>)"},
+        {"--generate", nullptr, Flag::INT, &o.generate, "only generate this many tokens from --prompt with --model, then exit (no training data needed)"},
         {"--output-dir", "-o", Flag::STRING, &o.output_dir, "folder for checkpoints and the log (empty: none)"},
         {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, "write a checkpoint every N steps (0: never)"},
         {"--resume", "-y", Flag::INT, &o.resume, "1: continue from the latest checkpoint in --output-dir"},
@@ -905,27 +909,68 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
     return tokens;
 }
 
-// Decodes with the GPT-2 vocabulary when one is found; token ids otherwise.
-struct SampleDecoder {
+// Encodes prompts and decodes samples with the GPT-2 vocabulary when one is found (a folder with
+// encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file); token ids otherwise.
+struct SampleText {
+    std::unique_ptr<GPT2Tokenizer> tokenizer;
     TokenDecoder decoder;
-    bool ok = false;
-    explicit SampleDecoder(const std::string& path) {
+    bool can_decode = false;
+    explicit SampleText(const std::string& path) {
         try {
             struct stat st;
-            if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) decoder = GPT2Tokenizer::load(path).decoder();
-            else decoder = TokenDecoder::load_llmc(path);
-            ok = true;
+            if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+                tokenizer.reset(new GPT2Tokenizer(GPT2Tokenizer::load(path)));
+                decoder = tokenizer->decoder();
+            } else {
+                decoder = TokenDecoder::load_llmc(path);
+            }
+            can_decode = true;
         } catch (const std::exception& e) {
             fprintf(stderr, "warning: no tokenizer (%s): samples are printed as token ids\n", e.what());
         }
     }
+    // <|endoftext|> followed by the prompt's tokens.
+    std::vector<int> prompt_tokens(const std::string& prompt) const {
+        std::vector<int> tokens = {50256};
+        if (prompt.empty()) return tokens;
+        if (!tokenizer) die("--prompt needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        std::vector<int> encoded = tokenizer->encode(prompt);
+        tokens.insert(tokens.end(), encoded.begin(), encoded.end());
+        return tokens;
+    }
     std::string operator()(const std::vector<int>& ids) const {
-        if (ok) return decoder.decode(ids);
+        if (can_decode) return decoder.decode(ids);
         std::string s;
         for (int id : ids) s += std::to_string(id) + " ";
         return s;
     }
 };
+
+// --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
+template <typename floatX>
+int generate_only(const Options& o, const ModelConfig& config, const std::vector<float>* initial_values) {
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) die("no CUDA GPU found");
+    matmul_setup(o.tf32 != 0);
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    {
+        GPT2<floatX> model(config);
+        model.allocate(1, config.max_seq_len, stream);
+        if (initial_values) model.set_parameters(*initial_values);
+        else model.init_parameters((uint64_t)o.seed);
+        SampleText text(o.tokenizer);
+        std::vector<int> prompt = text.prompt_tokens(o.prompt);
+        const auto start = std::chrono::steady_clock::now();
+        std::vector<int> tokens = generate(model, prompt, o.generate, o.temperature, o.top_k, (uint64_t)o.seed);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        printf("%s\n---\ngenerated %d tokens in %.2f s (%.1f tokens/s; no KV cache: each token re-runs the prefix)\n",
+               text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str(), o.generate, seconds, o.generate / seconds);
+    }
+    cudaCheck(cudaStreamDestroy(stream));
+    matmul_teardown();
+    return 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The training loop
@@ -1022,13 +1067,13 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         if (start_step == 0) fprintf(log, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");
         setvbuf(log, nullptr, _IOLBF, 0);
     }
-    SampleDecoder decode(o.tokenizer);
+    SampleText text(o.tokenizer);
+    const std::vector<int> sample_prompt = text.prompt_tokens(o.prompt);
     // FLOPs per token for forward + backward: 6 per parameter that multiplies (all but wpe) plus attention's
     // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
     const double flops_per_token = 6.0 * (model.num_parameters() - (size_t)config.max_seq_len * config.channels) +
                                    12.0 * config.num_layers * config.channels * T;
     const double peak_flops = 989e12;  // H100/H200 dense bf16
-    const int eot = 50256;
     std::vector<double> step_ms;  // for the closing summary
     size_t peak_memory = 0;
 
@@ -1046,9 +1091,9 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
         }
         if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
-            std::vector<int> sample = generate(model, {eot}, std::min(o.sample_tokens, config.max_seq_len - 1), o.temperature,
-                                               o.top_k, splitmix64((uint64_t)o.seed ^ (uint64_t)step));
-            printf("step %d sample: %s\n---\n", step, decode(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
+            std::vector<int> sample = generate(model, sample_prompt, o.sample_tokens, o.temperature, o.top_k,
+                                               splitmix64((uint64_t)o.seed ^ (uint64_t)step));
+            printf("step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
         }
         if (o.checkpoint_every > 0 && !o.output_dir.empty() && step > start_step && (step % o.checkpoint_every == 0 || last)) {
             save_checkpoint(o.output_dir, step, model, train_loader->state());
@@ -1126,6 +1171,10 @@ int main(int argc, char** argv) {
         die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;
+    if (o.generate > 0)
+        return o.precision == "fp32" ? generate_only<float>(o, config, initial)
+             : o.precision == "fp16" ? generate_only<__half>(o, config, initial)
+                                     : generate_only<__nv_bfloat16>(o, config, initial);
     return o.precision == "fp32" ? train<float>(o, config, initial)
          : o.precision == "fp16" ? train<__half>(o, config, initial)
                                  : train<__nv_bfloat16>(o, config, initial);
