@@ -797,6 +797,15 @@ inline int latest_checkpoint(const std::string& dir) {
     return best;
 }
 
+// mkdir -p: creates `dir` and any missing parents.
+inline void make_directories(const std::string& dir) {
+    for (size_t i = 1; i <= dir.size(); i++) {
+        if (i < dir.size() && dir[i] != '/') continue;
+        const std::string prefix = dir.substr(0, i);
+        if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) die(prefix + ": cannot create folder: " + strerror(errno));
+    }
+}
+
 inline void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
     const std::string tmp = path + ".tmp";
     FILE* f = fopen(tmp.c_str(), "wb");
@@ -810,7 +819,7 @@ inline void write_file_atomically(const std::string& path, const std::vector<std
 
 template <typename floatX>
 void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
-    mkdir(dir.c_str(), 0755);
+    make_directories(dir);
     const bool bf16 = std::is_same<floatX, __nv_bfloat16>::value;
     // bf16 parameters are stochastically rounded, so they are not a function of the master weights: save them as they are
     write_model_file(checkpoint_path(dir, "model", step), model.config, bf16 ? model.parameters_host() : model.master_host(), bf16);
@@ -1061,7 +1070,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
 
     FILE* log = nullptr;
     if (!o.output_dir.empty()) {
-        mkdir(o.output_dir.c_str(), 0755);
+        make_directories(o.output_dir);
         log = fopen((o.output_dir + "/log.txt").c_str(), start_step > 0 ? "a" : "w");
         if (log == nullptr) die(o.output_dir + "/log.txt: cannot open for writing");
         if (start_step == 0) fprintf(log, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");

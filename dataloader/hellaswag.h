@@ -71,6 +71,7 @@ private:
     };
     std::vector<Rendered> items_;
     int B_, T_;
+    int eot_;
     int truncated_ = 0;
     int max_length_ = 0;
 };
