@@ -10,9 +10,10 @@ CUDA_LIBS = -lcublasLt -lcublas -lgomp
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh)
-DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp
+DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
+                  dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
-CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader
+CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_gpt2
 
 .PHONY: all tests test train clean
@@ -37,6 +38,9 @@ $(BUILD)/test_tokenizer: test/test_tokenizer.cpp $(DATALOADER_SRCS) $(DATALOADER
 $(BUILD)/test_dataloader: test/test_dataloader.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_dataloader.cpp $(DATALOADER_SRCS) -o $@
 
+$(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_hellaswag.cpp $(DATALOADER_SRCS) -o $@
+
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
 
@@ -49,8 +53,8 @@ test: all tests
 # The default job: a small GPT-2 (d12) trained from scratch on tinyshakespeare for a few minutes.
 train: all
 	@ls data/tinyshakespeare/tinyshakespeare_train_*.bin > /dev/null 2>&1 || bash scripts/prepare_tinyshakespeare.sh
-	./train_gpt --model d12 --batch-size 32 --seq-len 512 --steps 500 --lr 6e-4 --warmup-steps 50 --final-lr-frac 0.1 \
-	    --val-every 100 --val-batches 8 --sample-every 100 --sample-tokens 128 --output-dir log/tinyshakespeare
+	./train_gpt --model d12 --batch-size 32 --seq-len 512 --steps 250 --lr 6e-4 --warmup-steps 25 --final-lr-frac 0.1 \
+	    --val-every 50 --val-batches 8 --sample-every 125 --sample-tokens 128 --checkpoint-every 250 --output-dir log/tinyshakespeare
 
 clean:
 	rm -rf $(BUILD) train_gpt

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
 #include "dataloader/tokenizer.h"    // defines: GPT2Tokenizer, TokenDecoder (to decode samples)
+#include "dataloader/hellaswag.h"    // defines: HellaSwagBatcher (packing and scoring the HellaSwag eval)
 #include "kernels/common.cuh"
 #include "kernels/init.cuh"
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
@@ -294,7 +295,7 @@ struct GPT2 {
     floatX *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* norm_squared = nullptr;    // one float
-    float* loss_sums = nullptr;       // per-row losses summed over forwards until take_mean_loss()
+    float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
     // prepares the next micro-batch while the GPU still works on the current one.
@@ -510,11 +511,13 @@ struct GPT2 {
                                        last ? params + layout.lnfb : param(l + 1, LN1B), N, C, stream);
         }
         matmul_forward(logits, lnf, params + layout.wte, (const floatX*)nullptr, N, C, config.padded_vocab_size, stream);
-        if (with_loss) {
-            fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
-            accumulate_losses(loss_sums, losses, N, stream);
-            forwards_summed++;
-        }
+        if (with_loss) fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
+    }
+
+    // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
+    void accumulate_loss() {
+        accumulate_losses(loss_sums, losses, B * T, stream);
+        forwards_summed++;
     }
 
     // Backward after forward(true, dloss != 0). Gradients accumulate (+=) into `grads`, so micro-steps
@@ -559,7 +562,7 @@ struct GPT2 {
         return value;
     }
 
-    // Mean loss over all forwards since the last call (e.g. the micro-steps of one step). Synchronises;
+    // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
     // the rows are summed in double on the host, so the value does not depend on a reduction order.
     float take_mean_loss() {
         const size_t N = (size_t)B * T;
@@ -640,6 +643,8 @@ struct Options {
     int val_every = 20, val_batches = 20;
     int sample_every = 20, sample_tokens = 64, top_k = 40;
     float temperature = 1.0f;
+    int hellaswag = 0;
+    std::string hellaswag_data = "data/hellaswag/hellaswag_val.jsonl.xz";
     std::string prompt = "";
     int generate = 0;  // > 0: only generate this many tokens from --prompt with --model, no training
     std::string output_dir = "";
@@ -687,6 +692,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--steps", "-x", Flag::INT, &o.steps, "optimizer steps (-1: one epoch of --train-data)"},
         {"--val-every", "-v", Flag::INT, &o.val_every, "validation loss every N steps (0: never)"},
         {"--val-batches", "-m", Flag::INT, &o.val_batches, "batches per validation"},
+        {"--hellaswag", nullptr, Flag::INT, &o.hellaswag, "1: HellaSwag accuracy at every validation (with --steps 0: evaluate only)"},
+        {"--hellaswag-data", nullptr, Flag::STRING, &o.hellaswag_data, "HellaSwag items (jsonl, plain or .xz)"},
         {"--sample-every", "-s", Flag::INT, &o.sample_every, "print a text sample every N steps (0: never)"},
         {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, "tokens per sample"},
         {"--temperature", nullptr, Flag::FLOAT, &o.temperature, "sampling temperature"},
@@ -982,6 +989,40 @@ int generate_only(const Options& o, const ModelConfig& config, const std::vector
 }
 
 // ---------------------------------------------------------------------------------------------
+// HellaSwag: each item's four candidate completions are four rows; the completion whose tokens have the
+// lowest mean loss is the model's answer. Candidates are short (at most 149 tokens), so the eval runs the
+// model at a reduced sequence length with proportionally more rows: the same activation buffers, a fraction
+// of the work of padding every row to T.
+
+template <typename floatX>
+HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tokenizer) {
+    const int B = model.B, T = model.T;
+    const int longest = HellaSwagBatcher(items, tokenizer, 4, T).max_length();
+    const int eval_T = std::min(T, (longest + 7) / 8 * 8);
+    const int eval_B = std::max(4, (int)((long)B * T / eval_T) / 4 * 4);
+    if ((long)eval_B * eval_T > (long)B * T) die("HellaSwag needs --batch-size x --seq-len >= 4 x the longest candidate");
+    HellaSwagBatcher batcher(items, tokenizer, eval_B, eval_T);
+    const size_t N = (size_t)eval_B * eval_T;
+    std::vector<int32_t> inputs(N), targets(N);
+    std::vector<uint8_t> mask(N);
+    std::vector<float> losses(N);
+    HellaSwagScore score;
+    model.B = eval_B;
+    model.T = eval_T;
+    for (int b = 0; b < batcher.num_batches(); b++) {
+        batcher.fill(b, inputs.data(), targets.data(), mask.data());
+        model.upload_batch(inputs.data(), targets.data());
+        model.forward(true, 0.0f);
+        cudaCheck(cudaMemcpyAsync(losses.data(), model.losses, N * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
+        cudaCheck(cudaStreamSynchronize(model.stream));
+        batcher.score(b, losses.data(), score);
+    }
+    model.B = B;
+    model.T = T;
+    return score;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The training loop
 
 inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
@@ -1078,6 +1119,11 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
     }
     SampleText text(o.tokenizer);
     const std::vector<int> sample_prompt = text.prompt_tokens(o.prompt);
+    std::vector<HellaSwagItem> hellaswag_items;
+    if (o.hellaswag) {
+        if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        try { hellaswag_items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
+    }
     // FLOPs per token for forward + backward: 6 per parameter that multiplies (all but wpe) plus attention's
     // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
     const double flops_per_token = 6.0 * (model.num_parameters() - (size_t)config.max_seq_len * config.channels) +
@@ -1088,12 +1134,23 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
 
     for (int step = start_step; step <= steps; step++) {
         const bool last = step == steps;
-        if (val_loader && (step % o.val_every == 0 || last)) {
+        const bool evaluate = o.val_every > 0 && (step % o.val_every == 0 || last);
+        if (evaluate && o.hellaswag) {
+            const auto start = std::chrono::steady_clock::now();
+            HellaSwagScore score = evaluate_hellaswag(model, hellaswag_items, *text.tokenizer);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            printf("step %d: HellaSwag acc_norm %.4f (%d/%d), acc %.4f, %.1f s\n", step, (double)score.correct_mean / score.items,
+                   score.correct_mean, score.items, (double)score.correct_sum / score.items, seconds);
+            if (log) fprintf(log, "# hellaswag step %d acc_norm %.6f acc %.6f\n", step, (double)score.correct_mean / score.items,
+                             (double)score.correct_sum / score.items);
+        }
+        if (evaluate && val_loader) {
             val_loader->reset();
             for (int i = 0; i < val_batches; i++) {
                 Batch batch = val_loader->next();
                 model.upload_batch(batch.inputs, batch.targets);
                 model.forward(true, 0.0f);
+                model.accumulate_loss();
             }
             const float val_loss = model.take_mean_loss();
             printf("step %d: val loss %.6f\n", step, val_loss);
@@ -1119,6 +1176,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             data_seconds += batch.wait_seconds;
             model.upload_batch(batch.inputs, batch.targets);
             model.forward(true, model.dloss(grad_accum));
+            model.accumulate_loss();
             model.backward();
         }
         const float loss = model.take_mean_loss();

@@ -27,6 +27,7 @@ gpu_count=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 # ---- CPU tests
 run tokenizer build/test_tokenizer
 run dataloader build/test_dataloader
+run hellaswag build/test_hellaswag
 run cli bash test/test_cli.sh
 fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
 if [ $fixture_rc -eq 0 ]; then

@@ -50,6 +50,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     // loss and gradients of step 0
     model.zero_grad();
     model.forward(true, model.dloss(1));
+    model.accumulate_loss();
     const float loss = model.take_mean_loss();
     snprintf(buf, sizeof(buf), "ours %.7f reference %.7f (tol %.3g)", loss, state.loss, tol.loss_abs);
     check(fabsf(loss - state.loss) <= tol.loss_abs, label + " loss", buf);
@@ -88,6 +89,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
         if (step > 0) {
             model.zero_grad();
             model.forward(true, model.dloss(1));
+            model.accumulate_loss();
             model.backward();
         }
         const float step_loss = step > 0 ? model.take_mean_loss() : loss;

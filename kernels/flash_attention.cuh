@@ -1,0 +1,1025 @@
+// Fused causal multi-head attention, FlashAttention-2 style: softmax(Q K^T / sqrt(hs)) V and its backward
+// without any T x T matrix in global memory. Q, K and V tiles live in shared memory, the softmax is computed
+// online in fp32, key tiles above the diagonal are skipped and the diagonal tiles are masked.
+//   bf16 / fp16: tensor cores (mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled shared memory, cp.async
+//                double buffering), head sizes 64 and 128.
+//   fp32:        plain FFMA kernels, exact up to summation order (for checks and the fp32 training mode).
+// Layouts: qkv (B,T,3,NH,hs) as the qkv matmul writes it; out and dout (B,T,NH,hs) = (B,T,C); lse (B,NH,T)
+// holds the natural log-sum-exp of each row of scaled scores, saved by the forward for the backward.
+// Backward (bf16/fp16): one CTA per key block accumulates dK, dV in registers over the query blocks below the
+// diagonal; dQ partial sums from different key blocks meet in an fp32 buffer. With deterministic = true
+// they are added in a fixed order (highest key block first), handed on through per-query-block turn
+// counters; otherwise with atomics, in whatever order they arrive.
+// defines: flash_attention_forward, flash_attention_backward, flash_attention_backward_scratch_bytes
+#pragma once
+#include "common.cuh"
+
+namespace flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers. The asm that touches shared memory is volatile so that it stays on its side of barriers.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy that bypasses the registers; `valid` false writes zeros (ragged tiles).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += a (16x16, row-major fragment) * b (16x8, column fragment), fp32 accumulators.
+template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in the low half (the lower column of a fragment).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0, which the masking relies on
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory tiles of 16-bit values, rows of COLS elements (COLS*2 >= 128 bytes): 16-byte chunk c of
+// row r is stored at chunk c ^ (r % 8). ldmatrix reads one chunk column of 8 consecutive rows at a time,
+// which this spreads over all 32 banks; unswizzled, the 8 rows would hit the same banks.
+template <int COLS> __device__ __forceinline__ uint32_t swz(int r, int c) {
+    return r * (COLS * 2) + ((c ^ (r & 7)) << 4);
+}
+
+// ROWS x COLS tile from global rows row0.. (row stride `stride` elements) into a swizzled tile at `dst`;
+// rows at or past `rows_end` are zero-filled so the ragged last tile holds no garbage (NaN * 0 = NaN).
+template <int ROWS, int COLS, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, long stride, int row0, int rows_end, int tid) {
+    constexpr int CPR = COLS / 8;  // 16-byte chunks per row
+    static_assert((ROWS * CPR) % THREADS == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / THREADS; i++) {
+        const int idx = tid + i * THREADS, r = idx / CPR, c = idx % CPR;
+        const bool valid = row0 + r < rows_end;
+        cp_async16(dst + swz<COLS>(r, c), src + (long)(valid ? row0 + r : 0) * stride + c * 8, valid);
+    }
+}
+
+// Copies a swizzled ROWS x HS tile of 16-bit values to global rows row0.. (stride elements), 16 bytes per
+// access, skipping rows at or past rows_end.
+template <int ROWS, int HS, int THREADS, typename T>
+__device__ __forceinline__ void store_tile(T* dst, long stride, const unsigned char* tile, int row0, int rows_end, int tid) {
+    constexpr int CPR = HS / 8;
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / THREADS; i++) {
+        const int idx = tid + i * THREADS, r = idx / CPR, c = idx % CPR;
+        if (row0 + r < rows_end)
+            *reinterpret_cast<uint4*>(dst + (long)(row0 + r) * stride + c * 8) =
+                *reinterpret_cast<const uint4*>(tile + swz<HS>(r, c));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward, tensor cores. One CTA = 4 warps = 128 query rows of one (b, head); each warp owns 32 rows (two
+// 16-row MMA tiles, so every K/V fragment read from shared memory feeds two MMAs). Key blocks of 64 rows
+// are double-buffered. Scores are kept in the log2 domain (scale * log2(e) folded in) for exp2.
+constexpr int kFwdThreads = 128, kFwdBR = 128, kFwdBC = 64;
+template <int HS> constexpr size_t fwd_smem_bytes() { return (size_t)(kFwdBR + 4 * kFwdBC) * HS * 2; }
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(kFwdThreads, 2)
+flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, float scale_log2) {
+    constexpr int BR = kFwdBR, BC = kFwdBC, THREADS = kFwdThreads;
+    constexpr int KS = HS / 16;  // k-steps of Q K^T over the head dimension
+    constexpr int NT = BC / 8;   // 8-key column tiles of S
+    constexpr int DT = HS / 8;   // 8-wide column tiles of O
+    // hs 64: the warp's Q fragments fit in 32 registers, so they are read from shared memory once
+    constexpr bool Q_IN_REGS = HS <= 64;
+    constexpr uint32_t KV_BYTES = BC * HS * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sQ = smem_u32(smem), sK0 = sQ + BR * HS * 2, sV0 = sK0 + 2 * KV_BYTES;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
+    const int qb = nqb - 1 - (int)(blockIdx.x % nqb);  // longest rows (most key blocks) first
+    const long bh = blockIdx.x / nqb;
+    const int b = (int)(bh / NH), h = (int)(bh % NH);
+    const long C = (long)NH * HS, stride = 3 * C;
+    const T* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const T* k_g = q_g + C;
+    const T* v_g = q_g + 2 * C;
+    const int q0 = qb * BR;
+    const int n_kb = (min(q0 + BR, Tn) - 1) / BC + 1;  // key blocks up to the last query row
+    const int row_w = q0 + warp * 32;                  // first query row of this warp
+
+    load_tile<BR, HS, THREADS>(sQ, q_g, stride, q0, Tn, tid);
+    cp_async_commit();
+    load_tile<BC, HS, THREADS>(sK0, k_g, stride, 0, Tn, tid);
+    load_tile<BC, HS, THREADS>(sV0, v_g, stride, 0, Tn, tid);
+    cp_async_commit();
+
+    uint32_t qf[Q_IN_REGS ? 2 : 1][Q_IN_REGS ? KS : 1][4];
+    if constexpr (Q_IN_REGS) {
+        cp_async_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                ldsm_x4(qf[mt][ks], sQ + swz<HS>(warp * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+    }
+
+    float o[2][DT][4];
+    float m[2][2], l[2][2];  // running max (log2 domain) and this thread's partial row sums
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+
+    for (int j = 0; j < n_kb; j++) {
+        if (j + 1 < n_kb) {
+            load_tile<BC, HS, THREADS>(sK0 + ((j + 1) & 1) * KV_BYTES, k_g, stride, (j + 1) * BC, Tn, tid);
+            load_tile<BC, HS, THREADS>(sV0 + ((j + 1) & 1) * KV_BYTES, v_g, stride, (j + 1) * BC, Tn, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint32_t sK = sK0 + (j & 1) * KV_BYTES, sV = sV0 + (j & 1) * KV_BYTES;
+        const int k0 = j * BC;
+        // Block 0 is never skipped and holds key 0, which every row sees: the running max is finite after it,
+        // so exp2(m_old - m_new) and exp2(s - m_new) never meet -inf - -inf.
+        if (k0 <= row_w + 31) {  // else every key of the block is in this warp's future
+            float s[2][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    if constexpr (Q_IN_REGS) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) a[mt][e] = qf[mt][ks][e];
+                    } else {
+                        ldsm_x4(a[mt], sQ + swz<HS>(warp * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t kf[4];  // b-fragments of key tiles 2np (kf[0..1]) and 2np+1 (kf[2..3])
+                    ldsm_x4(kf, sK + swz<HS>(np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
+                        mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
+                    }
+                }
+            }
+            if (k0 + BC - 1 > row_w || k0 + BC > Tn) {  // diagonal or ragged block: mask the future and past-T keys
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int row = row_w + mt * 16 + g + (e >> 1) * 8;
+                            const int col = k0 + nt * 8 + tig * 2 + (e & 1);
+                            if (col > row || col >= Tn) s[mt][nt][e] = -INFINITY;
+                        }
+            }
+            // online softmax: rows g and g+8 of each tile; the 4 threads of a quad share a row
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                    const float m_new = fmaxf(m[mt][hf], mx * scale_log2);
+                    const float corr = fast_exp2(m[mt][hf] - m_new);
+                    m[mt][hf] = m_new;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const float p = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -m_new));
+                            s[mt][nt][2 * hf + e] = p;
+                            sum += p;
+                        }
+                    l[mt][hf] = l[mt][hf] * corr + sum;
+#pragma unroll
+                    for (int dt = 0; dt < DT; dt++) {
+                        o[mt][dt][2 * hf] *= corr;
+                        o[mt][dt][2 * hf + 1] *= corr;
+                    }
+                }
+            // O += P V: the S accumulators of two adjacent key tiles are exactly an A fragment of P
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                uint32_t pa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t vf[4];  // V is [key][d]: transposed loads give b-fragments with k = key
+                    ldsm_x4_trans(vf, sV + swz<HS>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma16816<T>(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
+                        mma16816<T>(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // all warps are done with buffer j&1 before iteration j+1 refills it
+    }
+
+    // Epilogue: normalise, save the log-sum-exp, stage O in this warp's own Q rows (no other warp reads
+    // them) and write it with 16-byte stores.
+    unsigned char* sO = smem;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float sum = l[mt][hf];
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+            const float inv = 1.0f / sum;
+            const int r = warp * 32 + mt * 16 + g + hf * 8;
+            if (tig == 0 && q0 + r < Tn) lse[bh * Tn + q0 + r] = (m[mt][hf] + log2f(sum)) * kLn2;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<uint32_t*>(sO + swz<HS>(r, dt) + tig * 4) =
+                    pack2<T>(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+        }
+    __syncwarp();
+    store_tile<32, HS, 32>(out + (long)b * Tn * C + h * HS, C, sO + warp * 32 * HS * 2, row_w, Tn, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, tensor cores. One CTA = 8 warps = one key block of 128 rows (K, V resident in shared memory),
+// looping over the query blocks of 64 rows at and below the diagonal (Q, dO, lse, D double-buffered):
+//   S  = Q K^T, dP = dO V^T      warp tile 32 queries x 32 keys; P and dS = P * (dP - D) go to shared memory
+//   dV += P^T dO, dK += dS^T Q   warp tile 32 keys x hs/2, accumulated in registers over all query blocks
+//   dQ  = dS K                   warp tile 32 queries x hs/4, added into the fp32 dQ buffer
+// FLOPs per pair of blocks: 5 products, as counted by the usual 2.5x-forward convention.
+constexpr int kBwdThreads = 256, kBwdBN = 128, kBwdBM = 64;
+template <int HS> constexpr size_t bwd_smem_bytes() {
+    // K, V + 2 x (Q, dO) + staged dQ + P, dS + 2 x (lse, D)
+    return (size_t)(2 * kBwdBN * HS + 5 * kBwdBM * HS + 2 * kBwdBM * kBwdBN) * 2 + 4 * kBwdBM * sizeof(float);
+}
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, const T* qkv, const float* lse,
+                      const float* Dvec, int Tn, int NH, int nkb, int nqb, float scale, float scale_log2,
+                      bool deterministic) {
+    constexpr int BN = kBwdBN, BM = kBwdBM, THREADS = kBwdThreads;
+    constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, PS_BYTES = BM * BN * 2;
+    constexpr int DN = HS / 16;  // 8-wide column tiles of this warp's dK, dV (hs/2 columns)
+    constexpr int QN = HS / 32;  // 8-wide column tiles of this warp's dQ (hs/4 columns)
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t base = smem_u32(smem);
+    constexpr uint32_t oK = 0, oV = KV_BYTES, oQ = 2 * KV_BYTES, oO = oQ + 2 * QD_BYTES, oDQ = oO + 2 * QD_BYTES,
+                       oP = oDQ + QD_BYTES, oS = oP + PS_BYTES, oL = oS + PS_BYTES, oD = oL + 2 * BM * 4;
+    const float* sL = reinterpret_cast<const float*>(smem + oL);
+    const float* sD = reinterpret_cast<const float*>(smem + oD);
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
+    // Highest key block of each head first: in deterministic mode a key block waits on the higher ones, which
+    // are then always launched before it.
+    const int kb = nkb - 1 - (int)(blockIdx.x % nkb);
+    const long bh = blockIdx.x / nkb;
+    const int b = (int)(bh / NH), h = (int)(bh % NH);
+    const long C = (long)NH * HS, stride = 3 * C;
+    const T* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const T* k_g = q_g + C;
+    const T* v_g = q_g + 2 * C;
+    const T* do_g = dout + (long)b * Tn * C + h * HS;
+    const float* lse_g = lse + bh * Tn;
+    const float* D_g = Dvec + bh * Tn;
+    const int k0 = kb * BN;
+    const int first_qb = k0 / BM;
+
+    auto load_q_block = [&](int qb, int buf) {
+        load_tile<BM, HS, THREADS>(base + oQ + buf * QD_BYTES, q_g, stride, qb * BM, Tn, tid);
+        load_tile<BM, HS, THREADS>(base + oO + buf * QD_BYTES, do_g, C, qb * BM, Tn, tid);
+        if (tid < 2 * BM) {
+            const int r = tid % BM, row = qb * BM + r;
+            const bool valid = row < Tn;
+            const float* src = tid < BM ? lse_g : D_g;
+            cp_async4(base + (tid < BM ? oL : oD) + (buf * BM + r) * 4, src + (valid ? row : 0), valid);
+        }
+    };
+    load_tile<BN, HS, THREADS>(base + oK, k_g, stride, k0, Tn, tid);
+    load_tile<BN, HS, THREADS>(base + oV, v_g, stride, k0, Tn, tid);
+    load_q_block(first_qb, 0);
+    cp_async_commit();
+
+    const int wm = warp >> 2, wn = warp & 3;  // S / dP tile: queries wm*32.., keys wn*32..
+    const int wk = warp >> 1, wd = warp & 1;  // dK / dV tile: keys wk*32.., columns wd*hs/2..
+    const int wq = warp >> 2, wc = warp & 3;  // dQ tile: queries wq*32.., columns wc*hs/4..
+    float dk[2][DN][4], dv[2][DN][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < DN; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+
+    for (int qb = first_qb; qb < nqb; qb++) {
+        const int it = qb - first_qb, buf = it & 1;
+        if (qb + 1 < nqb) {
+            load_q_block(qb + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int q0 = qb * BM;
+        const uint32_t sQ = base + oQ + buf * QD_BYTES, sO = base + oO + buf * QD_BYTES;
+
+        // ---- S = Q K^T and dP = dO V^T; P and dS to shared memory
+        {
+            float s[2][4][4], dp[2][4][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
+            const int key_w = k0 + wn * 32, row_w = q0 + wm * 32;
+            if (key_w <= row_w + 31) {  // else the whole tile is in the future: P = dS = 0 via the mask
+#pragma unroll
+                for (int ks = 0; ks < HS / 16; ks++) {
+                    uint32_t a[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        ldsm_x4(a[mt], sQ + swz<HS>(wm * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+                    for (int np = 0; np < 2; np++) {
+                        uint32_t kf[4];
+                        ldsm_x4(kf, base + oK + swz<HS>(wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
+                            mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int ks = 0; ks < HS / 16; ks++) {
+                    uint32_t a[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        ldsm_x4(a[mt], sO + swz<HS>(wm * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+                    for (int np = 0; np < 2; np++) {
+                        uint32_t vf[4];
+                        ldsm_x4(vf, base + oV + swz<HS>(wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma16816<T>(dp[mt][2 * np], a[mt], vf[0], vf[1]);
+                            mma16816<T>(dp[mt][2 * np + 1], a[mt], vf[2], vf[3]);
+                        }
+                    }
+                }
+            }
+            const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int r = wm * 32 + mt * 16 + g + hf * 8, row = q0 + r;
+                    const float lse2 = sL[buf * BM + r] * kLog2e, Dr = sD[buf * BM + r];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int key = key_w + nt * 8 + tig * 2 + e;
+                            float p = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
+                            // rows past T were zero-filled (lse 0), so they are masked too; keys past T are
+                            // always later than every valid row
+                            if (need_mask && (key > row || row >= Tn)) p = 0.0f;
+                            s[mt][nt][2 * hf + e] = p;
+                            dp[mt][nt][2 * hf + e] = p * (dp[mt][nt][2 * hf + e] - Dr);
+                        }
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const uint32_t off = swz<BN>(r, wn * 4 + nt) + tig * 4;
+                        *reinterpret_cast<uint32_t*>(smem + oP + off) = pack2<T>(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
+                        *reinterpret_cast<uint32_t*>(smem + oS + off) = pack2<T>(dp[mt][nt][2 * hf], dp[mt][nt][2 * hf + 1]);
+                    }
+                }
+        }
+        __syncthreads();
+
+        // ---- dV += P^T dO, dK += dS^T Q. P and dS are stored [query][key]: transposed loads give the
+        // A fragments of P^T and dS^T.
+#pragma unroll
+        for (int kq = 0; kq < BM / 16; kq++) {
+            if (k0 + wk * 32 > q0 + kq * 16 + 15) continue;  // all of these keys are later than these queries
+            uint32_t pa[2][4], sa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const uint32_t off = swz<BN>(kq * 16 + (lane & 7) + ((lane >> 4) << 3), wk * 4 + mt * 2 + ((lane >> 3) & 1));
+                ldsm_x4_trans(pa[mt], base + oP + off);
+                ldsm_x4_trans(sa[mt], base + oS + off);
+            }
+#pragma unroll
+            for (int np = 0; np < DN / 2; np++) {
+                const uint32_t off = swz<HS>(kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), wd * DN + np * 2 + (lane >> 4));
+                uint32_t of[4], qf[4];
+                ldsm_x4_trans(of, sO + off);
+                ldsm_x4_trans(qf, sQ + off);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816<T>(dv[mt][2 * np], pa[mt], of[0], of[1]);
+                    mma16816<T>(dv[mt][2 * np + 1], pa[mt], of[2], of[3]);
+                    mma16816<T>(dk[mt][2 * np], sa[mt], qf[0], qf[1]);
+                    mma16816<T>(dk[mt][2 * np + 1], sa[mt], qf[2], qf[3]);
+                }
+            }
+        }
+
+        // ---- dQ partial = dS K over this key block
+        float dq[2][QN][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < QN; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dq[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            if (k0 + kk * 16 > q0 + wq * 32 + 31) continue;  // these keys are later than all of the warp's queries
+            uint32_t sa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4(sa[mt], base + oS + swz<BN>(wq * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < QN / 2; np++) {
+                uint32_t kf[4];
+                ldsm_x4_trans(kf, base + oK + swz<HS>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), wc * QN + np * 2 + (lane >> 4)));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816<T>(dq[mt][2 * np], sa[mt], kf[0], kf[1]);
+                    mma16816<T>(dq[mt][2 * np + 1], sa[mt], kf[2], kf[3]);
+                }
+            }
+        }
+
+        // ---- dQ into the fp32 buffer. Deterministic: the key blocks of a query block take turns, highest
+        // first; the first stores, the middle ones add (atomics, but never two at once), and key block 0,
+        // always the last, adds the sum to its own part and writes dQ itself. The turn is handed on one
+        // iteration late, so the fence that makes our adds visible finds them long completed.
+        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add before this one
+        if (deterministic) {
+            if (it > 0 && kb > 0) __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                int* counters = dq_turn + bh * nqb;
+                if (it > 0 && kb > 0) red_release_add(counters + qb - 1, 1);
+                if (turn > 0)
+                    while (ld_acquire(counters + qb) < turn) __nanosleep(64);
+            }
+            __syncthreads();
+        }
+        float* acc = dq_accum + (bh * Tn + q0) * HS;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = wq * 32 + mt * 16 + g + hf * 8;
+                if (q0 + r >= Tn) continue;
+#pragma unroll
+                for (int nt = 0; nt < QN; nt++) {
+                    const int col = wc * (HS / 4) + nt * 8 + tig * 2;
+                    float2* p = reinterpret_cast<float2*>(acc + (long)r * HS + col);
+                    float2 v = make_float2(dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
+                    if (!deterministic) {
+                        atomicAdd(p, v);
+                    } else if (kb == 0) {
+                        if (turn > 0) {
+                            const float2 prev = __ldcg(p);
+                            v.x += prev.x;
+                            v.y += prev.y;
+                        }
+                        *reinterpret_cast<uint32_t*>(smem + oDQ + swz<HS>(r, col / 8) + tig * 4) = pack2<T>(v.x * scale, v.y * scale);
+                    } else if (turn == 0) {
+                        __stcg(p, v);
+                    } else {
+                        atomicAdd(p, v);
+                    }
+                }
+            }
+        if (deterministic && kb == 0) {
+            __syncthreads();
+            store_tile<BM, HS, THREADS>(dqkv + (long)b * Tn * stride + h * HS, stride, smem + oDQ, q0, Tn, tid);
+        }
+        __syncthreads();  // buffers of this iteration are free for the next one's loads
+    }
+    if (deterministic && kb > 0) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) red_release_add(dq_turn + bh * nqb + nqb - 1, 1);
+    }
+
+    // dK (scaled), dV: staged in the K and V tiles (free now), written with 16-byte stores
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = wk * 32 + mt * 16 + g + hf * 8;
+#pragma unroll
+            for (int nt = 0; nt < DN; nt++) {
+                const uint32_t off = swz<HS>(r, wd * DN + nt) + tig * 4;
+                *reinterpret_cast<uint32_t*>(smem + oK + off) = pack2<T>(dk[mt][nt][2 * hf] * scale, dk[mt][nt][2 * hf + 1] * scale);
+                *reinterpret_cast<uint32_t*>(smem + oV + off) = pack2<T>(dv[mt][nt][2 * hf], dv[mt][nt][2 * hf + 1]);
+            }
+        }
+    __syncthreads();
+    T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
+    store_tile<BN, HS, THREADS>(dk_g, stride, smem + oK, k0, Tn, tid);
+    store_tile<BN, HS, THREADS>(dk_g + C, stride, smem + oV, k0, Tn, tid);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward helpers (all precisions): D = rowsum(dO * O) per (b, head, t), 16-byte loads, one group of
+// hs/X threads per row; optionally zeroes the fp32 dQ buffer (atomic mode) in the same pass.
+template <typename T, int HS>
+__global__ void flash_backward_preprocess_kernel(float* Dvec, float* dq_accum, const T* dout, const T* out, int Tn,
+                                                 int NH, long rows) {
+    constexpr int X = Packed128<T>::size, TPR = HS / X;  // threads per row, a power of two <= 32
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long row = idx / TPR;  // over (B, T, NH)
+    const int c = (int)(idx % TPR);
+    const bool valid = row < rows;
+    float sum = 0.0f;
+    if (valid) {
+        const Packed128<T> d = load128cs(dout + row * HS + c * X), o = load128cs(out + row * HS + c * X);
+#pragma unroll
+        for (int i = 0; i < X; i++) sum += to_float(d[i]) * to_float(o[i]);
+    }
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+    if (!valid) return;
+    const int h = (int)(row % NH);
+    const long bt = row / NH, b = bt / Tn, t = bt % Tn;
+    const long dst = (b * NH + h) * Tn + t;
+    if (c == 0) Dvec[dst] = sum;
+    if (dq_accum != nullptr) {
+        float4* z = reinterpret_cast<float4*>(dq_accum + dst * HS);
+        for (int i = c; i < HS / 4; i += TPR) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// Atomic mode: dQ (scaled) from the fp32 buffer (B,NH,T,hs) into its slice of dqkv.
+template <typename T, int HS>
+__global__ void flash_dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, long rows, float scale) {
+    constexpr int X = Packed128<T>::size, CPR = HS / X;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long row = idx / CPR;  // over (B, T, NH)
+    const int c = (int)(idx % CPR);
+    if (row >= rows) return;
+    const int h = (int)(row % NH);
+    const long bt = row / NH, b = bt / Tn, t = bt % Tn;
+    const float* src = dq_accum + ((b * NH + h) * Tn + t) * HS + c * X;
+    Packed128<T> v;
+#pragma unroll
+    for (int i = 0; i < X; i += 4) {
+        const float4 f = __ldcs(reinterpret_cast<const float4*>(src + i));
+        v[i] = from_float<T>(f.x * scale);
+        v[i + 1] = from_float<T>(f.y * scale);
+        v[i + 2] = from_float<T>(f.z * scale);
+        v[i + 3] = from_float<T>(f.w * scale);
+    }
+    store128(dqkv + bt * 3 * NH * HS + h * HS + c * X, v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp32 path: the same tiling idea with plain FFMA. A warp owns 4 rows; its lanes take 32 keys (forward, dQ)
+// or 32 queries (dK, dV) at a time, and the outer products go through warp shuffles. The tile read across
+// lanes is padded by one float per row so that those reads hit 32 different banks. Exact: expf/logf and fp32
+// sums of at most hs or 32 terms before each rescale.
+constexpr int kF32Threads = 128, kF32Rows = 16, kF32Tile = 32;
+
+template <int HS>
+__global__ void __launch_bounds__(kF32Threads)
+flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int NH, int nqb, float scale) {
+    constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
+    extern __shared__ float fsm[];
+    float* sQ = fsm;                        // [16][HS]
+    float* sK = sQ + kF32Rows * HS;         // [32][HS + 1]
+    float* sV = sK + kF32Tile * (HS + 1);   // [32][HS]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int qb = nqb - 1 - (int)(blockIdx.x % nqb);
+    const long bh = blockIdx.x / nqb;
+    const int b = (int)(bh / NH), h = (int)(bh % NH);
+    const long C = (long)NH * HS, stride = 3 * C;
+    const float* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const int q0 = qb * kF32Rows;
+    for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
+        const int r = i / HS, t = q0 + r;
+        sQ[i] = t < Tn ? q_g[(long)t * stride + i % HS] : 0.0f;
+    }
+    float m[RPW], l[RPW], o[RPW][DPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) o[i][d] = 0.0f;
+    }
+    const int n_kt = (min(q0 + kF32Rows, Tn) - 1) / kF32Tile + 1;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int k0 = kt * kF32Tile;
+        __syncthreads();
+        for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
+            const int r = i / HS, d = i % HS, key = k0 + r;
+            const float* src = q_g + (long)key * stride + d;
+            sK[r * (HS + 1) + d] = key < Tn ? src[C] : 0.0f;
+            sV[i] = key < Tn ? src[2 * C] : 0.0f;
+        }
+        __syncthreads();
+        float s[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) s[i] = 0.0f;
+        for (int d = 0; d < HS; d++) {
+            const float kd = sK[lane * (HS + 1) + d];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) s[i] += sQ[(warp * RPW + i) * HS + d] * kd;
+        }
+        const int key = k0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int t = q0 + warp * RPW + i;
+            if (t >= Tn || k0 > t) continue;  // warp-uniform; tile 0 always runs, so m is finite after it
+            const bool valid = key <= t;
+            const float si = s[i] * scale;
+            const float m_new = fmaxf(m[i], warp_reduce_max(valid ? si : -INFINITY));
+            const float corr = expf(m[i] - m_new);
+            const float p = valid ? expf(si - m_new) : 0.0f;
+            l[i] = l[i] * corr + warp_reduce_sum(p);
+            m[i] = m_new;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) o[i][d] *= corr;
+            for (int j = 0; j < kF32Tile; j++) {
+                const float pj = __shfl_sync(0xffffffff, p, j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) o[i][d] += pj * sV[j * HS + lane + 32 * d];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int t = q0 + warp * RPW + i;
+        if (t >= Tn) continue;
+        float* dst = out + ((long)b * Tn + t) * C + h * HS;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) dst[lane + 32 * d] = o[i][d] / l[i];
+        if (lane == 0) lse[bh * Tn + t] = m[i] + logf(l[i]);
+    }
+}
+
+// dQ: 16 query rows per CTA, key tiles of 32 up to the diagonal.
+template <int HS>
+__global__ void __launch_bounds__(kF32Threads)
+flash_backward_dq_fp32_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* Dvec,
+                              int Tn, int NH, int nqb, float scale) {
+    constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
+    extern __shared__ float fsm[];
+    float* sQ = fsm;                         // [16][HS]
+    float* sO = sQ + kF32Rows * HS;          // dO [16][HS]
+    float* sK = sO + kF32Rows * HS;          // [32][HS + 1]
+    float* sV = sK + kF32Tile * (HS + 1);    // [32][HS + 1]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int qb = nqb - 1 - (int)(blockIdx.x % nqb);
+    const long bh = blockIdx.x / nqb;
+    const int b = (int)(bh / NH), h = (int)(bh % NH);
+    const long C = (long)NH * HS, stride = 3 * C;
+    const float* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const float* do_g = dout + (long)b * Tn * C + h * HS;
+    const int q0 = qb * kF32Rows;
+    for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
+        const int t = q0 + i / HS, d = i % HS;
+        sQ[i] = t < Tn ? q_g[(long)t * stride + d] : 0.0f;
+        sO[i] = t < Tn ? do_g[(long)t * C + d] : 0.0f;
+    }
+    float L[RPW], Dr[RPW], dq[RPW][DPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int t = min(q0 + warp * RPW + i, Tn - 1);
+        L[i] = lse[bh * Tn + t];
+        Dr[i] = Dvec[bh * Tn + t];
+#pragma unroll
+        for (int d = 0; d < DPL; d++) dq[i][d] = 0.0f;
+    }
+    const int n_kt = (min(q0 + kF32Rows, Tn) - 1) / kF32Tile + 1;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int k0 = kt * kF32Tile;
+        __syncthreads();
+        for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
+            const int r = i / HS, d = i % HS, key = k0 + r;
+            const float* src = q_g + (long)key * stride + d;
+            sK[r * (HS + 1) + d] = key < Tn ? src[C] : 0.0f;
+            sV[r * (HS + 1) + d] = key < Tn ? src[2 * C] : 0.0f;
+        }
+        __syncthreads();
+        float s[RPW], dp[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) s[i] = dp[i] = 0.0f;
+        for (int d = 0; d < HS; d++) {
+            const float kd = sK[lane * (HS + 1) + d], vd = sV[lane * (HS + 1) + d];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                s[i] += sQ[(warp * RPW + i) * HS + d] * kd;
+                dp[i] += sO[(warp * RPW + i) * HS + d] * vd;
+            }
+        }
+        const int key = k0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int t = q0 + warp * RPW + i;
+            if (t >= Tn || k0 > t) continue;
+            const float p = key <= t ? expf(s[i] * scale - L[i]) : 0.0f;
+            const float ds = p * (dp[i] - Dr[i]);
+            for (int j = 0; j < kF32Tile; j++) {
+                const float dsj = __shfl_sync(0xffffffff, ds, j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) dq[i][d] += dsj * sK[j * (HS + 1) + lane + 32 * d];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int t = q0 + warp * RPW + i;
+        if (t >= Tn) continue;
+        float* dst = dqkv + ((long)b * Tn + t) * stride + h * HS;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) dst[lane + 32 * d] = dq[i][d] * scale;
+    }
+}
+
+// dK, dV: 16 key rows per CTA, query tiles of 32 from the diagonal to T.
+template <int HS>
+__global__ void __launch_bounds__(kF32Threads)
+flash_backward_dkdv_fp32_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* Dvec,
+                                int Tn, int NH, int nkb, float scale) {
+    constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
+    extern __shared__ float fsm[];
+    float* sK = fsm;                         // [16][HS]
+    float* sV = sK + kF32Rows * HS;          // [16][HS]
+    float* sQ = sV + kF32Rows * HS;          // [32][HS + 1]
+    float* sO = sQ + kF32Tile * (HS + 1);    // dO [32][HS + 1]
+    float* sL = sO + kF32Tile * (HS + 1);    // [32]
+    float* sD = sL + kF32Tile;               // [32]
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int kb = (int)(blockIdx.x % nkb);
+    const long bh = blockIdx.x / nkb;
+    const int b = (int)(bh / NH), h = (int)(bh % NH);
+    const long C = (long)NH * HS, stride = 3 * C;
+    const float* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const float* do_g = dout + (long)b * Tn * C + h * HS;
+    const int k0 = kb * kF32Rows;
+    for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
+        const int key = k0 + i / HS, d = i % HS;
+        sK[i] = key < Tn ? q_g[(long)key * stride + C + d] : 0.0f;
+        sV[i] = key < Tn ? q_g[(long)key * stride + 2 * C + d] : 0.0f;
+    }
+    float dk[RPW][DPL], dv[RPW][DPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+#pragma unroll
+        for (int d = 0; d < DPL; d++) dk[i][d] = dv[i][d] = 0.0f;
+    const int n_qt = (Tn - 1) / kF32Tile + 1;
+    for (int qt = k0 / kF32Tile; qt < n_qt; qt++) {
+        const int t0 = qt * kF32Tile;
+        __syncthreads();
+        for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
+            const int r = i / HS, d = i % HS, t = t0 + r;
+            sQ[r * (HS + 1) + d] = t < Tn ? q_g[(long)t * stride + d] : 0.0f;
+            sO[r * (HS + 1) + d] = t < Tn ? do_g[(long)t * C + d] : 0.0f;
+        }
+        if (tid < kF32Tile) {
+            const int t = t0 + tid;
+            sL[tid] = t < Tn ? lse[bh * Tn + t] : 0.0f;
+            sD[tid] = t < Tn ? Dvec[bh * Tn + t] : 0.0f;
+        }
+        __syncthreads();
+        float s[RPW], dp[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) s[i] = dp[i] = 0.0f;
+        for (int d = 0; d < HS; d++) {
+            const float qd = sQ[lane * (HS + 1) + d], od = sO[lane * (HS + 1) + d];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                s[i] += sK[(warp * RPW + i) * HS + d] * qd;
+                dp[i] += sV[(warp * RPW + i) * HS + d] * od;
+            }
+        }
+        const int t = t0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const int key = k0 + warp * RPW + i;
+            if (key >= Tn || t0 + kF32Tile - 1 < key) continue;  // warp-uniform
+            const float p = (t >= key && t < Tn) ? expf(s[i] * scale - sL[lane]) : 0.0f;
+            const float ds = p * (dp[i] - sD[lane]);
+            for (int j = 0; j < kF32Tile; j++) {
+                const float pj = __shfl_sync(0xffffffff, p, j), dsj = __shfl_sync(0xffffffff, ds, j);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    dv[i][d] += pj * sO[j * (HS + 1) + lane + 32 * d];
+                    dk[i][d] += dsj * sQ[j * (HS + 1) + lane + 32 * d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int key = k0 + warp * RPW + i;
+        if (key >= Tn) continue;
+        float* dst = dqkv + ((long)b * Tn + key) * stride + C + h * HS;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            dst[lane + 32 * d] = dk[i][d] * scale;
+            dst[C + lane + 32 * d] = dv[i][d];
+        }
+    }
+}
+
+template <int HS> constexpr size_t fp32_fwd_smem_bytes() {
+    return (kF32Rows * HS + kF32Tile * (HS + 1) + kF32Tile * HS) * sizeof(float);
+}
+template <int HS> constexpr size_t fp32_dq_smem_bytes() {
+    return (2 * kF32Rows * HS + 2 * kF32Tile * (HS + 1)) * sizeof(float);
+}
+template <int HS> constexpr size_t fp32_dkdv_smem_bytes() {
+    return (2 * kF32Rows * HS + 2 * kF32Tile * (HS + 1) + 2 * kF32Tile) * sizeof(float);
+}
+
+// Dynamic shared memory above 48 KB must be allowed per kernel before the launch.
+template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*T*hs), the turn counters
+// (B*NH*ceil(T/64) ints), each 256-byte aligned.
+inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+struct BackwardScratch {
+    float* D;
+    float* dq_accum;
+    int* turn;
+};
+inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int hs) {
+    const size_t bht = (size_t)B * NH * T;
+    char* p = static_cast<char*>(scratch);
+    return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + align256(bht * 4)),
+            reinterpret_cast<int*>(p + align256(bht * 4) + align256(bht * hs * 4))};
+}
+
+template <typename floatX, int HS>
+void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)HS);
+    if constexpr (std::is_same<floatX, float>::value) {
+        const int nqb = ceil_div(T, kF32Rows);
+        auto kernel = flash_forward_fp32_kernel<HS>;
+        set_smem(kernel, fp32_fwd_smem_bytes<HS>());
+        kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb, scale);
+    } else {
+        const int nqb = ceil_div(T, kFwdBR);
+        auto kernel = flash_forward_kernel<floatX, HS>;
+        set_smem(kernel, fwd_smem_bytes<HS>());
+        kernel<<<(unsigned)((long)B * NH * nqb), kFwdThreads, fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb, scale * kLog2e);
+    }
+    cudaCheckLaunch();
+}
+
+template <typename floatX, int HS>
+void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)HS);
+    const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
+    const long rows = (long)B * T * NH;
+    constexpr int TPR = HS / Packed128<floatX>::size;
+    constexpr bool fp32 = std::is_same<floatX, float>::value;
+    // the fp32 path and the deterministic mode never read the dQ buffer before writing it
+    float* zero_dq = (fp32 || deterministic) ? nullptr : s.dq_accum;
+    flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(s.D, zero_dq, dout, out, T, NH, rows);
+    cudaCheckLaunch();
+    if constexpr (fp32) {
+        const int nqb = ceil_div(T, kF32Rows);
+        auto dq_kernel = flash_backward_dq_fp32_kernel<HS>;
+        set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());
+        dq_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dq_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nqb, scale);
+        cudaCheckLaunch();
+        auto dkdv_kernel = flash_backward_dkdv_fp32_kernel<HS>;
+        set_smem(dkdv_kernel, fp32_dkdv_smem_bytes<HS>());
+        dkdv_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nqb, scale);
+        cudaCheckLaunch();
+    } else {
+        const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
+        if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+        auto kernel = flash_backward_kernel<floatX, HS>;
+        set_smem(kernel, bwd_smem_bytes<HS>());
+        kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
+            dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e, deterministic);
+        cudaCheckLaunch();
+        if (!deterministic) {
+            flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * (HS / Packed128<floatX>::size), 256), 256, 0, stream>>>(
+                dqkv, s.dq_accum, T, NH, rows, scale);
+            cudaCheckLaunch();
+        }
+    }
+}
+
+inline void unsupported_head_size(int hs) {
+    fprintf(stderr, "error: flash attention supports head sizes 64 and 128, not %d\n", hs);
+    exit(EXIT_FAILURE);
+}
+
+}  // namespace flash
+
+// out (B,T,C) and lse (B,NH,T) from qkv (B,T,3C).
+template <typename floatX>
+void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs, cudaStream_t stream) {
+    if (hs == 64) flash::forward_hs<floatX, 64>(out, lse, qkv, B, T, NH, stream);
+    else if (hs == 128) flash::forward_hs<floatX, 128>(out, lse, qkv, B, T, NH, stream);
+    else flash::unsupported_head_size(hs);
+}
+
+// dqkv (B,T,3C), overwritten, from dout (B,T,C) and the forward's qkv, out and lse. deterministic = true adds
+// the dQ parts of the key blocks in a fixed order (bitwise reproducible); the fp32 path always is.
+template <typename floatX>
+void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream) {
+    if (hs == 64) flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+    else if (hs == 128) flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+    else flash::unsupported_head_size(hs);
+}
+
+// Bytes of `scratch` that flash_attention_backward needs (any precision, either mode).
+inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int hs) {
+    const size_t bht = (size_t)B * NH * T;
+    return flash::align256(bht * 4) + flash::align256(bht * hs * 4) +
+           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * sizeof(int));
+}
