@@ -689,7 +689,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--beta1", nullptr, Flag::FLOAT, &o.beta1, "AdamW beta1"},
         {"--beta2", nullptr, Flag::FLOAT, &o.beta2, "AdamW beta2"},
         {"--eps", nullptr, Flag::FLOAT, &o.eps, "AdamW epsilon"},
-        {"--steps", "-x", Flag::INT, &o.steps, "optimizer steps (-1: one epoch of --train-data)"},
+        {"--steps", "-x", Flag::INT, &o.steps, "optimizer steps (-1: one epoch of --train-data; 0: only evaluate)"},
         {"--val-every", "-v", Flag::INT, &o.val_every, "validation loss every N steps (0: never)"},
         {"--val-batches", "-m", Flag::INT, &o.val_batches, "batches per validation"},
         {"--hellaswag", nullptr, Flag::INT, &o.hellaswag, "1: HellaSwag accuracy at every validation (with --steps 0: evaluate only)"},
@@ -1068,7 +1068,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
     }
     if (!have_gpu) die("no CUDA GPU found");
     matmul_setup(o.tf32 != 0);
-    const int steps = o.steps > 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
+    const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
     const int val_batches = val_loader ? (int)std::min<uint64_t>(o.val_batches, val_loader->batches_per_epoch()) : 0;
 
     // memory plan, predicted before allocating

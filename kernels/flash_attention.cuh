@@ -972,9 +972,10 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());
         dq_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dq_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nqb, scale);
         cudaCheckLaunch();
+        const int nkb = nqb;  // key blocks of the same 16 rows
         auto dkdv_kernel = flash_backward_dkdv_fp32_kernel<HS>;
         set_smem(dkdv_kernel, fp32_dkdv_smem_bytes<HS>());
-        dkdv_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nqb, scale);
+        dkdv_kernel<<<(unsigned)((long)B * NH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nkb, scale);
         cudaCheckLaunch();
     } else {
         const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
