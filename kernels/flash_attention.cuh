@@ -90,6 +90,23 @@ __device__ __forceinline__ void red_release_add(int* p, int v) {
 template <int COLS> __device__ __forceinline__ uint32_t swz(int r, int c) {
     return r * (COLS * 2) + ((c ^ (r & 7)) << 4);
 }
+// Per-lane ldmatrix.x4 offsets of the three fragment patterns. A fragment of 16 rows starting at a multiple
+// of 8 and 2 chunks starting at an even chunk ce is then at (tile + offset + row0 * COLS * 2) ^ (ce << 4):
+// the lane's chunk bit 0 never carries into the bits that ce sets, so the XOR equals the swizzled sum.
+// This keeps one base register per pattern instead of one address per (row, chunk) pair. It needs the
+// tiles 256-byte aligned (the dynamic shared memory is declared 1024-aligned, all tile sizes are multiples).
+//   frag_rows16: rows +0..15 (lane % 16), chunk +lane/16. A of a row-major [m][k] tile (non-trans).
+//   frag_rows8x2: rows +0..7 then +8..15 for lanes 16..31, chunk +(lane/8)%2. B of an [n][k] tile
+//                 (non-trans: K in Q K^T) and A of a [k][m] tile (trans: P in P^T dO).
+//   frag_krows: rows +0..15 over lanes 0..15 and again over 16..31, chunk +lane/16. B of a [k][n] tile
+//               (trans: V in P V).
+template <int COLS> __device__ __forceinline__ uint32_t frag_rows16(int lane) { return swz<COLS>(lane & 15, lane >> 4); }
+template <int COLS> __device__ __forceinline__ uint32_t frag_rows8x2(int lane) {
+    return swz<COLS>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+}
+template <int COLS> __device__ __forceinline__ uint32_t frag_krows(int lane) {
+    return swz<COLS>((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+}
 
 // ROWS x COLS tile from global rows row0.. (row stride `stride` elements) into a swizzled tile at `dst`;
 // rows at or past `rows_end` are zero-filled so the ragged last tile holds no garbage (NaN * 0 = NaN).
@@ -136,8 +153,9 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     // hs 64: the warp's Q fragments fit in 32 registers, so they are read from shared memory once
     constexpr bool Q_IN_REGS = HS <= 64;
     constexpr uint32_t KV_BYTES = BC * HS * 2;
-    extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t sQ = smem_u32(smem), sK0 = sQ + BR * HS * 2, sV0 = sK0 + 2 * KV_BYTES;
+    constexpr uint32_t ROWB = HS * 2;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t sQ = smem_u32(smem), sK0 = sQ + BR * ROWB, sV0 = sK0 + 2 * KV_BYTES;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
     const int qb = nqb - 1 - (int)(blockIdx.x % nqb);  // longest rows (most key blocks) first
@@ -150,6 +168,8 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     const int q0 = qb * BR;
     const int n_kb = (min(q0 + BR, Tn) - 1) / BC + 1;  // key blocks up to the last query row
     const int row_w = q0 + warp * 32;                  // first query row of this warp
+    const uint32_t aQ = sQ + warp * 32 * ROWB + frag_rows16<HS>(lane);
+    const uint32_t bK = frag_rows8x2<HS>(lane), bV = frag_krows<HS>(lane);
 
     load_tile<BR, HS, THREADS>(sQ, q_g, stride, q0, Tn, tid);
     cp_async_commit();
@@ -165,7 +185,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
-                ldsm_x4(qf[mt][ks], sQ + swz<HS>(warp * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                ldsm_x4(qf[mt][ks], (aQ ^ (ks << 5)) + mt * 16 * ROWB);
     }
 
     float o[2][DT][4];
@@ -190,7 +210,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
             cp_async_wait<0>();
         }
         __syncthreads();
-        const uint32_t sK = sK0 + (j & 1) * KV_BYTES, sV = sV0 + (j & 1) * KV_BYTES;
+        const uint32_t sK = sK0 + (j & 1) * KV_BYTES + bK, sV = sV0 + (j & 1) * KV_BYTES + bV;
         const int k0 = j * BC;
         // Block 0 is never skipped and holds key 0, which every row sees: the running max is finite after it,
         // so exp2(m_old - m_new) and exp2(s - m_new) never meet -inf - -inf.
@@ -211,13 +231,13 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
 #pragma unroll
                         for (int e = 0; e < 4; e++) a[mt][e] = qf[mt][ks][e];
                     } else {
-                        ldsm_x4(a[mt], sQ + swz<HS>(warp * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                        ldsm_x4(a[mt], (aQ ^ (ks << 5)) + mt * 16 * ROWB);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t kf[4];  // b-fragments of key tiles 2np (kf[0..1]) and 2np+1 (kf[2..3])
-                    ldsm_x4(kf, sK + swz<HS>(np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+                    ldsm_x4(kf, (sK ^ (ks << 5)) + np * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
@@ -226,15 +246,17 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
                 }
             }
             if (k0 + BC - 1 > row_w || k0 + BC > Tn) {  // diagonal or ragged block: mask the future and past-T keys
+                // element (row_w + g + ro, col0 + co) with compile-time offsets ro, co: the tests compare the
+                // two thread-dependent differences against constants (no per-element index registers)
+                const int col0 = k0 + tig * 2, ahead = col0 - (row_w + g), past = col0 - Tn;
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            const int row = row_w + mt * 16 + g + (e >> 1) * 8;
-                            const int col = k0 + nt * 8 + tig * 2 + (e & 1);
-                            if (col > row || col >= Tn) s[mt][nt][e] = -INFINITY;
+                            const int ro = mt * 16 + (e >> 1) * 8, co = nt * 8 + (e & 1);
+                            if (ahead + co > ro || past + co >= 0) s[mt][nt][e] = -INFINITY;
                         }
             }
             // online softmax: rows g and g+8 of each tile; the 4 threads of a quad share a row
@@ -280,7 +302,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t vf[4];  // V is [key][d]: transposed loads give b-fragments with k = key
-                    ldsm_x4_trans(vf, sV + swz<HS>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+                    ldsm_x4_trans(vf, (sV ^ (dp << 5)) + kk * 16 * ROWB);
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         mma16816<T>(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
@@ -336,7 +358,8 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
     constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, PS_BYTES = BM * BN * 2;
     constexpr int DN = HS / 16;  // 8-wide column tiles of this warp's dK, dV (hs/2 columns)
     constexpr int QN = HS / 32;  // 8-wide column tiles of this warp's dQ (hs/4 columns)
-    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr uint32_t ROWB = HS * 2, ROWB_P = BN * 2;
+    extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = smem_u32(smem);
     constexpr uint32_t oK = 0, oV = KV_BYTES, oQ = 2 * KV_BYTES, oO = oQ + 2 * QD_BYTES, oDQ = oO + 2 * QD_BYTES,
                        oP = oDQ + QD_BYTES, oS = oP + PS_BYTES, oL = oS + PS_BYTES, oD = oL + 2 * BM * 4;
@@ -377,6 +400,15 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
     const int wm = warp >> 2, wn = warp & 3;  // S / dP tile: queries wm*32.., keys wn*32..
     const int wk = warp >> 1, wd = warp & 1;  // dK / dV tile: keys wk*32.., columns wd*hs/2..
     const int wq = warp >> 2, wc = warp & 3;  // dQ tile: queries wq*32.., columns wc*hs/4..
+    // per-lane fragment bases (see frag_rows16 and friends)
+    const uint32_t aS = wm * 32 * ROWB + frag_rows16<HS>(lane);               // Q, dO as A of S, dP
+    const uint32_t bK = base + oK + wn * 32 * ROWB + frag_rows8x2<HS>(lane);  // K, V as B of S, dP
+    const uint32_t bV = bK + (oV - oK);
+    const uint32_t aP = (base + oP + frag_rows8x2<BN>(lane)) ^ (wk << 6);    // P^T, dS^T as A of dV, dK
+    const uint32_t aDS = aP + (oS - oP);
+    const uint32_t bT = frag_krows<HS>(lane) ^ (wd * DN << 4);               // dO, Q as B of dV, dK
+    const uint32_t aQ = base + oS + wq * 32 * ROWB_P + frag_rows16<BN>(lane); // dS as A of dQ
+    const uint32_t bKT = (base + oK + frag_krows<HS>(lane)) ^ (wc * QN << 4); // K as B of dQ
     float dk[2][DN][4], dv[2][DN][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -414,11 +446,11 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     uint32_t a[2][4];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
-                        ldsm_x4(a[mt], sQ + swz<HS>(wm * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                        ldsm_x4(a[mt], ((sQ + aS) ^ (ks << 5)) + mt * 16 * ROWB);
 #pragma unroll
                     for (int np = 0; np < 2; np++) {
                         uint32_t kf[4];
-                        ldsm_x4(kf, base + oK + swz<HS>(wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+                        ldsm_x4(kf, (bK ^ (ks << 5)) + np * 16 * ROWB);
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++) {
                             mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
@@ -431,11 +463,11 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     uint32_t a[2][4];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
-                        ldsm_x4(a[mt], sO + swz<HS>(wm * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                        ldsm_x4(a[mt], ((sO + aS) ^ (ks << 5)) + mt * 16 * ROWB);
 #pragma unroll
                     for (int np = 0; np < 2; np++) {
                         uint32_t vf[4];
-                        ldsm_x4(vf, base + oV + swz<HS>(wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+                        ldsm_x4(vf, (bV ^ (ks << 5)) + np * 16 * ROWB);
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++) {
                             mma16816<T>(dp[mt][2 * np], a[mt], vf[0], vf[1]);
@@ -445,21 +477,22 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                 }
             }
             const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
+            const int ahead = key_w + tig * 2 - (row_w + g);  // key - row of element (0, 0) of each tile
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    const int r = wm * 32 + mt * 16 + g + hf * 8, row = q0 + r;
+                    const int r = wm * 32 + mt * 16 + g + hf * 8;
+                    const bool row_past = q0 + r >= Tn;
                     const float lse2 = sL[buf * BM + r] * kLog2e, Dr = sD[buf * BM + r];
 #pragma unroll
                     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
-                            const int key = key_w + nt * 8 + tig * 2 + e;
                             float p = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
                             // rows past T were zero-filled (lse 0), so they are masked too; keys past T are
                             // always later than every valid row
-                            if (need_mask && (key > row || row >= Tn)) p = 0.0f;
+                            if (need_mask && (ahead + nt * 8 + e > mt * 16 + hf * 8 || row_past)) p = 0.0f;
                             s[mt][nt][2 * hf + e] = p;
                             dp[mt][nt][2 * hf + e] = p * (dp[mt][nt][2 * hf + e] - Dr);
                         }
@@ -481,16 +514,14 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             uint32_t pa[2][4], sa[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
-                const uint32_t off = swz<BN>(kq * 16 + (lane & 7) + ((lane >> 4) << 3), wk * 4 + mt * 2 + ((lane >> 3) & 1));
-                ldsm_x4_trans(pa[mt], base + oP + off);
-                ldsm_x4_trans(sa[mt], base + oS + off);
+                ldsm_x4_trans(pa[mt], (aP ^ (mt << 5)) + kq * 16 * ROWB_P);
+                ldsm_x4_trans(sa[mt], (aDS ^ (mt << 5)) + kq * 16 * ROWB_P);
             }
 #pragma unroll
             for (int np = 0; np < DN / 2; np++) {
-                const uint32_t off = swz<HS>(kq * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), wd * DN + np * 2 + (lane >> 4));
                 uint32_t of[4], qf[4];
-                ldsm_x4_trans(of, sO + off);
-                ldsm_x4_trans(qf, sQ + off);
+                ldsm_x4_trans(of, ((sO + bT) ^ (np << 5)) + kq * 16 * ROWB);
+                ldsm_x4_trans(qf, ((sQ + bT) ^ (np << 5)) + kq * 16 * ROWB);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
                     mma16816<T>(dv[mt][2 * np], pa[mt], of[0], of[1]);
@@ -515,11 +546,11 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             uint32_t sa[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(sa[mt], base + oS + swz<BN>(wq * 32 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                ldsm_x4(sa[mt], (aQ ^ (kk << 5)) + mt * 16 * ROWB_P);
 #pragma unroll
             for (int np = 0; np < QN / 2; np++) {
                 uint32_t kf[4];
-                ldsm_x4_trans(kf, base + oK + swz<HS>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), wc * QN + np * 2 + (lane >> 4)));
+                ldsm_x4_trans(kf, (bKT ^ (np << 5)) + kk * 16 * ROWB);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
                     mma16816<T>(dq[mt][2 * np], sa[mt], kf[0], kf[1]);

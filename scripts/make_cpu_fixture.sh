@@ -9,11 +9,15 @@ if [ $# -ne 1 ]; then
     exit 1
 fi
 out_dir=$1
-python=${PYTHON:-/usr/bin/python3}
 repo_root=$(cd "$(dirname "$0")/.." && pwd)
 
-if ! why=$("$python" -c "import torch, numpy" 2>&1); then
-    echo "make_cpu_fixture: cannot import torch/numpy with $python: $(printf '%s' "$why" | tail -n 1)"
+# The first interpreter that has torch and numpy: $PYTHON, Debian's /usr/bin/python3, then python3 on PATH.
+python=""
+for candidate in ${PYTHON:-} /usr/bin/python3 python3; do
+    if why=$("$candidate" -c "import torch, numpy" 2>&1); then python=$candidate; break; fi
+done
+if [ -z "$python" ]; then
+    echo "make_cpu_fixture: cannot import torch/numpy with ${PYTHON:-/usr/bin/python3} or python3: $(printf '%s' "$why" | tail -n 1)"
     exit 2
 fi
 
