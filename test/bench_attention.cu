@@ -1,0 +1,100 @@
+// Timing of the fused flash attention (kernels/flash_attention.cuh) for one shape in bf16 or fp16: forward,
+// and forward + backward with the deterministic and the atomic dQ accumulation. CUDA events around each
+// repetition after warm-up, median of the repetitions; inputs random (never zeros).
+// FLOP convention (causal): forward 4*B*H*T^2*D / 2, backward 2.5x forward, forward + backward 3.5x.
+// Prints one line per measurement: "ours WHAT B H T D MS TFLOPS".
+// Usage: bench_attention B H T D [bf16|fp16] [reps]
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/flash_attention.cuh"
+
+template <typename T> __global__ void fill_random_kernel(T* x, long n, uint64_t seed) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    // sum of 4 uniforms in [-0.5, 0.5): mean 0, variance 1/3, close enough to normal for timing
+    float s = 0.0f;
+    for (int k = 0; k < 4; k++) s += (float)random_u32(seed, 4 * i + k) * 2.3283064e-10f - 0.5f;
+    x[i] = from_float<T>(s * 1.7f);
+}
+
+template <typename T> T* random_device_array(long n, uint64_t seed) {
+    T* p;
+    cudaCheck(cudaMalloc(&p, n * sizeof(T)));
+    fill_random_kernel<<<ceil_div(n, 256), 256>>>(p, n, seed);
+    cudaCheckLaunch();
+    return p;
+}
+
+// Median milliseconds of `reps` runs of fn after `warmup` runs.
+template <typename Fn> float median_ms(Fn fn, int warmup, int reps, cudaStream_t stream) {
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    for (int i = 0; i < warmup; i++) fn();
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) {
+        cudaCheck(cudaEventRecord(start, stream));
+        fn();
+        cudaCheck(cudaEventRecord(stop, stream));
+        cudaCheck(cudaEventSynchronize(stop));
+        cudaCheck(cudaEventElapsedTime(&ms[i], start, stop));
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    std::sort(ms.begin(), ms.end());
+    return ms[reps / 2];
+}
+
+template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    const long n = (long)B * Tn * H * D;
+    T* qkv = random_device_array<T>(3 * n, 1);
+    T* dout = random_device_array<T>(n, 2);
+    T *out, *dqkv;
+    float* lse;
+    void* scratch;
+    cudaCheck(cudaMalloc(&out, n * sizeof(T)));
+    cudaCheck(cudaMalloc(&dqkv, 3 * n * sizeof(T)));
+    cudaCheck(cudaMalloc(&lse, (long)B * H * Tn * sizeof(float)));
+    cudaCheck(cudaMalloc(&scratch, flash_attention_backward_scratch_bytes(B, Tn, H, D)));
+    cudaCheck(cudaDeviceSynchronize());
+
+    const double fwd_flops = 4.0 * B * H * (double)Tn * Tn * D / 2.0;
+    auto report = [&](const char* what, float ms, double flops) {
+        printf("ours %s %d %d %d %d %.4f %.1f\n", what, B, H, Tn, D, ms, flops / (ms * 1e-3) / 1e12);
+    };
+    auto fwd = [&]() { flash_attention_forward(out, lse, qkv, B, Tn, H, D, stream); };
+    report("fwd", median_ms(fwd, 3, reps, stream), fwd_flops);
+    for (bool deterministic : {true, false}) {
+        auto bwd = [&]() {
+            flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, deterministic, stream);
+        };
+        auto fwd_bwd = [&]() { fwd(); bwd(); };
+        report(deterministic ? "bwd_det" : "bwd_atomic", median_ms(bwd, 3, reps, stream), 2.5 * fwd_flops);
+        report(deterministic ? "fwdbwd_det" : "fwdbwd_atomic", median_ms(fwd_bwd, 3, reps, stream), 3.5 * fwd_flops);
+    }
+    cudaCheck(cudaFree(qkv));
+    cudaCheck(cudaFree(dout));
+    cudaCheck(cudaFree(out));
+    cudaCheck(cudaFree(dqkv));
+    cudaCheck(cudaFree(lse));
+    cudaCheck(cudaFree(scratch));
+    cudaCheck(cudaStreamDestroy(stream));
+}
+
+int main(int argc, char** argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: bench_attention B H T D [bf16|fp16] [reps]\n");
+        return 2;
+    }
+    const int B = atoi(argv[1]), H = atoi(argv[2]), Tn = atoi(argv[3]), D = atoi(argv[4]);
+    const std::string type = argc > 5 ? argv[5] : "bf16";
+    const int reps = argc > 6 ? atoi(argv[6]) : 30;
+    if (type == "fp16") bench<__half>(B, H, Tn, D, reps);
+    else bench<__nv_bfloat16>(B, H, Tn, D, reps);
+    return 0;
+}

@@ -1,0 +1,227 @@
+// Fused flash attention (kernels/flash_attention.cuh) against the fp32 CPU reference (test/cpu_reference.cpp)
+// in fp32, bf16 and fp16, head sizes 64 and 128, on lengths that are and are not multiples of the tiles and
+// odd B*NH; fresh random inputs each run (the seed is printed), every output poisoned with NaN before each
+// launch. The backward runs in both modes; the deterministic one twice, which must agree bit for bit.
+// Given files written by scripts/attention_vs_sdpa.py, it also compares against PyTorch SDPA (flash backend).
+// Usage: test_attention [seed] [sdpa_file...]   (an argument that is all digits is the seed)
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/flash_attention.cuh"
+#include "cpu_reference.h"
+#include "check.h"
+
+// Relative L2 bounds: fp32 differs from the reference only in summation order; bf16/fp16 round P and dS to
+// 16 bits before the products that use them, and the outputs themselves.
+template <typename T> double tolerance() { return std::is_same<T, float>::value ? 1e-5 : 1e-2; }
+template <typename T> const char* type_name();
+template <> const char* type_name<float>() { return "fp32"; }
+template <> const char* type_name<__nv_bfloat16>() { return "bf16"; }
+template <> const char* type_name<__half>() { return "fp16"; }
+
+static float to_host_float(float x) { return x; }
+static float to_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+static float to_host_float(__half x) { return __half2float(x); }
+template <typename T> T from_host_float(float x);
+template <> float from_host_float<float>(float x) { return x; }
+template <> __nv_bfloat16 from_host_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __half from_host_float<__half>(float x) { return __float2half(x); }
+
+static std::mt19937_64 rng;
+
+// Normal values that bf16, fp16 and fp32 all hold exactly (bf16 values, fp16 subnormals flushed to 0), so one
+// reference serves the three precisions and sees exactly what the GPU sees.
+static std::vector<float> exact_random(size_t n) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) {
+        x = __bfloat162float(__float2bfloat16(normal(rng)));
+        if (std::fabs(x) < 6.103515625e-05f) x = 0.0f;
+    }
+    return v;
+}
+
+// Device buffer, poisoned (all-ones bits: NaN in every float type) when made and on request.
+template <typename T> struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) {
+        cudaCheck(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
+        poison();
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    ~DeviceBuffer() { cudaFree(ptr); }
+    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
+    void upload(const std::vector<float>& values) {
+        std::vector<T> raw(n);
+        for (size_t i = 0; i < n; i++) raw[i] = from_host_float<T>(values[i]);
+        cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> download() const {
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<T> raw(n);
+        cudaCheck(cudaMemcpy(raw.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        std::vector<float> out(n);
+        for (size_t i = 0; i < n; i++) out[i] = to_host_float(raw[i]);
+        return out;
+    }
+};
+
+static void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected, double tol) {
+    const double err = relative_l2(got.data(), expected.data(), expected.size());
+    char buf[128];
+    snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", err, tol);
+    check(err <= tol, name, buf);
+}
+
+// Slice s (0 = q, 1 = k, 2 = v) of a (B,T,3,C) array as (B,T,C).
+static std::vector<float> slice3(const std::vector<float>& qkv, int s, size_t rows, int C) {
+    std::vector<float> out(rows * C);
+    for (size_t r = 0; r < rows; r++)
+        std::memcpy(&out[r * C], &qkv[(r * 3 + s) * C], C * sizeof(float));
+    return out;
+}
+
+struct Reference {
+    std::vector<float> out, lse, dqkv;
+};
+
+// Runs ours in precision T on (qkv, dout) and compares with ref; `tag` names the case.
+template <typename T>
+void check_against(const std::string& tag, const std::vector<float>& qkv, const std::vector<float>& dout,
+                   const Reference& ref, int B, int Tn, int NH, int hs, double tol, bool check_lse, cudaStream_t stream) {
+    const int C = NH * hs;
+    const size_t rows = (size_t)B * Tn, n = rows * C;
+    DeviceBuffer<T> qkv_d(3 * n), dout_d(n), out_d(n), dqkv_d(3 * n);
+    DeviceBuffer<float> lse_d((size_t)B * NH * Tn);
+    DeviceBuffer<unsigned char> scratch(flash_attention_backward_scratch_bytes(B, Tn, NH, hs));
+    qkv_d.upload(qkv);
+    dout_d.upload(dout);
+    flash_attention_forward(out_d.ptr, lse_d.ptr, qkv_d.ptr, B, Tn, NH, hs, stream);
+    compare(tag + " forward out", out_d.download(), ref.out, tol);
+    if (check_lse) compare(tag + " forward lse", lse_d.download(), ref.lse, tol);
+
+    std::vector<float> first;
+    for (int run = 0; run < 3; run++) {  // deterministic, deterministic again, atomic
+        const bool deterministic = run < 2;
+        dqkv_d.poison();
+        scratch.poison();
+        flash_attention_backward(dqkv_d.ptr, dout_d.ptr, qkv_d.ptr, out_d.ptr, lse_d.ptr, scratch.ptr, B, Tn, NH, hs,
+                                 deterministic, stream);
+        std::vector<float> dqkv = dqkv_d.download();
+        if (run == 1) {
+            const bool same = std::memcmp(dqkv.data(), first.data(), dqkv.size() * sizeof(float)) == 0;
+            check(same, tag + " backward deterministic: two runs bitwise equal", same ? "" : "results differ");
+            continue;
+        }
+        if (run == 0) first = dqkv;
+        const std::string mode = deterministic ? " backward (deterministic) " : " backward (atomic) ";
+        const char* names[3] = {"dq", "dk", "dv"};
+        for (int s = 0; s < 3; s++)
+            compare(tag + mode + names[s], slice3(dqkv, s, rows, C), slice3(ref.dqkv, s, rows, C), tol);
+    }
+}
+
+// ---- against the CPU reference
+static void test_case(int B, int NH, int Tn, int hs, cudaStream_t stream) {
+    const int C = NH * hs;
+    const size_t n = (size_t)B * Tn * C, tt = (size_t)B * NH * Tn * Tn;
+    const std::vector<float> qkv = exact_random(3 * n), dout = exact_random(n);
+    Reference ref;
+    ref.out.resize(n);
+    std::vector<float> preatt(tt), att(tt);
+    cpuref::attention_forward(ref.out.data(), preatt.data(), att.data(), qkv.data(), B, Tn, C, NH);
+    ref.lse.resize((size_t)B * NH * Tn);
+    for (size_t r = 0; r < ref.lse.size(); r++) {  // log-sum-exp over the causal part of each preatt row
+        const int t = (int)(r % Tn);
+        const float* row = &preatt[r * Tn];
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j <= t; j++) mx = std::max(mx, (double)row[j]);
+        for (int j = 0; j <= t; j++) sum += std::exp(row[j] - mx);
+        ref.lse[r] = (float)(mx + std::log(sum));
+    }
+    ref.dqkv.assign(3 * n, 0.0f);
+    std::vector<float> dpreatt(tt, 0.0f), datt(tt, 0.0f);
+    cpuref::attention_backward(ref.dqkv.data(), dpreatt.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, Tn, C, NH);
+
+    const std::string shape = " B" + std::to_string(B) + " NH" + std::to_string(NH) + " T" + std::to_string(Tn) +
+                              " hs" + std::to_string(hs);
+    check_against<float>(std::string("fp32") + shape, qkv, dout, ref, B, Tn, NH, hs, tolerance<float>(), true, stream);
+    check_against<__nv_bfloat16>(std::string("bf16") + shape, qkv, dout, ref, B, Tn, NH, hs, tolerance<__nv_bfloat16>(), true, stream);
+    check_against<__half>(std::string("fp16") + shape, qkv, dout, ref, B, Tn, NH, hs, tolerance<__half>(), true, stream);
+}
+
+// ---- against PyTorch SDPA: records of (dtype, B, H, T, D) then q, k, v, dout, out, dq, dk, dv, each
+// (B,T,H,D) in that 16-bit dtype (1 = bf16, 2 = fp16); see scripts/attention_vs_sdpa.py.
+template <typename T>
+static void sdpa_record(std::ifstream& f, int B, int H, int Tn, int D, cudaStream_t stream) {
+    const size_t n = (size_t)B * Tn * H * D, rows = (size_t)B * Tn;
+    const int C = H * D;
+    std::vector<std::vector<float>> a(8, std::vector<float>(n));
+    std::vector<uint16_t> raw(n);
+    for (auto& v : a) {
+        f.read(reinterpret_cast<char*>(raw.data()), n * 2);
+        for (size_t i = 0; i < n; i++) {
+            T x;
+            std::memcpy(&x, &raw[i], 2);
+            v[i] = to_host_float(x);
+        }
+    }
+    std::vector<float> qkv(3 * n);
+    for (size_t r = 0; r < rows; r++)
+        for (int s = 0; s < 3; s++) std::memcpy(&qkv[(r * 3 + s) * C], &a[s][r * C], C * sizeof(float));
+    Reference ref;
+    ref.out = a[4];
+    ref.dqkv.resize(3 * n);
+    for (size_t r = 0; r < rows; r++)
+        for (int s = 0; s < 3; s++) std::memcpy(&ref.dqkv[(r * 3 + s) * C], &a[5 + s][r * C], C * sizeof(float));
+    const std::string tag = std::string(type_name<T>()) + " vs SDPA B" + std::to_string(B) + " NH" + std::to_string(H) +
+                            " T" + std::to_string(Tn) + " hs" + std::to_string(D);
+    check_against<T>(tag, qkv, a[3], ref, B, Tn, H, D, 1e-2, false, stream);
+}
+
+static void test_sdpa_file(const std::string& path, cudaStream_t stream) {
+    std::ifstream f(path, std::ios::binary);
+    char magic[8];
+    if (!f.read(magic, 8) || std::memcmp(magic, "SDPAREF1", 8) != 0) {
+        check(false, "SDPA file " + path, "missing or not an SDPA reference file");
+        return;
+    }
+    int32_t hdr[5];
+    while (f.read(reinterpret_cast<char*>(hdr), sizeof(hdr))) {
+        if (hdr[0] == 1) sdpa_record<__nv_bfloat16>(f, hdr[1], hdr[2], hdr[3], hdr[4], stream);
+        else if (hdr[0] == 2) sdpa_record<__half>(f, hdr[1], hdr[2], hdr[3], hdr[4], stream);
+        else { check(false, "SDPA file " + path, "unknown dtype code"); return; }
+        if (!f) { check(false, "SDPA file " + path, "truncated record"); return; }
+    }
+}
+
+int main(int argc, char** argv) {
+    unsigned long seed = (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count();
+    std::vector<std::string> files;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (!a.empty() && a.find_first_not_of("0123456789") == std::string::npos) seed = std::stoul(a);
+        else files.push_back(a);
+    }
+    printf("test_attention: seed %lu\n", seed);
+    rng.seed(seed);
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("SKIP flash attention: no GPU\n");
+        return 0;
+    }
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    // (B, NH, T): B*NH odd; long sequences with one head to keep the CPU reference cheap
+    const int cases[][3] = {{1, 3, 1}, {3, 1, 63}, {1, 5, 64}, {1, 3, 65}, {1, 3, 1000}, {1, 1, 1024}, {1, 1, 2048}};
+    for (int hs : {64, 128})
+        for (const auto& c : cases) test_case(c[0], c[1], c[2], hs, stream);
+    for (const auto& path : files) test_sdpa_file(path, stream);
+    cudaCheck(cudaStreamDestroy(stream));
+    return check_failures() == 0 ? 0 : 1;
+}
