@@ -6,10 +6,17 @@ CXX ?= g++
 GPU_ARCH ?= -gencode arch=compute_90a,code=sm_90a
 NVCC_FLAGS ?= -O3 -std=c++17 $(GPU_ARCH) -Xcompiler -Wall,-fopenmp -Wno-deprecated-gpu-targets
 CXX_FLAGS ?= -O3 -std=c++17 -Wall -Wextra -pthread
-CUDA_LIBS = -lcublasLt -lcublas -lgomp
+CUDA_LIBS = -lcublasLt -lcublas -lnccl -lgomp
+# MPI is optional: with mpicxx found (or USE_MPI=1) train_gpt bootstraps from mpirun; without it, from
+# Slurm or environment variables (scripts/launch.sh).
+USE_MPI ?= $(if $(shell command -v mpicxx 2> /dev/null),1,0)
+ifeq ($(USE_MPI),1)
+  MPI_FLAGS = -DUSE_MPI $(shell mpicxx --showme:compile 2> /dev/null) $(shell mpicxx --showme:link 2> /dev/null | sed 's/-Wl,[^ ]*//g')
+endif
 BUILD = build
 
-KERNELS = $(wildcard kernels/*.cuh)
+KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h
+DISTRIBUTED_SRCS = distributed/process_group.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
@@ -23,8 +30,8 @@ tests: $(CPU_TESTS) $(GPU_TESTS)
 $(BUILD):
 	mkdir -p $(BUILD)
 
-train_gpt: train_gpt.cu $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) train_gpt.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
+train_gpt: train_gpt.cu $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) $(MPI_FLAGS) train_gpt.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/prepare_shards: dataloader/prepare_shards.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) dataloader/prepare_shards.cpp $(DATALOADER_SRCS) -o $@
@@ -44,8 +51,8 @@ $(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
 
-$(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(CUDA_LIBS) -o $@
+$(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 test: all tests
 	bash test/run_tests.sh

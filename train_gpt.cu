@@ -25,6 +25,8 @@
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
 #include "kernels/adamw.cuh"              // defines: adamw_update, DecayMask
 #include "kernels/global_norm.cuh"        // defines: global_norm_squared
+#include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap)
+#include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -100,10 +102,14 @@ inline const char* block_tensor_name(int t) {
 
 struct ParameterLayout {
     ModelConfig config;
-    size_t wte = 0, wpe = 0, blocks_begin = 0, block_size = 0, lnfw = 0, lnfb = 0, total = 0;
+    size_t wte = 0, wpe = 0, blocks_begin = 0, block_size = 0, block_stride = 0, lnfw = 0, lnfb = 0, total = 0;
+    size_t count = 0;  // parameters of the model; `total` adds the padding between units
     size_t block_offset[kBlockTensors] = {}, block_tensor_size[kBlockTensors] = {};
 
-    explicit ParameterLayout(const ModelConfig& c = ModelConfig()) : config(c) {
+    // Units are what data parallelism shards and gathers one at a time: unit 0 = the embeddings (wte, wpe),
+    // units 1..L = the blocks, unit L+1 = the final LayerNorm. Each is padded to a multiple of
+    // `unit_multiple` elements (8 x the data-parallel degree: equal 16-byte-aligned shards per rank).
+    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8) : config(c) {
         const size_t C = c.channels;
         const size_t sizes[kBlockTensors] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
         for (int t = 0; t < kBlockTensors; t++) {
@@ -111,14 +117,27 @@ struct ParameterLayout {
             block_tensor_size[t] = sizes[t];
             block_size += sizes[t];
         }
+        auto pad = [&](size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
         wte = 0;
         wpe = (size_t)c.padded_vocab_size * C;
-        blocks_begin = wpe + (size_t)c.max_seq_len * C;
-        lnfw = blocks_begin + block_size * c.num_layers;
+        blocks_begin = pad(wpe + (size_t)c.max_seq_len * C);
+        block_stride = pad(block_size);
+        lnfw = blocks_begin + block_stride * c.num_layers;
         lnfb = lnfw + C;
-        total = lnfb + C;
+        total = lnfw + pad(2 * C);
+        count = wpe + (size_t)c.max_seq_len * C + block_size * c.num_layers + 2 * C;
     }
-    size_t tensor(int layer, BlockTensor t) const { return blocks_begin + layer * block_size + block_offset[t]; }
+    size_t tensor(int layer, BlockTensor t) const { return blocks_begin + layer * block_stride + block_offset[t]; }
+
+    int num_units() const { return config.num_layers + 2; }
+    size_t unit_offset(int u) const { return u == 0 ? 0 : u <= config.num_layers ? blocks_begin + (u - 1) * block_stride : lnfw; }
+    size_t unit_real_size(int u) const {  // without the padding
+        return u == 0 ? wpe + (size_t)config.max_seq_len * config.channels
+             : u <= config.num_layers ? block_size : 2 * (size_t)config.channels;
+    }
+    size_t unit_size(int u) const {  // padded
+        return u == 0 ? blocks_begin : u <= config.num_layers ? block_stride : total - lnfw;
+    }
 
     // The llm.c file order: 16 tensors, the 12 block tensors each spanning all layers.
     // Calls visit(file_offset, device_offset, count) for every contiguous run.
@@ -137,7 +156,7 @@ struct ParameterLayout {
     DecayMask decay_mask() const {
         DecayMask mask;
         mask.head_end = blocks_begin;
-        mask.block_size = block_size;
+        mask.block_size = block_stride;
         mask.blocks_end = lnfw;
         for (BlockTensor t : {QKVW, ATTPROJW, FCW, FCPROJW}) {
             mask.range_begin[mask.num_ranges] = block_offset[t];
@@ -191,23 +210,24 @@ inline ModelConfig read_model_header(FILE* f, const std::string& path, int* vers
 }
 
 // Reads an llm.c model file into `values` (fp32, device order).
-inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values) {
+// `values` uses the device layout with the given unit padding (see ParameterLayout).
+inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values, size_t unit_multiple = 8) {
     FILE* f = fopen(path.c_str(), "rb");
     if (f == nullptr) die(path + ": cannot open model file: " + strerror(errno));
     int version;
     ModelConfig config = read_model_header(f, path, &version);
-    ParameterLayout layout(config);
+    ParameterLayout layout(config, unit_multiple);
     const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
     fseek(f, 0, SEEK_END);
     const long file_size = ftell(f);
-    const long expected = 1024 + (long)(layout.total * element_bytes);
+    const long expected = 1024 + (long)(layout.count * element_bytes);
     if (file_size != expected)
         die(path + ": size " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) + " for its header's shape");
     fseek(f, 1024, SEEK_SET);
-    std::vector<uint8_t> raw(layout.total * element_bytes);
+    std::vector<uint8_t> raw(layout.count * element_bytes);
     if (fread(raw.data(), 1, raw.size(), f) != raw.size()) die(path + ": read failed");
     fclose(f);
-    values.resize(layout.total);
+    values.assign(layout.total, 0.0f);
     layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
         for (size_t i = 0; i < count; i++) {
             if (element_bytes == 4) memcpy(&values[device_offset + i], &raw[(file_offset + i) * 4], 4);
@@ -223,8 +243,8 @@ inline ModelConfig read_model_file(const std::string& path, std::vector<float>& 
 
 // Writes `values` (fp32, device order) as an llm.c model file: fp32 (version 3) or bf16 (version 5).
 // Written to a temporary name and renamed, so a crash never leaves a half-written file.
-inline void write_model_file(const std::string& path, const ModelConfig& c, const std::vector<float>& values, bool bf16) {
-    ParameterLayout layout(c);
+inline void write_model_file(const std::string& path, const ParameterLayout& layout, const std::vector<float>& values, bool bf16) {
+    const ModelConfig& c = layout.config;
     int header[256] = {};
     header[0] = kModelMagic;
     header[1] = bf16 ? kModelVersionBF16 : kModelVersionFP32;
@@ -235,7 +255,7 @@ inline void write_model_file(const std::string& path, const ModelConfig& c, cons
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
     const size_t element_bytes = bf16 ? 2 : 4;
-    std::vector<uint8_t> raw(layout.total * element_bytes);
+    std::vector<uint8_t> raw(layout.count * element_bytes);
     layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
         for (size_t i = 0; i < count; i++) {
             if (!bf16) memcpy(&raw[(file_offset + i) * 4], &values[device_offset + i], 4);
@@ -271,18 +291,13 @@ struct MemoryPlan {
 
 template <typename floatX>
 struct GPT2 {
-    static constexpr bool kHasMaster = !std::is_same<floatX, float>::value;
-
     ModelConfig config;
     ParameterLayout layout;
-    int B = 0, T = 0;  // activation shape
+    const ProcessGroup& pg;
+    int B = 0, T = 0;  // activation shape (per rank)
     cudaStream_t stream = nullptr;
-
-    floatX* params = nullptr;  // compute precision, block-major
-    floatX* grads = nullptr;
-    float* master = nullptr;   // fp32 master weights (bf16 / fp16 modes only)
-    float* adam_m = nullptr;
-    float* adam_v = nullptr;
+    // Parameters, gradients and optimizer state: stored, sharded and communicated as the ZeRO stage says.
+    std::unique_ptr<ZeroOptimizer<floatX>> zero;
 
     // activations
     floatX* activation_memory = nullptr;
@@ -294,7 +309,7 @@ struct GPT2 {
     floatX *qkvr = nullptr, *dqkvr = nullptr, *scores = nullptr, *head_buffer = nullptr, *proj_out = nullptr;
     floatX *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
-    float* norm_squared = nullptr;    // one float
+    float* norm_squared = nullptr;    // one float (the loss all-reduce)
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
@@ -307,9 +322,22 @@ struct GPT2 {
     std::vector<int> bucket_counts;
     size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
 
-    GPT2(const ModelConfig& c) : config(c), layout(c) {}
+    GPT2(const ModelConfig& c, const ProcessGroup& process_group, int zero_stage, cudaStream_t s)
+        : config(c), layout(c, 8 * process_group.world), pg(process_group), stream(s),
+          zero(new ZeroOptimizer<floatX>(unit_offsets(layout), unit_sizes(layout), layout.total, layout.decay_mask(),
+                                         process_group, zero_stage, s)) {}
+    static std::vector<size_t> unit_offsets(const ParameterLayout& l) {
+        std::vector<size_t> v;
+        for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_offset(u));
+        return v;
+    }
+    static std::vector<size_t> unit_sizes(const ParameterLayout& l) {
+        std::vector<size_t> v;
+        for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_size(u));
+        return v;
+    }
 
-    size_t num_parameters() const { return layout.total; }
+    size_t num_parameters() const { return layout.count; }
 
     static size_t reduce_scratch_floats(const ModelConfig& c) {
         const int C = c.channels;
@@ -327,13 +355,14 @@ struct GPT2 {
         *stat_elements = N * 4 * L + N * 2 + N;
     }
 
-    static MemoryPlan plan(const ModelConfig& c, int B, int T) {
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage) {
         MemoryPlan p;
-        const size_t P = ParameterLayout(c).total;
-        p.parameters = P * sizeof(floatX);
-        p.gradients = P * sizeof(floatX);
-        p.master_weights = kHasMaster ? P * sizeof(float) : 0;
-        p.adam_state = 2 * P * sizeof(float);
+        const ParameterLayout l(c, 8 * world);
+        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage);
+        p.parameters = z.parameters;
+        p.gradients = z.gradients;
+        p.master_weights = z.master_weights;
+        p.adam_state = z.adam_state;
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, &x_elements, &stat_elements);
         p.activations = x_elements * sizeof(floatX) + stat_elements * sizeof(float);
@@ -342,19 +371,10 @@ struct GPT2 {
         return p;
     }
 
-    void allocate(int batch, int seq_len, cudaStream_t s) {
+    void allocate(int batch, int seq_len) {
         B = batch;
         T = seq_len;
-        stream = s;
-        const size_t P = layout.total;
-        cudaCheck(cudaMalloc(&params, P * sizeof(floatX)));
-        cudaCheck(cudaMalloc(&grads, P * sizeof(floatX)));
-        if (kHasMaster) cudaCheck(cudaMalloc(&master, P * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_m, P * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_v, P * sizeof(float)));
-        cudaCheck(cudaMemset(adam_m, 0, P * sizeof(float)));
-        cudaCheck(cudaMemset(adam_v, 0, P * sizeof(float)));
-        cudaCheck(cudaMemset(grads, 0, P * sizeof(floatX)));
+        zero->allocate();
 
         size_t x_elements, stat_elements;
         activation_counts(config, B, T, &x_elements, &stat_elements);
@@ -391,7 +411,7 @@ struct GPT2 {
     }
 
     ~GPT2() {
-        for (void* p : {(void*)params, (void*)grads, (void*)master, (void*)adam_m, (void*)adam_v, (void*)activation_memory,
+        for (void* p : {(void*)activation_memory,
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)norm_squared, (void*)tokens_device,
                         (void*)loss_sums})
             if (p != nullptr) cudaFree(p);
@@ -423,26 +443,16 @@ struct GPT2 {
         fill_constant(values_device + layout.lnfw, C, 1.0f, stream);
     }
 
-    // Sets the parameters (and master weights) from fp32 values on the device.
-    void set_parameters_from_fp32_device(const float* values_device) {
-        if (kHasMaster) cudaCheck(cudaMemcpyAsync(master, values_device, layout.total * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-        convert_precision(params, values_device, layout.total, stream);
-    }
-    void set_parameters(const std::vector<float>& values) {
-        float* staging;
-        cudaCheck(cudaMalloc(&staging, layout.total * sizeof(float)));
-        cudaCheck(cudaMemcpy(staging, values.data(), layout.total * sizeof(float), cudaMemcpyHostToDevice));
-        set_parameters_from_fp32_device(staging);
-        cudaCheck(cudaStreamSynchronize(stream));
-        cudaCheck(cudaFree(staging));
-    }
+    void set_parameters(const std::vector<float>& values) { zero->set_parameters(values); }
     void init_parameters(uint64_t seed) {
         float* staging;
         cudaCheck(cudaMalloc(&staging, layout.total * sizeof(float)));
         init_random(seed, staging);
-        set_parameters_from_fp32_device(staging);
+        std::vector<float> values(layout.total);
+        cudaCheck(cudaMemcpyAsync(values.data(), staging, layout.total * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaStreamSynchronize(stream));
         cudaCheck(cudaFree(staging));
+        zero->set_parameters(values);
     }
 
     // Copies a device buffer of `count` elements to fp32 on the host.
@@ -457,12 +467,13 @@ struct GPT2 {
     static float host_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
     static float host_to_float(__half x) { return __half2float(x); }
 
-    std::vector<float> parameters_host() const { return to_host(params, layout.total); }
-    std::vector<float> gradients_host() const { return to_host(grads, layout.total); }
-    std::vector<float> master_host() const { return kHasMaster ? to_host(master, layout.total) : parameters_host(); }
-
-    floatX* param(int l, BlockTensor t) const { return params + layout.tensor(l, t); }
-    floatX* grad(int l, BlockTensor t) const { return grads + layout.tensor(l, t); }
+    // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy).
+    floatX* param(int l, BlockTensor t) const { return zero->unit_params(l + 1) + layout.block_offset[t]; }
+    floatX* grad(int l, BlockTensor t) const { return zero->unit_grads(l + 1) + layout.block_offset[t]; }
+    floatX* embedding_params() const { return zero->unit_params(0); }  // wte at 0, wpe at layout.wpe
+    floatX* embedding_grads() const { return zero->unit_grads(0); }
+    floatX* final_norm_params() const { return zero->unit_params(config.num_layers + 1); }  // lnfw, then lnfb
+    floatX* final_norm_grads() const { return zero->unit_grads(config.num_layers + 1); }
 
     // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping.
     // Does not wait for the GPU, only for the copy that last used this staging buffer.
@@ -490,10 +501,14 @@ struct GPT2 {
         const int N = B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
         const int* inputs = tokens_device;
         const int* targets = tokens_device + (size_t)B * T;
-        encoder_forward(encoded, inputs, params + layout.wte, params + layout.wpe, B, T, C, stream);
-        layernorm_forward(layers[0].ln1, layers[0].ln1_mean, layers[0].ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
+        zero->begin_forward();
+        const floatX* wte = embedding_params() + layout.wte;
+        encoder_forward(encoded, inputs, wte, embedding_params() + layout.wpe, B, T, C, stream);
         for (int l = 0; l < L; l++) {
             LayerActivations<floatX>& a = layers[l];
+            zero->before_block_forward(l);
+            // the first LayerNorm of block l > 0 was fused into block l-1's closing residual add
+            if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
             attention_forward(a.atty, a.att, qkvr, scores, head_buffer, a.qkv, B, T, C, NH, stream);
@@ -503,14 +518,17 @@ struct GPT2 {
             matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
             gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
             matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), param(l, FCPROJB), N, 4 * C, C, stream);
-            // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one)
+            // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
+            // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
             const bool last = l == L - 1;
+            if (!last) zero->before_block_forward(l + 1);
             residual_layernorm_forward(a.residual3, last ? lnf : layers[l + 1].ln1,
                                        last ? lnf_mean : layers[l + 1].ln1_mean, last ? lnf_rstd : layers[l + 1].ln1_rstd,
-                                       a.residual2, proj_out, last ? params + layout.lnfw : param(l + 1, LN1W),
-                                       last ? params + layout.lnfb : param(l + 1, LN1B), N, C, stream);
+                                       a.residual2, proj_out, last ? final_norm_params() : param(l + 1, LN1W),
+                                       last ? final_norm_params() + C : param(l + 1, LN1B), N, C, stream);
+            zero->after_block_forward(l);
         }
-        matmul_forward(logits, lnf, params + layout.wte, (const floatX*)nullptr, N, C, config.padded_vocab_size, stream);
+        matmul_forward(logits, lnf, wte, (const floatX*)nullptr, N, C, config.padded_vocab_size, stream);
         if (with_loss) fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
     }
 
@@ -520,18 +538,22 @@ struct GPT2 {
         forwards_summed++;
     }
 
-    // Backward after forward(true, dloss != 0). Gradients accumulate (+=) into `grads`, so micro-steps
-    // of gradient accumulation just call forward/backward repeatedly between zero_grad() calls.
-    void backward() {
+    // Backward after forward(true, dloss != 0). Gradients accumulate (+=) over the micro-steps of a step
+    // (between zero_grad() calls); `last_micro_step` tells data parallelism when to reduce them.
+    void backward(bool last_micro_step = true) {
         const int N = B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
         const int Vp = config.padded_vocab_size;
+        const floatX* wte = embedding_params() + layout.wte;
+        zero->begin_backward(last_micro_step);
         cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)N * C * sizeof(floatX), stream));
-        matmul_backward(dbtc, grads + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, params + layout.wte, N, C, Vp, stream);
-        layernorm_backward(dresidual, grads + layout.lnfw, reduce_scratch, dbtc, layers[L - 1].residual3,
-                           params + layout.lnfw, lnf_mean, lnf_rstd, N, C, stream);
+        matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vp, stream);
+        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dbtc, layers[L - 1].residual3,
+                           final_norm_params(), lnf_mean, lnf_rstd, N, C, stream);
+        zero->after_unit_backward(L + 1);
         for (int l = L - 1; l >= 0; l--) {
             LayerActivations<floatX>& a = layers[l];
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
+            zero->before_block_backward(l);
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
                             param(l, FCPROJW), N, 4 * C, C, stream);
@@ -546,21 +568,15 @@ struct GPT2 {
             matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * C, stream);
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dbtc, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, N, C, stream);
+            zero->after_unit_backward(l + 1);
         }
         const int* bucket_data = tokens_device + 2 * (size_t)B * T;
-        encoder_backward(grads + layout.wte, grads + layout.wpe, dresidual, bucket_data, num_buckets, B, T, C, stream);
+        encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets, B, T, C, stream);
+        zero->after_unit_backward(0);
+        zero->end_backward();
     }
 
-    void zero_grad() { cudaCheck(cudaMemsetAsync(grads, 0, layout.total * sizeof(floatX), stream)); }
-
-    // Squared L2 norm of all gradients (still multiplied by the loss scale). Synchronises.
-    float gradient_norm_squared() {
-        global_norm_squared(norm_squared, grads, (long)layout.total, reduce_scratch, stream);
-        float value;
-        cudaCheck(cudaMemcpyAsync(&value, norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-        return value;
-    }
+    void zero_grad() { zero->zero_grad(); }
 
     // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
     // the rows are summed in double on the host, so the value does not depend on a reduction order.
@@ -572,49 +588,24 @@ struct GPT2 {
         cudaCheck(cudaStreamSynchronize(stream));
         double total = 0.0;
         for (float x : sums) total += x;
-        const float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
+        float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
         forwards_summed = 0;
+        if (pg.world > 1) {  // the mean over all ranks' rows
+            cudaCheck(cudaMemcpyAsync(norm_squared, &mean, sizeof(float), cudaMemcpyHostToDevice, stream));
+            pg.all_reduce_sum(norm_squared, stream);
+            cudaCheck(cudaMemcpyAsync(&mean, norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
+            pg.synchronize(stream);
+            mean /= pg.world;
+        }
         return mean;
     }
 
-    // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale`
-    // before backward; a step whose gradients hold inf/NaN is skipped and the scale halved; after
-    // `growth_interval` clean steps in a row the scale doubles.
-    struct LossScaler {
-        float scale = 1.0f;
-        int growth_interval = 2000;
-        int clean_steps = 0;
-        long skipped_steps = 0;
-    } scaler;
+    // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
+    // Each rank takes the mean of its own rows; the gradient reduction averages over ranks.
+    float dloss(int grad_accum_steps) const { return zero->scaler.scale / ((float)B * T * grad_accum_steps); }
     void enable_loss_scaling(float initial_scale, int growth_interval) {
-        scaler.scale = initial_scale;
-        scaler.growth_interval = growth_interval;
-    }
-    // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled.
-    float dloss(int grad_accum_steps) const { return scaler.scale / ((float)B * T * grad_accum_steps); }
-
-    struct StepResult {
-        float grad_norm;  // of the unscaled gradients, before clipping
-        bool skipped;
-    };
-    // Clips the global gradient norm to `grad_clip` (<= 0: no clipping), unscales fp16 gradients, and runs
-    // AdamW with step number t (1-based). Skips the update when the gradients are not finite.
-    StepResult optimizer_step(AdamWHyper h, float grad_clip) {
-        const float norm = sqrtf(gradient_norm_squared()) / scaler.scale;
-        if (!std::isfinite(norm)) {
-            scaler.skipped_steps++;
-            scaler.clean_steps = 0;
-            scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
-            return {norm, true};
-        }
-        const float clip = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
-        h.grad_scale = clip / scaler.scale;
-        adamw_update(params, master, grads, adam_m, adam_v, (long)layout.total, 0, h, layout.decay_mask(), stream);
-        if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
-            scaler.scale *= 2.0f;
-            scaler.clean_steps = 0;
-        }
-        return {norm, false};
+        zero->scaler.scale = initial_scale;
+        zero->scaler.growth_interval = growth_interval;
     }
 };
 
@@ -654,6 +645,9 @@ struct Options {
     int shuffle = 0;
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
+    int zero_stage = 1;
+    std::string nccl_init_file = "";
+    int nccl_timeout = 600;
 };
 
 struct Flag {
@@ -675,9 +669,9 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--train-data", "-i", Flag::STRING, &o.train_data, "training token shards (glob)"},
         {"--val-data", "-j", Flag::STRING, &o.val_data, "validation token shards (glob; empty: none)"},
         {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, "folder with encoder.json and vocab.bpe, or an llm.c tokenizer file, to decode samples"},
-        {"--batch-size", "-b", Flag::INT, &o.batch_size, "sequences per micro-batch"},
+        {"--batch-size", "-b", Flag::INT, &o.batch_size, "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, "tokens per sequence"},
-        {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, "tokens per optimizer step; gradient accumulation fills it (-1: batch-size x seq-len)"},
+        {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
         {"--precision", nullptr, Flag::STRING, &o.precision, "bf16 | fp16 (dynamic loss scaling) | fp32"},
         {"--tf32", nullptr, Flag::INT, &o.tf32, "1: allow TF32 matrix products in fp32 mode"},
         {"--lr", "-l", Flag::FLOAT, &o.lr, "maximum learning rate"},
@@ -707,6 +701,9 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
+        {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
+        {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
+        {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
     };
 }
 
@@ -723,7 +720,8 @@ static std::string flag_value_string(const Flag& f) {
 
 static void print_help(const char* program) {
     Options defaults;
-    printf("usage: %s [flags]\nTrains GPT-2 on one GPU. Flags (default in brackets):\n", program);
+    printf("usage: %s [flags]\nTrains GPT-2 on one or more GPUs (several: launch with mpirun, srun or scripts/launch.sh).\n"
+           "Flags (default in brackets):\n", program);
     for (const Flag& f : flag_table(defaults)) {
         std::string names = std::string(f.name) + (f.alias ? std::string(", ") + f.alias : "");
         printf("  %-26s %s [%s]\n", names.c_str(), f.help, flag_value_string(f).c_str());
@@ -776,29 +774,36 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Checkpoints: DIR/model_NNNNNNNN.bin (an ordinary llm.c model file: bf16 parameters in bf16 mode, else
-// fp32) and DIR/state_NNNNNNNN.bin (master weights, Adam moments, loss scale, data position). The state is
-// written last, so a state file marks a complete checkpoint; each file goes through a temporary name.
+// Checkpoints: DIR/model_NNNNNNNN.bin, an ordinary llm.c model file of the parameters as trained (bf16 in
+// bf16 mode, else fp32), and one DIR/state_NNNNNNNN_RRRRR.bin per rank that holds optimizer state (its
+// shard of master weights and Adam moments: stages 1-3; only rank 0's full copy at stage 0), the loss
+// scale and the data position. Every file goes through a temporary name; the model file is written last,
+// after all ranks finished their state, so it marks a complete checkpoint. A checkpoint resumes on any
+// number of GPUs and at any ZeRO stage: the optimizer state is reassembled unit by unit from the old
+// shards and cut into the new ones.
 
-constexpr int kStateMagic = 20261126, kStateVersion = 1;
+constexpr int kStateMagic = 20261126, kStateVersion = 2;
 
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
     char name[64];
     snprintf(name, sizeof(name), "/%s_%08d.bin", kind, step);
     return dir + name;
 }
+inline std::string state_path(const std::string& dir, int step, int rank) {
+    char name[64];
+    snprintf(name, sizeof(name), "/state_%08d_%05d.bin", step, rank);
+    return dir + name;
+}
 
-// The highest step with both files in `dir`, or -1.
+// The highest step with a model file (the last file a checkpoint writes) in `dir`, or -1.
 inline int latest_checkpoint(const std::string& dir) {
     DIR* d = opendir(dir.c_str());
     if (d == nullptr) return -1;
     int best = -1;
     while (dirent* e = readdir(d)) {
-        const std::string name = e->d_name;  // state_NNNNNNNN.bin
-        if (name.size() != 18 || name.rfind("state_", 0) != 0 || name.compare(14, 4, ".bin") != 0) continue;
-        const int step = atoi(name.substr(6, 8).c_str());
-        struct stat st;
-        if (step > best && stat(checkpoint_path(dir, "model", step).c_str(), &st) == 0) best = step;
+        const std::string name = e->d_name;  // model_NNNNNNNN.bin
+        if (name.size() != 18 || name.rfind("model_", 0) != 0 || name.compare(14, 4, ".bin") != 0) continue;
+        best = std::max(best, atoi(name.substr(6, 8).c_str()));
     }
     closedir(d);
     return best;
@@ -824,68 +829,109 @@ inline void write_file_atomically(const std::string& path, const std::vector<std
     if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
 }
 
+struct StateHeader {
+    int step, precision, world, rank, stage, has_master, clean_steps;
+    float loss_scale;
+    long long skipped_steps, optimizer_elements;
+};
+
 template <typename floatX>
 void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
-    make_directories(dir);
-    const bool bf16 = std::is_same<floatX, __nv_bfloat16>::value;
-    // bf16 parameters are stochastically rounded, so they are not a function of the master weights: save them as they are
-    write_model_file(checkpoint_path(dir, "model", step), model.config, bf16 ? model.parameters_host() : model.master_host(), bf16);
-    int header[256] = {};
-    header[0] = kStateMagic;
-    header[1] = kStateVersion;
-    header[2] = step;
-    header[3] = (int)PrecisionOf<floatX>::value;
-    header[4] = model.B;
-    header[5] = model.T;
-    memcpy(&header[6], &model.scaler.scale, sizeof(float));
-    header[7] = model.scaler.clean_steps;
-    header[8] = (int)model.scaler.skipped_steps;
-    const long long P = (long long)model.layout.total;
-    memcpy(&header[9], &P, sizeof(P));
-    header[11] = GPT2<floatX>::kHasMaster;
-    header[12] = (int)sizeof(DataLoaderState);
-    std::vector<float> master = GPT2<floatX>::kHasMaster ? model.master_host() : std::vector<float>();
-    std::vector<float> m = GPT2<floatX>::to_host(model.adam_m, P), v = GPT2<floatX>::to_host(model.adam_v, P);
-    write_file_atomically(checkpoint_path(dir, "state", step), {{header, sizeof(header)},
-                                                                {master.data(), master.size() * sizeof(float)},
-                                                                {m.data(), m.size() * sizeof(float)},
-                                                                {v.data(), v.size() * sizeof(float)},
-                                                                {&data_state, sizeof(data_state)}});
+    ZeroOptimizer<floatX>& zero = *model.zero;
+    const ProcessGroup& pg = model.pg;
+    if (pg.is_main()) make_directories(dir);
+    std::vector<float> params = zero.parameters_host();  // a collective under ZeRO-3: every rank takes part
+    if (zero.stage() >= 1 || pg.is_main()) {
+        StateHeader h{step, (int)PrecisionOf<floatX>::value, pg.world, pg.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster,
+                      zero.scaler.clean_steps, zero.scaler.scale, zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
+        int header[256] = {};
+        header[0] = kStateMagic;
+        header[1] = kStateVersion;
+        header[2] = (int)sizeof(StateHeader);
+        header[3] = (int)sizeof(DataLoaderState);
+        memcpy(&header[4], &h, sizeof(h));
+        std::vector<float> master, m, v;
+        zero.optimizer_state_to_host(master, m, v);
+        make_directories(dir);  // other nodes may not share rank 0's file system view yet
+        write_file_atomically(state_path(dir, step, pg.rank), {{header, sizeof(header)},
+                                                               {master.data(), master.size() * sizeof(float)},
+                                                               {m.data(), m.size() * sizeof(float)},
+                                                               {v.data(), v.size() * sizeof(float)},
+                                                               {&data_state, sizeof(data_state)}});
+    }
+    // barrier: every state file is complete before the model file marks the checkpoint as usable
+    float one = 1.0f;
+    cudaCheck(cudaMemcpyAsync(model.norm_squared, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
+    pg.all_reduce_sum(model.norm_squared, model.stream);
+    pg.synchronize(model.stream);
+    if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
+}
+
+inline StateHeader read_state_header(FILE* f, const std::string& path) {
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic)
+        die(path + ": not a train_gpt state file (bad magic)");
+    if (header[1] != kStateVersion || header[2] != (int)sizeof(StateHeader) || header[3] != (int)sizeof(DataLoaderState))
+        die(path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion));
+    StateHeader h;
+    memcpy(&h, &header[4], sizeof(h));
+    return h;
 }
 
 // Restores parameters, optimizer state and loss scale; returns the data position to restore.
 template <typename floatX>
 DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
-    const std::string state_path = checkpoint_path(dir, "state", step);
+    ZeroOptimizer<floatX>& zero = *model.zero;
+    const ParameterLayout& layout = model.layout;
     std::vector<float> values;
-    ModelConfig config = read_model_file(checkpoint_path(dir, "model", step), values);
-    if (ParameterLayout(config).total != model.layout.total)
-        die(checkpoint_path(dir, "model", step) + ": shape differs from the model being trained");
+    const std::string model_path = checkpoint_path(dir, "model", step);
+    ModelConfig config = read_model_file(model_path, values, 8 * model.pg.world);
+    if (ParameterLayout(config).count != layout.count) die(model_path + ": shape differs from the model being trained");
     model.set_parameters(values);
-    FILE* f = fopen(state_path.c_str(), "rb");
-    if (f == nullptr) die(state_path + ": cannot open: " + strerror(errno));
-    int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic || header[1] != kStateVersion)
-        die(state_path + ": not a train_gpt state file (bad header)");
-    if (header[3] != (int)PrecisionOf<floatX>::value) die(state_path + ": saved in another --precision");
-    long long P;
-    memcpy(&P, &header[9], sizeof(P));
-    if (P != (long long)model.layout.total || header[11] != (int)GPT2<floatX>::kHasMaster || header[12] != (int)sizeof(DataLoaderState))
-        die(state_path + ": does not match this model and precision");
-    memcpy(&model.scaler.scale, &header[6], sizeof(float));
-    model.scaler.clean_steps = header[7];
-    model.scaler.skipped_steps = header[8];
-    std::vector<float> buffer(P);
-    auto read_to_device = [&](float* device, const char* what) {
-        if (fread(buffer.data(), sizeof(float), P, f) != (size_t)P) die(state_path + ": truncated while reading " + what);
-        cudaCheck(cudaMemcpy(device, buffer.data(), P * sizeof(float), cudaMemcpyHostToDevice));
-    };
-    if (GPT2<floatX>::kHasMaster) read_to_device(model.master, "master weights");
-    read_to_device(model.adam_m, "Adam m");
-    read_to_device(model.adam_v, "Adam v");
-    DataLoaderState data_state;
-    if (fread(&data_state, sizeof(data_state), 1, f) != 1) die(state_path + ": truncated while reading the data position");
+
+    // rank 0's file says how the state was sharded
+    const std::string first = state_path(dir, step, 0);
+    FILE* f = fopen(first.c_str(), "rb");
+    if (f == nullptr) die(first + ": cannot open: " + strerror(errno));
+    const StateHeader saved = read_state_header(f, first);
     fclose(f);
+    if (saved.precision != (int)PrecisionOf<floatX>::value) die(first + ": saved in another --precision");
+    const ParameterLayout old_layout(config, 8 * saved.world);
+    const int files = saved.stage >= 1 ? saved.world : 1;
+    // full arrays in this run's padded layout, assembled from the saved shards unit by unit
+    const int arrays = saved.has_master ? 3 : 2;
+    std::vector<std::vector<float>> full(arrays, std::vector<float>(layout.total, 0.0f));
+    DataLoaderState data_state;
+    std::vector<float> buffer(saved.optimizer_elements);
+    for (int q = 0; q < files; q++) {
+        const std::string path = state_path(dir, step, q);
+        FILE* g = fopen(path.c_str(), "rb");
+        if (g == nullptr) die(path + ": cannot open (a checkpoint written by " + std::to_string(saved.world) + " ranks needs all their state files)");
+        const StateHeader h = read_state_header(g, path);
+        if (h.world != saved.world || h.stage != saved.stage || h.rank != q) die(path + ": does not belong with " + first);
+        for (int a = 0; a < arrays; a++) {
+            if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
+                die(path + ": truncated");
+            size_t local = 0;  // the saved slices of all units, back to back (the whole array at stage 0)
+            for (int u = 0; u < layout.num_units(); u++) {
+                const size_t old_size = old_layout.unit_size(u);
+                const size_t slice = saved.stage >= 1 ? old_size / saved.world : old_size;
+                const size_t begin = saved.stage >= 1 ? q * slice : 0;
+                const size_t real = layout.unit_real_size(u);
+                for (size_t i = 0; i < slice && begin + i < real; i++)
+                    full[a][layout.unit_offset(u) + begin + i] = buffer[local + i];
+                local += slice;
+            }
+        }
+        if (q == 0 && fread(&data_state, sizeof(data_state), 1, g) != 1) die(path + ": truncated while reading the data position");
+        fclose(g);
+    }
+    std::vector<float> no_master;
+    auto mine = [&](const std::vector<float>& a) { return zero.stage() >= 1 ? zero.local_slices(a) : a; };
+    zero.optimizer_state_from_host(saved.has_master ? mine(full[0]) : no_master, mine(full[arrays - 2]), mine(full[arrays - 1]));
+    zero.scaler.scale = saved.loss_scale;
+    zero.scaler.clean_steps = saved.clean_steps;
+    zero.scaler.skipped_steps = saved.skipped_steps;
     return data_state;
 }
 
@@ -964,15 +1010,15 @@ struct SampleText {
 
 // --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
 template <typename floatX>
-int generate_only(const Options& o, const ModelConfig& config, const std::vector<float>* initial_values) {
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) die("no CUDA GPU found");
+int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values) {
+    if (pg.world > 1) die("--generate runs on one GPU");
+    pg.connect({o.nccl_init_file, o.nccl_timeout});
     matmul_setup(o.tf32 != 0);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     {
-        GPT2<floatX> model(config);
-        model.allocate(1, config.max_seq_len, stream);
+        GPT2<floatX> model(config, pg, 0, stream);
+        model.allocate(1, config.max_seq_len);
         if (initial_values) model.set_parameters(*initial_values);
         else model.init_parameters((uint64_t)o.seed);
         SampleText text(o.tokenizer);
@@ -1033,13 +1079,15 @@ inline size_t device_memory_in_use() {
 }
 
 template <typename floatX>
-int train(const Options& o, const ModelConfig& config, const std::vector<float>* initial_values) {
-    const int B = o.batch_size, T = o.seq_len;
-    const long tokens_per_micro = (long)B * T;
+int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values) {
+    const int B = o.batch_size, T = o.seq_len;  // per GPU
+    const long tokens_per_micro = (long)B * T * pg.world;
     const long total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
     if (total_batch_tokens % tokens_per_micro != 0)
-        die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len = " + std::to_string(tokens_per_micro));
+        die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len" +
+            (pg.world > 1 ? " x GPUs (" + std::to_string(pg.world) + ")" : std::string()) + " = " + std::to_string(tokens_per_micro));
     const int grad_accum = (int)(total_batch_tokens / tokens_per_micro);
+    FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");  // rank 0 reports
 
     // data first: a bad shard is reported before anything else can fail (also on a machine without a GPU)
     int device_count = 0;
@@ -1053,6 +1101,8 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
     train_config.shuffle = o.shuffle != 0;
     train_config.seed = (uint64_t)o.seed;
     train_config.vocab_size = config.vocab_size;
+    train_config.num_ranks = pg.world;
+    train_config.rank = pg.rank;
     train_config.allocator = have_gpu ? pinned : HostAllocator::system();
     std::unique_ptr<DataLoader> train_loader, val_loader;
     try {
@@ -1067,31 +1117,40 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         die(e.what());
     }
     if (!have_gpu) die("no CUDA GPU found");
+    pg.connect({o.nccl_init_file, o.nccl_timeout});
     matmul_setup(o.tf32 != 0);
     const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
     const int val_batches = val_loader ? (int)std::min<uint64_t>(o.val_batches, val_loader->batches_per_epoch()) : 0;
 
     // memory plan, predicted before allocating
-    GPT2<floatX> model(config);
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T);
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
-           config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
-    printf("batch: %d x %d tokens, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T, grad_accum,
-           total_batch_tokens, steps, o.precision.c_str());
-    printf("memory plan (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
-           gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
-           gib(plan.scratch), gib(plan.total()), gib(free_bytes));
-    if (plan.total() > free_bytes)
-        die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
-            std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)");
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
+    GPT2<floatX> model(config, pg, o.zero_stage, stream);
+    const int stage = model.zero->stage();
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage);
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
+            config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
+    fprintf(out, "batch: %d x %d tokens x %d GPUs, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T,
+            pg.world, grad_accum, total_batch_tokens, steps, o.precision.c_str());
+    if (pg.world > 1) {
+        const double P = (double)model.num_parameters(), N = pg.world;
+        const double formula[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
+        fprintf(out, "data parallel: %d GPUs (%s), ZeRO stage %d: model states per GPU by the formula %.2f GiB (bf16 parameters and gradients, fp32 master + Adam)\n",
+                pg.world, pg.launcher.c_str(), stage, gib((size_t)formula[stage]));
+    }
+    fprintf(out, "memory plan per GPU (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
+            gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
+            gib(plan.scratch), gib(plan.total()), gib(free_bytes));
+    if (plan.total() > free_bytes)
+        die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
+            std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)" +
+            (stage < 3 ? ", or raise --zero-stage" : ""));
     const size_t in_use_before = device_memory_in_use();
-    model.allocate(B, T, stream);
-    printf("device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
-           gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
+    model.allocate(B, T);
+    fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
+            gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
 
     int start_step = 0;
@@ -1100,9 +1159,9 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         DataLoaderState data_state = load_checkpoint(o.output_dir, resume_step, model);
         try { train_loader->restore(data_state); } catch (const std::exception& e) { die(e.what()); }
         start_step = resume_step;
-        printf("resumed from %s at step %d\n", checkpoint_path(o.output_dir, "state", resume_step).c_str(), resume_step);
+        fprintf(out, "resumed from %s at step %d\n", checkpoint_path(o.output_dir, "model", resume_step).c_str(), resume_step);
     } else if (o.resume && !o.output_dir.empty()) {
-        printf("no checkpoint in %s: starting from scratch\n", o.output_dir.c_str());
+        fprintf(out, "no checkpoint in %s: starting from scratch\n", o.output_dir.c_str());
     }
     if (resume_step < 0) {
         if (initial_values) model.set_parameters(*initial_values);
@@ -1110,7 +1169,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
     }
 
     FILE* log = nullptr;
-    if (!o.output_dir.empty()) {
+    if (!o.output_dir.empty() && pg.is_main()) {
         make_directories(o.output_dir);
         log = fopen((o.output_dir + "/log.txt").c_str(), start_step > 0 ? "a" : "w");
         if (log == nullptr) die(o.output_dir + "/log.txt: cannot open for writing");
@@ -1139,7 +1198,7 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             const auto start = std::chrono::steady_clock::now();
             HellaSwagScore score = evaluate_hellaswag(model, hellaswag_items, *text.tokenizer);
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            printf("step %d: HellaSwag acc_norm %.4f (%d/%d), acc %.4f, %.1f s\n", step, (double)score.correct_mean / score.items,
+            fprintf(out, "step %d: HellaSwag acc_norm %.4f (%d/%d), acc %.4f, %.1f s\n", step, (double)score.correct_mean / score.items,
                    score.correct_mean, score.items, (double)score.correct_sum / score.items, seconds);
             if (log) fprintf(log, "# hellaswag step %d acc_norm %.6f acc %.6f\n", step, (double)score.correct_mean / score.items,
                              (double)score.correct_sum / score.items);
@@ -1153,17 +1212,17 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
                 model.accumulate_loss();
             }
             const float val_loss = model.take_mean_loss();
-            printf("step %d: val loss %.6f\n", step, val_loss);
+            fprintf(out, "step %d: val loss %.6f\n", step, val_loss);
             if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
         }
         if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
             std::vector<int> sample = generate(model, sample_prompt, o.sample_tokens, o.temperature, o.top_k,
                                                splitmix64((uint64_t)o.seed ^ (uint64_t)step));
-            printf("step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
+            fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
         }
         if (o.checkpoint_every > 0 && !o.output_dir.empty() && step > start_step && (step % o.checkpoint_every == 0 || last)) {
             save_checkpoint(o.output_dir, step, model, train_loader->state());
-            printf("wrote checkpoint %s\n", checkpoint_path(o.output_dir, "state", step).c_str());
+            fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
         }
         if (last) break;
 
@@ -1177,21 +1236,22 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
             model.upload_batch(batch.inputs, batch.targets);
             model.forward(true, model.dloss(grad_accum));
             model.accumulate_loss();
-            model.backward();
+            model.backward(micro == grad_accum - 1);
         }
         const float loss = model.take_mean_loss();
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
         AdamWHyper h{lr, o.beta1, o.beta2, o.eps, o.weight_decay, 1.0f, step + 1, splitmix64((uint64_t)o.seed + 0x5EED + step)};
-        typename GPT2<floatX>::StepResult result = model.optimizer_step(h, o.grad_clip);
-        cudaCheck(cudaStreamSynchronize(stream));
+        const typename ZeroOptimizer<floatX>::StepResult result = model.zero->step(h, o.grad_clip);
+        pg.synchronize(stream);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = total_batch_tokens / seconds;
-        printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
+        fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
                step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
                100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
         if (std::is_same<floatX, __half>::value)
-            printf(" | scale %g | skipped %ld%s", model.scaler.scale, model.scaler.skipped_steps, result.skipped ? " (this step)" : "");
-        printf("\n");
+            fprintf(out, " | scale %g | skipped %ld%s", model.zero->scaler.scale, model.zero->scaler.skipped_steps, result.skipped ? " (this step)" : "");
+        fprintf(out, "\n");
+        fflush(out);
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
         step_ms.push_back(seconds * 1e3);
         peak_memory = std::max(peak_memory, device_memory_in_use() - in_use_before);  // ours, without the CUDA context
@@ -1201,24 +1261,35 @@ int train(const Options& o, const ModelConfig& config, const std::vector<float>*
         std::vector<double> timed(step_ms.begin() + 3, step_ms.end());
         std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
         const double ms = timed[timed.size() / 2];
-        printf("RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
+        fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
                gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
     }
+    if (pg.world > 1) {  // every rank must end with the same parameters: each prints a checksum of its copy
+        std::vector<float> params = model.zero->parameters_host();
+        uint64_t hash = 0;
+        for (float x : params) {
+            uint32_t bits;
+            memcpy(&bits, &x, 4);
+            hash = splitmix64(hash ^ bits);
+        }
+        fprintf(stderr, "rank %d parameter checksum %016llx\n", pg.rank, (unsigned long long)hash);
+    }
     if (log) fclose(log);
-    cudaCheck(cudaStreamDestroy(stream));
+    if (out != stdout) fclose(out);
     matmul_teardown();
     return 0;
 }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     Options o = parse_options(argc, argv);
     // model shape: a dN descriptor (plus overrides), or a model file
     ModelConfig config;
     std::vector<float> initial_values;
     const bool from_file = !config_from_descriptor(o.model, config);
     if (from_file) {
-        config = read_model_file(o.model, initial_values);
+        config = read_model_file(o.model, initial_values, 8 * pg.world);
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
             die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
     } else {
@@ -1236,14 +1307,19 @@ int main(int argc, char** argv) {
         die("--lr-schedule must be cosine, linear or constant, got '" + o.lr_schedule + "'");
     if (o.precision != "bf16" && o.precision != "fp16" && o.precision != "fp32")
         die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
+    if (o.zero_stage < 0 || o.zero_stage > 3) die("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(o.zero_stage));
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;
+    int rc;
     if (o.generate > 0)
-        return o.precision == "fp32" ? generate_only<float>(o, config, initial)
-             : o.precision == "fp16" ? generate_only<__half>(o, config, initial)
-                                     : generate_only<__nv_bfloat16>(o, config, initial);
-    return o.precision == "fp32" ? train<float>(o, config, initial)
-         : o.precision == "fp16" ? train<__half>(o, config, initial)
-                                 : train<__nv_bfloat16>(o, config, initial);
+        rc = o.precision == "fp32" ? generate_only<float>(o, pg, config, initial)
+           : o.precision == "fp16" ? generate_only<__half>(o, pg, config, initial)
+                                   : generate_only<__nv_bfloat16>(o, pg, config, initial);
+    else
+        rc = o.precision == "fp32" ? train<float>(o, pg, config, initial)
+           : o.precision == "fp16" ? train<__half>(o, pg, config, initial)
+                                   : train<__nv_bfloat16>(o, pg, config, initial);
+    pg.destroy();
+    return rc;
 }
 #endif

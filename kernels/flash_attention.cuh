@@ -68,6 +68,14 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0, which the masking relies on
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -110,15 +118,20 @@ template <int COLS> __device__ __forceinline__ uint32_t frag_krows(int lane) {
 
 // ROWS x COLS tile from global rows row0.. (row stride `stride` elements) into a swizzled tile at `dst`;
 // rows at or past `rows_end` are zero-filled so the ragged last tile holds no garbage (NaN * 0 = NaN).
+// Thread tid copies chunk tid % CPR of rows tid / CPR + i * RS: with RS a multiple of 8 all of its chunks
+// share one swizzle and one running source pointer, so the copy holds few registers across a loop.
 template <int ROWS, int COLS, int THREADS, typename T>
 __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, long stride, int row0, int rows_end, int tid) {
-    constexpr int CPR = COLS / 8;  // 16-byte chunks per row
-    static_assert((ROWS * CPR) % THREADS == 0, "tile chunks must divide among the threads");
+    constexpr int CPR = COLS / 8, RS = THREADS / CPR;  // 16-byte chunks per row, rows per pass
+    static_assert(THREADS % CPR == 0 && RS % 8 == 0 && ROWS % RS == 0, "tile chunks must divide among the threads");
+    const int r0 = tid / CPR, c = tid % CPR;
+    const T* p = src + (long)(row0 + r0) * stride + c * 8;
+    dst += swz<COLS>(r0, c);
 #pragma unroll
-    for (int i = 0; i < ROWS * CPR / THREADS; i++) {
-        const int idx = tid + i * THREADS, r = idx / CPR, c = idx % CPR;
-        const bool valid = row0 + r < rows_end;
-        cp_async16(dst + swz<COLS>(r, c), src + (long)(valid ? row0 + r : 0) * stride + c * 8, valid);
+    for (int i = 0; i < ROWS / RS; i++) {
+        const bool valid = row0 + r0 + i * RS < rows_end;
+        cp_async16(dst + i * RS * COLS * 2, valid ? p : src, valid);
+        p += RS * stride;
     }
 }
 
@@ -137,21 +150,37 @@ __device__ __forceinline__ void store_tile(T* dst, long stride, const unsigned c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward, tensor cores. One CTA = 4 warps = 128 query rows of one (b, head); each warp owns 32 rows (two
-// 16-row MMA tiles, so every K/V fragment read from shared memory feeds two MMAs). Key blocks of 64 rows
-// are double-buffered. Scores are kept in the log2 domain (scale * log2(e) folded in) for exp2.
-constexpr int kFwdThreads = 128, kFwdBR = 128, kFwdBC = 64;
-template <int HS> constexpr size_t fwd_smem_bytes() { return (size_t)(kFwdBR + 4 * kFwdBC) * HS * 2; }
+// Forward, tensor cores. One CTA = 4 warps of one (b, head); each warp owns MT 16-row MMA tiles of query
+// rows (with MT = 2 every K/V fragment read from shared memory feeds two MMAs). Key blocks of BC rows are
+// double-buffered. Scores are kept in the log2 domain (scale * log2(e) folded in) for exp2.
+#ifndef FA_FWD_MT128
+#define FA_FWD_MT128 2
+#define FA_FWD_BC128 64
+#define FA_FWD_MINB128 2
+#endif
+#ifndef FA_FWD_MT64
+#define FA_FWD_MT64 2
+#define FA_FWD_BC64 64
+#define FA_FWD_MINB64 2
+#endif
+template <int HS> struct FwdConfig {
+    static constexpr int MT = HS == 128 ? FA_FWD_MT128 : FA_FWD_MT64;  // 16-row tiles per warp
+    static constexpr int BC = HS == 128 ? FA_FWD_BC128 : FA_FWD_BC64;  // keys per block
+    static constexpr int MIN_BLOCKS = HS == 128 ? FA_FWD_MINB128 : FA_FWD_MINB64;
+    static constexpr int THREADS = 128, BR = 4 * 16 * MT;
+    static constexpr size_t smem_bytes = (size_t)(BR + 4 * BC) * HS * 2;
+};
 
 template <typename T, int HS>
-__global__ void __launch_bounds__(kFwdThreads, 2)
+__global__ void __launch_bounds__(FwdConfig<HS>::THREADS, FwdConfig<HS>::MIN_BLOCKS)
 flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, float scale_log2) {
-    constexpr int BR = kFwdBR, BC = kFwdBC, THREADS = kFwdThreads;
+    using Cfg = FwdConfig<HS>;
+    constexpr int MT = Cfg::MT, BR = Cfg::BR, BC = Cfg::BC, THREADS = Cfg::THREADS, WR = 16 * MT;
     constexpr int KS = HS / 16;  // k-steps of Q K^T over the head dimension
     constexpr int NT = BC / 8;   // 8-key column tiles of S
     constexpr int DT = HS / 8;   // 8-wide column tiles of O
-    // hs 64: the warp's Q fragments fit in 32 registers, so they are read from shared memory once
-    constexpr bool Q_IN_REGS = HS <= 64;
+    // the warp's Q fragments stay in registers when they take at most 32
+    constexpr bool Q_IN_REGS = MT * KS * 4 <= 32;
     constexpr uint32_t KV_BYTES = BC * HS * 2;
     constexpr uint32_t ROWB = HS * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -167,8 +196,8 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     const T* v_g = q_g + 2 * C;
     const int q0 = qb * BR;
     const int n_kb = (min(q0 + BR, Tn) - 1) / BC + 1;  // key blocks up to the last query row
-    const int row_w = q0 + warp * 32;                  // first query row of this warp
-    const uint32_t aQ = sQ + warp * 32 * ROWB + frag_rows16<HS>(lane);
+    const int row_w = q0 + warp * WR;                  // first query row of this warp
+    const uint32_t aQ = sQ + warp * WR * ROWB + frag_rows16<HS>(lane);
     const uint32_t bK = frag_rows8x2<HS>(lane), bV = frag_krows<HS>(lane);
 
     load_tile<BR, HS, THREADS>(sQ, q_g, stride, q0, Tn, tid);
@@ -177,21 +206,21 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     load_tile<BC, HS, THREADS>(sV0, v_g, stride, 0, Tn, tid);
     cp_async_commit();
 
-    uint32_t qf[Q_IN_REGS ? 2 : 1][Q_IN_REGS ? KS : 1][4];
+    uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KS : 1][4];
     if constexpr (Q_IN_REGS) {
         cp_async_wait<1>();
         __syncthreads();
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 ldsm_x4(qf[mt][ks], (aQ ^ (ks << 5)) + mt * 16 * ROWB);
     }
 
-    float o[2][DT][4];
-    float m[2][2], l[2][2];  // running max (log2 domain) and this thread's partial row sums
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];  // running max (log2 domain) and this thread's partial row sums
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
+    for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
 #pragma unroll
@@ -214,19 +243,19 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
         const int k0 = j * BC;
         // Block 0 is never skipped and holds key 0, which every row sees: the running max is finite after it,
         // so exp2(m_old - m_new) and exp2(s - m_new) never meet -inf - -inf.
-        if (k0 <= row_w + 31) {  // else every key of the block is in this warp's future
-            float s[2][NT][4];
+        if (k0 <= row_w + WR - 1) {  // else every key of the block is in this warp's future
+            float s[MT][NT][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
-                uint32_t a[2][4];
+                uint32_t a[MT][4];
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     if constexpr (Q_IN_REGS) {
 #pragma unroll
                         for (int e = 0; e < 4; e++) a[mt][e] = qf[mt][ks][e];
@@ -239,7 +268,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
                     uint32_t kf[4];  // b-fragments of key tiles 2np (kf[0..1]) and 2np+1 (kf[2..3])
                     ldsm_x4(kf, (sK ^ (ks << 5)) + np * 16 * ROWB);
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
+                    for (int mt = 0; mt < MT; mt++) {
                         mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
                         mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
                     }
@@ -250,7 +279,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
                 // two thread-dependent differences against constants (no per-element index registers)
                 const int col0 = k0 + tig * 2, ahead = col0 - (row_w + g), past = col0 - Tn;
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -261,7 +290,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
             }
             // online softmax: rows g and g+8 of each tile; the 4 threads of a quad share a row
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     float mx = -INFINITY;
@@ -291,9 +320,9 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
             // O += P V: the S accumulators of two adjacent key tiles are exactly an A fragment of P
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
-                uint32_t pa[2][4];
+                uint32_t pa[MT][4];
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
                     pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
                     pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
@@ -304,7 +333,7 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
                     uint32_t vf[4];  // V is [key][d]: transposed loads give b-fragments with k = key
                     ldsm_x4_trans(vf, (sV ^ (dp << 5)) + kk * 16 * ROWB);
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
+                    for (int mt = 0; mt < MT; mt++) {
                         mma16816<T>(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
                         mma16816<T>(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
                     }
@@ -317,36 +346,39 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     // Epilogue: normalise, save the log-sum-exp, stage O in this warp's own Q rows (no other warp reads
     // them) and write it with 16-byte stores.
     unsigned char* sO = smem;
+    // element pair (row warp*WR + g, column tile 0) of the staged O; tile dt at ^ (dt << 4)
+    const uint32_t sOb = (warp * WR + g) * ROWB + (g << 4) + tig * 4;
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             float sum = l[mt][hf];
             sum += __shfl_xor_sync(0xffffffff, sum, 1);
             sum += __shfl_xor_sync(0xffffffff, sum, 2);
             const float inv = 1.0f / sum;
-            const int r = warp * 32 + mt * 16 + g + hf * 8;
+            const int r = warp * WR + mt * 16 + g + hf * 8;
             if (tig == 0 && q0 + r < Tn) lse[bh * Tn + q0 + r] = (m[mt][hf] + log2f(sum)) * kLn2;
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<uint32_t*>(sO + swz<HS>(r, dt) + tig * 4) =
+                *reinterpret_cast<uint32_t*>(sO + (sOb ^ (dt << 4)) + (mt * 16 + hf * 8) * ROWB) =
                     pack2<T>(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
         }
     __syncwarp();
-    store_tile<32, HS, 32>(out + (long)b * Tn * C + h * HS, C, sO + warp * 32 * HS * 2, row_w, Tn, lane);
+    store_tile<WR, HS, 32>(out + (long)b * Tn * C + h * HS, C, sO + warp * WR * ROWB, row_w, Tn, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward, tensor cores. One CTA = 8 warps = one key block of 128 rows (K, V resident in shared memory),
-// looping over the query blocks of 64 rows at and below the diagonal (Q, dO, lse, D double-buffered):
+// looping over the query blocks of 64 rows at and below the diagonal (Q, dO, lse, D triple-buffered, so
+// that one barrier per iteration protects both the buffers and P / dS):
 //   S  = Q K^T, dP = dO V^T      warp tile 32 queries x 32 keys; P and dS = P * (dP - D) go to shared memory
 //   dV += P^T dO, dK += dS^T Q   warp tile 32 keys x hs/2, accumulated in registers over all query blocks
 //   dQ  = dS K                   warp tile 32 queries x hs/4, added into the fp32 dQ buffer
 // FLOPs per pair of blocks: 5 products, as counted by the usual 2.5x-forward convention.
 constexpr int kBwdThreads = 256, kBwdBN = 128, kBwdBM = 64;
 template <int HS> constexpr size_t bwd_smem_bytes() {
-    // K, V + 2 x (Q, dO) + staged dQ + P, dS + 2 x (lse, D)
-    return (size_t)(2 * kBwdBN * HS + 5 * kBwdBM * HS + 2 * kBwdBM * kBwdBN) * 2 + 4 * kBwdBM * sizeof(float);
+    // K, V + 3 x (Q, dO) + staged dQ + P, dS + 3 x (lse, D)
+    return (size_t)(2 * kBwdBN * HS + 7 * kBwdBM * HS + 2 * kBwdBM * kBwdBN) * 2 + 6 * kBwdBM * sizeof(float);
 }
 
 template <typename T, int HS>
@@ -361,8 +393,8 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
     constexpr uint32_t ROWB = HS * 2, ROWB_P = BN * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = smem_u32(smem);
-    constexpr uint32_t oK = 0, oV = KV_BYTES, oQ = 2 * KV_BYTES, oO = oQ + 2 * QD_BYTES, oDQ = oO + 2 * QD_BYTES,
-                       oP = oDQ + QD_BYTES, oS = oP + PS_BYTES, oL = oS + PS_BYTES, oD = oL + 2 * BM * 4;
+    constexpr uint32_t oK = 0, oV = KV_BYTES, oQ = 2 * KV_BYTES, oO = oQ + 3 * QD_BYTES, oDQ = oO + 3 * QD_BYTES,
+                       oP = oDQ + QD_BYTES, oS = oP + PS_BYTES, oL = oS + PS_BYTES, oD = oL + 3 * BM * 4;
     const float* sL = reinterpret_cast<const float*>(smem + oL);
     const float* sD = reinterpret_cast<const float*>(smem + oD);
 
@@ -392,9 +424,12 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             cp_async4(base + (tid < BM ? oL : oD) + (buf * BM + r) * 4, src + (valid ? row : 0), valid);
         }
     };
+    // one commit group per query block (empty past the end, so that the group counting stays uniform)
     load_tile<BN, HS, THREADS>(base + oK, k_g, stride, k0, Tn, tid);
     load_tile<BN, HS, THREADS>(base + oV, v_g, stride, k0, Tn, tid);
     load_q_block(first_qb, 0);
+    cp_async_commit();
+    if (first_qb + 1 < nqb) load_q_block(first_qb + 1, 1);
     cp_async_commit();
 
     const int wm = warp >> 2, wn = warp & 3;  // S / dP tile: queries wm*32.., keys wn*32..
@@ -409,6 +444,11 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
     const uint32_t bT = frag_krows<HS>(lane) ^ (wd * DN << 4);               // dO, Q as B of dV, dK
     const uint32_t aQ = base + oS + wq * 32 * ROWB_P + frag_rows16<BN>(lane); // dS as A of dQ
     const uint32_t bKT = (base + oK + frag_krows<HS>(lane)) ^ (wc * QN << 4); // K as B of dQ
+    // element pair (row wm*32 + g, key tile wn*4) of P / dS: tile nt is at ^ (nt << 4), rows +8k at + k*8*ROWB_P
+    const uint32_t sPS = (wm * 32 + g) * ROWB_P + (((wn * 4) ^ g) << 4) + tig * 4;
+    // the same for the staged dQ (row wq*32 + g, column tile wc*QN) and dK, dV (row wk*32 + g, tile wd*DN)
+    const uint32_t sDQ = (wq * 32 + g) * ROWB + (((wc * QN) ^ g) << 4) + tig * 4;
+    const uint32_t sKV = (wk * 32 + g) * ROWB + (((wd * DN) ^ g) << 4) + tig * 4;
     float dk[2][DN][4], dv[2][DN][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -417,47 +457,82 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
 #pragma unroll
             for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
 
-    for (int qb = first_qb; qb < nqb; qb++) {
-        const int it = qb - first_qb, buf = it & 1;
-        if (qb + 1 < nqb) {
-            load_q_block(qb + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+    int* turns = dq_turn + (bh * nqb) * (THREADS / 32) + warp;  // this warp's counter of query block 0
+    for (int qb = first_qb, buf = 0; qb < nqb; qb++, buf = buf == 2 ? 0 : buf + 1) {
+        const int it = qb - first_qb;
+        cp_async_wait<1>();  // this block's group; the next one may still be in flight
+        // Every warp is past iteration it-1: buffer (it-1) % 3 and P / dS are free to overwrite.
         __syncthreads();
+        if (qb + 2 < nqb) load_q_block(qb + 2, buf == 0 ? 2 : buf - 1);
+        cp_async_commit();
         const int q0 = qb * BM;
         const uint32_t sQ = base + oQ + buf * QD_BYTES, sO = base + oO + buf * QD_BYTES;
 
-        // ---- S = Q K^T and dP = dO V^T; P and dS to shared memory
+        // ---- S = Q K^T -> P, then dP = dO V^T -> dS = P * (dP - D); both to shared memory. P waits for dP
+        // packed in 16-bit pairs (as it is stored and used for dV): 16 registers instead of 32.
         {
-            float s[2][4][4], dp[2][4][4];
+            const int key_w = k0 + wn * 32, row_w = q0 + wm * 32;
+            const bool live = key_w <= row_w + 31;  // else the whole tile is in the future: P = dS = 0
+            const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
+            const int ahead = key_w + tig * 2 - (row_w + g);  // key - row of element (0, 0) of each tile
+            uint32_t pp[2][2][4];                              // P of rows (mt, hf), key tile nt
+            {
+                float s[2][4][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
+                if (live) {
+#pragma unroll
+                    for (int ks = 0; ks < HS / 16; ks++) {
+                        uint32_t a[2][4];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+                            ldsm_x4(a[mt], ((sQ + aS) ^ (ks << 5)) + mt * 16 * ROWB);
+#pragma unroll
+                        for (int np = 0; np < 2; np++) {
+                            uint32_t kf[4];
+                            ldsm_x4(kf, (bK ^ (ks << 5)) + np * 16 * ROWB);
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) {
+                                mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
+                                mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int r = wm * 32 + mt * 16 + g + hf * 8;
+                        const bool row_past = q0 + r >= Tn;
+                        const float lse2 = sL[buf * BM + r] * kLog2e;
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++) {
+                            float p[2];
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                p[e] = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
+                                // rows past T were zero-filled (lse 0), so they are masked too; keys past T
+                                // are always later than every valid row
+                                if (need_mask && (ahead + nt * 8 + e > mt * 16 + hf * 8 || row_past)) p[e] = 0.0f;
+                            }
+                            pp[mt][hf][nt] = pack2<T>(p[0], p[1]);
+                            *reinterpret_cast<uint32_t*>(smem + oP + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) = pp[mt][hf][nt];
+                        }
+                    }
+            }
+            float dp[2][4][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.0f;
-            const int key_w = k0 + wn * 32, row_w = q0 + wm * 32;
-            if (key_w <= row_w + 31) {  // else the whole tile is in the future: P = dS = 0 via the mask
-#pragma unroll
-                for (int ks = 0; ks < HS / 16; ks++) {
-                    uint32_t a[2][4];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        ldsm_x4(a[mt], ((sQ + aS) ^ (ks << 5)) + mt * 16 * ROWB);
-#pragma unroll
-                    for (int np = 0; np < 2; np++) {
-                        uint32_t kf[4];
-                        ldsm_x4(kf, (bK ^ (ks << 5)) + np * 16 * ROWB);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
-                            mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
-                        }
-                    }
-                }
+                    for (int e = 0; e < 4; e++) dp[mt][nt][e] = 0.0f;
+            if (live) {
 #pragma unroll
                 for (int ks = 0; ks < HS / 16; ks++) {
                     uint32_t a[2][4];
@@ -476,31 +551,17 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     }
                 }
             }
-            const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
-            const int ahead = key_w + tig * 2 - (row_w + g);  // key - row of element (0, 0) of each tile
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int r = wm * 32 + mt * 16 + g + hf * 8;
-                    const bool row_past = q0 + r >= Tn;
-                    const float lse2 = sL[buf * BM + r] * kLog2e, Dr = sD[buf * BM + r];
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            float p = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
-                            // rows past T were zero-filled (lse 0), so they are masked too; keys past T are
-                            // always later than every valid row
-                            if (need_mask && (ahead + nt * 8 + e > mt * 16 + hf * 8 || row_past)) p = 0.0f;
-                            s[mt][nt][2 * hf + e] = p;
-                            dp[mt][nt][2 * hf + e] = p * (dp[mt][nt][2 * hf + e] - Dr);
-                        }
+                    const float Dr = sD[buf * BM + r];
 #pragma unroll
                     for (int nt = 0; nt < 4; nt++) {
-                        const uint32_t off = swz<BN>(r, wn * 4 + nt) + tig * 4;
-                        *reinterpret_cast<uint32_t*>(smem + oP + off) = pack2<T>(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
-                        *reinterpret_cast<uint32_t*>(smem + oS + off) = pack2<T>(dp[mt][nt][2 * hf], dp[mt][nt][2 * hf + 1]);
+                        const float2 p = unpack2<T>(pp[mt][hf][nt]);
+                        *reinterpret_cast<uint32_t*>(smem + oS + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) =
+                            pack2<T>(p.x * (dp[mt][nt][2 * hf] - Dr), p.y * (dp[mt][nt][2 * hf + 1] - Dr));
                     }
                 }
         }
@@ -560,20 +621,22 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
         }
 
         // ---- dQ into the fp32 buffer. Deterministic: the key blocks of a query block take turns, highest
-        // first; the first stores, the middle ones add (atomics, but never two at once), and key block 0,
-        // always the last, adds the sum to its own part and writes dQ itself. The turn is handed on one
-        // iteration late, so the fence that makes our adds visible finds them long completed.
+        // first, each warp for its own 32 x hs/4 part with its own counter (no CTA barrier); the first
+        // stores, the middle ones add (atomics, but never two at once), and key block 0, always the last,
+        // adds the sum to its own part and writes dQ itself. The turn is handed on one iteration late, so
+        // the fence that makes our adds visible finds them long completed.
         const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add before this one
         if (deterministic) {
-            if (it > 0 && kb > 0) __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                int* counters = dq_turn + bh * nqb;
-                if (it > 0 && kb > 0) red_release_add(counters + qb - 1, 1);
-                if (turn > 0)
-                    while (ld_acquire(counters + qb) < turn) __nanosleep(64);
+            if (it > 0 && kb > 0) {
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) red_release_add(turns + (qb - 1) * (THREADS / 32), 1);
             }
-            __syncthreads();
+            if (turn > 0) {
+                if (lane == 0)
+                    while (ld_acquire(turns + qb * (THREADS / 32)) < turn) __nanosleep(32);
+                __syncwarp();
+            }
         }
         float* acc = dq_accum + (bh * Tn + q0) * HS;
 #pragma unroll
@@ -595,7 +658,8 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                             v.x += prev.x;
                             v.y += prev.y;
                         }
-                        *reinterpret_cast<uint32_t*>(smem + oDQ + swz<HS>(r, col / 8) + tig * 4) = pack2<T>(v.x * scale, v.y * scale);
+                        *reinterpret_cast<uint32_t*>(smem + oDQ + ((sDQ ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB)) =
+                            pack2<T>(v.x * scale, v.y * scale);
                     } else if (turn == 0) {
                         __stcg(p, v);
                     } else {
@@ -603,27 +667,33 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     }
                 }
             }
-        if (deterministic && kb == 0) {
-            __syncthreads();
-            store_tile<BM, HS, THREADS>(dqkv + (long)b * Tn * stride + h * HS, stride, smem + oDQ, q0, Tn, tid);
+        if (deterministic && kb == 0) {  // the warp's staged part of dQ, 16-byte stores
+            __syncwarp();
+            constexpr int CPR = HS / 32;  // chunks per row of the part
+#pragma unroll
+            for (int i = 0; i < CPR; i++) {
+                const int idx = lane + 32 * i, r = wq * 32 + idx / CPR, c = wc * CPR + idx % CPR;
+                if (q0 + r < Tn)
+                    *reinterpret_cast<uint4*>(dqkv + ((long)b * Tn + q0 + r) * stride + h * HS + c * 8) =
+                        *reinterpret_cast<const uint4*>(smem + oDQ + swz<HS>(r, c));
+            }
         }
-        __syncthreads();  // buffers of this iteration are free for the next one's loads
     }
     if (deterministic && kb > 0) {
         __threadfence();
-        __syncthreads();
-        if (tid == 0) red_release_add(dq_turn + bh * nqb + nqb - 1, 1);
+        __syncwarp();
+        if (lane == 0) red_release_add(turns + (nqb - 1) * (THREADS / 32), 1);
     }
+    __syncthreads();  // the last iteration's reads of K and V are done before they are overwritten
 
     // dK (scaled), dV: staged in the K and V tiles (free now), written with 16-byte stores
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            const int r = wk * 32 + mt * 16 + g + hf * 8;
 #pragma unroll
             for (int nt = 0; nt < DN; nt++) {
-                const uint32_t off = swz<HS>(r, wd * DN + nt) + tig * 4;
+                const uint32_t off = (sKV ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB;
                 *reinterpret_cast<uint32_t*>(smem + oK + off) = pack2<T>(dk[mt][nt][2 * hf] * scale, dk[mt][nt][2 * hf + 1] * scale);
                 *reinterpret_cast<uint32_t*>(smem + oV + off) = pack2<T>(dv[mt][nt][2 * hf], dv[mt][nt][2 * hf + 1]);
             }
@@ -954,7 +1024,7 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
 }
 
 // Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*T*hs), the turn counters
-// (B*NH*ceil(T/64) ints), each 256-byte aligned.
+// (B*NH*ceil(T/64)*8 ints: one per query block and warp), each 256-byte aligned.
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 struct BackwardScratch {
     float* D;
@@ -977,10 +1047,11 @@ void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH
         set_smem(kernel, fp32_fwd_smem_bytes<HS>());
         kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb, scale);
     } else {
-        const int nqb = ceil_div(T, kFwdBR);
+        using Cfg = FwdConfig<HS>;
+        const int nqb = ceil_div(T, Cfg::BR);
         auto kernel = flash_forward_kernel<floatX, HS>;
-        set_smem(kernel, fwd_smem_bytes<HS>());
-        kernel<<<(unsigned)((long)B * NH * nqb), kFwdThreads, fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb, scale * kLog2e);
+        set_smem(kernel, Cfg::smem_bytes);
+        kernel<<<(unsigned)((long)B * NH * nqb), Cfg::THREADS, Cfg::smem_bytes, stream>>>(out, lse, qkv, T, NH, nqb, scale * kLog2e);
     }
     cudaCheckLaunch();
 }
@@ -1010,7 +1081,8 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         cudaCheckLaunch();
     } else {
         const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
-        if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+        if (deterministic)
+            cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * (kBwdThreads / 32) * sizeof(int), stream));
         auto kernel = flash_backward_kernel<floatX, HS>;
         set_smem(kernel, bwd_smem_bytes<HS>());
         kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
@@ -1053,5 +1125,5 @@ void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qk
 inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int hs) {
     const size_t bht = (size_t)B * NH * T;
     return flash::align256(bht * 4) + flash::align256(bht * hs * 4) +
-           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * sizeof(int));
+           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * (flash::kBwdThreads / 32) * sizeof(int));
 }

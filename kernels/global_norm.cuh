@@ -26,21 +26,21 @@ __global__ void norm_squared_partials_kernel(float* partials, const floatX* grad
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-__global__ void sum_partials_kernel(float* out, const float* partials, int num_partials) {
+__global__ void sum_partials_kernel(float* out, const float* partials, int num_partials, bool accumulate) {
     __shared__ float shared[32];
     float acc = 0.0f;
     for (int i = threadIdx.x; i < num_partials; i += blockDim.x) acc += partials[i];
     acc = block_reduce_sum(acc, shared);
-    if (threadIdx.x == 0) *out = acc;
+    if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
 }
 
-// out[0] = sum of grads[i]^2 (fp32). `scratch` holds global_norm_scratch_floats() floats.
-// grads must be 16-byte aligned.
+// out[0] = sum of grads[i]^2 (fp32), or out[0] += that with `accumulate` (a norm over several pieces,
+// added in a fixed order). `scratch` holds global_norm_scratch_floats() floats. grads must be 16-byte aligned.
 template <typename floatX>
-void global_norm_squared(float* out, const floatX* grads, long n, float* scratch, cudaStream_t stream) {
+void global_norm_squared(float* out, const floatX* grads, long n, float* scratch, cudaStream_t stream, bool accumulate = false) {
     const int blocks = global_norm_blocks();
     norm_squared_partials_kernel<<<blocks, 512, 0, stream>>>(scratch, grads, n);
     cudaCheckLaunch();
-    sum_partials_kernel<<<1, 1024, 0, stream>>>(out, scratch, blocks);
+    sum_partials_kernel<<<1, 1024, 0, stream>>>(out, scratch, blocks, accumulate);
     cudaCheckLaunch();
 }

@@ -1,0 +1,265 @@
+// Process bootstrap (MPI, Slurm or plain environment), NCCL unique-id exchange (MPI, shared file or TCP),
+// and deadline-guarded waits. See process_group.h.
+#include "process_group.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+    fprintf(stderr, "error: %s\n", message.c_str());
+    fflush(stderr);
+    exit(EXIT_FAILURE);
+}
+
+int env_int(const char* name, int fallback) {
+    const char* value = getenv(name);
+    return value ? atoi(value) : fallback;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Ends the process if `done` is not set within the deadline: covers calls that block inside NCCL or the
+// bootstrap, where no error would ever come back.
+class Watchdog {
+public:
+    Watchdog(int seconds, std::string what) : what_(std::move(what)) {
+        thread_ = std::thread([this, seconds] {
+            const auto start = std::chrono::steady_clock::now();
+            while (!done_.load()) {
+                if (seconds_since(start) > seconds) {
+                    fprintf(stderr, "error: %s did not finish within %d s (a rank failed or is missing)\n", what_.c_str(), seconds);
+                    fflush(stderr);
+                    _exit(EXIT_FAILURE);
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        });
+    }
+    ~Watchdog() {
+        done_.store(true);
+        thread_.join();
+    }
+
+private:
+    std::string what_;
+    std::atomic<bool> done_{false};
+    std::thread thread_;
+};
+
+void send_all(int fd, const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+        ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
+        if (n <= 0) fail(std::string("NCCL id bootstrap: send failed: ") + strerror(errno));
+        p += n;
+        bytes -= n;
+    }
+}
+
+void receive_all(int fd, void* data, size_t bytes) {
+    char* p = static_cast<char*>(data);
+    while (bytes > 0) {
+        ssize_t n = recv(fd, p, bytes, 0);
+        if (n <= 0) fail("NCCL id bootstrap: rank 0 closed the connection early");
+        p += n;
+        bytes -= n;
+    }
+}
+
+// Rank 0 serves the id to world-1 connections on MASTER_PORT; the others connect to MASTER_ADDR:MASTER_PORT,
+// retrying until rank 0 listens.
+void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
+    const char* address = getenv("MASTER_ADDR");
+    const char* port = getenv("MASTER_PORT");
+    if (!address || !port)
+        fail("several processes without MPI need MASTER_ADDR and MASTER_PORT (TCP bootstrap) or --nccl-init-file");
+    if (rank == 0) {
+        int server = socket(AF_INET, SOCK_STREAM, 0);
+        int yes = 1;
+        setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        sockaddr_in addr = {};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_ANY);
+        addr.sin_port = htons((uint16_t)atoi(port));
+        if (bind(server, (sockaddr*)&addr, sizeof(addr)) != 0 || listen(server, world) != 0)
+            fail(std::string("NCCL id bootstrap: cannot listen on port ") + port + ": " + strerror(errno));
+        for (int i = 1; i < world; i++) {
+            int client = accept(server, nullptr, nullptr);
+            if (client < 0) fail(std::string("NCCL id bootstrap: accept failed: ") + strerror(errno));
+            send_all(client, &id, sizeof(id));
+            close(client);
+        }
+        close(server);
+        return;
+    }
+    addrinfo hints = {}, *result = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(address, port, &hints, &result) != 0 || result == nullptr)
+        fail(std::string("NCCL id bootstrap: cannot resolve MASTER_ADDR ") + address);
+    for (;;) {  // the watchdog bounds this loop
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(fd, result->ai_addr, result->ai_addrlen) == 0) {
+            receive_all(fd, &id, sizeof(id));
+            close(fd);
+            break;
+        }
+        close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    freeaddrinfo(result);
+}
+
+// Rank 0 writes the id to a temporary name and renames it (readers never see half a file); the others
+// wait for it. The file must not exist beforehand: a stale id would connect to nobody.
+void exchange_id_file(ncclUniqueId& id, int rank, const std::string& path) {
+    if (rank == 0) {
+        struct stat st;
+        if (stat(path.c_str(), &st) == 0)
+            fail(path + ": --nccl-init-file already exists (left by an earlier job?): remove it or use a new name");
+        const std::string tmp = path + ".tmp";
+        FILE* f = fopen(tmp.c_str(), "wb");
+        if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp.c_str(), path.c_str()) != 0)
+            fail(path + ": cannot write the NCCL id: " + strerror(errno));
+        return;
+    }
+    for (;;) {  // the watchdog bounds this loop
+        FILE* f = fopen(path.c_str(), "rb");
+        if (f) {
+            const bool ok = fread(&id, sizeof(id), 1, f) == 1;
+            fclose(f);
+            if (ok) return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+}
+
+}  // namespace
+
+void nccl_check(ncclResult_t result, const char* file, int line) {
+    if (result != ncclSuccess && result != ncclInProgress) {
+        fprintf(stderr, "error: NCCL: %s at %s:%d\n", ncclGetErrorString(result), file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+
+ProcessGroup ProcessGroup::from_environment(int* argc, char*** argv) {
+    ProcessGroup pg;
+#ifdef USE_MPI
+    // started by mpirun/mpiexec (Open MPI, MPICH/PMI)?
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) {
+        MPI_Init(argc, argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &pg.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &pg.world);
+        pg.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", pg.rank));
+        pg.launcher = "MPI";
+        pg.use_mpi_ = true;
+    }
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    if (!pg.use_mpi_) {
+        if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) {
+            pg.rank = env_int("SLURM_PROCID", 0);
+            pg.world = env_int("SLURM_NTASKS", 1);
+            pg.local_rank = env_int("SLURM_LOCALID", 0);
+            pg.launcher = "Slurm";
+        } else if (getenv("WORLD_SIZE")) {
+            pg.rank = env_int("RANK", 0);
+            pg.world = env_int("WORLD_SIZE", 1);
+            pg.local_rank = env_int("LOCAL_RANK", pg.rank);
+            pg.launcher = "environment";
+        }
+    }
+    if (pg.world < 1 || pg.rank < 0 || pg.rank >= pg.world)
+        fail("bad process layout: rank " + std::to_string(pg.rank) + " of world size " + std::to_string(pg.world));
+    return pg;
+}
+
+void ProcessGroup::connect(const ProcessGroupOptions& options) {
+    timeout_seconds_ = options.timeout_seconds;
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) fail("no CUDA GPU found");
+    if (local_rank >= devices)
+        fail("local rank " + std::to_string(local_rank) + " has no GPU (this node has " + std::to_string(devices) + ")");
+    if (cudaSetDevice(local_rank) != cudaSuccess) fail("cannot select GPU " + std::to_string(local_rank));
+    if (world == 1) return;
+
+    // NVLink multicast (NVLS) stays off unless the user asks for it: on shared hosts it can take the
+    // GPUs out of service.
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    Watchdog watchdog(options.timeout_seconds, "connecting " + std::to_string(world) + " ranks (" + launcher + ")");
+    ncclUniqueId id;
+    if (rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    if (use_mpi_) {
+#ifdef USE_MPI
+        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+    } else if (!options.init_file.empty()) {
+        exchange_id_file(id, rank, options.init_file);
+    } else {
+        exchange_id_tcp(id, rank, world);
+    }
+    ncclCheck(ncclCommInitRank(&comm, world, id, rank));
+}
+
+void ProcessGroup::destroy() {
+    if (comm) ncclCheck(ncclCommDestroy(comm));
+    comm = nullptr;
+#ifdef USE_MPI
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Finalize();
+#endif
+}
+
+void ProcessGroup::synchronize(cudaStream_t stream) const {
+    if (comm == nullptr) {
+        cudaError_t err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+        cudaError_t err = cudaStreamQuery(stream);
+        if (err == cudaSuccess) return;
+        if (err != cudaErrorNotReady) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        ncclResult_t async_error;
+        ncclCheck(ncclCommGetAsyncError(comm, &async_error));
+        if (async_error != ncclSuccess && async_error != ncclInProgress) {
+            ncclCommAbort(comm);
+            fail("rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) + "): a peer rank died or lost its connection");
+        }
+        if (seconds_since(start) > timeout_seconds_) {
+            ncclCommAbort(comm);
+            fail("rank " + std::to_string(rank) + ": a collective did not finish within " + std::to_string(timeout_seconds_) +
+                 " s (--nccl-timeout): a peer rank failed or hangs");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+}
+
+void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {
+    if (comm != nullptr) ncclCheck(ncclAllReduce(device_value, device_value, 1, ncclFloat32, ncclSum, comm, stream));
+}

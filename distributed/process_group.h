@@ -1,0 +1,49 @@
+// Who am I among the training processes, and the NCCL communicator that connects them.
+//
+// Bootstrap, in order of precedence:
+//   - mpirun / mpiexec (when built with MPI: `make USE_MPI=1`, automatic where mpicxx exists): rank and size
+//     from MPI; MPI broadcasts the NCCL unique id, and is used for nothing else.
+//   - Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID.
+//   - Plain environment (our launcher scripts/launch.sh, torchrun-style): RANK, WORLD_SIZE, LOCAL_RANK.
+// Without MPI the NCCL unique id travels either through a file on a shared file system (--nccl-init-file,
+// rank 0 writes it, the others wait for it) or over TCP from rank 0 (MASTER_ADDR, MASTER_PORT), which also
+// covers several nodes. A single process (world size 1) needs none of this and creates no communicator.
+//
+// Every NCCL call is checked; waits on collectives have a deadline (--nccl-timeout), so a rank that died
+// or hangs ends the job with a message instead of hanging it.
+#pragma once
+#include <string>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
+void nccl_check(ncclResult_t result, const char* file, int line);
+
+struct ProcessGroupOptions {
+    std::string init_file;      // shared-file bootstrap of the NCCL id (empty: TCP or MPI)
+    int timeout_seconds = 600;  // deadline for bootstrap and for every wait on a collective
+};
+
+class ProcessGroup {
+public:
+    int rank = 0, world = 1, local_rank = 0;
+    ncclComm_t comm = nullptr;  // null when world == 1
+    std::string launcher = "single process";
+
+    // Reads the launcher's environment (and starts MPI when launched by mpirun); touches no GPU.
+    static ProcessGroup from_environment(int* argc, char*** argv);
+    // Selects GPU local_rank and connects the ranks (NCCL).
+    void connect(const ProcessGroupOptions& options);
+    void destroy();
+
+    // Waits for `stream`, checking the communicator for errors and the deadline: a failed or missing
+    // peer ends this process with a message (and the communicator is aborted so no rank hangs in it).
+    void synchronize(cudaStream_t stream) const;
+    // Sum of one float over all ranks (for the loss and the squared gradient norm), on `stream`.
+    void all_reduce_sum(float* device_value, cudaStream_t stream) const;
+    bool is_main() const { return rank == 0; }
+
+private:
+    int timeout_seconds_ = 600;
+    bool use_mpi_ = false;
+};

@@ -1,0 +1,430 @@
+// ZeRO data parallelism (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models"): which part of the parameters, gradients and optimizer state each of N ranks stores, and the
+// NCCL collectives that keep them consistent. With Ψ parameters, bf16 parameters and gradients and 12 bytes
+// of fp32 optimizer state (master weights, Adam m and v) per parameter:
+//   stage 0: everything replicated; gradients all-reduced.                              16Ψ per GPU
+//   stage 1: optimizer state sharded; gradients reduce-scattered into the owner's shard,
+//            each rank updates its shard, parameters all-gathered.                       4Ψ + 12Ψ/N
+//   stage 2: also gradients: each unit's gradients are reduce-scattered as soon as its backward ends,
+//            into a gradient shard; only a two-block ring of full gradients is kept.     2Ψ + 14Ψ/N
+//   stage 3: also parameters: each rank stores its shard; a block is all-gathered just before its forward
+//            and again before its backward (the next one prefetched on the communication stream while
+//            the current one computes) and its full copy dropped after use.            16Ψ/N
+// Units (ParameterLayout): the embeddings, each block, the final LayerNorm. Rank r owns the r-th of N equal
+// slices of every unit (units are padded, so any parameter count works); its slices of all units are
+// stored back to back. The embeddings (needed at both ends of forward and backward) and the final
+// LayerNorm keep full buffers; the blocks go through rings of two.
+// Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
+// micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
+#pragma once
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/adamw.cuh"
+#include "../kernels/global_norm.cuh"
+#include "process_group.h"
+
+template <typename T> inline ncclDataType_t nccl_type();
+template <> inline ncclDataType_t nccl_type<float>() { return ncclFloat32; }
+template <> inline ncclDataType_t nccl_type<__nv_bfloat16>() { return ncclBfloat16; }
+template <> inline ncclDataType_t nccl_type<__half>() { return ncclFloat16; }
+
+// Host arithmetic of the sharding; no GPU needed (tested on the CPU).
+struct ShardPlan {
+    int world = 1, rank = 0;
+    std::vector<size_t> unit_offset, unit_size;  // in the full (padded) layout
+    std::vector<size_t> shard_size;              // unit_size / world
+    std::vector<size_t> local_offset;            // where this rank's slice of unit u starts in its shard storage
+    size_t local_total = 0;
+
+    ShardPlan() = default;
+    ShardPlan(const std::vector<size_t>& offsets, const std::vector<size_t>& sizes, int world_size, int my_rank)
+        : world(world_size), rank(my_rank), unit_offset(offsets), unit_size(sizes) {
+        for (size_t u = 0; u < sizes.size(); u++) {
+            shard_size.push_back(sizes[u] / world);
+            local_offset.push_back(local_total);
+            local_total += shard_size[u];
+        }
+    }
+    int num_units() const { return (int)unit_size.size(); }
+    // Index, in the full layout, of the first element of this rank's slice of unit u.
+    size_t global_begin(int u) const { return unit_offset[u] + rank * shard_size[u]; }
+};
+
+// dst[i] += src[i]: a reduce-scattered micro-step added into the gradient shard.
+template <typename floatX>
+__global__ void accumulate_shard_kernel(floatX* dst, const floatX* src, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        dst[i] = from_float<floatX>(to_float(dst[i]) + to_float(src[i]));
+}
+
+struct ZeroMemory {
+    size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;
+    size_t total() const { return parameters + gradients + master_weights + adam_state; }
+};
+
+// Parameters, gradients and optimizer state of one rank, and the communication between ranks.
+template <typename floatX>
+class ZeroOptimizer {
+public:
+    static constexpr bool kHasMaster = !std::is_same<floatX, float>::value;
+
+    struct StepResult {
+        float grad_norm;  // of the unscaled gradients, before clipping
+        bool skipped;     // non-finite gradients: no update
+    };
+    // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale`
+    // before backward; a step whose gradients hold inf/NaN is skipped and the scale halved; after
+    // `growth_interval` clean steps in a row the scale doubles.
+    struct LossScaler {
+        float scale = 1.0f;
+        int growth_interval = 2000;
+        int clean_steps = 0;
+        long skipped_steps = 0;
+    } scaler;
+
+    // offsets/sizes: the padded units of the parameter layout (their sizes divisible by 8 x world).
+    ZeroOptimizer(const std::vector<size_t>& unit_offsets, const std::vector<size_t>& unit_sizes, size_t total,
+                  const DecayMask& decay, const ProcessGroup& pg, int stage, cudaStream_t compute)
+        : plan_(unit_offsets, unit_sizes, pg.world, pg.rank), total_(total), decay_(decay), pg_(pg),
+          stage_(pg.world == 1 ? 0 : stage), compute_(compute) {}
+
+    // Bytes per GPU for a stage, before allocating (the start-up memory plan). ring_unit: the largest block.
+    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, size_t total, int world, int stage) {
+        if (world == 1) stage = 0;
+        const size_t local = total / world, L = unit_sizes.size() - 2;
+        const size_t persistent = unit_sizes.front() + unit_sizes.back(), ring = L > 0 ? 2 * unit_sizes[1] : 0;
+        ZeroMemory m;
+        m.parameters = (stage == 3 ? local + persistent + ring : total) * sizeof(floatX);
+        m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
+        const size_t optimizer_elements = stage >= 1 ? local : total;
+        m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
+        m.adam_state = 2 * optimizer_elements * sizeof(float);
+        return m;
+    }
+
+    int stage() const { return stage_; }
+    const ShardPlan& plan() const { return plan_; }
+
+    void allocate() {
+        const int U = plan_.num_units(), L = U - 2;
+        const size_t local = plan_.local_total;
+        if (stage_ == 3) {
+            alloc(&param_shards_, local);
+            alloc(&persistent_params_[0], plan_.unit_size[0]);
+            alloc(&persistent_params_[1], plan_.unit_size[U - 1]);
+            for (int i = 0; i < 2 && i < L; i++) alloc(&ring_params_[i], plan_.unit_size[1]);
+        } else {
+            alloc(&params_, total_);
+        }
+        if (stage_ >= 2) {
+            alloc(&grad_shards_, local);
+            alloc(&persistent_grads_[0], plan_.unit_size[0]);
+            alloc(&persistent_grads_[1], plan_.unit_size[U - 1]);
+            for (int i = 0; i < 2 && i < L; i++) alloc(&ring_grads_[i], plan_.unit_size[1]);
+        } else {
+            alloc(&grads_, total_);
+        }
+        const size_t optimizer_elements = stage_ >= 1 ? local : total_;
+        if (kHasMaster) cudaCheck(cudaMalloc(&master_, optimizer_elements * sizeof(float)));
+        cudaCheck(cudaMalloc(&adam_m_, optimizer_elements * sizeof(float)));
+        cudaCheck(cudaMalloc(&adam_v_, optimizer_elements * sizeof(float)));
+        cudaCheck(cudaMemset(adam_m_, 0, optimizer_elements * sizeof(float)));
+        cudaCheck(cudaMemset(adam_v_, 0, optimizer_elements * sizeof(float)));
+        cudaCheck(cudaMalloc(&norm_, sizeof(float)));
+        cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
+        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1],
+                        &ring_params_free_[0], &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
+            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        unit_events_.resize(U);
+        for (auto& e : unit_events_) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+
+    ~ZeroOptimizer() {
+        for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_,
+                        (void*)persistent_params_[0], (void*)persistent_params_[1], (void*)ring_params_[0],
+                        (void*)ring_params_[1], (void*)persistent_grads_[0], (void*)persistent_grads_[1],
+                        (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_, (void*)adam_v_,
+                        (void*)norm_, (void*)norm_scratch_})
+            if (p) cudaFree(p);
+        for (cudaEvent_t e : unit_events_) cudaEventDestroy(e);
+        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1],
+                              ring_params_free_[0], ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
+            if (e) cudaEventDestroy(e);
+        if (comm_) cudaStreamDestroy(comm_);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Where the compute kernels find a unit's parameters and gradients (valid inside the hooks below).
+    floatX* unit_params(int u) const {
+        if (stage_ < 3) return params_ + plan_.unit_offset[u];
+        if (u == 0) return persistent_params_[0];
+        if (u == plan_.num_units() - 1) return persistent_params_[1];
+        return ring_params_[(u - 1) % 2];
+    }
+    floatX* unit_grads(int u) const {
+        if (stage_ < 2) return grads_ + plan_.unit_offset[u];
+        if (u == 0) return persistent_grads_[0];
+        if (u == plan_.num_units() - 1) return persistent_grads_[1];
+        return ring_grads_[(u - 1) % 2];
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Hooks, called by the model in this order for each micro-step:
+    // begin_forward, (before_block_forward(l), after_block_forward(l)) for l = 0..L-1 (before_block_forward(l+1)
+    // may come early: block l's closing LayerNorm uses block l+1's first), begin_backward(last),
+    // after_unit_backward(L+1) (final LayerNorm), (before_block_backward(l), after_unit_backward(l+1)) for
+    // l = L-1..0, after_unit_backward(0) (embeddings), end_backward.
+    // Under ZeRO-3 block l lives in parameter ring slot l % 2; a slot is refilled (on the communication
+    // stream) as soon as the compute stream is done with the block it held, so the gather of block l+2
+    // (forward) or l-2 (backward) overlaps the computation of block l+1 or l-1.
+
+    void zero_grad() {
+        if (stage_ < 2) cudaCheck(cudaMemsetAsync(grads_, 0, total_ * sizeof(floatX), compute_));
+        else cudaCheck(cudaMemsetAsync(grad_shards_, 0, plan_.local_total * sizeof(floatX), compute_));
+    }
+
+    void begin_forward() {
+        if (stage_ != 3) return;
+        const int U = plan_.num_units(), L = U - 2;
+        if (!persistent_gathered_) {  // parameters change only in step(): gather the persistent units once per step
+            cudaCheck(cudaEventRecord(unit_events_[0], compute_));
+            cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[0]));
+            gather(0, persistent_params_[0]);
+            gather(U - 1, persistent_params_[1]);
+            cudaCheck(cudaEventRecord(unit_events_[0], comm_));
+            cudaCheck(cudaStreamWaitEvent(compute_, unit_events_[0]));
+            persistent_gathered_ = true;
+        }
+        for (int l = 0; l < 2 && l < L; l++) ensure_block(l);
+    }
+    void before_block_forward(int l) {
+        if (stage_ == 3) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
+    }
+    void after_block_forward(int l) {
+        if (stage_ != 3) return;
+        cudaCheck(cudaEventRecord(ring_params_free_[l % 2], compute_));
+        if (l + 2 < plan_.num_units() - 2) ensure_block(l + 2);
+    }
+
+    void begin_backward(bool last_micro_step) {
+        last_micro_step_ = last_micro_step;
+        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
+    }
+    void before_block_backward(int l) {
+        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[l % 2]));
+        if (stage_ != 3) return;
+        ensure_block(l);
+        cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
+    }
+    // Unit u's gradients are complete for this micro-step: reduce them (stages 0/1: only after the last
+    // micro-step; stages 2/3: every micro-step, into the gradient shard).
+    void after_unit_backward(int u) {
+        const int U = plan_.num_units();
+        if (stage_ == 3 && u >= 1 && u <= U - 2) {  // block u-1 is done: its slot can take block u-3
+            cudaCheck(cudaEventRecord(ring_params_free_[(u - 1) % 2], compute_));
+            if (u - 3 >= 0) ensure_block(u - 3);
+        }
+        if (pg_.world == 1 || (stage_ < 2 && !last_micro_step_)) return;
+        cudaCheck(cudaEventRecord(unit_events_[u], compute_));
+        cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+        floatX* unit = unit_grads(u);
+        const size_t n = plan_.unit_size[u], shard = plan_.shard_size[u];
+        if (stage_ == 0) {
+            ncclCheck(ncclAllReduce(unit, unit, n, nccl_type<floatX>(), ncclAvg, pg_.comm, comm_));
+            return;
+        }
+        // in place: this rank's slice of the unit receives the reduced slice
+        floatX* slice = unit + pg_.rank * shard;
+        ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, pg_.comm, comm_));
+        if (stage_ >= 2) {
+            accumulate_shard_kernel<<<std::min<long>(ceil_div(shard, 256), 1024), 256, 0, comm_>>>(
+                grad_shards_ + plan_.local_offset[u], slice, (long)shard);
+            cudaCheckLaunch();
+            cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), comm_));  // ready for the next micro-step
+            if (u >= 1 && u <= U - 2) cudaCheck(cudaEventRecord(ring_grads_free_[(u - 1) % 2], comm_));
+            if (u == 0) cudaCheck(cudaEventRecord(persistent_grads_free_, comm_));
+        }
+    }
+    void end_backward() {
+        if (pg_.world == 1) return;
+        cudaCheck(cudaEventRecord(comm_done_, comm_));
+        cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // The optimizer step: global norm (summed over ranks), skip on inf/NaN, clipping, AdamW on this rank's
+    // slices, then the updated parameters are shared (stages 1/2: all-gather; stage 3: gathered on use).
+    StepResult step(AdamWHyper h, float grad_clip) {
+        const int U = plan_.num_units();
+        if (stage_ == 0) {
+            global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_);
+        } else if (stage_ == 1) {
+            for (int u = 0; u < U; u++)
+                global_norm_squared(norm_, grads_ + plan_.global_begin(u), (long)plan_.shard_size[u], norm_scratch_, compute_, u > 0);
+        } else {
+            global_norm_squared(norm_, grad_shards_, (long)plan_.local_total, norm_scratch_, compute_);
+        }
+        if (stage_ >= 1) pg_.all_reduce_sum(norm_, compute_);
+        float norm_squared;
+        cudaCheck(cudaMemcpyAsync(&norm_squared, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
+        pg_.synchronize(compute_);
+        const float norm = sqrtf(norm_squared) / scaler.scale;
+        if (!std::isfinite(norm)) {
+            scaler.skipped_steps++;
+            scaler.clean_steps = 0;
+            scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
+            return {norm, true};
+        }
+        const float clip = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
+        h.grad_scale = clip / scaler.scale;
+        if (stage_ == 0) {
+            adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, decay_, compute_);
+        } else {
+            for (int u = 0; u < U; u++) {
+                const size_t local = plan_.local_offset[u], global = plan_.global_begin(u);
+                floatX* p = stage_ == 3 ? param_shards_ + local : params_ + global;
+                const floatX* g = stage_ == 1 ? grads_ + global : grad_shards_ + local;
+                adamw_update(p, kHasMaster ? master_ + local : nullptr, g, adam_m_ + local, adam_v_ + local,
+                             (long)plan_.shard_size[u], (long)global, h, decay_, compute_);
+            }
+            if (stage_ < 3) {
+                for (int u = 0; u < U; u++) {
+                    floatX* unit = params_ + plan_.unit_offset[u];
+                    ncclCheck(ncclAllGather(unit + pg_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
+                                            nccl_type<floatX>(), pg_.comm, compute_));
+                }
+            } else {
+                persistent_gathered_ = false;
+                ring_block_[0] = ring_block_[1] = -1;
+            }
+        }
+        if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
+            scaler.scale *= 2.0f;
+            scaler.clean_steps = 0;
+        }
+        return {norm, false};
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // State transfer. Full arrays use the padded layout; shards follow plan().
+
+    // Sets the parameters (and master weights) from the full fp32 values (host, padded layout).
+    void set_parameters(const std::vector<float>& full) {
+        std::vector<float> mine = stage_ >= 1 ? local_slices(full) : full;
+        float* staging;
+        cudaCheck(cudaMalloc(&staging, full.size() * sizeof(float)));
+        if (stage_ < 3) {
+            cudaCheck(cudaMemcpy(staging, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice));
+            convert_precision(params_, staging, (long)total_, compute_);
+        } else {
+            cudaCheck(cudaMemcpy(staging, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+            convert_precision(param_shards_, staging, (long)mine.size(), compute_);
+        }
+        cudaCheck(cudaStreamSynchronize(compute_));
+        cudaCheck(cudaFree(staging));
+        if (kHasMaster) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        persistent_gathered_ = false;
+        ring_block_[0] = ring_block_[1] = -1;
+    }
+
+    // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
+    std::vector<float> parameters_host() {
+        std::vector<floatX> raw(total_);
+        if (stage_ < 3) {
+            cudaCheck(cudaMemcpyAsync(raw.data(), params_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
+        } else {
+            floatX* full;
+            cudaCheck(cudaMalloc(&full, total_ * sizeof(floatX)));
+            for (int u = 0; u < plan_.num_units(); u++)
+                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], full + plan_.unit_offset[u],
+                                        plan_.shard_size[u], nccl_type<floatX>(), pg_.comm, compute_));
+            cudaCheck(cudaMemcpyAsync(raw.data(), full, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
+            pg_.synchronize(compute_);
+            cudaCheck(cudaFree(full));
+        }
+        pg_.synchronize(compute_);
+        std::vector<float> out(total_);
+        for (size_t i = 0; i < total_; i++) out[i] = host_float(raw[i]);
+        return out;
+    }
+    // Full gradients (stages 0 and 1 keep them; for tests).
+    std::vector<float> gradients_host() {
+        if (stage_ >= 2) { fprintf(stderr, "error: full gradients are not kept at ZeRO stage %d\n", stage_); exit(EXIT_FAILURE); }
+        std::vector<floatX> raw(total_);
+        cudaCheck(cudaMemcpyAsync(raw.data(), grads_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
+        pg_.synchronize(compute_);
+        std::vector<float> out(total_);
+        for (size_t i = 0; i < total_; i++) out[i] = host_float(raw[i]);
+        return out;
+    }
+
+    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats.
+    size_t optimizer_elements() const { return stage_ >= 1 ? plan_.local_total : total_; }
+    void optimizer_state_to_host(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) const {
+        const size_t n = optimizer_elements();
+        master.resize(kHasMaster ? n : 0);
+        m.resize(n);
+        v.resize(n);
+        if (kHasMaster) cudaCheck(cudaMemcpy(master.data(), master_, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(m.data(), adam_m_, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(v.data(), adam_v_, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    void optimizer_state_from_host(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v) {
+        const size_t n = optimizer_elements();
+        if (kHasMaster) cudaCheck(cudaMemcpy(master_, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(adam_m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(adam_v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    // This rank's slices of a full (padded-layout) array, back to back.
+    std::vector<float> local_slices(const std::vector<float>& full) const {
+        std::vector<float> out(plan_.local_total);
+        for (int u = 0; u < plan_.num_units(); u++)
+            std::copy(full.begin() + plan_.global_begin(u), full.begin() + plan_.global_begin(u) + plan_.shard_size[u],
+                      out.begin() + plan_.local_offset[u]);
+        return out;
+    }
+
+private:
+    static float host_float(float x) { return x; }
+    static float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static float host_float(__half x) { return __half2float(x); }
+
+    void alloc(floatX** p, size_t n) {
+        cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
+        cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
+    }
+    // All-gather unit u from the parameter shards into `dst` (on the communication stream).
+    void gather(int u, floatX* dst) {
+        ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], dst, plan_.shard_size[u], nccl_type<floatX>(),
+                                pg_.comm, comm_));
+    }
+    // Stage 3: unless block l already sits in its ring slot, gather it there once the compute stream is done
+    // with the slot's previous block.
+    void ensure_block(int l) {
+        const int slot = l % 2;
+        if (ring_block_[slot] == l) return;
+        cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
+        gather(l + 1, ring_params_[slot]);
+        cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
+        ring_block_[slot] = l;
+    }
+
+    ShardPlan plan_;
+    size_t total_;
+    DecayMask decay_;
+    const ProcessGroup& pg_;
+    int stage_;
+    cudaStream_t compute_, comm_ = nullptr;
+    bool last_micro_step_ = true, persistent_gathered_ = false;
+    int ring_block_[2] = {-1, -1};  // stage 3: which block each parameter ring slot holds
+
+    floatX *params_ = nullptr, *grads_ = nullptr;                // full (stages < 3 / < 2)
+    floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
+    floatX *persistent_params_[2] = {}, *ring_params_[2] = {};   // stage 3: embeddings + final LayerNorm, blocks
+    floatX *persistent_grads_[2] = {}, *ring_grads_[2] = {};     // stages 2/3
+    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
+    cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
+    cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
+    std::vector<cudaEvent_t> unit_events_;
+};

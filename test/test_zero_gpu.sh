@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Data parallelism on 2 or more GPUs (argument: the number, default all): for ZeRO stages 0-3 the losses of
+# 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2), and all
+# ranks end with bitwise identical parameters; a model whose parameter count is not divisible by the GPU
+# count; gradient accumulation; resume on the same and on a different number of GPUs; per-GPU memory
+# falls from stage to stage; launches through our launcher and (when built with MPI) mpirun.
+set -u
+cd "$(dirname "$0")/.."
+N=${1:-$(nvidia-smi -L | grep -c '^GPU ')}
+W=build/test_work/zero$N
+rm -rf "$W"; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > /dev/null 2>&1
+# B per GPU = 8/N keeps the global batch at 8 rows
+BG=$((8 / N))
+MODEL=(--layers 3 --heads 3 --channels 72 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
+       --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
+losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
+maxdiff() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
+within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
+
+for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
+    ./train_gpt "${MODEL[@]}" --precision $p --batch-size 8 --steps 10 -o "$W/single_$p" > "$W/single_$p.out" 2>&1 \
+        || { echo "FAIL zero $p single-GPU baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
+    for stage in 0 1 2 3; do
+        name="$N GPUs stage $stage $p"
+        scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision $p --batch-size $BG --steps 10 --zero-stage $stage \
+            -o "$W/s${stage}_$p" > "$W/s${stage}_$p.out" 2>&1 || { echo "FAIL zero $name: $(grep -m1 error "$W/s${stage}_$p.out")"; continue; }
+        d=$(maxdiff "$W/single_$p" "$W/s${stage}_$p")
+        if [ "$(losses "$W/s${stage}_$p" | wc -l)" -eq 10 ] && within "$d" "$tol"; then
+            echo "PASS zero $name: 10 losses match one GPU, max diff $d (tol $tol)"
+        else
+            echo "FAIL zero $name: max loss diff $d (tol $tol)"
+        fi
+        sums=$(grep -o 'parameter checksum [0-9a-f]*' "$W/s${stage}_$p.out" | sort -u | wc -l)
+        ranks=$(grep -c 'parameter checksum' "$W/s${stage}_$p.out")
+        if [ "$ranks" -eq "$N" ] && [ "$sums" -eq 1 ]; then echo "PASS zero $name: parameters bitwise identical on all $N ranks"
+        else echo "FAIL zero $name: $ranks ranks reported, $sums distinct parameter checksums"; fi
+    done
+done
+# memory, on GPT-2 124M (d12): the measured allocation per GPU falls with every stage
+for stage in 0 1 2 3; do
+    scripts/launch.sh $N ./train_gpt --model d12 --batch-size 1 --seq-len 64 --steps 0 --val-every 0 --sample-every 0 \
+        --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
+    grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
+    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{print s, $7}' >> "$W/memory_d12.txt"
+done
+if [ "$(wc -l < "$W/memory_d12.txt")" -eq 4 ] && awk 'NR > 1 && $2 >= prev { bad = 1 } { prev = $2 } END { exit bad }' "$W/memory_d12.txt"; then
+    echo "PASS zero d12 memory per GPU falls with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")(stage GiB)"
+else
+    echo "FAIL zero d12 memory per GPU does not fall with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")"
+fi
+
+# gradient accumulation (2 micro-steps of half the rows) and resume, at stage 2 in fp32
+scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $((BG / 2 > 0 ? BG / 2 : 1)) \
+    --total-batch-tokens $((8 * 128)) --steps 10 --zero-stage 2 -o "$W/accum" > "$W/accum.out" 2>&1
+if [ $BG -ge 2 ]; then
+    d=$(maxdiff "$W/single_fp32" "$W/accum")
+    if within "$d" 1e-5; then echo "PASS zero $N GPUs gradient accumulation (2 micro-steps) matches one GPU: max diff $d"
+    else echo "FAIL zero $N GPUs gradient accumulation: max diff $d"; fi
+fi
+for stage in 1 3; do
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+        --checkpoint-every 5 -o "$W/ckpt$stage" > "$W/ckpt$stage.out" 2>&1
+    mkdir -p "$W/resume$stage"; cp "$W/ckpt$stage"/*_00000005* "$W/resume$stage/"
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+        -o "$W/resume$stage" --resume 1 > "$W/resume$stage.out" 2>&1
+    if [ "$(losses "$W/ckpt$stage" | awk '$1 >= 5')" == "$(losses "$W/resume$stage")" ] && [ "$(losses "$W/resume$stage" | wc -l)" -eq 5 ]; then
+        echo "PASS zero $N GPUs stage $stage resume on $N GPUs: steps 5-9 bitwise equal"
+    else
+        echo "FAIL zero $N GPUs stage $stage resume on $N GPUs: $(grep -m1 error "$W/resume$stage.out")"
+    fi
+done
+# a different number of GPUs: the stage-3 checkpoint of N GPUs continues on one GPU (stage 0)
+mkdir -p "$W/resume_one"; cp "$W/ckpt3"/*_00000005* "$W/resume_one/"
+./train_gpt "${MODEL[@]}" --precision bf16 --batch-size 8 --steps 10 -o "$W/resume_one" --resume 1 > "$W/resume_one.out" 2>&1
+d=$(paste <(losses "$W/ckpt3" | awk '$1 >= 5') <(losses "$W/resume_one") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}')
+if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
+    echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
+else
+    echo "FAIL zero resume of a $N-GPU checkpoint on 1 GPU: diff $d $(grep -m1 error "$W/resume_one.out")"
+fi
+# mpirun, when train_gpt was built with MPI
+if command -v mpirun > /dev/null && ldd ./train_gpt | grep -q libmpi; then
+    mpirun --allow-run-as-root -np $N -x NCCL_NVLS_ENABLE=0 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $BG \
+        --steps 10 --zero-stage 1 -o "$W/mpi" > "$W/mpi.out" 2>&1
+    d=$(maxdiff "$W/single_fp32" "$W/mpi")
+    if grep -q "(MPI)" "$W/mpi.out" && within "$d" 1e-5; then echo "PASS zero mpirun -np $N: losses match one GPU (max diff $d)"
+    else echo "FAIL zero mpirun -np $N: $(grep -m1 -E 'error|MPI' "$W/mpi.out")"; fi
+else
+    echo "SKIP zero mpirun: train_gpt built without MPI"
+fi
