@@ -44,8 +44,12 @@ if [ "$gpu_count" -ge 1 ]; then
     run kernels build/test_kernels
     run model bash test/test_model_gpu.sh
     run training bash test/test_training_gpu.sh
+    for n in 2 4; do
+        if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
+    done
 else
-    for t in "kernels vs CPU reference" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity"; do
+    for t in "kernels vs CPU reference" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" \
+             "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
         skip "$t" "no GPU"
     done
 fi
