@@ -155,7 +155,7 @@ __device__ __forceinline__ void store_tile(T* dst, long stride, const unsigned c
 // double-buffered. Scores are kept in the log2 domain (scale * log2(e) folded in) for exp2.
 #ifndef FA_FWD_MT128
 #define FA_FWD_MT128 2
-#define FA_FWD_BC128 64
+#define FA_FWD_BC128 32
 #define FA_FWD_MINB128 2
 #endif
 #ifndef FA_FWD_MT64
@@ -381,11 +381,10 @@ template <int HS> constexpr size_t bwd_smem_bytes() {
     return (size_t)(2 * kBwdBN * HS + 7 * kBwdBM * HS + 2 * kBwdBM * kBwdBN) * 2 + 6 * kBwdBM * sizeof(float);
 }
 
-template <typename T, int HS>
+template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(kBwdThreads, 1)
 flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, const T* qkv, const float* lse,
-                      const float* Dvec, int Tn, int NH, int nkb, int nqb, float scale, float scale_log2,
-                      bool deterministic) {
+                      const float* Dvec, int Tn, int NH, int nkb, int nqb, float scale, float scale_log2) {
     constexpr int BN = kBwdBN, BM = kBwdBM, THREADS = kBwdThreads;
     constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, PS_BYTES = BM * BN * 2;
     constexpr int DN = HS / 16;  // 8-wide column tiles of this warp's dK, dV (hs/2 columns)
@@ -457,14 +456,12 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
 #pragma unroll
             for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
 
-    int* turns = dq_turn + (bh * nqb) * (THREADS / 32) + warp;  // this warp's counter of query block 0
+    int* turns = dq_turn + bh * nqb;  // deterministic mode: per query block, key blocks that have added
     for (int qb = first_qb, buf = 0; qb < nqb; qb++, buf = buf == 2 ? 0 : buf + 1) {
         const int it = qb - first_qb;
         cp_async_wait<1>();  // this block's group; the next one may still be in flight
         // Every warp is past iteration it-1: buffer (it-1) % 3 and P / dS are free to overwrite.
         __syncthreads();
-        if (qb + 2 < nqb) load_q_block(qb + 2, buf == 0 ? 2 : buf - 1);
-        cp_async_commit();
         const int q0 = qb * BM;
         const uint32_t sQ = base + oQ + buf * QD_BYTES, sO = base + oO + buf * QD_BYTES;
 
@@ -566,6 +563,15 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                 }
         }
         __syncthreads();
+        // Deterministic: every warp's dQ part of the previous query block was written before this barrier,
+        // long enough ago that the fence finds it completed: hand that block on to the next key block.
+        if constexpr (DET)
+            if (tid == 0 && it > 0 && kb > 0) {
+                __threadfence();
+                red_release_add(turns + qb - 1, 1);
+            }
+        if (qb + 2 < nqb) load_q_block(qb + 2, buf == 0 ? 2 : buf - 1);
+        cp_async_commit();
 
         // ---- dV += P^T dO, dK += dS^T Q. P and dS are stored [query][key]: transposed loads give the
         // A fragments of P^T and dS^T.
@@ -620,21 +626,15 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             }
         }
 
-        // ---- dQ into the fp32 buffer. Deterministic: the key blocks of a query block take turns, highest
-        // first, each warp for its own 32 x hs/4 part with its own counter (no CTA barrier); the first
-        // stores, the middle ones add (atomics, but never two at once), and key block 0, always the last,
-        // adds the sum to its own part and writes dQ itself. The turn is handed on one iteration late, so
-        // the fence that makes our adds visible finds them long completed.
+        // ---- dQ into the fp32 buffer. Atomic mode: atomics. Deterministic: the key blocks of a query block
+        // take turns, highest first; each warp waits for its block's turn on its own (no CTA barrier), the
+        // first stores, the middle ones add (atomics, but never two at once), and key block 0, always the
+        // last, adds the sum to its own part and writes dQ itself.
         const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add before this one
-        if (deterministic) {
-            if (it > 0 && kb > 0) {
-                __threadfence();
-                __syncwarp();
-                if (lane == 0) red_release_add(turns + (qb - 1) * (THREADS / 32), 1);
-            }
+        if constexpr (DET) {
             if (turn > 0) {
                 if (lane == 0)
-                    while (ld_acquire(turns + qb * (THREADS / 32)) < turn) __nanosleep(32);
+                    while (ld_acquire(turns + qb) < turn) __nanosleep(32);
                 __syncwarp();
             }
         }
@@ -650,7 +650,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     const int col = wc * (HS / 4) + nt * 8 + tig * 2;
                     float2* p = reinterpret_cast<float2*>(acc + (long)r * HS + col);
                     float2 v = make_float2(dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
-                    if (!deterministic) {
+                    if (!DET) {
                         atomicAdd(p, v);
                     } else if (kb == 0) {
                         if (turn > 0) {
@@ -667,7 +667,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     }
                 }
             }
-        if (deterministic && kb == 0) {  // the warp's staged part of dQ, 16-byte stores
+        if (DET && kb == 0) {  // the warp's staged part of dQ, 16-byte stores
             __syncwarp();
             constexpr int CPR = HS / 32;  // chunks per row of the part
 #pragma unroll
@@ -679,12 +679,11 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             }
         }
     }
-    if (deterministic && kb > 0) {
+    __syncthreads();  // the last iteration's reads of K and V (and dQ writes) are done
+    if (DET && tid == 0 && kb > 0) {
         __threadfence();
-        __syncwarp();
-        if (lane == 0) red_release_add(turns + (nqb - 1) * (THREADS / 32), 1);
+        red_release_add(turns + nqb - 1, 1);
     }
-    __syncthreads();  // the last iteration's reads of K and V are done before they are overwritten
 
     // dK (scaled), dV: staged in the K and V tiles (free now), written with 16-byte stores
 #pragma unroll
@@ -1024,7 +1023,7 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
 }
 
 // Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*T*hs), the turn counters
-// (B*NH*ceil(T/64)*8 ints: one per query block and warp), each 256-byte aligned.
+// (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned.
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 struct BackwardScratch {
     float* D;
@@ -1081,12 +1080,11 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         cudaCheckLaunch();
     } else {
         const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
-        if (deterministic)
-            cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * (kBwdThreads / 32) * sizeof(int), stream));
-        auto kernel = flash_backward_kernel<floatX, HS>;
+        if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+        auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
         set_smem(kernel, bwd_smem_bytes<HS>());
         kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
-            dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e, deterministic);
+            dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e);
         cudaCheckLaunch();
         if (!deterministic) {
             flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * (HS / Packed128<floatX>::size), 256), 256, 0, stream>>>(
@@ -1125,5 +1123,5 @@ void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qk
 inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int hs) {
     const size_t bht = (size_t)B * NH * T;
     return flash::align256(bht * 4) + flash::align256(bht * hs * 4) +
-           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * (flash::kBwdThreads / 32) * sizeof(int));
+           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * sizeof(int));
 }

@@ -28,7 +28,7 @@ for p in fp32 bf16 fp16; do
     fi
     # resume from the step-10 checkpoint of run a, in a fresh folder
     mkdir -p "$W/$p-r"
-    cp "$W/$p-a/model_00000010.bin" "$W/$p-a/state_00000010.bin" "$W/$p-r/"
+    cp "$W/$p-a"/*_00000010* "$W/$p-r/"
     ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-r" --resume 1 > "$W/$p-r.out" 2>&1
     expected=$(train_log_lines "$W/$p-a" | awk '$1 >= 10')
     if grep -q "resumed from" "$W/$p-r.out" && [ "$expected" == "$(train_log_lines "$W/$p-r")" ]; then
