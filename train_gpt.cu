@@ -145,7 +145,7 @@ struct ParameterLayout {
         size_t file_offset = 0;
         auto run = [&](size_t device_offset, size_t count) { visit(file_offset, device_offset, count); file_offset += count; };
         run(wte, wpe - wte);
-        run(wpe, blocks_begin - wpe);
+        run(wpe, (size_t)config.max_seq_len * config.channels);
         for (int t = 0; t < kBlockTensors; t++)
             for (int l = 0; l < config.num_layers; l++) run(tensor(l, (BlockTensor)t), block_tensor_size[t]);
         run(lnfw, config.channels);

@@ -82,11 +82,15 @@ __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0, which 
     return y;
 }
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
+// Turn counters of the deterministic backward. A relaxed read does not stall the warp until its value is
+// used; followed by fence_acq_rel it is an acquire (PTX memory model: acquire pattern).
+__device__ __forceinline__ int ld_relaxed(const int* p) {
     int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+// Release: everything this thread, and (through a preceding barrier) its CTA, wrote is visible before the add.
 __device__ __forceinline__ void red_release_add(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
@@ -564,12 +568,14 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
         }
         __syncthreads();
         // Deterministic: every warp's dQ part of the previous query block was written before this barrier,
-        // long enough ago that the fence finds it completed: hand that block on to the next key block.
-        if constexpr (DET)
-            if (tid == 0 && it > 0 && kb > 0) {
-                __threadfence();
-                red_release_add(turns + qb - 1, 1);
-            }
+        // a phase ago, so the release finds it completed: hand that block on to the next key block. And
+        // look early at this block's counter; the value is needed only at the dQ writes.
+        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add to this block before us
+        int seen = 0;
+        if constexpr (DET) {
+            if (tid == 0 && it > 0 && kb > 0) red_release_add(turns + qb - 1, 1);
+            if (lane == 0 && turn > 0) seen = ld_relaxed(turns + qb);
+        }
         if (qb + 2 < nqb) load_q_block(qb + 2, buf == 0 ? 2 : buf - 1);
         cp_async_commit();
 
@@ -630,11 +636,15 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
         // take turns, highest first; each warp waits for its block's turn on its own (no CTA barrier), the
         // first stores, the middle ones add (atomics, but never two at once), and key block 0, always the
         // last, adds the sum to its own part and writes dQ itself.
-        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add before this one
         if constexpr (DET) {
             if (turn > 0) {
-                if (lane == 0)
-                    while (ld_acquire(turns + qb) < turn) __nanosleep(32);
+                if (lane == 0) {
+                    while (seen < turn) {
+                        __nanosleep(32);
+                        seen = ld_relaxed(turns + qb);
+                    }
+                    fence_acq_rel();
+                }
                 __syncwarp();
             }
         }
@@ -680,10 +690,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
         }
     }
     __syncthreads();  // the last iteration's reads of K and V (and dQ writes) are done
-    if (DET && tid == 0 && kb > 0) {
-        __threadfence();
-        red_release_add(turns + nqb - 1, 1);
-    }
+    if (DET && tid == 0 && kb > 0) red_release_add(turns + nqb - 1, 1);
 
     // dK (scaled), dV: staged in the K and V tiles (free now), written with 16-byte stores
 #pragma unroll

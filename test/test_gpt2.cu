@@ -75,7 +75,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     size_t offset = 0;
     const size_t L = config.num_layers;
     for (int t = 0; t < 16; t++) {
-        size_t count = t == 0 ? model.layout.wpe : t == 1 ? model.layout.blocks_begin - model.layout.wpe
+        size_t count = t == 0 ? model.layout.wpe : t == 1 ? (size_t)config.max_seq_len * config.channels
                      : t >= 14 ? (size_t)config.channels : model.layout.block_tensor_size[t - 2] * L;
         const double rel = relative_l2(&file_order[offset], &state.grads[offset], count);
         snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", rel, tol.grad_rel_l2);
