@@ -7,18 +7,12 @@
 # Expected: 1,876,092 val tokens (24 books) and 26,667,435 train tokens (262 books).
 #
 # Shared data: $SHARED_DATA, else ../shared/data relative to the repository root.
-# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards, else ./prepare_shards.
+# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin="${PREPARE_SHARDS:-}"
-for candidate in build/prepare_shards ./prepare_shards; do
-    if [[ -z "$bin" && -x "$candidate" ]]; then bin="$candidate"; fi
-done
-if [[ -z "$bin" ]]; then
-    echo "prepare_gutenberg.sh: prepare_shards not found (build it, or set PREPARE_SHARDS)" >&2
-    exit 1
-fi
+bin="${PREPARE_SHARDS:-build/prepare_shards}"
+[[ -x "$bin" ]] || { echo "prepare_gutenberg.sh: $bin not found (run make, or set PREPARE_SHARDS)" >&2; exit 1; }
 
 shared="${SHARED_DATA:-../shared/data}"
 mkdir -p data/gutenberg

@@ -6,18 +6,12 @@
 # tokens is validation. The plain token count of the file (tiktoken encode_ordinary) is 338,025; check it
 # with `prepare_shards --count data/tinyshakespeare/input.txt`.
 #
-# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards, else ./prepare_shards.
+# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin="${PREPARE_SHARDS:-}"
-for candidate in build/prepare_shards ./prepare_shards; do
-    if [[ -z "$bin" && -x "$candidate" ]]; then bin="$candidate"; fi
-done
-if [[ -z "$bin" ]]; then
-    echo "prepare_tinyshakespeare.sh: prepare_shards not found (build it, or set PREPARE_SHARDS)" >&2
-    exit 1
-fi
+bin="${PREPARE_SHARDS:-build/prepare_shards}"
+[[ -x "$bin" ]] || { echo "prepare_tinyshakespeare.sh: $bin not found (run make, or set PREPARE_SHARDS)" >&2; exit 1; }
 
 input=data/tinyshakespeare/input.txt
 tmp="$(mktemp -d)"

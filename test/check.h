@@ -1,8 +1,11 @@
 // The tests' output protocol and error measures. Each check prints one line, "PASS name  detail" or
 // "FAIL name: detail", which test/run_tests.sh counts; a test program exits 1 if any check failed.
 #pragma once
+#include <sys/stat.h>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <string>
 
 inline int& check_failures() {
@@ -13,6 +16,27 @@ inline void check(bool ok, const std::string& name, const std::string& detail) {
     printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name.c_str(), ok ? "  " : ": ", detail.c_str());
     fflush(stdout);
     if (!ok) check_failures()++;
+}
+
+inline void pass(const std::string& name) { check(true, name, ""); }
+inline void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
+// Like check(), but the detail describes a failure and is printed only then.
+inline void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
+inline void skip(const std::string& name, const std::string& why) {
+    printf("SKIP %s: %s\n", name.c_str(), why.c_str());
+    fflush(stdout);
+}
+// Runs body(); an exception it throws is a failure of `name`.
+inline void guarded(const std::string& name, const std::function<void()>& body) {
+    try {
+        body();
+    } catch (const std::exception& e) {
+        fail(name, std::string("exception: ") + e.what());
+    }
+}
+inline bool file_exists(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
 }
 
 // ||a - b|| / ||b||; infinite when a holds a NaN or inf (an unwritten, poisoned output included).

@@ -22,17 +22,6 @@
 
 namespace {
 
-void pass(const std::string& name) { check(true, name, ""); }
-void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
-// check() prints its detail on success too; ours describe failures, so they are shown only then.
-void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
-void guarded(const std::string& name, const std::function<void()>& body) {
-    try {
-        body();
-    } catch (const std::exception& e) {
-        fail(name, std::string("exception: ") + e.what());
-    }
-}
 
 // Expects body() to throw a message containing every one of `needles`.
 void expect_error(const std::string& name, const std::vector<std::string>& needles, const std::function<void()>& body) {

@@ -24,23 +24,8 @@ namespace {
 const char* const kFixture = "test/fixtures/hellaswag_tiny.jsonl";
 constexpr int kEot = 50256;
 
-void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
-// check() prints its detail on success too; ours describe failures, so they are shown only then.
-void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
-void skip(const std::string& name, const std::string& why) { std::printf("SKIP %s: %s\n", name.c_str(), why.c_str()); }
 
-void guarded(const std::string& name, const std::function<void()>& body) {
-    try {
-        body();
-    } catch (const std::exception& e) {
-        fail(name, std::string("exception: ") + e.what());
-    }
-}
 
-bool file_exists(const std::string& path) {
-    struct stat st;
-    return ::stat(path.c_str(), &st) == 0;
-}
 
 std::string ids_text(const std::vector<int>& ids) {
     std::string s;

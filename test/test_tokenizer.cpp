@@ -23,24 +23,8 @@
 
 namespace {
 
-void pass(const std::string& name) { check(true, name, ""); }
-void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
-// check() prints its detail on success too; ours describe failures, so they are shown only then.
-void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
-void skip(const std::string& name, const std::string& why) { std::printf("SKIP %s: %s\n", name.c_str(), why.c_str()); }
 
-void guarded(const std::string& name, const std::function<void()>& body) {
-    try {
-        body();
-    } catch (const std::exception& e) {
-        fail(name, std::string("exception: ") + e.what());
-    }
-}
 
-bool file_exists(const std::string& path) {
-    struct stat st;
-    return ::stat(path.c_str(), &st) == 0;
-}
 
 std::string shared_data_dir() {
     const char* env = std::getenv("SHARED_DATA");
