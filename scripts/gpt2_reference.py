@@ -3,7 +3,8 @@
 
 Subcommands:
   debug-state  write an initial model file and a debug-state file (docs/formats.md) for correctness tests
-  train        train on llm.c token shards (loss-curve comparisons and throughput benchmarks)
+  train        train on llm.c token shards (loss-curve comparisons and throughput benchmarks); launched by
+               torchrun (WORLD_SIZE > 1) it trains data-parallel with DDP or FSDP (--parallel)
   make-shard   write a shard of random tokens (for smoke tests)
 
 Runs on torch 1.13 (CPU) and torch 2.x (CUDA). Hyper-parameters, file formats, AdamW, the lr schedule and
@@ -11,6 +12,7 @@ the batch order follow docs/formats.md exactly.
 """
 import argparse
 import contextlib
+import functools
 import glob
 import math
 import os
@@ -20,8 +22,10 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 HEADER_INTS = 256
 GPT2_VOCAB = 50257
@@ -249,7 +253,8 @@ def build_model(args):
 # Optimisation pieces shared by both subcommands
 
 class AdamW:
-    """AdamW exactly as docs/formats.md (decay uses the pre-update parameter, bias-corrected moments)."""
+    """AdamW exactly as docs/formats.md (decay uses the pre-update parameter, bias-corrected moments).
+    A parameter without a gradient is skipped: under FSDP that is one with no elements on this process."""
 
     def __init__(self, decay_params, no_decay_params, beta1, beta2, eps, weight_decay):
         self.entries = [(p, weight_decay) for p in decay_params] + [(p, 0.0) for p in no_decay_params]
@@ -264,6 +269,8 @@ class AdamW:
         bias1, bias2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
         for (p, wd), (m, v) in zip(self.entries, self.state):
             g = p.grad
+            if g is None:
+                continue
             m.mul_(b1).add_(g, alpha=1.0 - b1)
             v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
             update = (m / bias1) / (v / bias2).sqrt_().add_(self.eps)
@@ -294,9 +301,14 @@ class TorchFusedAdamW:
 
 
 @torch.no_grad()
-def grad_norm(params):
-    """Global L2 norm of all gradients, accumulated in float64 (one tensor at a time)."""
-    sq = sum(torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2 for p in params)
+def grad_norm(params, sharded=False):
+    """Global L2 norm of all gradients, accumulated in float64 (one tensor at a time). sharded (FSDP): each
+    process holds a disjoint slice of the gradients (none for a parameter with no elements here), so the
+    squares are summed over the processes."""
+    sq = sum((torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2 for p in params if p.grad is not None),
+             torch.zeros((), dtype=torch.float64, device=params[0].device))
+    if sharded:
+        dist.all_reduce(sq)
     return math.sqrt(float(sq))
 
 
@@ -306,7 +318,8 @@ def clip_grads(params, norm, grad_clip):
     if grad_clip > 0 and norm > grad_clip:
         scale = grad_clip / norm
         for p in params:
-            p.grad.mul_(scale)
+            if p.grad is not None:
+                p.grad.mul_(scale)
 
 
 def lr_at(step, max_lr, warmup, total, schedule, final_frac):
@@ -423,61 +436,125 @@ def open_shard(path):
 
 
 class ShardLoader:
-    """Unshuffled batches in the "Batch order" of docs/formats.md."""
+    """Unshuffled batches in the "Batch order" of docs/formats.md. With several processes each step's window
+    holds num_ranks*B rows and process `rank` takes rows rank*B .. rank*B+B-1 of it."""
 
-    def __init__(self, pattern, B, T, vocab_size):
+    def __init__(self, pattern, B, T, vocab_size, rank=0, num_ranks=1):
         self.files = sorted(glob.glob(pattern))
         if not self.files:
             raise InputError(f"no shard matches {pattern!r}")
         self.shards = [open_shard(f) for f in self.files]
+        self.window = num_ranks * B * T  # tokens the window advances by (it reads one more: the last target)
         for path, tokens in zip(self.files, self.shards):
-            if len(tokens) < B * T + 1:
-                raise InputError(f"{path}: {len(tokens)} tokens, fewer than one batch needs ({B * T + 1})")
-        self.B, self.T, self.vocab_size = B, T, vocab_size
+            if len(tokens) < self.window + 1:
+                raise InputError(f"{path}: {len(tokens)} tokens, fewer than one batch needs ({self.window + 1})")
+        self.B, self.T, self.rank, self.vocab_size = B, T, rank, vocab_size
         self.shard, self.offset = 0, 0
 
     def next_batch(self):
         B, T = self.B, self.T
-        if self.offset + B * T + 1 > len(self.shards[self.shard]):
+        if self.offset + self.window + 1 > len(self.shards[self.shard]):
             self.shard, self.offset = (self.shard + 1) % len(self.shards), 0
-        window = np.asarray(self.shards[self.shard][self.offset:self.offset + B * T + 1]).astype(np.int64)
-        if window.max() >= self.vocab_size:
-            raise InputError(f"{self.files[self.shard]}: token {window.max()} >= vocab size {self.vocab_size}")
-        self.offset += B * T
-        buf = torch.from_numpy(window)
+        start = self.offset + self.rank * B * T
+        rows = np.asarray(self.shards[self.shard][start:start + B * T + 1]).astype(np.int64)
+        if rows.max() >= self.vocab_size:
+            raise InputError(f"{self.files[self.shard]}: token {rows.max()} >= vocab size {self.vocab_size}")
+        self.offset += self.window
+        buf = torch.from_numpy(rows)
         return buf[:-1].view(B, T), buf[1:].view(B, T)
 
 
-def cmd_train(args):
+def init_data_parallel(args):
+    """(rank, number of processes, device). torchrun (or scripts/launch.sh) starts one process per GPU with
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; with WORLD_SIZE > 1 they join one process
+    group (NCCL on CUDA, gloo on CPU). Otherwise a single process: rank 0 of 1, no process group."""
     device = setup_device(args)
-    B, T = args.batch_size, args.seq_len
-    tokens_per_micro = B * T
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device
+
+
+def wrap_data_parallel(model, args, device):
+    """The model (already on `device`) wrapped for --parallel.
+
+    ddp: DistributedDataParallel; parameters stay fp32 and bf16 comes from autocast, as in single-process
+    training (gradients are all-reduced in fp32).
+    fsdp-*: FullyShardedDataParallel with one unit per transformer Block (the embeddings and the final
+    LayerNorm form the root unit). SHARD_GRAD_OP keeps a block's gathered parameters from forward to backward
+    (like our ZeRO-2), FULL_SHARD frees them after forward and gathers them again for backward (ZeRO-3). In
+    bf16 FSDP's MixedPrecision stores fp32 shards, computes with bf16 copies and gathers and reduce-scatters
+    in bf16, as train_gpt does (autocast over fp32 shards would gather fp32, twice the traffic).
+    use_orig_params keeps the original parameters (torch.compile needs them, and the optimizer's decay and
+    no-decay groups split each block's parameters)."""
+    if args.parallel == "ddp":
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # Imported here: torch 1.13 under Python 3.11 cannot import torch.distributed.fsdp at all.
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    bf16 = torch.bfloat16
+    return FullyShardedDataParallel(
+        model,
+        sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if args.parallel == "fsdp-grad-op" else ShardingStrategy.FULL_SHARD,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+        mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) if args.dtype == "bf16" else None,
+        device_id=device if device.type == "cuda" else None,
+        forward_prefetch=True,  # gather the next block during this one's forward (train_gpt's ZeRO-3 prefetches too)
+        use_orig_params=True)
+
+
+def cmd_train(args):
+    rank, world, device = init_data_parallel(args)
+    try:
+        train(args, rank, world, device)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def train(args, rank, world, device):
+    B, T = args.batch_size, args.seq_len  # B rows per process
+    tokens_per_micro = B * T * world
     total_tokens = args.total_batch_tokens or tokens_per_micro
     if B <= 0 or T <= 0 or args.steps <= 0:
         raise InputError("--batch-size, --seq-len and --steps must be positive")
     if total_tokens % tokens_per_micro:
-        raise InputError(f"--total-batch-tokens {total_tokens} is not a multiple of B*T = {tokens_per_micro}")
+        raise InputError(f"--total-batch-tokens {total_tokens} is not a multiple of B*T*processes = {tokens_per_micro}")
+    ddp = world > 1 and args.parallel == "ddp"
+    fsdp = world > 1 and not ddp
+    if fsdp and args.dtype == "fp16":
+        raise InputError(f"--parallel {args.parallel} supports --dtype fp32 and bf16")
     grad_accum = total_tokens // tokens_per_micro
     model = build_model(args)
     if T > model.cfg.max_seq_len:
         raise InputError(f"--seq-len {T} > max seq len {model.cfg.max_seq_len}")
-    loader = ShardLoader(args.train_shards, B, T, model.cfg.vocab_size)
+    loader = ShardLoader(args.train_shards, B, T, model.cfg.vocab_size, rank, world)
     model.to(device)
+    wrapped = wrap_data_parallel(model, args, device) if world > 1 else model
+    # Taken after wrapping: under FSDP each parameter now holds only this process's slice.
     params = [t for _, ts in model.file_layout() for t in ts]
     opt_class = TorchFusedAdamW if args.fused_adamw else AdamW
     optimizer = opt_class(*model.param_groups(), args.beta1, args.beta2, args.eps, args.weight_decay)
-    forward = model
+    forward = wrapped
     if args.compile:
         if not hasattr(torch, "compile"):
             raise InputError("--compile needs torch >= 2.0")
-        forward = torch.compile(model)
+        forward = torch.compile(wrapped)  # around DDP, so that compiled DDP still overlaps its all-reduces
+
+    def precision():  # FSDP's MixedPrecision already computes in bf16
+        return contextlib.nullcontext() if fsdp else autocast(args, device)
+
     # fp16 needs loss scaling; a simple dynamic scheme (halve on overflow and skip, double after 1000 good steps).
     loss_scale = 65536.0 if args.dtype == "fp16" else 1.0
     good_steps = 0
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    log = open(args.log, "w") if args.log else None
+    log = open(args.log, "w") if args.log and rank == 0 else None
     if log:
         log.write("# step loss lr grad_norm ms tokens_per_s\n")
     step_ms = []
@@ -485,18 +562,21 @@ def cmd_train(args):
         t0 = time.perf_counter()
         lr = lr_at(step, args.lr, args.warmup_steps, args.steps, args.lr_schedule, args.final_lr_frac)
         loss_sum = torch.zeros((), device=device)
-        for _ in range(grad_accum):
+        for micro in range(grad_accum):
             x, y = loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(args, device):
-                _, loss = forward(x, y)
-            (loss * (loss_scale / grad_accum)).backward()
+            # DDP all-reduces only after the last micro-step; FSDP reduce-scatters after each (so do our
+            # ZeRO stages 2 and 3), since it keeps no full gradients between micro-steps.
+            with wrapped.no_sync() if ddp and micro < grad_accum - 1 else contextlib.nullcontext():
+                with precision():
+                    _, loss = forward(x, y)
+                (loss * (loss_scale / grad_accum)).backward()
             loss_sum += loss.detach()
         if loss_scale != 1.0:
             with torch.no_grad():
                 for p in params:
                     p.grad.div_(loss_scale)
-        norm = grad_norm(params)
+        norm = grad_norm(params, sharded=fsdp)
         if math.isfinite(norm):
             clip_grads(params, norm, args.grad_clip)
             optimizer.step(lr)
@@ -505,29 +585,39 @@ def cmd_train(args):
                 loss_scale *= 2.0
         elif args.dtype == "fp16":
             loss_scale /= 2.0
-            print(f"step {step}: gradient overflow, skipped; loss scale now {loss_scale:g}")
+            if rank == 0:
+                print(f"step {step}: gradient overflow, skipped; loss scale now {loss_scale:g}")
         else:
             raise InputError(f"non-finite gradient norm at step {step}")
         optimizer.zero_grad()
-        mean_loss = loss_sum.item() / grad_accum  # synchronises with the device
+        if world > 1:
+            dist.all_reduce(loss_sum)  # the reported loss is the mean over all processes
+        mean_loss = loss_sum.item() / (grad_accum * world)  # synchronises with the device
         if cuda:
             torch.cuda.synchronize(device)
         ms = 1000.0 * (time.perf_counter() - t0)
         step_ms.append(ms)
         tok_s = total_tokens / (ms / 1000.0)
         line = f"{step} {mean_loss:.6f} {lr:.6e} {norm:.6f} {ms:.3f} {tok_s:.1f}"
-        print("step " + line, flush=True)
+        if rank == 0:
+            print("step " + line, flush=True)
         if log:
             log.write(line + "\n")
             log.flush()
     if log:
         log.close()
     if args.model_out:
-        write_model(model, args.model_out)
+        if fsdp:  # every process takes part in gathering the full parameters
+            with type(wrapped).summon_full_params(wrapped, writeback=False):
+                if rank == 0:
+                    write_model(model, args.model_out)
+        elif rank == 0:
+            write_model(model, args.model_out)
     timed = step_ms[args.timing_warmup:] if len(step_ms) > args.timing_warmup else step_ms[-1:]
     ms = statistics.median(timed)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else 0.0
-    print(f"RESULT tokens_per_s={total_tokens / (ms / 1000.0):.1f} ms_per_step={ms:.3f} peak_mem_gib={peak:.3f}")
+    if rank == 0:
+        print(f"RESULT tokens_per_s={total_tokens / (ms / 1000.0):.1f} ms_per_step={ms:.3f} peak_mem_gib={peak:.3f}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -582,7 +672,8 @@ def main(argv=None):
     add_model_args(p)
     p.add_argument("--train-shards", required=True, help="glob of token shards")
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--total-batch-tokens", type=int, help="default B*T; a multiple of B*T (gradient accumulation)")
+    p.add_argument("--total-batch-tokens", type=int,
+                   help="tokens per step over all processes; default B*T*processes, a multiple of it (gradient accumulation)")
     p.add_argument("--lr", type=float, default=6e-4, help="max learning rate")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--lr-schedule", choices=["cosine", "linear", "constant"], default="cosine")
@@ -592,6 +683,9 @@ def main(argv=None):
     p.add_argument("--log", help="per-step log: step loss lr grad_norm ms tokens_per_s")
     p.add_argument("--timing-warmup", type=int, default=3, help="steps excluded from the RESULT median")
     p.add_argument("--model-out", help="write the final model here")
+    p.add_argument("--parallel", choices=["ddp", "fsdp-grad-op", "fsdp-full"], default="ddp",
+                   help="with several processes (torchrun, WORLD_SIZE > 1; --batch-size is per process): "
+                        "DistributedDataParallel, or FSDP with SHARD_GRAD_OP or FULL_SHARD")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("make-shard", help="write a shard of uniformly random tokens")

@@ -2,9 +2,11 @@
 // and forward + backward with the deterministic and the atomic dQ accumulation. CUDA events around each
 // repetition after warm-up, median of the repetitions; inputs random (never zeros).
 // FLOP convention (causal): forward 4*B*H*T^2*D / 2, backward 2.5x forward, forward + backward 3.5x.
-// Prints one line per measurement: "ours WHAT B H T D MS TFLOPS".
+// Prints one line per measurement: "ours WHAT B H T D MS TFLOPS", then a check at this size that repeated
+// deterministic backwards give the same bits, and how far the atomic one is from them.
 // Usage: bench_attention B H T D [bf16|fp16] [reps]
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -77,6 +79,30 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
         report(deterministic ? "bwd_det" : "bwd_atomic", median_ms(bwd, 3, reps, stream), 2.5 * fwd_flops);
         report(deterministic ? "fwdbwd_det" : "fwdbwd_atomic", median_ms(fwd_bwd, 3, reps, stream), 3.5 * fwd_flops);
     }
+
+    // Untimed check at this size: `reps` deterministic backwards give the bits of the first one; the atomic
+    // result is close to it.
+    std::vector<T> first(3 * n), got(3 * n);
+    auto backward_to_host = [&](std::vector<T>& host, bool deterministic) {
+        flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, deterministic, stream);
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaMemcpy(host.data(), dqkv, 3 * n * sizeof(T), cudaMemcpyDeviceToHost));
+    };
+    backward_to_host(first, true);
+    bool same = true;
+    for (int i = 0; i < reps; i++) {
+        backward_to_host(got, true);
+        same = same && std::memcmp(got.data(), first.data(), got.size() * sizeof(T)) == 0;
+    }
+    backward_to_host(got, false);
+    double num = 0.0, den = 0.0;
+    for (long i = 0; i < 3 * n; i++) {
+        const double a = (float)got[i], b = (float)first[i];
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    printf("check %d %d %d %d deterministic backward bitwise equal over %d runs: %s; atomic vs deterministic rel L2 %.2e\n",
+           B, H, Tn, D, reps + 1, same ? "yes" : "NO", std::sqrt(num / den));
     cudaCheck(cudaFree(qkv));
     cudaCheck(cudaFree(dout));
     cudaCheck(cudaFree(out));

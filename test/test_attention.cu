@@ -30,6 +30,16 @@ template <typename T> T from_host_float(float x);
 template <> float from_host_float<float>(float x) { return x; }
 template <> __nv_bfloat16 from_host_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <> __half from_host_float<__half>(float x) { return __float2half(x); }
+static float bits_to_float(uint16_t bits, __nv_bfloat16*) {
+    __nv_bfloat16_raw r;
+    r.x = bits;
+    return __bfloat162float(__nv_bfloat16(r));
+}
+static float bits_to_float(uint16_t bits, __half*) {
+    __half_raw r;
+    r.x = bits;
+    return __half2float(__half(r));
+}
 
 static std::mt19937_64 rng;
 
@@ -181,11 +191,7 @@ static void sdpa_record(std::ifstream& f, int B, int H, int Tn, int D, cudaStrea
     std::vector<uint16_t> raw(n);
     for (auto& v : a) {
         f.read(reinterpret_cast<char*>(raw.data()), n * 2);
-        for (size_t i = 0; i < n; i++) {
-            T x;
-            std::memcpy(&x, &raw[i], 2);
-            v[i] = to_host_float(x);
-        }
+        for (size_t i = 0; i < n; i++) v[i] = bits_to_float(raw[i], (T*)nullptr);
     }
     std::vector<float> qkv(3 * n);
     for (size_t r = 0; r < rows; r++)

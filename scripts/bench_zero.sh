@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Data-parallel benchmark on the GPU machine: tokens/s, scaling efficiency and per-GPU peak memory of
+# train_gpt's ZeRO stages 0-3 on 1, 2 and 4 GPUs, and of PyTorch on the same model file, token shard and GPUs
+# in the same run: DDP (next to stage 0), FSDP SHARD_GRAD_OP (stage 2) and FSDP FULL_SHARD (stage 3), each with
+# torch.compile, SDPA flash attention, fused AdamW and bf16 (scripts/gpt2_reference.py train --parallel).
+# On one GPU both train plainly: that run is the baseline of the scaling efficiency,
+#   efficiency = tokens/s on N GPUs / (N x tokens/s on one GPU).
+# Sizes: 124M (d12, 64 rows per GPU) and 1.5B (d48, 8 rows per GPU), T = 1024, random tokens. Every run of a
+# size takes the same optimizer step, rows x T x G tokens, where G is the largest of 1, 2, 4 that the machine
+# has: fewer GPUs fill it by gradient accumulation (stages 0-1 and DDP reduce after the last micro-step,
+# stages 2-3 and FSDP after every one), so runs restricted with --gpus compare with the full run.
+# train_gpt runs through scripts/launch.sh, PyTorch through torchrun; NVLink multicast is off for both.
+# The result of each run is the median step time after 3 warm-up steps (the RESULT line of either trainer).
+#
+# Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4"] [--stages "0 1 2 3"] [--steps 20] [--no-torch]
+#   e.g. scripts/bench_zero.sh --sizes 124M --gpus "1 2" --steps 10
+# ROWS_124M / ROWS_1_5B override the rows per GPU; PYTHON the interpreter with torch (default python3).
+# Work files (model files, the shard, every run's log) go to build/bench_zero. Where --gpus leaves out 1, the
+# efficiency uses the one-GPU logs of an earlier run there with the same size, step and step count.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '/^# Usage:/,/^# ROWS_124M/p' "$0" | sed 's/^# \{0,1\}//'; }
+SIZES="124M 1.5B"; GPUS="1 2 4"; STAGES="0 1 2 3"; STEPS=20; TORCH=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --sizes|--gpus|--stages|--steps)
+            [ $# -ge 2 ] || { echo "bench_zero: $1 needs a value" >&2; exit 2; }
+            case $1 in --sizes) SIZES=$2 ;; --gpus) GPUS=$2 ;; --stages) STAGES=$2 ;; --steps) STEPS=$2 ;; esac
+            shift 2 ;;
+        --no-torch) TORCH=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "bench_zero: unknown argument $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+for s in $STAGES; do case $s in 0|1|2|3) ;; *) echo "bench_zero: no ZeRO stage $s" >&2; exit 2 ;; esac; done
+for size in $SIZES; do case $size in 124M|1.5B) ;; *) echo "bench_zero: unknown size $size (124M or 1.5B)" >&2; exit 2 ;; esac; done
+[[ $STEPS =~ ^[0-9]+$ ]] && [ "$STEPS" -gt 3 ] || { echo "bench_zero: --steps must be more than the 3 warm-up steps" >&2; exit 2; }
+
+PY=${PYTHON:-python3}
+T=1024
+W=build/bench_zero; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
+make -s train_gpt || exit 1
+available=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
+[ "$available" -ge 1 ] || { echo "bench_zero: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
+G=1; for n in 2 4; do [ "$available" -ge $n ] && G=$n; done
+counts=""
+for n in $GPUS; do
+    if [ "$n" -le "$available" ]; then counts="$counts $n"; else echo "bench_zero: skipping $n GPUs (this machine has $available)"; fi
+done
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null || echo "not importable with $PY")
+
+[ -f "$W/random.bin" ] || "$PY" scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 8000000 > /dev/null || exit 1
+
+rows_of() { case $1 in 124M) echo "${ROWS_124M:-64}" ;; 1.5B) echo "${ROWS_1_5B:-8}" ;; esac; }
+shape_of() { case $1 in 124M) echo "--layers 12 --heads 12 --channels 768" ;; 1.5B) echo "--layers 48 --heads 25 --channels 1600" ;; esac; }
+torch_mode() { case $1 in 0) echo ddp ;; 2) echo fsdp-grad-op ;; 3) echo fsdp-full ;; esac; }  # stage 1: no counterpart
+label() { case $1 in 0) echo "ZeRO-0 | DDP" ;; 1) echo "ZeRO-1 | -" ;; 2) echo "ZeRO-2 | FSDP SHARD_GRAD_OP" ;; 3) echo "ZeRO-3 | FSDP FULL_SHARD" ;; esac; }
+field() { [ -f "$1" ] && grep '^RESULT' "$1" | tail -n 1 | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
+
+# The initial model of a size, written once by the PyTorch reference; both trainers start from it.
+model_file() {
+    local size=$1 out="$W/$1.bin"
+    if [ ! -f "$out" ]; then
+        echo "writing the $size initial model to $out" >&2
+        # shellcheck disable=SC2046  # shape_of's flags are meant to split
+        "$PY" scripts/gpt2_reference.py debug-state $(shape_of "$size") --max-seq-len $T --batch-size 1 --seq-len 8 \
+            --steps 1 --model-out "$out.tmp" --state-out "$W/unused_state.bin" > "$W/model_$size.log" 2>&1 \
+            || { echo "bench_zero: writing the $size model failed:" >&2; tail -n 15 "$W/model_$size.log" >&2; return 1; }
+        rm -f "$W/unused_state.bin"
+        mv "$out.tmp" "$out"
+    fi
+    echo "$out"
+}
+
+failures=0
+# bench LOG DESCRIPTION COMMAND...: runs one trainer; on failure prints the last lines of its log.
+bench() {
+    local log=$1 what=$2; shift 2
+    local rc
+    rm -f "$log"
+    "$@" > "$log" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && [ -n "$(field "$log" tokens_per_s)" ]; then
+        printf '  %-40s %12.0f tokens/s  %6.2f GiB\n' "$what" "$(field "$log" tokens_per_s)" "$(field "$log" peak_mem_gib)"
+    else
+        failures=$((failures + 1))
+        echo "  FAILED: $what (exit $rc); the last lines of $log:"
+        tail -n 15 "$log" | sed 's/^/    | /'
+    fi
+}
+
+for size in $SIZES; do
+    rows=$(rows_of "$size"); total=$((rows * T * G))
+    model=$(model_file "$size") || { failures=$((failures + 1)); continue; }
+    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"; mkdir -p "$D"
+    echo "$size: $rows rows x $T tokens per GPU, $total tokens per step, $STEPS steps"
+    OURS=(./train_gpt --model "$model" --train-data "$W/random.bin" --val-data "" --val-every 0 --sample-every 0
+          --batch-size "$rows" --seq-len $T --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4)
+    REF=(scripts/gpt2_reference.py train --init-from "$model" --train-shards "$W/random.bin" --batch-size "$rows"
+         --seq-len $T --total-batch-tokens "$total" --steps "$STEPS" --dtype bf16 --device cuda --compile --sdpa
+         --fused-adamw --lr 6e-4)
+    for n in $counts; do
+        if [ "$n" -eq 1 ]; then
+            bench "$D/ours_1gpu.log" "train_gpt, 1 GPU" "${OURS[@]}"
+            [ $TORCH = 1 ] && bench "$D/torch_1gpu.log" "PyTorch, 1 GPU" "$PY" "${REF[@]}"
+            continue
+        fi
+        for s in $STAGES; do
+            bench "$D/ours_stage${s}_${n}gpu.log" "train_gpt ZeRO-$s, $n GPUs" scripts/launch.sh "$n" "${OURS[@]}" --zero-stage "$s"
+            mode=$(torch_mode "$s")
+            if [ $TORCH = 1 ] && [ -n "$mode" ]; then
+                bench "$D/torch_${mode}_${n}gpu.log" "PyTorch $mode, $n GPUs" \
+                    "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" "${REF[@]}" --parallel "$mode"
+            fi
+        done
+    done
+done
+
+# ---- the table
+cell() {  # tokens/s of a log: the number, FAIL (a run without a RESULT line) or - (not run)
+    local v; v=$(field "$1" tokens_per_s)
+    if [ -n "$v" ]; then printf '%.0f' "$v"; elif [ -f "$1" ]; then printf FAIL; else printf -- '-'; fi
+}
+ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }' || printf -- '-'; }
+efficiency() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.2f", a / (n * b) }' || printf -- '-'; }
+gib() { [ -n "$1" ] && printf '%.1f' "$1" || printf -- '-'; }
+row() { printf '%-5s %-28s %4s %11s %11s %7s %8s %9s %8s %9s\n' "$@"; }
+
+printf '\n%s x %s, GPT-2, T=%d, bf16, %d steps (median after 3 warm-up steps); PyTorch %s: torch.compile, SDPA, fused AdamW\n' \
+    "$gpu" "$available" $T "$STEPS" "$torch_version"
+row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff torch" "GiB ours" "GiB torch"
+for size in $SIZES; do
+    rows=$(rows_of "$size"); total=$((rows * T * G))
+    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"
+    base_ours=$(field "$D/ours_1gpu.log" tokens_per_s); base_torch=$(field "$D/torch_1gpu.log" tokens_per_s)
+    for n in $counts; do
+        if [ "$n" -eq 1 ]; then
+            row "$size" "single GPU | single GPU" 1 "$(cell "$D/ours_1gpu.log")" "$(cell "$D/torch_1gpu.log")" \
+                "$(ratio "$base_ours" "$base_torch")" "$(efficiency "$base_ours" "$base_ours" 1)" \
+                "$(efficiency "$base_torch" "$base_torch" 1)" "$(gib "$(field "$D/ours_1gpu.log" peak_mem_gib)")" \
+                "$(gib "$(field "$D/torch_1gpu.log" peak_mem_gib)")"
+            continue
+        fi
+        for s in $STAGES; do
+            ours="$D/ours_stage${s}_${n}gpu.log"; o=$(field "$ours" tokens_per_s)
+            mode=$(torch_mode "$s"); ref="$D/torch_${mode:-none}_${n}gpu.log"; t=$(field "$ref" tokens_per_s)
+            row "$size" "$(label "$s")" "$n" "$(cell "$ours")" "$(cell "$ref")" "$(ratio "$o" "$t")" \
+                "$(efficiency "$o" "$base_ours" "$n")" "$(efficiency "$t" "$base_torch" "$n")" \
+                "$(gib "$(field "$ours" peak_mem_gib)")" "$(gib "$(field "$ref" peak_mem_gib)")"
+        done
+    done
+done
+echo "eff: tokens/s on N GPUs / (N x one-GPU tokens/s). Peak memory of rank 0: train_gpt counts all its device memory"
+echo "after start-up (cudaMemGetInfo), PyTorch torch.cuda.max_memory_allocated (the caching allocator's live tensors)."
+[ "$failures" -eq 0 ] || { echo "bench_zero: $failures run(s) failed (their last lines are above)"; exit 1; }
