@@ -21,7 +21,7 @@ DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/data
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
-GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_gpt2 $(BUILD)/test_sharding
+GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/bench_attention
 
 .PHONY: all tests test train clean
 all: train_gpt $(BUILD)/prepare_shards
@@ -48,8 +48,14 @@ $(BUILD)/test_dataloader: test/test_dataloader.cpp $(DATALOADER_SRCS) $(DATALOAD
 $(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_hellaswag.cpp $(DATALOADER_SRCS) -o $@
 
-$(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) | $(BUILD)
+$(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_attention: test/test_attention.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_attention.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
+
+$(BUILD)/bench_attention: test/bench_attention.cu $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/bench_attention.cu $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

@@ -20,7 +20,7 @@
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
 #include "kernels/layernorm.cuh"          // defines: layernorm_forward, residual_layernorm_forward, layernorm_backward
 #include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_backward (cuBLASLt), bias_backward
-#include "kernels/attention.cuh"          // defines: attention_forward, attention_backward
+#include "kernels/flash_attention.cuh"    // defines: flash_attention_forward, flash_attention_backward
 #include "kernels/gelu.cuh"               // defines: gelu_forward, gelu_backward
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
 #include "kernels/adamw.cuh"              // defines: adamw_update, DecayMask
@@ -45,8 +45,8 @@ struct ModelConfig {
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
-// "dN": GPT-2's published shapes for 12/24/36/48 layers, llm.c's for its larger ones; any other depth N
-// gets C = 64 N and N heads (the aspect ratio and head size of GPT-2 124M).
+// "dN": GPT-2's published shapes for 12/24/36/48 layers (and llm.c's d6, d60); any other depth N gets
+// C = 64 N and N heads (the aspect ratio and head size of GPT-2 124M).
 inline bool config_from_descriptor(const std::string& descriptor, ModelConfig& config) {
     if (descriptor.size() < 2 || descriptor[0] != 'd') return false;
     for (size_t i = 1; i < descriptor.size(); i++)
@@ -54,7 +54,7 @@ inline bool config_from_descriptor(const std::string& descriptor, ModelConfig& c
     const int depth = atoi(descriptor.c_str() + 1);
     if (depth <= 0) return false;
     const int known[][3] = {{6, 384, 6},    {12, 768, 12},  {24, 1024, 16}, {36, 1280, 20},
-                            {48, 1600, 25}, {60, 1920, 30}, {72, 2880, 30}, {84, 3456, 36}};
+                            {48, 1600, 25}, {60, 1920, 30}};
     config = ModelConfig();
     config.num_layers = depth;
     config.channels = 64 * depth;
@@ -73,9 +73,9 @@ inline std::string config_problem(const ModelConfig& c) {
         snprintf(buf, sizeof(buf), "channels (%d) must be divisible by heads (%d)", c.channels, c.num_heads);
         return buf;
     }
-    if ((c.channels / c.num_heads) % 8 != 0 || c.channels % 8 != 0) {
-        snprintf(buf, sizeof(buf), "head size (%d) and channels (%d) must be multiples of 8 (16-byte vectors)",
-                 c.channels / c.num_heads, c.channels);
+    if (c.channels / c.num_heads != 64 && c.channels / c.num_heads != 128) {
+        snprintf(buf, sizeof(buf), "head size channels/heads = %d/%d must be 64 (all GPT-2 sizes) or 128 (the flash attention kernels)",
+                 c.channels, c.num_heads);
         return buf;
     }
     if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0) {
@@ -279,8 +279,9 @@ inline void write_model_file(const std::string& path, const ParameterLayout& lay
 
 template <typename floatX>
 struct LayerActivations {
-    floatX *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    floatX *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
 };
 
 // Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
@@ -306,8 +307,9 @@ struct GPT2 {
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     std::vector<LayerActivations<floatX>> layers;
     // scratch shared by all layers
-    floatX *qkvr = nullptr, *dqkvr = nullptr, *scores = nullptr, *head_buffer = nullptr, *proj_out = nullptr;
-    floatX *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    floatX *proj_out = nullptr, *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
+    bool deterministic_attention = true;
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* norm_squared = nullptr;    // one float (the loss all-reduce)
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
@@ -348,11 +350,11 @@ struct GPT2 {
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
     static void activation_counts(const ModelConfig& c, int B, int T, size_t* x_elements, size_t* stat_elements) {
         const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads, L = c.num_layers;
-        const size_t per_layer = N * C * 5 + N * 3 * C + N * 4 * C * 2 + (size_t)B * NH * T * T;
+        const size_t per_layer = N * C * 5 + N * 3 * C + N * 4 * C * 2;
         const size_t global = N * C * 2 + N * c.padded_vocab_size;
-        const size_t scratch = N * 3 * C * 2 + (size_t)B * NH * T * T + N * C * 2 + N * C * 2 + N * 4 * C;
+        const size_t scratch = N * C * 3 + N * 4 * C;
         *x_elements = per_layer * L + global + scratch;
-        *stat_elements = N * 4 * L + N * 2 + N;
+        *stat_elements = (N * 4 + (size_t)B * NH * T) * L + N * 2 + N;
     }
 
     static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage) {
@@ -367,7 +369,7 @@ struct GPT2 {
         activation_counts(c, B, T, &x_elements, &stat_elements);
         p.activations = x_elements * sizeof(floatX) + stat_elements * sizeof(float);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes +
-                    (size_t)B * T * 5 * sizeof(int);
+                    (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads, c.channels / c.num_heads);
         return p;
     }
 
@@ -387,20 +389,20 @@ struct GPT2 {
         auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
         layers.resize(config.num_layers);
         for (auto& a : layers) {
-            a.ln1 = take(N * C); a.qkv = take(N * 3 * C); a.atty = take(N * C); a.att = take((size_t)B * NH * T * T);
+            a.ln1 = take(N * C); a.qkv = take(N * 3 * C); a.atty = take(N * C);
             a.residual2 = take(N * C); a.ln2 = take(N * C); a.fch = take(N * 4 * C); a.fch_gelu = take(N * 4 * C);
             a.residual3 = take(N * C);
             a.ln1_mean = take_f(N); a.ln1_rstd = take_f(N); a.ln2_mean = take_f(N); a.ln2_rstd = take_f(N);
+            a.lse = take_f((size_t)B * NH * T);
         }
         encoded = take(N * C); lnf = take(N * C); logits = take(N * config.padded_vocab_size);
-        qkvr = take(N * 3 * C); dqkvr = take(N * 3 * C); scores = take((size_t)B * NH * T * T);
-        head_buffer = take(N * C); proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C);
-        dbig = take(N * 4 * C);
+        proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * C);
         lnf_mean = take_f(N); lnf_rstd = take_f(N); losses = take_f(N);
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_squared, sizeof(float)));
+        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         cudaCheck(cudaMalloc(&loss_sums, N * sizeof(float)));
         cudaCheck(cudaMemset(loss_sums, 0, N * sizeof(float)));
         cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
@@ -413,7 +415,7 @@ struct GPT2 {
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)norm_squared, (void*)tokens_device,
-                        (void*)loss_sums})
+                        (void*)loss_sums, attention_scratch})
             if (p != nullptr) cudaFree(p);
         for (int i = 0; i < 2; i++) {
             if (staging[i] != nullptr) cudaFreeHost(staging[i]);
@@ -511,7 +513,7 @@ struct GPT2 {
             if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
-            attention_forward(a.atty, a.att, qkvr, scores, head_buffer, a.qkv, B, T, C, NH, stream);
+            flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
             matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
             residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
                                        param(l, LN2W), param(l, LN2B), N, C, stream);
@@ -564,7 +566,8 @@ struct GPT2 {
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dresidual, a.atty,
                             param(l, ATTPROJW), N, C, C, stream);
-            attention_backward(dbig, qkvr, dqkvr, scores, head_buffer, dbtc, a.qkv, a.att, B, T, C, NH, stream);
+            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, NH, C / NH,
+                                     deterministic_attention, stream);
             matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * C, stream);
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dbtc, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, N, C, stream);
@@ -646,6 +649,7 @@ struct Options {
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
+    int deterministic = 1;
     std::string nccl_init_file = "";
     int nccl_timeout = 600;
 };
@@ -701,6 +705,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
+        {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible attention backward (fixed dQ summation order); 0: atomics, faster"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
@@ -1148,6 +1153,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)" +
             (stage < 3 ? ", or raise --zero-stage" : ""));
     const size_t in_use_before = device_memory_in_use();
+    model.deterministic_attention = o.deterministic != 0;
     model.allocate(B, T);
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));

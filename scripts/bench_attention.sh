@@ -3,15 +3,12 @@
 # PyTorch SDPA's flash backend, bf16, forward and forward + backward, for (B=64, H=12, T=1024, d=64) and
 # (B=8, H=16, T=2048, d=128). Both sides: CUDA events, warm-up, median of the repetitions.
 # FLOP convention (causal): forward 4*B*H*T^2*d / 2, backward 2.5x forward, forward + backward 3.5x.
-# Builds build/bench_attention when it is missing or older than its sources. Usage: scripts/bench_attention.sh [reps]
+# Builds build/bench_attention (make). Usage: scripts/bench_attention.sh [reps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-30}
 mkdir -p build
-if [ ! -x build/bench_attention ] || [ test/bench_attention.cu -nt build/bench_attention ] ||
-   [ kernels/flash_attention.cuh -nt build/bench_attention ] || [ kernels/common.cuh -nt build/bench_attention ]; then
-    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a test/bench_attention.cu -o build/bench_attention
-fi
+make -s build/bench_attention
 SHAPES="64 12 1024 64
 8 16 2048 128"
 OURS=$(while read -r B H T D; do ./build/bench_attention "$B" "$H" "$T" "$D" bf16 "$REPS"; done <<< "$SHAPES")

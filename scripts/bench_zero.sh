@@ -18,24 +18,25 @@
 # Work files (model files, the shard, every run's log) go to build/bench_zero. Where --gpus leaves out 1, the
 # efficiency uses the one-GPU logs of an earlier run there with the same size, step and step count.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
+die() { echo "bench_zero: $*" >&2; exit 2; }
 usage() { sed -n '/^# Usage:/,/^# ROWS_124M/p' "$0" | sed 's/^# \{0,1\}//'; }
 SIZES="124M 1.5B"; GPUS="1 2 4"; STAGES="0 1 2 3"; STEPS=20; TORCH=1
 while [ $# -gt 0 ]; do
     case $1 in
         --sizes|--gpus|--stages|--steps)
-            [ $# -ge 2 ] || { echo "bench_zero: $1 needs a value" >&2; exit 2; }
+            [ $# -ge 2 ] || die "$1 needs a value"
             case $1 in --sizes) SIZES=$2 ;; --gpus) GPUS=$2 ;; --stages) STAGES=$2 ;; --steps) STEPS=$2 ;; esac
             shift 2 ;;
         --no-torch) TORCH=0; shift ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "bench_zero: unknown argument $1" >&2; usage >&2; exit 2 ;;
+        *) usage >&2; die "unknown argument $1" ;;
     esac
 done
-for s in $STAGES; do case $s in 0|1|2|3) ;; *) echo "bench_zero: no ZeRO stage $s" >&2; exit 2 ;; esac; done
-for size in $SIZES; do case $size in 124M|1.5B) ;; *) echo "bench_zero: unknown size $size (124M or 1.5B)" >&2; exit 2 ;; esac; done
-[[ $STEPS =~ ^[0-9]+$ ]] && [ "$STEPS" -gt 3 ] || { echo "bench_zero: --steps must be more than the 3 warm-up steps" >&2; exit 2; }
+for s in $STAGES; do case $s in 0|1|2|3) ;; *) die "no ZeRO stage $s" ;; esac; done
+for size in $SIZES; do case $size in 124M|1.5B) ;; *) die "unknown size $size (124M or 1.5B)" ;; esac; done
+if ! [[ $STEPS =~ ^[0-9]+$ ]] || [ "$STEPS" -le 3 ]; then die "--steps must be more than the 3 warm-up steps"; fi
 
 PY=${PYTHON:-python3}
 T=1024
@@ -47,17 +48,32 @@ available=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 G=1; for n in 2 4; do [ "$available" -ge $n ] && G=$n; done
 counts=""
 for n in $GPUS; do
-    if [ "$n" -le "$available" ]; then counts="$counts $n"; else echo "bench_zero: skipping $n GPUs (this machine has $available)"; fi
+    if [ "$n" -le "$available" ]; then counts="$counts $n"
+    else echo "bench_zero: skipping $n GPUs (this machine has $available)"; fi
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null || echo "not importable with $PY")
 
-[ -f "$W/random.bin" ] || "$PY" scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 8000000 > /dev/null || exit 1
+if [ ! -f "$W/random.bin" ]; then
+    "$PY" scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 8000000 > /dev/null || exit 1
+fi
 
 rows_of() { case $1 in 124M) echo "${ROWS_124M:-64}" ;; 1.5B) echo "${ROWS_1_5B:-8}" ;; esac; }
-shape_of() { case $1 in 124M) echo "--layers 12 --heads 12 --channels 768" ;; 1.5B) echo "--layers 48 --heads 25 --channels 1600" ;; esac; }
+shape_of() {
+    case $1 in
+        124M) echo "--layers 12 --heads 12 --channels 768" ;;
+        1.5B) echo "--layers 48 --heads 25 --channels 1600" ;;
+    esac
+}
 torch_mode() { case $1 in 0) echo ddp ;; 2) echo fsdp-grad-op ;; 3) echo fsdp-full ;; esac; }  # stage 1: no counterpart
-label() { case $1 in 0) echo "ZeRO-0 | DDP" ;; 1) echo "ZeRO-1 | -" ;; 2) echo "ZeRO-2 | FSDP SHARD_GRAD_OP" ;; 3) echo "ZeRO-3 | FSDP FULL_SHARD" ;; esac; }
+label() {
+    case $1 in
+        0) echo "ZeRO-0 | DDP" ;;
+        1) echo "ZeRO-1 | -" ;;
+        2) echo "ZeRO-2 | FSDP SHARD_GRAD_OP" ;;
+        3) echo "ZeRO-3 | FSDP FULL_SHARD" ;;
+    esac
+}
 field() { [ -f "$1" ] && grep '^RESULT' "$1" | tail -n 1 | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
 
 # The initial model of a size, written once by the PyTorch reference; both trainers start from it.
@@ -76,11 +92,12 @@ model_file() {
 }
 
 failures=0
+declare -A ran=()  # the logs this invocation wrote
 # bench LOG DESCRIPTION COMMAND...: runs one trainer; on failure prints the last lines of its log.
 bench() {
     local log=$1 what=$2; shift 2
     local rc
-    rm -f "$log"
+    rm -f "$log"; ran[$log]=1
     "$@" > "$log" 2>&1; rc=$?
     if [ $rc -eq 0 ] && [ -n "$(field "$log" tokens_per_s)" ]; then
         printf '  %-40s %12.0f tokens/s  %6.2f GiB\n' "$what" "$(field "$log" tokens_per_s)" "$(field "$log" peak_mem_gib)"
@@ -97,9 +114,9 @@ for size in $SIZES; do
     D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"; mkdir -p "$D"
     echo "$size: $rows rows x $T tokens per GPU, $total tokens per step, $STEPS steps"
     OURS=(./train_gpt --model "$model" --train-data "$W/random.bin" --val-data "" --val-every 0 --sample-every 0
-          --batch-size "$rows" --seq-len $T --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4)
+          --batch-size "$rows" --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4)
     REF=(scripts/gpt2_reference.py train --init-from "$model" --train-shards "$W/random.bin" --batch-size "$rows"
-         --seq-len $T --total-batch-tokens "$total" --steps "$STEPS" --dtype bf16 --device cuda --compile --sdpa
+         --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --dtype bf16 --device cuda --compile --sdpa
          --fused-adamw --lr 6e-4)
     for n in $counts; do
         if [ "$n" -eq 1 ]; then
@@ -108,7 +125,8 @@ for size in $SIZES; do
             continue
         fi
         for s in $STAGES; do
-            bench "$D/ours_stage${s}_${n}gpu.log" "train_gpt ZeRO-$s, $n GPUs" scripts/launch.sh "$n" "${OURS[@]}" --zero-stage "$s"
+            bench "$D/ours_stage${s}_${n}gpu.log" "train_gpt ZeRO-$s, $n GPUs" \
+                scripts/launch.sh "$n" "${OURS[@]}" --zero-stage "$s"
             mode=$(torch_mode "$s")
             if [ $TORCH = 1 ] && [ -n "$mode" ]; then
                 bench "$D/torch_${mode}_${n}gpu.log" "PyTorch $mode, $n GPUs" \
@@ -119,39 +137,52 @@ for size in $SIZES; do
 done
 
 # ---- the table
-cell() {  # tokens/s of a log: the number, FAIL (a run without a RESULT line) or - (not run)
-    local v; v=$(field "$1" tokens_per_s)
-    if [ -n "$v" ]; then printf '%.0f' "$v"; elif [ -f "$1" ]; then printf FAIL; else printf -- '-'; fi
+# The table shows this invocation's runs only, except for the one-GPU baseline of the efficiency.
+result() { [ -n "${ran[$1]:-}" ] && field "$1" "$2"; }
+cell() {  # tokens/s of a run: the number, FAIL (no RESULT line) or - (not run)
+    local v; v=$(result "$1" tokens_per_s)
+    if [ -n "$v" ]; then printf '%.0f' "$v"; elif [ -n "${ran[$1]:-}" ]; then printf FAIL; else printf -- '-'; fi
 }
-ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }' || printf -- '-'; }
-efficiency() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.2f", a / (n * b) }' || printf -- '-'; }
-gib() { [ -n "$1" ] && printf '%.1f' "$1" || printf -- '-'; }
+ratio() {
+    if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else printf -- '-'; fi
+}
+efficiency() {
+    if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.2f", a / (n * b) }'
+    else printf -- '-'; fi
+}
+gib() { if [ -n "$1" ]; then printf '%.1f' "$1"; else printf -- '-'; fi; }
 row() { printf '%-5s %-28s %4s %11s %11s %7s %8s %9s %8s %9s\n' "$@"; }
 
-printf '\n%s x %s, GPT-2, T=%d, bf16, %d steps (median after 3 warm-up steps); PyTorch %s: torch.compile, SDPA, fused AdamW\n' \
-    "$gpu" "$available" $T "$STEPS" "$torch_version"
+printf '\n%s x %s, GPT-2, T=%d, bf16, %d steps (median after 3 warm-up steps)\n' "$gpu" "$available" "$T" "$STEPS"
+printf 'PyTorch %s: torch.compile, SDPA, fused AdamW; DDP with autocast, FSDP with bf16 MixedPrecision\n' "$torch_version"
+notes=""
 row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff torch" "GiB ours" "GiB torch"
 for size in $SIZES; do
     rows=$(rows_of "$size"); total=$((rows * T * G))
     D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"
-    base_ours=$(field "$D/ours_1gpu.log" tokens_per_s); base_torch=$(field "$D/torch_1gpu.log" tokens_per_s)
-    for n in $counts; do
-        if [ "$n" -eq 1 ]; then
-            row "$size" "single GPU | single GPU" 1 "$(cell "$D/ours_1gpu.log")" "$(cell "$D/torch_1gpu.log")" \
-                "$(ratio "$base_ours" "$base_torch")" "$(efficiency "$base_ours" "$base_ours" 1)" \
-                "$(efficiency "$base_torch" "$base_torch" 1)" "$(gib "$(field "$D/ours_1gpu.log" peak_mem_gib)")" \
-                "$(gib "$(field "$D/torch_1gpu.log" peak_mem_gib)")"
-            continue
+    base_ours=$(field "$D/ours_1gpu.log" tokens_per_s)
+    base_torch=$([ $TORCH = 1 ] && field "$D/torch_1gpu.log" tokens_per_s)
+    for f in ours $([ $TORCH = 1 ] && echo torch); do
+        log="$D/${f}_1gpu.log"
+        if [ -z "${ran[$log]:-}" ] && [ -n "$(field "$log" tokens_per_s)" ]; then
+            notes+="one-GPU baseline from an earlier run: $log"$'\n'
         fi
-        for s in $STAGES; do
-            ours="$D/ours_stage${s}_${n}gpu.log"; o=$(field "$ours" tokens_per_s)
-            mode=$(torch_mode "$s"); ref="$D/torch_${mode:-none}_${n}gpu.log"; t=$(field "$ref" tokens_per_s)
-            row "$size" "$(label "$s")" "$n" "$(cell "$ours")" "$(cell "$ref")" "$(ratio "$o" "$t")" \
+    done
+    for n in $counts; do
+        for s in $([ "$n" -eq 1 ] && echo single || echo "$STAGES"); do
+            if [ "$s" = single ]; then
+                what="single GPU | single GPU"; ours="$D/ours_1gpu.log"; ref="$D/torch_1gpu.log"
+            else
+                what=$(label "$s"); ours="$D/ours_stage${s}_${n}gpu.log"; ref="$D/torch_$(torch_mode "$s")_${n}gpu.log"
+            fi
+            o=$(result "$ours" tokens_per_s); t=$(result "$ref" tokens_per_s)
+            row "$size" "$what" "$n" "$(cell "$ours")" "$(cell "$ref")" "$(ratio "$o" "$t")" \
                 "$(efficiency "$o" "$base_ours" "$n")" "$(efficiency "$t" "$base_torch" "$n")" \
-                "$(gib "$(field "$ours" peak_mem_gib)")" "$(gib "$(field "$ref" peak_mem_gib)")"
+                "$(gib "$(result "$ours" peak_mem_gib)")" "$(gib "$(result "$ref" peak_mem_gib)")"
         done
     done
 done
-echo "eff: tokens/s on N GPUs / (N x one-GPU tokens/s). Peak memory of rank 0: train_gpt counts all its device memory"
-echo "after start-up (cudaMemGetInfo), PyTorch torch.cuda.max_memory_allocated (the caching allocator's live tensors)."
+printf '%s' "$notes"
+echo "eff: tokens/s on N GPUs / (N x one-GPU tokens/s). Peak memory of rank 0: train_gpt, the device memory in use"
+echo "(cudaMemGetInfo) less that before its first allocation; PyTorch, torch.cuda.max_memory_allocated (live tensors)."
 [ "$failures" -eq 0 ] || { echo "bench_zero: $failures run(s) failed (their last lines are above)"; exit 1; }

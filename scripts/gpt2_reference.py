@@ -113,10 +113,18 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.channels, eps=1e-5)
 
     def forward(self, idx, targets=None):
-        T = idx.shape[1]
-        x = F.embedding(idx, self.wte) + self.wpe[:T]
+        x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
+        return self.head(x, targets)
+
+    # embed and head are methods of their own so that torch.compile still compiles them where it runs forward
+    # eagerly: FSDP units break the graph inside the loop over the blocks, and dynamo skips a frame whose loop
+    # breaks (each block is compiled on its own then).
+    def embed(self, idx):
+        return F.embedding(idx, self.wte) + self.wpe[:idx.shape[1]]
+
+    def head(self, x, targets):
         # LM head over all Vp rows (as the CUDA trainer does), then drop the padded columns.
         logits = F.linear(self.ln_f(x), self.wte)[..., :self.cfg.vocab_size]
         if targets is None:
@@ -497,11 +505,13 @@ def wrap_data_parallel(model, args, device):
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     bf16 = torch.bfloat16
+    strategy = ShardingStrategy.SHARD_GRAD_OP if args.parallel == "fsdp-grad-op" else ShardingStrategy.FULL_SHARD
+    mixed = MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) if args.dtype == "bf16" else None
     return FullyShardedDataParallel(
         model,
-        sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if args.parallel == "fsdp-grad-op" else ShardingStrategy.FULL_SHARD,
+        sharding_strategy=strategy,
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
-        mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) if args.dtype == "bf16" else None,
+        mixed_precision=mixed,
         device_id=device if device.type == "cuda" else None,
         forward_prefetch=True,  # gather the next block during this one's forward (train_gpt's ZeRO-3 prefetches too)
         use_orig_params=True)
@@ -543,7 +553,9 @@ def train(args, rank, world, device):
     if args.compile:
         if not hasattr(torch, "compile"):
             raise InputError("--compile needs torch >= 2.0")
-        forward = torch.compile(wrapped)  # around DDP, so that compiled DDP still overlaps its all-reduces
+        # Around the DDP / FSDP wrapper, as PyTorch documents: compiled DDP splits its graph at the gradient
+        # buckets so that the all-reduces still overlap the backward.
+        forward = torch.compile(wrapped)
 
     def precision():  # FSDP's MixedPrecision already computes in bf16
         return contextlib.nullcontext() if fsdp else autocast(args, device)
@@ -673,7 +685,8 @@ def main(argv=None):
     p.add_argument("--train-shards", required=True, help="glob of token shards")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--total-batch-tokens", type=int,
-                   help="tokens per step over all processes; default B*T*processes, a multiple of it (gradient accumulation)")
+                   help="tokens per step over all processes: a multiple of B*T*processes, the default "
+                        "(gradient accumulation)")
     p.add_argument("--lr", type=float, default=6e-4, help="max learning rate")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--lr-schedule", choices=["cosine", "linear", "constant"], default="cosine")

@@ -11,7 +11,7 @@
 # LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Prints PASS/FAIL/SKIP lines like the test suite.
 # PYTHON overrides the interpreter (default: the first of /usr/bin/python3 and python3 that imports torch).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 DEVICE=${1:-cpu}
 BF16=${2:-}
 W=build/test_work/reference_parallel
@@ -51,19 +51,22 @@ print(f'{np.abs(a - b).max():.2g}' if a.shape == b.shape else 'inf')" "$W/$1.bin
 }
 within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
 
-# check NAME BASELINE TOLERANCE DESCRIPTION [model]: compares NAME's losses (and gradient norms and final
-# model when fp32) with BASELINE's.
+# check NAME BASELINE TOLERANCE DESCRIPTION [model]: compares NAME's losses with BASELINE's, and with "model"
+# also the gradient norms and the final parameters.
 check() {
     local name=$1 base=$2 tol=$3 what=$4 compare_model=${5:-}
-    local steps dl dn dm=0
+    local steps dl dn dm ok=1 detail
     steps=$(grep -vc '^#' "$W/$name.log")
-    dl=$(maxdiff "$base" "$name" 2); dn=$(maxdiff "$base" "$name" 4)
-    [ -n "$compare_model" ] && dm=$(model_diff "$base" "$name")
-    if [ "$steps" -eq 3 ] && within "$dl" "$tol" && { [ -z "$compare_model" ] || { within "$dn" "$tol" && within "$dm" "$tol"; }; }; then
-        echo "PASS reference $what: 3 losses match one process (max diff $dl${compare_model:+, grad norm $dn, final parameters $dm}; tol $tol)"
-    else
-        echo "FAIL reference $what: $steps steps, max diff loss $dl${compare_model:+, grad norm $dn, final parameters $dm} (tol $tol)"
+    dl=$(maxdiff "$base" "$name" 2)
+    detail="loss $dl"
+    if [ "$steps" -ne 3 ] || ! within "$dl" "$tol"; then ok=0; fi
+    if [ -n "$compare_model" ]; then
+        dn=$(maxdiff "$base" "$name" 4); dm=$(model_diff "$base" "$name")
+        detail+=", grad norm $dn, final parameters $dm"
+        if ! within "$dn" "$tol" || ! within "$dm" "$tol"; then ok=0; fi
     fi
+    if [ $ok = 1 ]; then echo "PASS reference $what: 3 steps match one process (max diff $detail; tol $tol)"
+    else echo "FAIL reference $what: $steps steps, max diff $detail (tol $tol)"; fi
 }
 
 if ! run single 1 --batch-size 4; then
@@ -71,13 +74,13 @@ if ! run single 1 --batch-size 4; then
 fi
 for mode in ddp fsdp-grad-op fsdp-full; do
     for variant in "rows 2" "accum 1"; do
-        set -- $variant
-        name="${mode}_$1"
-        what="$mode 2 processes $DEVICE fp32 ($2 row(s) per process$([ "$1" = accum ] && echo ", 2 micro-steps"))"
+        read -r kind rows <<< "$variant"
+        name="${mode}_$kind"
+        what="$mode 2 processes $DEVICE fp32 ($rows row(s) per process$([ "$kind" = accum ] && echo ", 2 micro-steps"))"
         if [[ $mode == fsdp-* && $DEVICE == cpu && $torch_major -lt 2 ]]; then
             echo "SKIP reference $what: torch $torch_major.x runs FSDP only on CUDA"; continue
         fi
-        if run "$name" 2 --parallel "$mode" --batch-size "$2" --total-batch-tokens $GLOBAL_TOKENS; then
+        if run "$name" 2 --parallel "$mode" --batch-size "$rows" --total-batch-tokens $GLOBAL_TOKENS; then
             check "$name" single 1e-5 "$what" model
         else
             echo "FAIL reference $what: exited with an error: $(grep -v '^launch.sh' "$W/$name.out" | tail -n 1)"

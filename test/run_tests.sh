@@ -43,13 +43,17 @@ fi
 # ---- GPU tests
 if [ "$gpu_count" -ge 1 ]; then
     run kernels build/test_kernels
+    sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
+    if python3 scripts/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
+    else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
+    run attention build/test_attention $sdpa
     run model bash test/test_model_gpu.sh
     run training bash test/test_training_gpu.sh
     for n in 2 4; do
         if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
     done
 else
-    for t in "kernels vs CPU reference" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" \
+    for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" \
              "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
         skip "$t" "no GPU"
     done

@@ -13,23 +13,11 @@
 #include "../kernels/common.cuh"
 #include "../kernels/flash_attention.cuh"
 #include "cpu_reference.h"
-#include "check.h"
+#include "gpu_check.h"
 
 // Relative L2 bounds: fp32 differs from the reference only in summation order; bf16/fp16 round P and dS to
 // 16 bits before the products that use them, and the outputs themselves.
 template <typename T> double tolerance() { return std::is_same<T, float>::value ? 1e-5 : 1e-2; }
-template <typename T> const char* type_name();
-template <> const char* type_name<float>() { return "fp32"; }
-template <> const char* type_name<__nv_bfloat16>() { return "bf16"; }
-template <> const char* type_name<__half>() { return "fp16"; }
-
-static float to_host_float(float x) { return x; }
-static float to_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-static float to_host_float(__half x) { return __half2float(x); }
-template <typename T> T from_host_float(float x);
-template <> float from_host_float<float>(float x) { return x; }
-template <> __nv_bfloat16 from_host_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __half from_host_float<__half>(float x) { return __float2half(x); }
 static float bits_to_float(uint16_t bits, __nv_bfloat16*) {
     __nv_bfloat16_raw r;
     r.x = bits;
@@ -53,39 +41,6 @@ static std::vector<float> exact_random(size_t n) {
         if (std::fabs(x) < 6.103515625e-05f) x = 0.0f;
     }
     return v;
-}
-
-// Device buffer, poisoned (all-ones bits: NaN in every float type) when made and on request.
-template <typename T> struct DeviceBuffer {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceBuffer(size_t count) : n(count) {
-        cudaCheck(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
-        poison();
-    }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    ~DeviceBuffer() { cudaFree(ptr); }
-    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
-    void upload(const std::vector<float>& values) {
-        std::vector<T> raw(n);
-        for (size_t i = 0; i < n; i++) raw[i] = from_host_float<T>(values[i]);
-        cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<float> download() const {
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<T> raw(n);
-        cudaCheck(cudaMemcpy(raw.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        std::vector<float> out(n);
-        for (size_t i = 0; i < n; i++) out[i] = to_host_float(raw[i]);
-        return out;
-    }
-};
-
-static void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected, double tol) {
-    const double err = relative_l2(got.data(), expected.data(), expected.size());
-    char buf[128];
-    snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", err, tol);
-    check(err <= tol, name, buf);
 }
 
 // Gradients can be exactly zero (dq and dk when T = 1: a softmax over one key has zero gradient), where a

@@ -41,7 +41,7 @@ shard(f"{d}/badmagic.bin", list(range(100)), magic=1234)
 shard(f"{d}/truncated.bin", list(range(100)), cut=10)
 open(f"{d}/badmodel.bin", "wb").write(struct.pack("<256i", *([999] + [0] * 255)))
 PY
-SMALL="--layers 2 --heads 2 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data="
+SMALL="--layers 2 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data="
 expect_error "unknown flag" "unknown flag '--bogus'" --bogus 1
 expect_error "flag without value" "flag --steps needs a value" --steps
 expect_error "integer flag with text" "flag -b expects an integer, got 'x'" -b x
@@ -49,7 +49,8 @@ expect_error "float flag with text" "flag --lr expects a number" --lr fast
 expect_error "bad precision" "--precision must be bf16, fp16 or fp32" --precision fp8
 expect_error "bad schedule" "--lr-schedule must be" --lr-schedule step
 expect_error "heads do not divide channels" "channels (100) must be divisible by heads (3)" --channels 100 --heads 3
-expect_error "seq-len above max" "--seq-len must be in 1..64" --layers 2 --heads 2 --channels 64 --max-seq-len 64 --seq-len 128
+expect_error "seq-len above max" "--seq-len must be in 1..64" --layers 2 --heads 1 --channels 64 --max-seq-len 64 --seq-len 128
+expect_error "unsupported head size" "head size channels/heads = 96/3 must be 64" --channels 96 --heads 3
 expect_error "missing model file" "cannot open model file" --model "$W/none.bin"
 expect_error "bad model magic" "badmodel.bin: bad magic 999" --model "$W/badmodel.bin"
 expect_error "no shards match" "no shard files match" $SMALL --train-data "$W/nothing_*.bin"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Data parallelism on 2 or more GPUs (argument: the number, default all): for ZeRO stages 0-3 the losses of
 # 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2), and all
-# ranks end with bitwise identical parameters; a model whose parameter count is not divisible by the GPU
-# count; gradient accumulation; resume on the same and on a different number of GPUs; per-GPU memory
-# falls from stage to stage; launches through our launcher and (when built with MPI) mpirun.
+# ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
+# different number of GPUs; per-GPU memory falls from stage to stage; launches through our launcher and
+# (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
+# by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
 set -u
 cd "$(dirname "$0")/.."
 N=${1:-$(nvidia-smi -L | grep -c '^GPU ')}
@@ -14,7 +15,7 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 [ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > /dev/null 2>&1
 # B per GPU = 8/N keeps the global batch at 8 rows
 BG=$((8 / N))
-MODEL=(--layers 3 --heads 3 --channels 72 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
+MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
 losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
 maxdiff() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
@@ -81,6 +82,20 @@ if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
     echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
 else
     echo "FAIL zero resume of a $N-GPU checkpoint on 1 GPU: diff $d $(grep -m1 error "$W/resume_one.out")"
+fi
+# uneven shards: 3 ranks (the units are not multiples of 8 x 3), every stage, fp32
+if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 3 ]; then
+    ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 24 --steps 10 -o "$W/three_single" > /dev/null 2>&1
+    for stage in 0 1 2 3; do
+        scripts/launch.sh 3 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 8 --total-batch-tokens $((24 * 128)) \
+            --steps 10 --zero-stage $stage -o "$W/three$stage" > "$W/three$stage.out" 2>&1
+        d=$(maxdiff "$W/three_single" "$W/three$stage")
+        if [ "$(losses "$W/three$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5 && [ "$(grep -o 'parameter checksum [0-9a-f]*' "$W/three$stage.out" | sort -u | wc -l)" -eq 1 ]; then
+            echo "PASS zero 3 GPUs (uneven, padded shards) stage $stage fp32: losses match one GPU (max diff $d), ranks identical"
+        else
+            echo "FAIL zero 3 GPUs (uneven shards) stage $stage: max diff $d $(grep -m1 error "$W/three$stage.out")"
+        fi
+    done
 fi
 # mpirun, when train_gpt was built with MPI
 if command -v mpirun > /dev/null && ldd ./train_gpt | grep -q libmpi; then

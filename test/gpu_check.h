@@ -1,0 +1,58 @@
+// What the GPU kernel tests share: host-side conversions between float and the three storage types, device
+// buffers that start poisoned (NaN) so unwritten outputs fail, and the relative-L2 comparison line.
+#pragma once
+#include <random>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "check.h"
+
+template <typename T> const char* type_name();
+template <> inline const char* type_name<float>() { return "fp32"; }
+template <> inline const char* type_name<__nv_bfloat16>() { return "bf16"; }
+template <> inline const char* type_name<__half>() { return "fp16"; }
+
+inline float to_host_float(float x) { return x; }
+inline float to_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float to_host_float(__half x) { return __half2float(x); }
+template <typename T> T from_host_float(float x);
+template <> inline float from_host_float<float>(float x) { return x; }
+template <> inline __nv_bfloat16 from_host_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> inline __half from_host_float<__half>(float x) { return __float2half(x); }
+// x rounded to T and back: the value a T buffer holds.
+template <typename T> float host_round(float x) { return to_host_float(from_host_float<T>(x)); }
+
+// A device buffer of T (freed at scope exit), poisoned (all-ones bits: NaN in every float type) when made
+// and on request.
+template <typename T> struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) {
+        cudaCheck(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
+        poison();
+    }
+    explicit DeviceBuffer(const std::vector<float>& values) : DeviceBuffer(values.size()) { upload(values); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    ~DeviceBuffer() { cudaFree(ptr); }
+    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
+    void upload(const std::vector<float>& values) {
+        std::vector<T> raw(n);
+        for (size_t i = 0; i < n; i++) raw[i] = from_host_float<T>(values[i]);
+        cudaCheck(cudaMemcpy(ptr, raw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> download() const {
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<T> raw(n);
+        cudaCheck(cudaMemcpy(raw.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        std::vector<float> out(n);
+        for (size_t i = 0; i < n; i++) out[i] = to_host_float(raw[i]);
+        return out;
+    }
+};
+
+inline void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& expected, double tol) {
+    const double err = relative_l2(got.data(), expected.data(), expected.size());
+    char buf[128];
+    snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", err, tol);
+    check(err <= tol, name, buf);
+}
