@@ -21,15 +21,12 @@ for ((i = 0; i < per_node; i++)); do
     pids+=($!)
 done
 status=0
-while [ ${#pids[@]} -gt 0 ]; do
-    wait -n -p done_pid "${pids[@]}"; rc=$?
-    remaining=()
-    for p in "${pids[@]}"; do [ "$p" != "$done_pid" ] && remaining+=("$p"); done
-    pids=("${remaining[@]+"${remaining[@]}"}")
+for ((i = 0; i < per_node; i++)); do
+    wait -n; rc=$?
     if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
         status=$rc
         echo "launch.sh: a process exited with status $rc; stopping the others" >&2
-        for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2> /dev/null; done
+        kill "${pids[@]}" 2> /dev/null
     fi
 done
 exit $status
