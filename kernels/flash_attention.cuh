@@ -378,6 +378,36 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
 //   dQ  = dS K                   warp tile 32 queries x hs/4, added into the fp32 dQ buffer
 // FLOPs per pair of blocks: 5 products, as counted by the usual 2.5x-forward convention.
 constexpr int kBwdThreads = 256, kBwdBN = 128, kBwdBM = 64;
+// Backward warp tile: acc (32 rows x 32 keys) = A B^T over the head dimension, A's rows (Q or dO) at
+// shared address a, B's rows (K or V) at b, both swizzled rows of HS 16-bit values; zero when !live.
+template <typename T, int HS>
+__device__ __forceinline__ void warp_tile_abt(float (&acc)[2][4][4], uint32_t a, uint32_t b, bool live) {
+    constexpr uint32_t ROWB = HS * 2;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    if (!live) return;
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+        uint32_t fa[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) ldsm_x4(fa[mt], (a ^ (ks << 5)) + mt * 16 * ROWB);
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+            uint32_t fb[4];
+            ldsm_x4(fb, (b ^ (ks << 5)) + np * 16 * ROWB);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma16816<T>(acc[mt][2 * np], fa[mt], fb[0], fb[1]);
+                mma16816<T>(acc[mt][2 * np + 1], fa[mt], fb[2], fb[3]);
+            }
+        }
+    }
+}
+
 template <int HS> constexpr size_t bwd_smem_bytes() {
     // K, V + 3 x (Q, dO) + staged dQ + P, dS + 3 x (lse, D)
     return (size_t)(2 * kBwdBN * HS + 7 * kBwdBM * HS + 2 * kBwdBM * kBwdBN) * 2 + 6 * kBwdBM * sizeof(float);
@@ -477,31 +507,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             uint32_t pp[2][2][4];                              // P of rows (mt, hf), key tile nt
             {
                 float s[2][4][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
-                if (live) {
-#pragma unroll
-                    for (int ks = 0; ks < HS / 16; ks++) {
-                        uint32_t a[2][4];
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-                            ldsm_x4(a[mt], ((sQ + aS) ^ (ks << 5)) + mt * 16 * ROWB);
-#pragma unroll
-                        for (int np = 0; np < 2; np++) {
-                            uint32_t kf[4];
-                            ldsm_x4(kf, (bK ^ (ks << 5)) + np * 16 * ROWB);
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) {
-                                mma16816<T>(s[mt][2 * np], a[mt], kf[0], kf[1]);
-                                mma16816<T>(s[mt][2 * np + 1], a[mt], kf[2], kf[3]);
-                            }
-                        }
-                    }
-                }
+                warp_tile_abt<T, HS>(s, sQ + aS, bK, live);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -525,31 +531,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     }
             }
             float dp[2][4][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) dp[mt][nt][e] = 0.0f;
-            if (live) {
-#pragma unroll
-                for (int ks = 0; ks < HS / 16; ks++) {
-                    uint32_t a[2][4];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        ldsm_x4(a[mt], ((sO + aS) ^ (ks << 5)) + mt * 16 * ROWB);
-#pragma unroll
-                    for (int np = 0; np < 2; np++) {
-                        uint32_t vf[4];
-                        ldsm_x4(vf, (bV ^ (ks << 5)) + np * 16 * ROWB);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            mma16816<T>(dp[mt][2 * np], a[mt], vf[0], vf[1]);
-                            mma16816<T>(dp[mt][2 * np + 1], a[mt], vf[2], vf[3]);
-                        }
-                    }
-                }
-            }
+            warp_tile_abt<T, HS>(dp, sO + aS, bV, live);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll

@@ -1,6 +1,7 @@
 // What the GPU kernel tests share: host-side conversions between float and the three storage types, device
 // buffers that start poisoned (NaN) so unwritten outputs fail, and the relative-L2 comparison line.
 #pragma once
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,4 +56,19 @@ inline void compare(const std::string& name, const std::vector<float>& got, cons
     char buf[128];
     snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", err, tol);
     check(err <= tol, name, buf);
+}
+
+// A run's seed: the given one, else the clock's; printed, so a failing run can be repeated.
+inline unsigned long test_seed(const char* program, const char* given) {
+    const unsigned long seed = given ? strtoul(given, nullptr, 10)
+                                     : (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count();
+    printf("%s: seed %lu\n", program, seed);
+    return seed;
+}
+// False (and a SKIP line for `what`) on a machine without a GPU.
+inline bool gpu_present(const std::string& what) {
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0) return true;
+    printf("SKIP %s: no GPU\n", what.c_str());
+    return false;
 }

@@ -178,20 +178,15 @@ static void test_sdpa_file(const std::string& path, cudaStream_t stream) {
 }
 
 int main(int argc, char** argv) {
-    unsigned long seed = (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count();
+    const char* seed = nullptr;
     std::vector<std::string> files;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (!a.empty() && a.find_first_not_of("0123456789") == std::string::npos) seed = std::stoul(a);
+        if (!a.empty() && a.find_first_not_of("0123456789") == std::string::npos) seed = argv[i];
         else files.push_back(a);
     }
-    printf("test_attention: seed %lu\n", seed);
-    rng.seed(seed);
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("SKIP flash attention: no GPU\n");
-        return 0;
-    }
+    rng.seed(test_seed("test_attention", seed));
+    if (!gpu_present("flash attention")) return 0;
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     // (B, NH, T): B*NH odd; long sequences with one head to keep the CPU reference cheap

@@ -240,15 +240,8 @@ void test_precision(cudaStream_t stream) {
 }
 
 int main(int argc, char** argv) {
-    const unsigned long seed = argc > 1 ? strtoul(argv[1], nullptr, 10)
-                                        : (unsigned long)std::chrono::steady_clock::now().time_since_epoch().count();
-    printf("test_kernels: seed %lu\n", seed);
-    rng.seed(seed);
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("SKIP kernels: no GPU\n");
-        return 0;
-    }
+    rng.seed(test_seed("test_kernels", argc > 1 ? argv[1] : nullptr));
+    if (!gpu_present("kernels")) return 0;
     matmul_setup(false);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
