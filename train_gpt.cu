@@ -840,36 +840,20 @@ struct StateHeader {
     long long skipped_steps, optimizer_elements;
 };
 
-template <typename floatX>
-void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
-    ZeroOptimizer<floatX>& zero = *model.zero;
-    const ProcessGroup& pg = model.pg;
-    if (pg.is_main()) make_directories(dir);
-    std::vector<float> params = zero.parameters_host();  // a collective under ZeRO-3: every rank takes part
-    if (zero.stage() >= 1 || pg.is_main()) {
-        StateHeader h{step, (int)PrecisionOf<floatX>::value, pg.world, pg.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster,
-                      zero.scaler.clean_steps, zero.scaler.scale, zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
-        int header[256] = {};
-        header[0] = kStateMagic;
-        header[1] = kStateVersion;
-        header[2] = (int)sizeof(StateHeader);
-        header[3] = (int)sizeof(DataLoaderState);
-        memcpy(&header[4], &h, sizeof(h));
-        std::vector<float> master, m, v;
-        zero.optimizer_state_to_host(master, m, v);
-        make_directories(dir);  // other nodes may not share rank 0's file system view yet
-        write_file_atomically(state_path(dir, step, pg.rank), {{header, sizeof(header)},
-                                                               {master.data(), master.size() * sizeof(float)},
-                                                               {m.data(), m.size() * sizeof(float)},
-                                                               {v.data(), v.size() * sizeof(float)},
-                                                               {&data_state, sizeof(data_state)}});
-    }
-    // barrier: every state file is complete before the model file marks the checkpoint as usable
-    float one = 1.0f;
-    cudaCheck(cudaMemcpyAsync(model.norm_squared, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
-    pg.all_reduce_sum(model.norm_squared, model.stream);
-    pg.synchronize(model.stream);
-    if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
+// One rank's state file: header, then its master weights (if kept), Adam m and v, and the data position.
+inline void write_state_file(const std::string& path, const StateHeader& h, const std::vector<float>& master,
+                             const std::vector<float>& m, const std::vector<float>& v, const DataLoaderState& data_state) {
+    int header[256] = {};
+    header[0] = kStateMagic;
+    header[1] = kStateVersion;
+    header[2] = (int)sizeof(StateHeader);
+    header[3] = (int)sizeof(DataLoaderState);
+    memcpy(&header[4], &h, sizeof(h));
+    write_file_atomically(path, {{header, sizeof(header)},
+                                 {master.data(), master.size() * sizeof(float)},
+                                 {m.data(), m.size() * sizeof(float)},
+                                 {v.data(), v.size() * sizeof(float)},
+                                 {&data_state, sizeof(data_state)}});
 }
 
 inline StateHeader read_state_header(FILE* f, const std::string& path) {
@@ -883,61 +867,92 @@ inline StateHeader read_state_header(FILE* f, const std::string& path) {
     return h;
 }
 
+// The optimizer state of checkpoint `step`, however many ranks wrote it at whatever stage, as full arrays
+// in `layout` (this run's padding): each unit's saved slices are put back at the unit's offset.
+struct SavedOptimizerState {
+    StateHeader header;               // rank 0's
+    std::vector<float> master, m, v;  // master empty when the precision keeps none
+    DataLoaderState data_state;
+};
+inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& layout) {
+    SavedOptimizerState saved;
+    const std::string first = state_path(dir, step, 0);
+    FILE* f = fopen(first.c_str(), "rb");
+    if (f == nullptr) die(first + ": cannot open: " + strerror(errno));
+    saved.header = read_state_header(f, first);
+    fclose(f);
+    const StateHeader& s = saved.header;
+    const ParameterLayout old_layout(layout.config, 8 * s.world);
+    const int files = s.stage >= 1 ? s.world : 1;  // at stage 0 rank 0's file holds everything
+    std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
+    if (s.has_master) arrays.insert(arrays.begin(), &saved.master);
+    for (auto* a : arrays) a->assign(layout.total, 0.0f);
+    std::vector<float> buffer(s.optimizer_elements);
+    for (int q = 0; q < files; q++) {
+        const std::string path = state_path(dir, step, q);
+        FILE* g = fopen(path.c_str(), "rb");
+        if (g == nullptr) die(path + ": cannot open (a checkpoint written by " + std::to_string(s.world) + " ranks needs all their state files)");
+        const StateHeader h = read_state_header(g, path);
+        if (h.world != s.world || h.stage != s.stage || h.rank != q || h.optimizer_elements != s.optimizer_elements)
+            die(path + ": does not belong with " + first);
+        for (auto* a : arrays) {
+            if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
+                die(path + ": truncated");
+            size_t local = 0;  // the saved slices of all units, back to back (whole units at stage 0)
+            for (int u = 0; u < layout.num_units(); u++) {
+                const size_t slice = s.stage >= 1 ? old_layout.unit_size(u) / s.world : old_layout.unit_size(u);
+                const size_t begin = s.stage >= 1 ? q * slice : 0;
+                const size_t real = layout.unit_real_size(u);
+                for (size_t i = 0; i < slice && begin + i < real; i++) (*a)[layout.unit_offset(u) + begin + i] = buffer[local + i];
+                local += slice;
+            }
+        }
+        if (q == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
+            die(path + ": truncated while reading the data position");
+        fclose(g);
+    }
+    return saved;
+}
+
+template <typename floatX>
+void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
+    ZeroOptimizer<floatX>& zero = *model.zero;
+    const ProcessGroup& pg = model.pg;
+    if (pg.is_main()) make_directories(dir);
+    std::vector<float> params = zero.parameters_host();  // a collective under ZeRO-3: every rank takes part
+    if (zero.stage() >= 1 || pg.is_main()) {
+        StateHeader h{step, (int)PrecisionOf<floatX>::value, pg.world, pg.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster,
+                      zero.scaler.clean_steps, zero.scaler.scale, zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
+        std::vector<float> master, m, v;
+        zero.optimizer_state_to_host(master, m, v);
+        make_directories(dir);  // other nodes may not share rank 0's file system view yet
+        write_state_file(state_path(dir, step, pg.rank), h, master, m, v, data_state);
+    }
+    // barrier: every state file is complete before the model file marks the checkpoint as usable
+    float one = 1.0f;
+    cudaCheck(cudaMemcpyAsync(model.norm_squared, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
+    pg.all_reduce_sum(model.norm_squared, model.stream);
+    pg.synchronize(model.stream);
+    if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
+}
+
 // Restores parameters, optimizer state and loss scale; returns the data position to restore.
 template <typename floatX>
 DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
     ZeroOptimizer<floatX>& zero = *model.zero;
-    const ParameterLayout& layout = model.layout;
     std::vector<float> values;
     const std::string model_path = checkpoint_path(dir, "model", step);
     ModelConfig config = read_model_file(model_path, values, 8 * model.pg.world);
-    if (ParameterLayout(config).count != layout.count) die(model_path + ": shape differs from the model being trained");
+    if (ParameterLayout(config).count != model.layout.count) die(model_path + ": shape differs from the model being trained");
     model.set_parameters(values);
-
-    // rank 0's file says how the state was sharded
-    const std::string first = state_path(dir, step, 0);
-    FILE* f = fopen(first.c_str(), "rb");
-    if (f == nullptr) die(first + ": cannot open: " + strerror(errno));
-    const StateHeader saved = read_state_header(f, first);
-    fclose(f);
-    if (saved.precision != (int)PrecisionOf<floatX>::value) die(first + ": saved in another --precision");
-    const ParameterLayout old_layout(config, 8 * saved.world);
-    const int files = saved.stage >= 1 ? saved.world : 1;
-    // full arrays in this run's padded layout, assembled from the saved shards unit by unit
-    const int arrays = saved.has_master ? 3 : 2;
-    std::vector<std::vector<float>> full(arrays, std::vector<float>(layout.total, 0.0f));
-    DataLoaderState data_state;
-    std::vector<float> buffer(saved.optimizer_elements);
-    for (int q = 0; q < files; q++) {
-        const std::string path = state_path(dir, step, q);
-        FILE* g = fopen(path.c_str(), "rb");
-        if (g == nullptr) die(path + ": cannot open (a checkpoint written by " + std::to_string(saved.world) + " ranks needs all their state files)");
-        const StateHeader h = read_state_header(g, path);
-        if (h.world != saved.world || h.stage != saved.stage || h.rank != q) die(path + ": does not belong with " + first);
-        for (int a = 0; a < arrays; a++) {
-            if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
-                die(path + ": truncated");
-            size_t local = 0;  // the saved slices of all units, back to back (the whole array at stage 0)
-            for (int u = 0; u < layout.num_units(); u++) {
-                const size_t old_size = old_layout.unit_size(u);
-                const size_t slice = saved.stage >= 1 ? old_size / saved.world : old_size;
-                const size_t begin = saved.stage >= 1 ? q * slice : 0;
-                const size_t real = layout.unit_real_size(u);
-                for (size_t i = 0; i < slice && begin + i < real; i++)
-                    full[a][layout.unit_offset(u) + begin + i] = buffer[local + i];
-                local += slice;
-            }
-        }
-        if (q == 0 && fread(&data_state, sizeof(data_state), 1, g) != 1) die(path + ": truncated while reading the data position");
-        fclose(g);
-    }
-    std::vector<float> no_master;
-    auto mine = [&](const std::vector<float>& a) { return zero.stage() >= 1 ? zero.local_slices(a) : a; };
-    zero.optimizer_state_from_host(saved.has_master ? mine(full[0]) : no_master, mine(full[arrays - 2]), mine(full[arrays - 1]));
-    zero.scaler.scale = saved.loss_scale;
-    zero.scaler.clean_steps = saved.clean_steps;
-    zero.scaler.skipped_steps = saved.skipped_steps;
-    return data_state;
+    const SavedOptimizerState saved = read_optimizer_state(dir, step, model.layout);
+    if (saved.header.precision != (int)PrecisionOf<floatX>::value) die(state_path(dir, step, 0) + ": saved in another --precision");
+    const std::vector<float> master = saved.master.empty() ? saved.master : zero.optimizer_part(saved.master);
+    zero.optimizer_state_from_host(master, zero.optimizer_part(saved.m), zero.optimizer_part(saved.v));
+    zero.scaler.scale = saved.header.loss_scale;
+    zero.scaler.clean_steps = saved.header.clean_steps;
+    zero.scaler.skipped_steps = saved.header.skipped_steps;
+    return saved.data_state;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -50,6 +50,15 @@ struct ShardPlan {
     size_t global_begin(int u) const { return unit_offset[u] + rank * shard_size[u]; }
 };
 
+// This rank's slices of a full (padded-layout) array, back to back.
+inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<float>& full) {
+    std::vector<float> out(plan.local_total);
+    for (int u = 0; u < plan.num_units(); u++)
+        std::copy(full.begin() + plan.global_begin(u), full.begin() + plan.global_begin(u) + plan.shard_size[u],
+                  out.begin() + plan.local_offset[u]);
+    return out;
+}
+
 // dst[i] += src[i]: a reduce-scattered micro-step added into the gradient shard.
 template <typename floatX>
 __global__ void accumulate_shard_kernel(floatX* dst, const floatX* src, long n) {
@@ -311,7 +320,7 @@ public:
 
     // Sets the parameters (and master weights) from the full fp32 values (host, padded layout).
     void set_parameters(const std::vector<float>& full) {
-        std::vector<float> mine = stage_ >= 1 ? local_slices(full) : full;
+        std::vector<float> mine = optimizer_part(full);
         float* staging;
         cudaCheck(cudaMalloc(&staging, full.size() * sizeof(float)));
         if (stage_ < 3) {
@@ -376,14 +385,8 @@ public:
         cudaCheck(cudaMemcpy(adam_m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(adam_v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     }
-    // This rank's slices of a full (padded-layout) array, back to back.
-    std::vector<float> local_slices(const std::vector<float>& full) const {
-        std::vector<float> out(plan_.local_total);
-        for (int u = 0; u < plan_.num_units(); u++)
-            std::copy(full.begin() + plan_.global_begin(u), full.begin() + plan_.global_begin(u) + plan_.shard_size[u],
-                      out.begin() + plan_.local_offset[u]);
-        return out;
-    }
+    // What this rank stores of a full (padded-layout) optimizer array.
+    std::vector<float> optimizer_part(const std::vector<float>& full) const { return stage_ >= 1 ? local_slices(plan_, full) : full; }
 
 private:
     static float host_float(float x) { return x; }
