@@ -29,34 +29,69 @@ struct AdamWHyper {
     uint64_t seed;     // stochastic rounding; the rounding of element i depends only on (seed, i)
 };
 
+// One element: updates m and v in place and returns the new fp32 parameter.
+__device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v, float weight_decay, const AdamWHyper& h,
+                                               float bias_correction1, float bias_correction2) {
+    g *= h.grad_scale;
+    m = h.beta1 * m + (1.0f - h.beta1) * g;
+    v = h.beta2 * v + (1.0f - h.beta2) * g * g;
+    const float m_hat = m / bias_correction1, v_hat = v / bias_correction2;
+    return p - h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + weight_decay * p);
+}
+
+// Memory-bound: each thread moves 16-byte vectors (X compute-precision values, X fp32 values per state
+// array); a tail shorter than X (n not a multiple of X) is done element by element. Element i's result
+// depends only on element i (and (seed, i) for the rounding), so it is the same however it is grouped.
 template <typename floatX>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, long n,
                              long index_offset, AdamWHyper h, float bias_correction1, float bias_correction2,
                              DecayMask mask) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        const float g = to_float(grads[i]) * h.grad_scale;
-        const float mi = h.beta1 * m[i] + (1.0f - h.beta1) * g;
-        const float vi = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        const float m_hat = mi / bias_correction1, v_hat = vi / bias_correction2;
-        const float wd = mask.decays(index_offset + i) ? h.weight_decay : 0.0f;
-        float p = master != nullptr ? master[i] : to_float(params[i]);
-        p -= h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + wd * p);
-        if (master != nullptr) master[i] = p;
-        params[i] = round_stochastic<floatX>(p, random_u32(h.seed, index_offset + i));
+    constexpr int X = Packed128<floatX>::size;
+    const long stride = (long)gridDim.x * blockDim.x;
+    const long vector_end = n / X * X;
+    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * X; i < vector_end; i += stride * X) {
+        const Packed128<floatX> g = load128cs(grads + i);
+        Packed128<floatX> p = load128(params + i);
+        float mm[X], vv[X], pm[X];
+        for (int k = 0; k < X; k += 4) {
+            *reinterpret_cast<float4*>(mm + k) = *reinterpret_cast<const float4*>(m + i + k);
+            *reinterpret_cast<float4*>(vv + k) = *reinterpret_cast<const float4*>(v + i + k);
+            if (master != nullptr) *reinterpret_cast<float4*>(pm + k) = *reinterpret_cast<const float4*>(master + i + k);
+        }
+        for (int k = 0; k < X; k++) {
+            const long index = index_offset + i + k;
+            const float old = master != nullptr ? pm[k] : to_float(p[k]);
+            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.decays(index) ? h.weight_decay : 0.0f, h,
+                                  bias_correction1, bias_correction2);
+            p[k] = round_stochastic<floatX>(pm[k], random_u32(h.seed, index));
+        }
+        for (int k = 0; k < X; k += 4) {
+            *reinterpret_cast<float4*>(m + i + k) = *reinterpret_cast<const float4*>(mm + k);
+            *reinterpret_cast<float4*>(v + i + k) = *reinterpret_cast<const float4*>(vv + k);
+            if (master != nullptr) *reinterpret_cast<float4*>(master + i + k) = *reinterpret_cast<const float4*>(pm + k);
+        }
+        store128(params + i, p);
+    }
+    for (long i = vector_end + (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long index = index_offset + i;
+        const float old = master != nullptr ? master[i] : to_float(params[i]);
+        const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.decays(index) ? h.weight_decay : 0.0f, h,
+                                            bias_correction1, bias_correction2);
+        if (master != nullptr) master[i] = updated;
+        params[i] = round_stochastic<floatX>(updated, random_u32(h.seed, index));
     }
 }
 
 // Updates n elements starting at global element index `index_offset` (0 for the whole buffer; a shard's
 // start under ZeRO). master may be null when floatX is float (the parameters are the master weights).
+// All pointers 16-byte aligned (the parameter layout pads every unit and shard to 8 elements).
 template <typename floatX>
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, long n, long index_offset,
                   const AdamWHyper& h, const DecayMask& mask, cudaStream_t stream) {
     const float bias_correction1 = 1.0f - powf(h.beta1, (float)h.t);
     const float bias_correction2 = 1.0f - powf(h.beta2, (float)h.t);
     const int block = 512;
-    const int grid = (int)std::min<long>(ceil_div(n, block), (long)device_sm_count() * 8);
+    const int grid = std::max(1, (int)std::min<long>(ceil_div(n / Packed128<floatX>::size, block), (long)device_sm_count() * 8));
     adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, index_offset, h, bias_correction1,
                                             bias_correction2, mask);
     cudaCheckLaunch();

@@ -2,10 +2,14 @@
 """Plain-PyTorch GPT-2 reference for the C++/CUDA trainer.
 
 Subcommands:
-  debug-state  write an initial model file and a debug-state file (docs/formats.md) for correctness tests
-  train        train on llm.c token shards (loss-curve comparisons and throughput benchmarks); launched by
-               torchrun (WORLD_SIZE > 1) it trains data-parallel with DDP or FSDP (--parallel)
-  make-shard   write a shard of random tokens (for smoke tests)
+  debug-state    write an initial model file and a debug-state file (docs/formats.md) for correctness tests
+  train          train on llm.c token shards (loss-curve comparisons and throughput benchmarks); launched by
+                 torchrun (WORLD_SIZE > 1) it trains data-parallel with DDP or FSDP (--parallel)
+  make-shard     write a shard of random tokens (for smoke tests)
+  export-merged  base model file + LoRA adapter file -> merged llm.c model file
+
+debug-state and train fine-tune with LoRA given --lora-rank or --lora-load: the base model is frozen and only
+the adapters train (adapter file and LoRA debug state: docs/lora.md).
 
 Runs on torch 1.13 (CPU) and torch 2.x (CUDA). Hyper-parameters, file formats, AdamW, the lr schedule and
 the batch order follow docs/formats.md exactly.
@@ -32,6 +36,8 @@ GPT2_VOCAB = 50257
 MODEL_MAGIC = 20240326
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 STATE_MAGIC, STATE_VERSION = 20240327, 2
+LORA_STATE_VERSION = 3  # the debug state of a LoRA run (docs/lora.md)
+LORA_MAGIC, LORA_VERSION = 20261127, 1
 PRECISION_CODE = {"fp32": 0, "bf16": 1, "fp16": 2}
 AUTOCAST_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,6 +45,12 @@ AUTOCAST_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TENSOR_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
 DECAY_NAMES = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}
+
+# LoRA targets in their fixed order (the order of the adapter file): flag name, Block attribute, bitmask bit,
+# and the adapted Linear's (in, out) features in units of C.
+LORA_TARGETS = [("qkv", "qkv", 1, 1, 3), ("attn-proj", "attn_proj", 2, 1, 1),
+                ("fc", "fc", 4, 1, 4), ("fc-proj", "fc_proj", 8, 4, 1)]
+LORA_ALL_TARGETS = 15
 
 
 class InputError(Exception):
@@ -72,6 +84,32 @@ class Config:
 # ----------------------------------------------------------------------------------------------------------
 # Model
 
+class LoraConfig:
+    """Rank r, alpha (held as the float32 the adapter file stores), target bitmask, adapter-input dropout."""
+
+    def __init__(self, rank, alpha, mask, dropout=0.0):
+        self.rank, self.alpha, self.mask, self.dropout = rank, float(np.float32(alpha)), mask, dropout
+
+    @property
+    def scale(self):
+        """alpha / r, computed in float32 (as the C++ side does)."""
+        return float(np.float32(self.alpha) / np.float32(self.rank))
+
+
+class LoraAdapter(nn.Module):
+    """LoRA's term (alpha/r) B A dropout(x) for a frozen nn.Linear(in_features, out_features):
+    A (r, in_features), B (out_features, r). Created zero; init_adapters or load_adapters fill it."""
+
+    def __init__(self, in_features, out_features, lora):
+        super().__init__()
+        self.A = nn.Parameter(torch.zeros(lora.rank, in_features))
+        self.B = nn.Parameter(torch.zeros(out_features, lora.rank))
+        self.scale, self.dropout = lora.scale, lora.dropout
+
+    def forward(self, x):
+        return F.linear(F.linear(F.dropout(x, self.dropout, self.training), self.A), self.B) * self.scale
+
+
 class Block(nn.Module):
     def __init__(self, cfg, sdpa):
         super().__init__()
@@ -84,11 +122,17 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(C, eps=1e-5)
         self.fc = nn.Linear(C, 4 * C)
         self.fc_proj = nn.Linear(4 * C, C)
+        self.adapters = nn.ModuleDict()  # LoRA adapters, keyed by the attribute name of the Linear they adapt
+
+    def linear(self, name, x):
+        """The Linear `name` applied to x, plus its LoRA adapter's term where it has one."""
+        y = getattr(self, name)(x)
+        return y + self.adapters[name](x) if name in self.adapters else y
 
     def attention(self, x):
         B, T, C = x.shape
         hs = C // self.num_heads
-        q, k, v = (t.view(B, T, self.num_heads, hs).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        q, k, v = (t.view(B, T, self.num_heads, hs).transpose(1, 2) for t in self.linear("qkv", x).split(C, dim=2))
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -96,11 +140,11 @@ class Block(nn.Module):
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
             y = att @ v
-        return self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.linear("attn_proj", y.transpose(1, 2).contiguous().view(B, T, C))
 
     def forward(self, x):
         x = x + self.attention(self.ln_1(x))
-        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.linear("fc_proj", F.gelu(self.linear("fc", self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):
@@ -111,6 +155,7 @@ class GPT(nn.Module):
         self.wpe = nn.Parameter(torch.empty(cfg.max_seq_len, cfg.channels))
         self.blocks = nn.ModuleList(Block(cfg, sdpa) for _ in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.channels, eps=1e-5)
+        self.lora = None  # LoraConfig once add_lora ran
 
     def forward(self, idx, targets=None):
         x = self.embed(idx)
@@ -148,12 +193,32 @@ class GPT(nn.Module):
         assert [name for name, _ in layout] == TENSOR_NAMES
         return layout
 
-    def param_groups(self):
-        """(decay params, no-decay params), both in model-file order."""
+    def add_lora(self, lora):
+        """Freezes every base parameter and gives the targeted Linears of every block a (zero) adapter."""
+        for p in self.parameters():
+            p.requires_grad_(False)
+        for block in self.blocks:
+            for _, attr, bit, _, _ in LORA_TARGETS:
+                if lora.mask & bit:
+                    linear = getattr(block, attr)
+                    block.adapters[attr] = LoraAdapter(linear.in_features, linear.out_features, lora)
+        self.lora = lora
+
+    def adapter_tensors(self):
+        """[A, B, A, B, ...]: per layer, per target in LORA_TARGETS order (the adapter file's order)."""
+        return [t for block in self.blocks for _, attr, _, _, _ in LORA_TARGETS if attr in block.adapters
+                for t in (block.adapters[attr].A, block.adapters[attr].B)]
+
+    def trainable(self):
+        """(trainable tensors in file order, those that get weight decay, those that get none): with LoRA only
+        the adapters, which all get it (A and B are 2-D); else every parameter, decay per DECAY_NAMES."""
+        if self.lora is not None:
+            adapters = self.adapter_tensors()
+            return adapters, adapters, []
         decay, no_decay = [], []
         for name, tensors in self.file_layout():
             (decay if name in DECAY_NAMES else no_decay).extend(tensors)
-        return decay, no_decay
+        return [t for _, ts in self.file_layout() for t in ts], decay, no_decay
 
 
 @torch.no_grad()
@@ -211,14 +276,22 @@ def load_model(path, sdpa):
     return model
 
 
-def write_model(model, path):
-    """Writes a version-3 (fp32) llm.c model file atomically."""
+@torch.no_grad()
+def write_model(model, path, merge_lora=False):
+    """Writes a version-3 (fp32) llm.c model file atomically. merge_lora: every weight that has a LoRA adapter
+    is written as W0 + (alpha/r) B A, summed in float64 and rounded once to fp32 (as the C++ lora_merge)."""
+    merged = {}
+    if merge_lora:
+        for block in model.blocks:
+            for attr, adapter in block.adapters.items():
+                w = getattr(block, attr).weight
+                merged[id(w)] = (w.double() + adapter.scale * (adapter.B.double() @ adapter.A.double())).float()
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(header_bytes(model.cfg.header(3)))
         for _, tensors in model.file_layout():
             for t in tensors:
-                f.write(t.detach().float().cpu().numpy().astype("<f4").tobytes())
+                f.write(merged.get(id(t), t).detach().float().cpu().numpy().astype("<f4").tobytes())
     os.replace(tmp, path)
 
 
@@ -255,6 +328,134 @@ def build_model(args):
     model = GPT(Config(max_seq_len, vocab_size, args.layers, args.heads, args.channels), args.sdpa)
     init_weights(model, args.seed)
     return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# LoRA (docs/lora.md)
+
+def parse_lora_targets(text):
+    """'qkv,fc' -> bitmask."""
+    bits = {name: bit for name, _, bit, _, _ in LORA_TARGETS}
+    mask = 0
+    for name in text.split(","):
+        if name not in bits:
+            raise InputError(f"--lora-targets: unknown target {name!r} (choose from {', '.join(bits)})")
+        mask |= bits[name]
+    return mask
+
+
+def adapter_shapes(rank, mask, layers, channels):
+    """Shapes of the adapter tensors in file order: per layer, per target, A (r, in) then B (out, r)."""
+    return [shape for _ in range(layers) for _, _, bit, fan_in, fan_out in LORA_TARGETS if mask & bit
+            for shape in ((rank, fan_in * channels), (fan_out * channels, rank))]
+
+
+@torch.no_grad()
+def init_adapters(model, seed, b_std):
+    """A Kaiming-uniform as nn.Linear's default weight init (kaiming_uniform_ with a = sqrt(5), which is
+    U(-1/sqrt(in), 1/sqrt(in))); B zero as the paper, or N(0, b_std) when b_std > 0 so that tests see a
+    non-trivial adapter. Drawn in file order from one generator seeded with `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = model.adapter_tensors()
+    for a, b in zip(tensors[0::2], tensors[1::2]):
+        bound = 1.0 / math.sqrt(a.shape[1])
+        a.uniform_(-bound, bound, generator=gen)
+        if b_std > 0:
+            b.normal_(0.0, b_std, generator=gen)
+
+
+def write_adapters(model, path):
+    """Writes the model's adapters as an adapter file (docs/lora.md) atomically."""
+    lora, cfg = model.lora, model.cfg
+    tensors = model.adapter_tensors()
+    header = [LORA_MAGIC, LORA_VERSION, lora.rank, f32_bits(lora.alpha), lora.mask, cfg.num_layers, cfg.channels,
+              len(tensors)]
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header_bytes(header))
+        for t in tensors:
+            f.write(t.detach().float().cpu().numpy().astype("<f4").tobytes())
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def load_adapters(model, path, dropout=0.0):
+    """Validates the adapter file `path` against the model, adds adapters of its configuration to the model
+    and fills them. Returns the LoraConfig."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such adapter file")
+    size = os.path.getsize(path)
+    if size < 4 * HEADER_INTS:
+        raise InputError(f"{path}: truncated adapter header ({size} bytes)")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    magic, version, rank, _, mask, layers, channels, count = (int(x) for x in header[:8])
+    alpha = float(header[3:4].view("<f4")[0])
+    cfg = model.cfg
+    if magic != LORA_MAGIC:
+        raise InputError(f"{path}: bad adapter magic {magic} (expected {LORA_MAGIC})")
+    if version != LORA_VERSION:
+        raise InputError(f"{path}: unsupported adapter version {version} (expected {LORA_VERSION})")
+    if rank <= 0:
+        raise InputError(f"{path}: adapter rank {rank} must be positive")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise InputError(f"{path}: adapter alpha {alpha:g} must be finite and positive")
+    if not 1 <= mask <= LORA_ALL_TARGETS:
+        raise InputError(f"{path}: bad adapter target bitmask {mask} (expected 1..15: 1 qkv, 2 attn-proj, "
+                         f"4 fc, 8 fc-proj)")
+    if (layers, channels) != (cfg.num_layers, cfg.channels):
+        raise InputError(f"{path}: adapters for {layers} layers, {channels} channels; the model has "
+                         f"{cfg.num_layers} layers, {cfg.channels} channels")
+    shapes = adapter_shapes(rank, mask, layers, channels)
+    if count != len(shapes):
+        raise InputError(f"{path}: header says {count} tensors, expected {len(shapes)} (A and B per layer and target)")
+    expected = 4 * HEADER_INTS + 4 * sum(r * c for r, c in shapes)
+    if size < expected:
+        raise InputError(f"{path}: truncated: {size} bytes, its header implies {expected}")
+    if size > expected:
+        raise InputError(f"{path}: {size} bytes, its header implies {expected} (trailing data)")
+    raw = np.fromfile(path, dtype="<f4", offset=4 * HEADER_INTS)
+    lora = LoraConfig(rank, alpha, mask, dropout)
+    model.add_lora(lora)
+    offset = 0
+    for t in model.adapter_tensors():
+        t.copy_(torch.from_numpy(raw[offset:offset + t.numel()].copy()).view_as(t))
+        offset += t.numel()
+    return lora
+
+
+def setup_lora(model, args):
+    """Adds the adapters the --lora-* flags ask for (none without --lora-rank or --lora-load) to the fp32 CPU
+    model: from --lora-load (its rank, alpha and targets; flags that disagree are an error), else initialised
+    by init_adapters from --lora-init-seed. Returns the LoraConfig or None."""
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise InputError(f"--lora-dropout {args.lora_dropout} is not in [0, 1)")
+    if args.lora_rank < 0:
+        raise InputError(f"--lora-rank {args.lora_rank} must be >= 0 (0 = no LoRA)")
+    if args.lora_load:
+        lora = load_adapters(model, args.lora_load, args.lora_dropout)
+        given = {"--lora-rank": (args.lora_rank or None, lora.rank),
+                 "--lora-alpha": (args.lora_alpha and float(np.float32(args.lora_alpha)), lora.alpha),
+                 "--lora-targets": (args.lora_targets and parse_lora_targets(args.lora_targets), lora.mask)}
+        for flag, (value, from_file) in given.items():
+            if value is not None and value != from_file:
+                raise InputError(f"{flag} conflicts with {args.lora_load}")
+    elif args.lora_rank > 0:
+        if args.lora_init_b_std < 0:
+            raise InputError(f"--lora-init-b-std {args.lora_init_b_std} must be >= 0")
+        alpha = args.lora_alpha if args.lora_alpha is not None else args.lora_rank
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise InputError(f"--lora-alpha {alpha} must be finite and positive")
+        lora = LoraConfig(args.lora_rank, alpha, parse_lora_targets(args.lora_targets or "qkv"), args.lora_dropout)
+        model.add_lora(lora)
+        init_adapters(model, args.lora_init_seed if args.lora_init_seed is not None else args.seed + 1,
+                      args.lora_init_b_std)
+    else:
+        if args.lora_out:
+            raise InputError("--lora-out needs --lora-rank or --lora-load")
+        return None
+    if lora.dropout > 0:
+        torch.manual_seed(args.seed)  # dropout masks come from torch's global generator
+    return lora
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -369,16 +570,20 @@ def autocast(args, device):
 def cmd_debug_state(args):
     if args.steps < 1:
         raise InputError("--steps must be >= 1 (step 0 is what the state records)")
-    # Hyper-parameters are stored as float32 in the state header: use exactly those values here.
-    lr, beta1, beta2, eps, wd, clip = (float(np.float32(x)) for x in
-                                       (args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.grad_clip))
     device = setup_device(args)
     model = build_model(args)
+    lora = setup_lora(model, args)
+    # Hyper-parameters are stored as float32 in the state header: use exactly those values here.
+    lr, beta1, beta2, eps, wd, clip = (float(np.float32(x)) for x in
+                                       (args.lr, args.beta1, args.beta2, args.eps,
+                                        args.lora_weight_decay if lora else args.weight_decay, args.grad_clip))
     cfg = model.cfg
     B, T, V = args.batch_size, args.seq_len, cfg.vocab_size
     if B <= 0 or T <= 0 or T > cfg.max_seq_len:
         raise InputError(f"need B > 0 and 0 < T <= max seq len {cfg.max_seq_len} (got B={B}, T={T})")
-    write_model(model, args.model_out)
+    write_model(model, args.model_out)  # the base model: adapters are not merged
+    if args.lora_out:
+        write_adapters(model, args.lora_out)
     model.to(device)
 
     # Tokens come from their own generator so they do not depend on the model size.
@@ -386,8 +591,8 @@ def cmd_debug_state(args):
     inputs, targets = tokens[:, :T].contiguous(), tokens[:, 1:].contiguous()
     x, y = inputs.to(device), targets.to(device)
 
-    params = [t for _, ts in model.file_layout() for t in ts]
-    optimizer = AdamW(*model.param_groups(), beta1, beta2, eps, wd)
+    params, decay, no_decay = model.trainable()  # with LoRA the adapters only: the state records their gradients
+    optimizer = AdamW(decay, no_decay, beta1, beta2, eps, wd)
     losses = []
     for step in range(args.steps):
         optimizer.zero_grad()
@@ -408,8 +613,11 @@ def cmd_debug_state(args):
         print(f"step {step} loss {losses[-1]:.6f} grad_norm {norm:.6f}")
 
     logits0, loss0, norm0, grads0 = step0
-    header = [STATE_MAGIC, STATE_VERSION, B, T, args.steps, V, cfg.padded_vocab_size, PRECISION_CODE[args.dtype]]
+    header = [STATE_MAGIC, LORA_STATE_VERSION if lora else STATE_VERSION, B, T, args.steps, V, cfg.padded_vocab_size,
+              PRECISION_CODE[args.dtype]]
     header += [f32_bits(v) for v in (lr, beta1, beta2, eps, wd, clip)]
+    if lora:
+        header += [lora.rank, f32_bits(lora.alpha), lora.mask]
     tmp = args.state_out + ".tmp"
     with open(tmp, "wb") as f:
         f.write(header_bytes(header))
@@ -421,7 +629,7 @@ def cmd_debug_state(args):
             f.write(g.numpy().astype("<f4").tobytes())
         f.write(np.array(losses, dtype="<f4").tobytes())
     os.replace(tmp, args.state_out)
-    print(f"wrote {args.model_out} and {args.state_out}")
+    print(f"wrote {args.model_out} and {args.state_out}" + (f" and {args.lora_out}" if args.lora_out else ""))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -540,15 +748,17 @@ def train(args, rank, world, device):
         raise InputError(f"--parallel {args.parallel} supports --dtype fp32 and bf16")
     grad_accum = total_tokens // tokens_per_micro
     model = build_model(args)
+    lora = setup_lora(model, args)
     if T > model.cfg.max_seq_len:
         raise InputError(f"--seq-len {T} > max seq len {model.cfg.max_seq_len}")
     loader = ShardLoader(args.train_shards, B, T, model.cfg.vocab_size, rank, world)
     model.to(device)
     wrapped = wrap_data_parallel(model, args, device) if world > 1 else model
     # Taken after wrapping: under FSDP each parameter now holds only this process's slice.
-    params = [t for _, ts in model.file_layout() for t in ts]
+    params, decay, no_decay = model.trainable()
     opt_class = TorchFusedAdamW if args.fused_adamw else AdamW
-    optimizer = opt_class(*model.param_groups(), args.beta1, args.beta2, args.eps, args.weight_decay)
+    optimizer = opt_class(decay, no_decay, args.beta1, args.beta2, args.eps,
+                          args.lora_weight_decay if lora else args.weight_decay)
     forward = wrapped
     if args.compile:
         if not hasattr(torch, "compile"):
@@ -618,13 +828,13 @@ def train(args, rank, world, device):
             log.flush()
     if log:
         log.close()
-    if args.model_out:
-        if fsdp:  # every process takes part in gathering the full parameters
-            with type(wrapped).summon_full_params(wrapped, writeback=False):
-                if rank == 0:
-                    write_model(model, args.model_out)
-        elif rank == 0:
-            write_model(model, args.model_out)
+    if args.model_out or args.lora_out:
+        # Under FSDP every process takes part in gathering the full parameters.
+        with type(wrapped).summon_full_params(wrapped, writeback=False) if fsdp else contextlib.nullcontext():
+            if rank == 0 and args.model_out:
+                write_model(model, args.model_out, merge_lora=True)
+            if rank == 0 and args.lora_out:
+                write_adapters(model, args.lora_out)
     timed = step_ms[args.timing_warmup:] if len(step_ms) > args.timing_warmup else step_ms[-1:]
     ms = statistics.median(timed)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else 0.0
@@ -647,6 +857,16 @@ def cmd_make_shard(args):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# export-merged
+
+def cmd_export_merged(args):
+    model = load_model(args.model, sdpa=False)
+    lora = load_adapters(model, args.lora)
+    write_model(model, args.out, merge_lora=True)
+    print(f"wrote {args.out} ({args.model} + rank-{lora.rank} adapters of {args.lora} merged)")
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 def add_model_args(p):
     p.add_argument("--init-from", help="llm.c model file (version 3 or 5); else built from the flags below")
@@ -666,6 +886,17 @@ def add_model_args(p):
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
+    g = p.add_argument_group("LoRA (docs/lora.md): base model frozen, only the adapters train")
+    g.add_argument("--lora-rank", type=int, default=0, help="adapter rank r; 0 = no LoRA")
+    g.add_argument("--lora-alpha", type=float, help="scale alpha (the term is alpha/r B A x); default r")
+    g.add_argument("--lora-targets", help="comma list of qkv, attn-proj, fc, fc-proj; default qkv")
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
+    g.add_argument("--lora-init-seed", type=int, help="seed of the adapter init; default --seed + 1")
+    g.add_argument("--lora-init-b-std", type=float, default=0.0,
+                   help="B ~ N(0, this) instead of zero (tests: a non-trivial adapter from the start)")
+    g.add_argument("--lora-weight-decay", type=float, default=0.0,
+                   help="AdamW weight decay of A and B (--weight-decay applies to full training only)")
+    g.add_argument("--lora-load", help="start from this adapter file (its rank, alpha and targets)")
 
 
 def main(argv=None):
@@ -676,8 +907,9 @@ def main(argv=None):
     add_model_args(p)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--model-out", required=True)
+    p.add_argument("--model-out", required=True, help="the initial (base) model")
     p.add_argument("--state-out", required=True)
+    p.add_argument("--lora-out", help="the initial adapters")
     p.set_defaults(func=cmd_debug_state)
 
     p = sub.add_parser("train", help="train on llm.c token shards")
@@ -695,7 +927,8 @@ def main(argv=None):
     p.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True); benchmark only")
     p.add_argument("--log", help="per-step log: step loss lr grad_norm ms tokens_per_s")
     p.add_argument("--timing-warmup", type=int, default=3, help="steps excluded from the RESULT median")
-    p.add_argument("--model-out", help="write the final model here")
+    p.add_argument("--model-out", help="write the final model here (with LoRA: the adapters merged into it)")
+    p.add_argument("--lora-out", help="write the final adapters here")
     p.add_argument("--parallel", choices=["ddp", "fsdp-grad-op", "fsdp-full"], default="ddp",
                    help="with several processes (torchrun, WORLD_SIZE > 1; --batch-size is per process): "
                         "DistributedDataParallel, or FSDP with SHARD_GRAD_OP or FULL_SHARD")
@@ -707,6 +940,12 @@ def main(argv=None):
     p.add_argument("--vocab-size", type=int, default=GPT2_VOCAB)
     p.add_argument("--seed", type=int, default=1337)
     p.set_defaults(func=cmd_make_shard)
+
+    p = sub.add_parser("export-merged", help="merge LoRA adapters into a model: W = W0 + (alpha/r) B A")
+    p.add_argument("--model", required=True, help="base llm.c model file (version 3 or 5)")
+    p.add_argument("--lora", required=True, help="adapter file")
+    p.add_argument("--out", required=True, help="merged model file (version 3, fp32)")
+    p.set_defaults(func=cmd_export_merged)
 
     args = parser.parse_args(argv)
     try:
