@@ -311,7 +311,7 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
-    float* norm_squared = nullptr;    // one float (the loss all-reduce)
+    float* device_scalar = nullptr;   // one float: the loss all-reduce, the checkpoint barrier
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
@@ -401,7 +401,7 @@ struct GPT2 {
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
-        cudaCheck(cudaMalloc(&norm_squared, sizeof(float)));
+        cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         cudaCheck(cudaMalloc(&loss_sums, N * sizeof(float)));
         cudaCheck(cudaMemset(loss_sums, 0, N * sizeof(float)));
@@ -414,7 +414,7 @@ struct GPT2 {
 
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)norm_squared, (void*)tokens_device,
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
                         (void*)loss_sums, attention_scratch})
             if (p != nullptr) cudaFree(p);
         for (int i = 0; i < 2; i++) {
@@ -594,9 +594,9 @@ struct GPT2 {
         float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
         forwards_summed = 0;
         if (pg.world > 1) {  // the mean over all ranks' rows
-            cudaCheck(cudaMemcpyAsync(norm_squared, &mean, sizeof(float), cudaMemcpyHostToDevice, stream));
-            pg.all_reduce_sum(norm_squared, stream);
-            cudaCheck(cudaMemcpyAsync(&mean, norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
+            cudaCheck(cudaMemcpyAsync(device_scalar, &mean, sizeof(float), cudaMemcpyHostToDevice, stream));
+            pg.all_reduce_sum(device_scalar, stream);
+            cudaCheck(cudaMemcpyAsync(&mean, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
             pg.synchronize(stream);
             mean /= pg.world;
         }
@@ -930,8 +930,8 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     }
     // barrier: every state file is complete before the model file marks the checkpoint as usable
     float one = 1.0f;
-    cudaCheck(cudaMemcpyAsync(model.norm_squared, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
-    pg.all_reduce_sum(model.norm_squared, model.stream);
+    cudaCheck(cudaMemcpyAsync(model.device_scalar, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
+    pg.all_reduce_sum(model.device_scalar, model.stream);
     pg.synchronize(model.stream);
     if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
 }

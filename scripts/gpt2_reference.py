@@ -433,12 +433,13 @@ def setup_lora(model, args):
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 0 (0 = no LoRA)")
     if args.lora_load:
         lora = load_adapters(model, args.lora_load, args.lora_dropout)
-        given = {"--lora-rank": (args.lora_rank or None, lora.rank),
-                 "--lora-alpha": (args.lora_alpha and float(np.float32(args.lora_alpha)), lora.alpha),
-                 "--lora-targets": (args.lora_targets and parse_lora_targets(args.lora_targets), lora.mask)}
-        for flag, (value, from_file) in given.items():
+        targets = ",".join(name for name, _, bit, _, _ in LORA_TARGETS if lora.mask & bit)
+        given = {"--lora-rank": (args.lora_rank or None, lora.rank, lora.rank),
+                 "--lora-alpha": (args.lora_alpha and float(np.float32(args.lora_alpha)), lora.alpha, f"{lora.alpha:g}"),
+                 "--lora-targets": (args.lora_targets and parse_lora_targets(args.lora_targets), lora.mask, targets)}
+        for flag, (value, from_file, shown) in given.items():
             if value is not None and value != from_file:
-                raise InputError(f"{flag} conflicts with {args.lora_load}")
+                raise InputError(f"{flag} conflicts with {args.lora_load} ({flag} {shown} there)")
     elif args.lora_rank > 0:
         if args.lora_init_b_std < 0:
             raise InputError(f"--lora-init-b-std {args.lora_init_b_std} must be >= 0")

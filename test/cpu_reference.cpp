@@ -2,11 +2,13 @@
 #include "cpu_reference.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace cpuref {
@@ -95,8 +97,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
         }
     }
     for (int c = 0; c < C; c++) {
-        dweight[c] += (float)dw[c];
-        dbias[c] += (float)db[c];
+        if (dweight) dweight[c] += (float)dw[c];
+        if (dbias) dbias[c] += (float)db[c];
     }
 }
 
@@ -137,6 +139,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
         for (int i = 0; i < rows; i++)
             for (int c = 0; c < C; c++) dinp[(size_t)(n0 + i) * C + c] += (float)acc[(size_t)i * C + c];
     }
+    if (!dweight && !dbias) return;  // frozen weight
     // dweight[o,:] += sum_n dout[n,o] inp[n,:] and dbias[o] += sum_n dout[n,o], for a tile of outputs at a time
     // so every cache line of dout is used fully.
 #pragma omp parallel for schedule(dynamic)
@@ -154,7 +157,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
             }
         }
         for (int j = 0; j < cols; j++) {
-            for (int c = 0; c < C; c++) dweight[(size_t)(o0 + j) * C + c] += (float)acc[(size_t)j * C + c];
+            if (dweight)
+                for (int c = 0; c < C; c++) dweight[(size_t)(o0 + j) * C + c] += (float)acc[(size_t)j * C + c];
             if (dbias) dbias[o0 + j] += (float)bacc[j];
         }
     }

@@ -6,9 +6,11 @@
 // - Long reductions are accumulated in double so results match PyTorch's fp32 to ~1e-6 relative.
 // - Parameters, gradients and optimizer state of a Model are flat arrays in model-file (llm.c) order
 //   (docs/formats.md).
+// - A Model can fine-tune with LoRA adapters (model_enable_lora / lora_load below; docs/lora.md).
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace cpuref {
 
@@ -18,10 +20,12 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
 // eps 1e-5, biased variance; mean and rstd are (N).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
+// dweight and dbias may be null (a frozen LayerNorm: only dinp).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C);
 
-// out[N,OC] = inp[N,C] * weight[OC,C]^T + bias; bias/dbias may be null.
+// out[N,OC] = inp[N,C] * weight[OC,C]^T + bias; bias/dbias may be null, and so may dweight (a frozen weight:
+// the backward then skips the weight-gradient product).
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
@@ -75,6 +79,41 @@ void model_zero_grad(Model*);
 void model_backward(Model*);  // after a forward with targets; accumulates into the parameter gradients
 // Clips the gradients in place by global norm (scale clip/norm when norm > clip, as llm.c), then AdamW with weight
 // decay only on the 2+-dim tensors (wte, wpe, qkvw, attprojw, fcw, fcprojw). Returns the norm before clipping.
+// With LoRA on: the same over the adapter gradients only, and every adapter tensor gets the weight decay (A and B
+// are 2-D); the base parameters are not touched.
 float model_update(Model*, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip, int t);
+
+// ---- LoRA (Hu et al. 2021; adapter file format: docs/lora.md)
+// Each targeted Linear W0 (out, in) computes W0 x + b + (alpha/r) B (A x), A (r, in), B (out, r), the scale
+// alpha/r in fp32. With LoRA on the 16 base tensors are frozen: model_backward passes activation gradients through
+// them but computes no parameter gradient (model_grads stays zero; only the adapters get gradients). Adapter
+// parameters, gradients and moments are flat arrays in adapter-file order: per layer, per target in the order
+// qkv, attn-proj, fc, fc-proj (those in the bitmask), A then B. No adapter dropout here (p = 0).
+constexpr unsigned kLoraQkv = 1, kLoraAttnProj = 2, kLoraFc = 4, kLoraFcProj = 8;  // the target bits
+struct LoraConfig {
+    int rank;
+    float alpha;
+    unsigned targets;  // bitmask of kLora*
+};
+
+// Turns LoRA on (or reconfigures it: fresh adapters, zero gradients and moments): B = 0, A uniform in
+// +-1/sqrt(in) (PyTorch's default nn.Linear init, Kaiming-uniform with a = sqrt(5)) from a generator seeded with
+// `seed` (not PyTorch's random stream: tests that compare with PyTorch load its adapter file instead).
+// A bad config or merged adapters (lora_merge) is a one-line error and exit(1).
+void model_enable_lora(Model*, const LoraConfig&, unsigned seed);
+const LoraConfig* model_lora(const Model*);  // null while LoRA is off
+size_t model_lora_num_params(const Model*);
+float* model_lora_params(Model*);
+float* model_lora_grads(Model*);
+// Adapter files. lora_load validates the file against the model and turns LoRA on with the file's configuration and
+// tensors (gradients and moments zero); on bad input it returns false with a one-line "PATH: what" in *error and
+// leaves the model unchanged. lora_save writes to PATH.tmp and renames it.
+bool lora_load(Model*, const char* path, std::string* error);
+bool lora_save(const Model*, const char* path, std::string* error);
+// lora_merge adds (alpha/r) B A to every targeted base weight (summed in double, rounded once to fp32), after which
+// the model computes without its adapters; lora_unmerge subtracts the same product again, restoring W0 to within
+// fp32 rounding, and the adapters apply again. model_backward is an error while merged.
+void lora_merge(Model*);
+void lora_unmerge(Model*);
 
 }  // namespace cpuref
