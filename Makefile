@@ -20,7 +20,7 @@ DISTRIBUTED_SRCS = distributed/process_group.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
-CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
+CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/bench_attention
 
 .PHONY: all tests test train clean
@@ -38,6 +38,9 @@ $(BUILD)/prepare_shards: dataloader/prepare_shards.cpp $(DATALOADER_SRCS) $(DATA
 
 $(BUILD)/test_cpu_reference: test/test_cpu_reference.cpp test/cpu_reference.cpp test/cpu_reference.h test/debug_state.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_cpu_reference.cpp test/cpu_reference.cpp -o $@
+
+$(BUILD)/test_cpu_lora: test/test_cpu_lora.cpp test/cpu_reference.cpp test/cpu_reference.h test/debug_state.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp test/test_cpu_lora.cpp test/cpu_reference.cpp -o $@
 
 $(BUILD)/test_tokenizer: test/test_tokenizer.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_tokenizer.cpp $(DATALOADER_SRCS) -o $@

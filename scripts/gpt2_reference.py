@@ -353,8 +353,8 @@ def adapter_shapes(rank, mask, layers, channels):
 @torch.no_grad()
 def init_adapters(model, seed, b_std):
     """A Kaiming-uniform as nn.Linear's default weight init (kaiming_uniform_ with a = sqrt(5), which is
-    U(-1/sqrt(in), 1/sqrt(in))); B zero as the paper, or N(0, b_std) when b_std > 0 so that tests see a
-    non-trivial adapter. Drawn in file order from one generator seeded with `seed`."""
+    U(-1/sqrt(in), 1/sqrt(in))); B stays zero as the paper has it, or is N(0, b_std) when b_std > 0 so that
+    tests see a non-trivial adapter. Drawn in file order from one generator seeded with `seed`."""
     gen = torch.Generator().manual_seed(seed)
     tensors = model.adapter_tensors()
     for a, b in zip(tensors[0::2], tensors[1::2]):
@@ -431,11 +431,16 @@ def setup_lora(model, args):
         raise InputError(f"--lora-dropout {args.lora_dropout} is not in [0, 1)")
     if args.lora_rank < 0:
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 0 (0 = no LoRA)")
+    init_flags = [flag for flag, value in (("--lora-init-seed", args.lora_init_seed),
+                                           ("--lora-init-b-std", args.lora_init_b_std or None)) if value is not None]
     if args.lora_load:
+        if init_flags:
+            raise InputError(f"{init_flags[0]} does not apply with --lora-load (the adapters come from the file)")
         lora = load_adapters(model, args.lora_load, args.lora_dropout)
         targets = ",".join(name for name, _, bit, _, _ in LORA_TARGETS if lora.mask & bit)
+        alpha = args.lora_alpha and float(np.float32(args.lora_alpha))  # as the file holds it
         given = {"--lora-rank": (args.lora_rank or None, lora.rank, lora.rank),
-                 "--lora-alpha": (args.lora_alpha and float(np.float32(args.lora_alpha)), lora.alpha, f"{lora.alpha:g}"),
+                 "--lora-alpha": (alpha, lora.alpha, f"{lora.alpha:g}"),
                  "--lora-targets": (args.lora_targets and parse_lora_targets(args.lora_targets), lora.mask, targets)}
         for flag, (value, from_file, shown) in given.items():
             if value is not None and value != from_file:
@@ -451,8 +456,14 @@ def setup_lora(model, args):
         init_adapters(model, args.lora_init_seed if args.lora_init_seed is not None else args.seed + 1,
                       args.lora_init_b_std)
     else:
-        if args.lora_out:
-            raise InputError("--lora-out needs --lora-rank or --lora-load")
+        others = [("--lora-alpha", args.lora_alpha), ("--lora-targets", args.lora_targets),
+                  ("--lora-dropout", args.lora_dropout or None),
+                  ("--lora-weight-decay", args.lora_weight_decay or None), ("--lora-out", args.lora_out)]
+        if init_flags:
+            raise InputError(f"{init_flags[0]} needs --lora-rank")
+        stray = [flag for flag, value in others if value is not None]
+        if stray:
+            raise InputError(f"{stray[0]} needs --lora-rank or --lora-load")
         return None
     if lora.dropout > 0:
         torch.manual_seed(args.seed)  # dropout masks come from torch's global generator
@@ -499,6 +510,7 @@ class TorchFusedAdamW:
     def __init__(self, decay_params, no_decay_params, beta1, beta2, eps, weight_decay):
         groups = [{"params": decay_params, "weight_decay": weight_decay},
                   {"params": no_decay_params, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]  # LoRA has no no-decay group
         self.opt = torch.optim.AdamW(groups, lr=0.0, betas=(beta1, beta2), eps=eps, fused=True)
 
     def step(self, lr):

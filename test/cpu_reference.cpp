@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <string>
 #include <vector>
 
 namespace cpuref {
@@ -387,6 +389,122 @@ struct Acts {
     std::exit(1);
 }
 
+// Scales grads by clip/norm when their global norm exceeds clip (> 0), as llm.c. Returns the norm before.
+double clip_by_global_norm(std::vector<float>& grads, float grad_clip) {
+    const double norm = global_norm(grads.data(), grads.size());
+    if (grad_clip > 0.0f && norm > grad_clip) {
+        const float scale = (float)(grad_clip / norm);
+        for (float& g : grads) g *= scale;
+    }
+    return norm;
+}
+
+// printf into a std::string, for the short one-line messages below.
+template <typename... Args>
+std::string strprintf(const char* fmt, Args... args) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    return buf;
+}
+
+// ---- LoRA state
+
+constexpr int kLoraMagic = 20261127;
+constexpr int kLoraVersion = 1;
+constexpr int kLoraNumTargets = 4;
+// The targets in adapter-file order (lora_forward and lora_backward take the index): bit, adapted weight, and that
+// weight's (in, out) features in units of C.
+enum LoraTargetIndex { QKV_TARGET, ATTN_PROJ_TARGET, FC_TARGET, FC_PROJ_TARGET };
+struct LoraTargetInfo {
+    unsigned bit;
+    int weight, in_mult, out_mult;
+};
+constexpr LoraTargetInfo kLoraTargets[kLoraNumTargets] = {
+    {kLoraQkv, QKVW, 1, 3}, {kLoraAttnProj, ATTPROJW, 1, 1}, {kLoraFc, FCW, 1, 4}, {kLoraFcProj, FCPROJW, 4, 1}};
+
+// The message for an invalid configuration, or "" (targets is wide so that a negative file word is shown as is).
+std::string lora_config_error(int rank, float alpha, long long targets) {
+    if (rank <= 0) return strprintf("adapter rank %d must be positive", rank);
+    if (!std::isfinite(alpha) || alpha <= 0.0f) return strprintf("adapter alpha %g must be finite and positive", alpha);
+    if (targets < 1 || targets > 15)
+        return strprintf("bad adapter target bitmask %lld (expected 1..15: 1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)",
+                         targets);
+    return "";
+}
+
+// One adapter: A (r, in) at offset a and B (out, r) at offset b of the adapter arrays, for `weight` of `layer`.
+struct LoraSlot {
+    int layer, weight, in, out;
+    size_t a, b;
+};
+
+struct LoraState {
+    LoraConfig cfg;
+    float scale;  // alpha / r
+    bool merged = false;
+    std::vector<LoraSlot> slots;  // adapter-file order
+    std::vector<int> slot_of;     // layer * kLoraNumTargets + target index -> index into slots, or -1
+    std::vector<float> params, grads, m, v;
+    // For the N rows of the last forward: A x of every slot ((N, r) each, slot after slot) for the backward, and
+    // scratch for B (A x) or its gradient (N, out) and the gradient of A x (N, r).
+    std::vector<float> ax, scratch_out, scratch_r;
+
+    LoraState(const Config& c, const LoraConfig& lc)
+        : cfg(lc), scale(lc.alpha / (float)lc.rank), slot_of((size_t)c.num_layers * kLoraNumTargets, -1) {
+        size_t offset = 0;
+        for (int l = 0; l < c.num_layers; l++)
+            for (int t = 0; t < kLoraNumTargets; t++) {
+                const LoraTargetInfo& info = kLoraTargets[t];
+                if (!(lc.targets & info.bit)) continue;
+                const int in = info.in_mult * c.channels, out = info.out_mult * c.channels;
+                const size_t a = offset, b = a + (size_t)lc.rank * in;
+                offset = b + (size_t)out * lc.rank;
+                slot_of[(size_t)l * kLoraNumTargets + t] = (int)slots.size();
+                slots.push_back({l, info.weight, in, out, a, b});
+            }
+        for (auto* v : {&params, &grads, &m, &v}) v->assign(offset, 0.0f);
+    }
+
+    void resize(const Config& c, int N) {
+        ax.resize(slots.size() * N * cfg.rank);
+        scratch_out.resize((size_t)N * 4 * c.channels);
+        scratch_r.resize((size_t)N * cfg.rank);
+    }
+};
+
+// y (N, out) += (alpha/r) B (A x) for the adapter of (layer, target), keeping A x for the backward. Nothing without
+// LoRA, while merged, or for a weight without an adapter.
+void lora_forward(LoraState* s, int layer, int target, float* y, const float* x, int N) {
+    if (!s || s->merged) return;
+    const int k = s->slot_of[(size_t)layer * kLoraNumTargets + target];
+    if (k < 0) return;
+    const LoraSlot& slot = s->slots[k];
+    const int r = s->cfg.rank;
+    float* ax = s->ax.data() + (size_t)k * N * r;
+    float* bax = s->scratch_out.data();
+    matmul_forward(ax, x, s->params.data() + slot.a, nullptr, N, slot.in, r);
+    matmul_forward(bax, ax, s->params.data() + slot.b, nullptr, N, r, slot.out);
+    // Added to the rounded base output, as PyTorch adds the two branches: with B = 0, y stays bitwise the same.
+    for (size_t i = 0; i < (size_t)N * slot.out; i++) y[i] += s->scale * bax[i];
+}
+
+// The adapter's share of the backward of a targeted matmul, given its output gradient dy: dA and dB (+=), and
+// dx (+=) through the adapter (the base matmul's backward adds the share through W0).
+void lora_backward(LoraState* s, int layer, int target, float* dx, const float* dy, const float* x, int N) {
+    if (!s) return;
+    const int k = s->slot_of[(size_t)layer * kLoraNumTargets + target];
+    if (k < 0) return;
+    const LoraSlot& slot = s->slots[k];
+    const int r = s->cfg.rank;
+    const float* ax = s->ax.data() + (size_t)k * N * r;
+    float* dbax = s->scratch_out.data();
+    float* dax = s->scratch_r.data();
+    for (size_t i = 0; i < (size_t)N * slot.out; i++) dbax[i] = s->scale * dy[i];
+    std::fill(s->scratch_r.begin(), s->scratch_r.end(), 0.0f);
+    matmul_backward(dax, s->grads.data() + slot.b, nullptr, dbax, ax, s->params.data() + slot.b, N, r, slot.out);
+    matmul_backward(dx, s->grads.data() + slot.a, nullptr, dax, x, s->params.data() + slot.a, N, slot.in, r);
+}
+
 }  // namespace
 
 struct Model {
@@ -397,6 +515,7 @@ struct Model {
     int B = 0, T = 0;
     Acts acts, dacts;
     std::vector<int> inputs, targets;  // targets empty after a forward without targets
+    std::unique_ptr<LoraState> lora;   // null while LoRA is off
 };
 
 Model* model_load(const char* path) {
@@ -460,7 +579,10 @@ size_t model_num_params(const Model* model) { return model->num_params; }
 float* model_params(Model* model) { return model->params.data(); }
 float* model_grads(Model* model) { return model->grads.data(); }
 const float* model_logits(const Model* model) { return model->acts.logits.data(); }
-void model_zero_grad(Model* model) { std::fill(model->grads.begin(), model->grads.end(), 0.0f); }
+void model_zero_grad(Model* model) {
+    std::fill(model->grads.begin(), model->grads.end(), 0.0f);
+    if (model->lora) std::fill(model->lora->grads.begin(), model->lora->grads.end(), 0.0f);
+}
 
 float model_forward(Model* model, const int* inputs, const int* targets, int B, int T) {
     const Config& c = model->cfg;
@@ -481,6 +603,8 @@ float model_forward(Model* model, const int* inputs, const int* targets, int B, 
         model->B = B;
         model->T = T;
     }
+    LoraState* lora = model->lora.get();
+    if (lora) lora->resize(c, N);
     model->inputs.assign(inputs, inputs + N);
     if (targets)
         model->targets.assign(targets, targets + N);
@@ -506,14 +630,18 @@ float model_forward(Model* model, const int* inputs, const int* targets, int B, 
         layernorm_forward(ln1, a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, residual, p[LN1W] + l * C,
                           p[LN1B] + l * C, N, C);
         matmul_forward(qkv, ln1, p[QKVW] + (size_t)l * 3 * C * C, p[QKVB] + l * 3 * C, N, C, 3 * C);
+        lora_forward(lora, l, QKV_TARGET, qkv, ln1, N);
         attention_forward(atty, a.preatt.data() + l * att_size, a.att.data() + l * att_size, qkv, B, T, C, NH);
         matmul_forward(attproj, atty, p[ATTPROJW] + (size_t)l * C * C, p[ATTPROJB] + l * C, N, C, C);
+        lora_forward(lora, l, ATTN_PROJ_TARGET, attproj, atty, N);
         residual_forward(residual2, residual, attproj, (int)NC);
         layernorm_forward(ln2, a.ln2_mean.data() + l * N, a.ln2_rstd.data() + l * N, residual2, p[LN2W] + l * C,
                           p[LN2B] + l * C, N, C);
         matmul_forward(fch, ln2, p[FCW] + (size_t)l * 4 * C * C, p[FCB] + l * 4 * C, N, C, 4 * C);
+        lora_forward(lora, l, FC_TARGET, fch, ln2, N);
         gelu_forward(fch_gelu, fch, (int)(4 * NC));
         matmul_forward(fcproj, fch_gelu, p[FCPROJW] + (size_t)l * 4 * C * C, p[FCPROJB] + l * C, N, 4 * C, C);
+        lora_forward(lora, l, FC_PROJ_TARGET, fcproj, fch_gelu, N);
         residual_forward(a.residual3.data() + l * NC, residual2, fcproj, (int)NC);
     }
     layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.residual3.data() + (L - 1) * NC,
@@ -533,58 +661,70 @@ void model_backward(Model* model) {
         std::fprintf(stderr, "cpuref: model_backward needs a preceding forward with targets\n");
         std::exit(1);
     }
+    LoraState* lora = model->lora.get();
+    if (lora && lora->merged) die("model_backward", "the LoRA adapters are merged (lora_unmerge first)");
     const Config& c = model->cfg;
     const int B = model->B, T = model->T, N = B * T;
     const int C = c.channels, L = c.num_layers, NH = c.num_heads, V = c.vocab_size, Vp = c.padded_vocab_size;
     const size_t NC = (size_t)N * C, att_size = (size_t)B * NH * T * T;
     const Tensors p(model->params.data(), model->sizes);
     const Tensors g(model->grads.data(), model->sizes);
+    // With LoRA the base parameters are frozen: a null gradient makes the kernels skip the weight products.
+    auto grad = [&](int tensor, size_t offset) -> float* { return lora ? nullptr : g[tensor] + offset; };
     const Acts& a = model->acts;
     Acts& d = model->dacts;
     d.zero();  // the kernels accumulate
 
     softmax_crossentropy_backward(d.logits.data(), a.probs.data(), model->targets.data(), 1.0f / N, N, V, Vp);
-    matmul_backward(d.lnf.data(), g[WTE], nullptr, d.logits.data(), a.lnf.data(), p[WTE], N, C, Vp);
-    layernorm_backward(d.residual3.data() + (L - 1) * NC, g[LNFW], g[LNFB], d.lnf.data(),
+    matmul_backward(d.lnf.data(), grad(WTE, 0), nullptr, d.logits.data(), a.lnf.data(), p[WTE], N, C, Vp);
+    layernorm_backward(d.residual3.data() + (L - 1) * NC, grad(LNFW, 0), grad(LNFB, 0), d.lnf.data(),
                        a.residual3.data() + (L - 1) * NC, p[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
     for (int l = L - 1; l >= 0; l--) {
         const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * NC;
         float* dresidual = l == 0 ? d.encoded.data() : d.residual3.data() + (l - 1) * NC;
         residual_backward(d.residual2.data() + l * NC, d.fcproj.data() + l * NC, d.residual3.data() + l * NC,
                           (int)NC);
-        matmul_backward(d.fch_gelu.data() + l * 4 * NC, g[FCPROJW] + (size_t)l * 4 * C * C, g[FCPROJB] + l * C,
+        matmul_backward(d.fch_gelu.data() + l * 4 * NC, grad(FCPROJW, (size_t)l * 4 * C * C), grad(FCPROJB, l * C),
                         d.fcproj.data() + l * NC, a.fch_gelu.data() + l * 4 * NC, p[FCPROJW] + (size_t)l * 4 * C * C,
                         N, 4 * C, C);
+        lora_backward(lora, l, FC_PROJ_TARGET, d.fch_gelu.data() + l * 4 * NC, d.fcproj.data() + l * NC,
+                      a.fch_gelu.data() + l * 4 * NC, N);
         gelu_backward(d.fch.data() + l * 4 * NC, a.fch.data() + l * 4 * NC, d.fch_gelu.data() + l * 4 * NC,
                       (int)(4 * NC));
-        matmul_backward(d.ln2.data() + l * NC, g[FCW] + (size_t)l * 4 * C * C, g[FCB] + l * 4 * C,
+        matmul_backward(d.ln2.data() + l * NC, grad(FCW, (size_t)l * 4 * C * C), grad(FCB, l * 4 * C),
                         d.fch.data() + l * 4 * NC, a.ln2.data() + l * NC, p[FCW] + (size_t)l * 4 * C * C, N, C,
                         4 * C);
-        layernorm_backward(d.residual2.data() + l * NC, g[LN2W] + l * C, g[LN2B] + l * C, d.ln2.data() + l * NC,
+        lora_backward(lora, l, FC_TARGET, d.ln2.data() + l * NC, d.fch.data() + l * 4 * NC, a.ln2.data() + l * NC, N);
+        layernorm_backward(d.residual2.data() + l * NC, grad(LN2W, l * C), grad(LN2B, l * C), d.ln2.data() + l * NC,
                            a.residual2.data() + l * NC, p[LN2W] + l * C, a.ln2_mean.data() + l * N,
                            a.ln2_rstd.data() + l * N, N, C);
         residual_backward(dresidual, d.attproj.data() + l * NC, d.residual2.data() + l * NC, (int)NC);
-        matmul_backward(d.atty.data() + l * NC, g[ATTPROJW] + (size_t)l * C * C, g[ATTPROJB] + l * C,
+        matmul_backward(d.atty.data() + l * NC, grad(ATTPROJW, (size_t)l * C * C), grad(ATTPROJB, l * C),
                         d.attproj.data() + l * NC, a.atty.data() + l * NC, p[ATTPROJW] + (size_t)l * C * C, N, C, C);
+        lora_backward(lora, l, ATTN_PROJ_TARGET, d.atty.data() + l * NC, d.attproj.data() + l * NC,
+                      a.atty.data() + l * NC, N);
         attention_backward(d.qkv.data() + l * 3 * NC, d.preatt.data() + l * att_size, d.att.data() + l * att_size,
                            d.atty.data() + l * NC, a.qkv.data() + l * 3 * NC, a.att.data() + l * att_size, B, T, C,
                            NH);
-        matmul_backward(d.ln1.data() + l * NC, g[QKVW] + (size_t)l * 3 * C * C, g[QKVB] + l * 3 * C,
+        matmul_backward(d.ln1.data() + l * NC, grad(QKVW, (size_t)l * 3 * C * C), grad(QKVB, l * 3 * C),
                         d.qkv.data() + l * 3 * NC, a.ln1.data() + l * NC, p[QKVW] + (size_t)l * 3 * C * C, N, C,
                         3 * C);
-        layernorm_backward(dresidual, g[LN1W] + l * C, g[LN1B] + l * C, d.ln1.data() + l * NC, residual,
+        lora_backward(lora, l, QKV_TARGET, d.ln1.data() + l * NC, d.qkv.data() + l * 3 * NC, a.ln1.data() + l * NC, N);
+        layernorm_backward(dresidual, grad(LN1W, l * C), grad(LN1B, l * C), d.ln1.data() + l * NC, residual,
                            p[LN1W] + l * C, a.ln1_mean.data() + l * N, a.ln1_rstd.data() + l * N, N, C);
     }
-    encoder_backward(g[WTE], g[WPE], d.encoded.data(), model->inputs.data(), B, T, C);
+    if (!lora) encoder_backward(g[WTE], g[WPE], d.encoded.data(), model->inputs.data(), B, T, C);
 }
 
 float model_update(Model* model, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
                    int t) {
-    const double norm = global_norm(model->grads.data(), model->num_params);
-    if (grad_clip > 0.0f && norm > grad_clip) {
-        const float scale = (float)(grad_clip / norm);
-        for (float& gr : model->grads) gr *= scale;
+    if (LoraState* s = model->lora.get()) {
+        const double norm = clip_by_global_norm(s->grads, grad_clip);
+        adamw_update(s->params.data(), s->grads.data(), s->m.data(), s->v.data(), s->params.size(), lr, beta1, beta2,
+                     eps, weight_decay, t);
+        return (float)norm;
     }
+    const double norm = clip_by_global_norm(model->grads, grad_clip);
     size_t offset = 0;
     for (int i = 0; i < kNumTensors; i++) {
         adamw_update(model->params.data() + offset, model->grads.data() + offset, model->m.data() + offset,
@@ -593,6 +733,133 @@ float model_update(Model* model, float lr, float beta1, float beta2, float eps, 
         offset += model->sizes[i];
     }
     return (float)norm;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// LoRA
+
+void model_enable_lora(Model* model, const LoraConfig& lc, unsigned seed) {
+    const std::string error = lora_config_error(lc.rank, lc.alpha, lc.targets);
+    if (!error.empty()) die("model_enable_lora", error.c_str());
+    if (model->lora && model->lora->merged)
+        die("model_enable_lora", "the LoRA adapters are merged (lora_unmerge first)");
+    auto s = std::make_unique<LoraState>(model->cfg, lc);
+    // mt19937's output sequence is fixed by the standard (its distributions are not): 24 bits -> [0, 1).
+    std::mt19937 gen(seed);
+    for (const LoraSlot& slot : s->slots) {
+        const double bound = 1.0 / std::sqrt((double)slot.in);
+        for (size_t i = 0; i < (size_t)lc.rank * slot.in; i++)
+            s->params[slot.a + i] = (float)(bound * (2.0 * (double)(gen() >> 8) / 16777216.0 - 1.0));
+    }
+    model->lora = std::move(s);
+}
+
+const LoraConfig* model_lora(const Model* model) { return model->lora ? &model->lora->cfg : nullptr; }
+size_t model_lora_num_params(const Model* model) { return model->lora ? model->lora->params.size() : 0; }
+float* model_lora_params(Model* model) { return model->lora ? model->lora->params.data() : nullptr; }
+float* model_lora_grads(Model* model) { return model->lora ? model->lora->grads.data() : nullptr; }
+
+bool lora_load(Model* model, const char* path, std::string* error) {
+    auto fail = [&](const std::string& what) {
+        *error = std::string(path) + ": " + what;
+        return false;
+    };
+    if (model->lora && model->lora->merged) return fail("the model's LoRA adapters are merged (lora_unmerge first)");
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "rb"), std::fclose);
+    if (!f) return fail(std::string("cannot open adapter file: ") + std::strerror(errno));
+    std::fseek(f.get(), 0, SEEK_END);
+    const long size = std::ftell(f.get());
+    std::fseek(f.get(), 0, SEEK_SET);
+    int header[kHeaderInts];
+    if (size < (long)sizeof header || std::fread(header, sizeof header, 1, f.get()) != 1)
+        return fail(strprintf("truncated adapter header (%ld bytes)", size));
+    if (header[0] != kLoraMagic) return fail(strprintf("bad adapter magic %d (expected %d)", header[0], kLoraMagic));
+    if (header[1] != kLoraVersion)
+        return fail(strprintf("unsupported adapter version %d (expected %d)", header[1], kLoraVersion));
+    float alpha;
+    std::memcpy(&alpha, &header[3], 4);
+    const std::string bad_config = lora_config_error(header[2], alpha, header[4]);
+    if (!bad_config.empty()) return fail(bad_config);
+    const Config& c = model->cfg;
+    if (header[5] != c.num_layers || header[6] != c.channels)
+        return fail(strprintf("adapters for %d layers, %d channels; the model has %d layers, %d channels",
+                              header[5], header[6], c.num_layers, c.channels));
+    // Sizes from the header alone, so that a huge rank is reported rather than allocated.
+    int tensors = 0;
+    long long elements = 0;
+    for (const LoraTargetInfo& info : kLoraTargets)
+        if (header[4] & info.bit) {
+            tensors += 2 * c.num_layers;
+            elements += (long long)c.num_layers * header[2] * (info.in_mult + info.out_mult) * c.channels;
+        }
+    if (header[7] != tensors)
+        return fail(
+            strprintf("header says %d tensors, expected %d (A and B per layer and target)", header[7], tensors));
+    const long long expected = (long long)sizeof header + 4 * elements;
+    if (size < expected) return fail(strprintf("truncated: %ld bytes, its header implies %lld", size, expected));
+    if (size > expected) return fail(strprintf("%ld bytes, its header implies %lld (trailing data)", size, expected));
+    auto s = std::make_unique<LoraState>(c, LoraConfig{header[2], alpha, (unsigned)header[4]});
+    if (std::fread(s->params.data(), 4, s->params.size(), f.get()) != s->params.size())
+        return fail("read error in the tensors");
+    model->lora = std::move(s);
+    return true;
+}
+
+bool lora_save(const Model* model, const char* path, std::string* error) {
+    auto fail = [&](const std::string& what) {
+        *error = std::string(path) + ": " + what;
+        return false;
+    };
+    const LoraState* s = model->lora.get();
+    if (!s) return fail("the model has no LoRA adapters to save");
+    int header[kHeaderInts] = {kLoraMagic, kLoraVersion, s->cfg.rank, 0, (int)s->cfg.targets, model->cfg.num_layers,
+                               model->cfg.channels, 2 * (int)s->slots.size()};
+    std::memcpy(&header[3], &s->cfg.alpha, 4);
+    const std::string tmp = std::string(path) + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) return fail(std::string("cannot write adapter file: ") + std::strerror(errno));
+    const bool written = std::fwrite(header, sizeof header, 1, f) == 1 &&
+                         std::fwrite(s->params.data(), 4, s->params.size(), f) == s->params.size();
+    if (std::fclose(f) != 0 || !written) return fail("write error");
+    if (std::rename(tmp.c_str(), path) != 0)
+        return fail(std::string("cannot rename ") + tmp + ": " + std::strerror(errno));
+    return true;
+}
+
+namespace {
+
+// W0 += sign (alpha/r) B A for every adapted weight, the product summed in double and the sum rounded once.
+void lora_add_product(Model* model, double sign) {
+    const LoraState& s = *model->lora;
+    const Tensors p(model->params.data(), model->sizes);
+    const int r = s.cfg.rank;
+    for (const LoraSlot& slot : s.slots) {
+        float* w = p[slot.weight] + (size_t)slot.layer * slot.out * slot.in;
+        const float* A = s.params.data() + slot.a;
+        const float* B = s.params.data() + slot.b;
+#pragma omp parallel for
+        for (int o = 0; o < slot.out; o++)
+            for (int i = 0; i < slot.in; i++) {
+                double sum = 0.0;
+                for (int k = 0; k < r; k++) sum += (double)B[(size_t)o * r + k] * A[(size_t)k * slot.in + i];
+                float& wi = w[(size_t)o * slot.in + i];
+                wi = (float)((double)wi + sign * s.scale * sum);
+            }
+    }
+}
+
+}  // namespace
+
+void lora_merge(Model* model) {
+    if (!model->lora || model->lora->merged) die("lora_merge", "no unmerged LoRA adapters");
+    lora_add_product(model, 1.0);
+    model->lora->merged = true;
+}
+
+void lora_unmerge(Model* model) {
+    if (!model->lora || !model->lora->merged) die("lora_unmerge", "no merged LoRA adapters");
+    lora_add_product(model, -1.0);
+    model->lora->merged = false;
 }
 
 }  // namespace cpuref

@@ -40,6 +40,15 @@ else
     echo "FAIL cpu reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
 fi
 
+lora_out=$(bash scripts/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?
+if [ $lora_rc -eq 0 ]; then
+    run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
+elif [ $lora_rc -eq 2 ]; then
+    skip "cpu LoRA reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
+else
+    echo "FAIL cpu LoRA fixture: $(printf '%s' "$lora_out" | tail -n 1)" | tee -a "$LOG"
+fi
+
 # ---- GPU tests
 if [ "$gpu_count" -ge 1 ]; then
     run kernels build/test_kernels
