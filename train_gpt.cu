@@ -310,6 +310,7 @@ struct GPT2 {
     floatX *proj_out = nullptr, *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
+    int recompute = 0;  // Recompute level
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float: the loss all-reduce, the checkpoint barrier
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
@@ -348,16 +349,37 @@ struct GPT2 {
     }
 
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
-    static void activation_counts(const ModelConfig& c, int B, int T, size_t* x_elements, size_t* stat_elements) {
-        const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads, L = c.num_layers;
-        const size_t per_layer = N * C * 5 + N * 3 * C + N * 4 * C * 2;
-        const size_t global = N * C * 2 + N * c.padded_vocab_size;
-        const size_t scratch = N * C * 3 + N * 4 * C;
-        *x_elements = per_layer * L + global + scratch;
-        *stat_elements = (N * 4 + (size_t)B * NH * T) * L + N * 2 + N;
+    // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
+    enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
+    // Buffers of one row (per token), in units of C, that every layer keeps, or that all layers share
+    // (refilled by the backward), for a recompute level: {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}.
+    static void activation_widths(int recompute, int* kept, int* shared) {
+        const int width[8] = {1, 3, 1, 1, 1, 4, 4, 1};
+        *kept = *shared = 0;
+        for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
+    }
+    static bool activation_shared(int recompute, int buffer) {
+        switch (buffer) {
+            case 6: return recompute >= kRecomputeGelu;                      // fch_gelu
+            case 0: case 4: return recompute >= kRecomputeGeluLayerNorm;     // ln1, ln2
+            case 7: return false;                                            // residual3: the next block's input
+            default: return recompute >= kRecomputeBlock;                    // qkv, atty, residual2, fch
+        }
     }
 
-    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage) {
+    // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
+    static void activation_counts(const ModelConfig& c, int B, int T, int recompute, size_t* x_elements, size_t* stat_elements) {
+        const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads, L = c.num_layers;
+        int kept, shared;
+        activation_widths(recompute, &kept, &shared);
+        const size_t global = N * C * 2 + N * c.padded_vocab_size;
+        const size_t scratch = N * C * 3 + N * 4 * C;
+        *x_elements = N * C * (kept * L + shared) + global + scratch;
+        const size_t lse = (size_t)B * NH * T;
+        *stat_elements = (N * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + N * 2 + N;
+    }
+
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage, int recompute) {
         MemoryPlan p;
         const ParameterLayout l(c, 8 * world);
         const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage);
@@ -366,20 +388,21 @@ struct GPT2 {
         p.master_weights = z.master_weights;
         p.adam_state = z.adam_state;
         size_t x_elements, stat_elements;
-        activation_counts(c, B, T, &x_elements, &stat_elements);
+        activation_counts(c, B, T, recompute, &x_elements, &stat_elements);
         p.activations = x_elements * sizeof(floatX) + stat_elements * sizeof(float);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes +
                     (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads, c.channels / c.num_heads);
         return p;
     }
 
-    void allocate(int batch, int seq_len) {
+    void allocate(int batch, int seq_len, int recompute_level = kKeepAll) {
         B = batch;
         T = seq_len;
+        recompute = recompute_level;
         zero->allocate();
 
         size_t x_elements, stat_elements;
-        activation_counts(config, B, T, &x_elements, &stat_elements);
+        activation_counts(config, B, T, recompute, &x_elements, &stat_elements);
         cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
         cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
         const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads;
@@ -387,13 +410,18 @@ struct GPT2 {
         auto take = [&](size_t n) { floatX* p = x; x += n; return p; };
         float* f = statistics_memory;
         auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
+        // recomputed activations: one buffer for all layers, which the backward refills layer by layer
+        const size_t width[8] = {C, 3 * C, C, C, C, 4 * C, 4 * C, C};
+        floatX* shared[8] = {};
+        for (int i = 0; i < 8; i++)
+            if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
+        float* shared_lse = recompute >= kRecomputeBlock ? take_f((size_t)B * NH * T) : nullptr;
         layers.resize(config.num_layers);
         for (auto& a : layers) {
-            a.ln1 = take(N * C); a.qkv = take(N * 3 * C); a.atty = take(N * C);
-            a.residual2 = take(N * C); a.ln2 = take(N * C); a.fch = take(N * 4 * C); a.fch_gelu = take(N * 4 * C);
-            a.residual3 = take(N * C);
+            floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
+            for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
             a.ln1_mean = take_f(N); a.ln1_rstd = take_f(N); a.ln2_mean = take_f(N); a.ln2_rstd = take_f(N);
-            a.lse = take_f((size_t)B * NH * T);
+            a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
         }
         encoded = take(N * C); lnf = take(N * C); logits = take(N * config.padded_vocab_size);
         proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * C);
@@ -534,6 +562,27 @@ struct GPT2 {
         if (with_loss) fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
     }
 
+    // Refills the activations of block l that --recompute did not keep, with the forward's own kernels: the
+    // kernels are deterministic, so the backward sees exactly the values the forward computed.
+    void recompute_activations(int l, const floatX* residual_in) {
+        if (recompute == kKeepAll) return;
+        const int N = B * T, C = config.channels, NH = config.num_heads;
+        LayerActivations<floatX>& a = layers[l];
+        if (recompute >= kRecomputeGeluLayerNorm)
+            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), N, C, stream);
+        if (recompute >= kRecomputeBlock) {
+            matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
+            flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
+            matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
+            residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
+                                       param(l, LN2W), param(l, LN2B), N, C, stream);
+            matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+        } else if (recompute >= kRecomputeGeluLayerNorm) {
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
+        }
+        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
+    }
+
     // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
     void accumulate_loss() {
         accumulate_losses(loss_sums, losses, B * T, stream);
@@ -556,6 +605,7 @@ struct GPT2 {
             LayerActivations<floatX>& a = layers[l];
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             zero->before_block_backward(l);
+            recompute_activations(l, residual_in);
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
                             param(l, FCPROJW), N, 4 * C, C, stream);
@@ -650,6 +700,7 @@ struct Options {
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
     int deterministic = 1;
+    int recompute = 0;
     std::string nccl_init_file = "";
     int nccl_timeout = 600;
 };
@@ -705,6 +756,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
+        {"--recompute", "-r", Flag::INT, &o.recompute, "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
         {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible attention backward (fixed dQ summation order); 0: atomics, faster"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
@@ -1147,7 +1199,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     cudaCheck(cudaStreamCreate(&stream));
     GPT2<floatX> model(config, pg, o.zero_stage, stream);
     const int stage = model.zero->stage();
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage);
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
@@ -1169,7 +1221,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             (stage < 3 ? ", or raise --zero-stage" : ""));
     const size_t in_use_before = device_memory_in_use();
     model.deterministic_attention = o.deterministic != 0;
-    model.allocate(B, T);
+    model.allocate(B, T, o.recompute);
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
@@ -1328,6 +1380,7 @@ int main(int argc, char** argv) {
         die("--lr-schedule must be cosine, linear or constant, got '" + o.lr_schedule + "'");
     if (o.precision != "bf16" && o.precision != "fp16" && o.precision != "fp32")
         die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
+    if (o.recompute < 0 || o.recompute > 3) die("--recompute must be 0, 1, 2 or 3, got " + std::to_string(o.recompute));
     if (o.zero_stage < 0 || o.zero_stage > 3) die("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(o.zero_stage));
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Throughput benchmark on the GPU machine: GPT-2 124M (d12), T=1024, bf16, at B=64 and B=32, trained by
 # train_gpt and by the PyTorch reference (torch.compile, bf16 autocast, SDPA flash attention, fused AdamW)
-# in the same run on the same GPU. Prints tokens/s, ms/step, peak memory and the ratio ours/PyTorch.
+# in the same run on the same GPU. Prints tokens/s, ms/step, peak memory and the ratio ours/PyTorch, then
+# train_gpt's --recompute levels 0-3 at the first batch size.
 # Usage: scripts/bench_gpt2.sh [steps] [batch sizes...]   (default: 30 steps, B = 64 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,14 @@ for B in $BATCHES; do
     done
     awk -v a="$(field "$W/ours_b$B.log" tokens_per_s)" -v b="$(field "$W/torch_b$B.log" tokens_per_s)" -v B="$B" \
         'BEGIN { printf "B=%s ratio train_gpt / PyTorch tokens/s: %.3f\n", B, a / b }'
+done
+# --recompute levels at the first batch size: speed against activation memory
+B=${BATCHES%% *}
+printf '\n%-4s %-10s %12s %10s %10s\n' B recompute tokens/s ms/step peak_GiB
+for r in 0 1 2 3; do
+    ./train_gpt --model "$W/d12.bin" --train-data "$W/random.bin" --val-every 0 --sample-every 0 --batch-size "$B" \
+        --seq-len 1024 --steps "$STEPS" --precision bf16 --lr 6e-4 --recompute $r > "$W/ours_b${B}_r$r.log" 2>&1 \
+        || { tail -n 3 "$W/ours_b${B}_r$r.log"; exit 1; }
+    printf '%-4s %-10s %12s %10s %10s\n' "$B" "$r" "$(field "$W/ours_b${B}_r$r.log" tokens_per_s)" \
+        "$(field "$W/ours_b${B}_r$r.log" ms_per_step)" "$(field "$W/ours_b${B}_r$r.log" peak_mem_gib)"
 done

@@ -59,6 +59,7 @@ expect_error "truncated shard" "truncated.bin" $SMALL --train-data "$W/truncated
 expect_error "total batch not a multiple" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" $SMALL --train-data "$W/good.bin" --total-batch-tokens 100
 expect_error "resume without output dir" "--resume needs --output-dir" $SMALL --resume 1
 expect_error "bad ZeRO stage" "--zero-stage must be 0, 1, 2 or 3, got 4" $SMALL --zero-stage 4
+expect_error "bad recompute level" "--recompute must be 0, 1, 2 or 3, got 5" $SMALL --recompute 5
 # batch vs GPUs: 2 ranks x 2 rows x 32 tokens = 128 tokens per micro-step
 export WORLD_SIZE=2 RANK=0
 expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x GPUs (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
-# the uninterrupted run) in fp32, bf16 and fp16, and loss-curve parity with the PyTorch reference
+# the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
+# memory), and loss-curve parity with the PyTorch reference
 # (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2
 # at every step; PARITY_* variables change the setting;
 # plotted to build/test_work/training/curve_parity.png).
@@ -42,6 +43,29 @@ for p in fp32 bf16 fp16; do
         echo "FAIL $p resume: final model files differ"
     fi
 done
+
+# --recompute: the backward recomputes what it did not keep with the forward's deterministic kernels, so the
+# losses must equal the run that kept everything, bit for bit, while the activation memory falls
+for r in 1 2 3; do
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --recompute $r -o "$W/recompute$r" > "$W/recompute$r.out" 2>&1
+    if [ "$(train_log_lines "$W/bf16-b")" == "$(train_log_lines "$W/recompute$r")" ]; then
+        echo "PASS recompute $r: 20 bf16 losses bitwise equal to keeping every activation"
+    else
+        echo "FAIL recompute $r: losses differ from --recompute 0: $(grep -m1 error "$W/recompute$r.out")"
+    fi
+done
+# activation memory of d12 at B=8, T=1024 (allocation only) for each level
+activations() { grep -o 'activations [0-9.]*' "$1" | awk '{print $2}'; }
+for r in 0 1 2 3; do
+    ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 --train-data "$TRAIN" \
+        --recompute $r > "$W/memory$r.out" 2>&1
+done
+sizes=$(for r in 0 1 2 3; do activations "$W/memory$r.out"; done | tr '\n' ' ')
+if echo "$sizes" | awk '{ exit !(NF == 4 && $1 > $2 && $2 > $3 && $3 > $4) }'; then
+    echo "PASS recompute levels 0-3 shrink d12's activations (B=8, T=1024): $sizes GiB"
+else
+    echo "FAIL recompute levels do not shrink the activations: $sizes"
+fi
 
 # curve parity: same initial model file, same batches, same schedule
 PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
