@@ -25,6 +25,7 @@
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
 #include "kernels/adamw.cuh"              // defines: adamw_update, DecayMask
 #include "kernels/global_norm.cuh"        // defines: global_norm_squared
+#include "kernels/lora.cuh"               // defines: lora_forward, lora_backward, lora_dropout
 #include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
 
@@ -168,6 +169,96 @@ struct ParameterLayout {
 };
 
 // ---------------------------------------------------------------------------------------------
+// LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
+// the adapters of block l form unit l+1 of their own flat buffer (units 0 and L+1 are empty, matching
+// ParameterLayout's unit numbering), each target's A then B in the order qkv, attn-proj, fc, fc-proj: the
+// order of the adapter file.
+
+enum LoraTargetIndex { kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj, kLoraTargets };
+inline const char* lora_target_name(int t) {
+    static const char* names[] = {"qkv", "attn-proj", "fc", "fc-proj"};
+    return names[t];
+}
+inline BlockTensor lora_target_weight(int t) {
+    static const BlockTensor weights[] = {QKVW, ATTPROJW, FCW, FCPROJW};
+    return weights[t];
+}
+inline int lora_in(int t, int C) { return t == kLoraFcProj ? 4 * C : C; }
+inline int lora_out(int t, int C) { return t == kLoraQkv ? 3 * C : t == kLoraFc ? 4 * C : C; }
+
+struct LoraSpec {
+    int rank = 0;        // 0: LoRA off
+    float alpha = 0.0f;
+    unsigned targets = 0;  // bit t = LoraTargetIndex t
+    float dropout = 0.0f;
+    bool enabled() const { return rank > 0; }
+    bool targets_has(int t) const { return (targets >> t) & 1u; }
+    float scale() const { return alpha / (float)rank; }
+};
+
+// "qkv,fc" -> bitmask; 0 on an unknown name.
+inline unsigned parse_lora_targets(const std::string& list) {
+    unsigned mask = 0;
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, end - start);
+        bool known = false;
+        for (int t = 0; t < kLoraTargets; t++)
+            if (name == lora_target_name(t)) { mask |= 1u << t; known = true; }
+        if (!known) return 0;
+        start = end + 1;
+    }
+    return mask;
+}
+
+struct AdapterLayout {
+    ModelConfig config;
+    LoraSpec spec;
+    size_t unit_stride = 0, total = 0;
+    size_t offset_a[kLoraTargets] = {}, offset_b[kLoraTargets] = {};  // within a layer's unit
+    size_t count = 0;                                                 // adapter parameters (no padding)
+    AdapterLayout(const ModelConfig& c, const LoraSpec& s, size_t unit_multiple) : config(c), spec(s) {
+        size_t size = 0;
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!s.targets_has(t)) continue;
+            offset_a[t] = size;
+            size += (size_t)s.rank * lora_in(t, c.channels);
+            offset_b[t] = size;
+            size += (size_t)lora_out(t, c.channels) * s.rank;
+        }
+        count = size * c.num_layers;
+        unit_stride = (size + unit_multiple - 1) / unit_multiple * unit_multiple;
+        edge_ = unit_multiple;
+        total = edge_ + unit_stride * c.num_layers + edge_;
+    }
+    size_t layer_size() const { return count / config.num_layers; }
+    size_t unit_begin(int l) const { return edge_ + l * unit_stride; }  // layer l's adapters
+    size_t a(int l, int t) const { return edge_ + l * unit_stride + offset_a[t]; }
+    size_t b(int l, int t) const { return edge_ + l * unit_stride + offset_b[t]; }
+    std::vector<size_t> unit_offsets() const {
+        std::vector<size_t> v = {0};
+        for (int l = 0; l <= config.num_layers; l++) v.push_back(edge_ + l * unit_stride);
+        return v;
+    }
+    std::vector<size_t> unit_sizes() const {
+        std::vector<size_t> v = {edge_};
+        for (int l = 0; l < config.num_layers; l++) v.push_back(unit_stride);
+        v.push_back(edge_);
+        return v;
+    }
+    DecayMask decay_mask() const {  // A and B are 2-D: all of them decay (with the LoRA weight decay)
+        DecayMask mask;
+        mask.head_end = total;
+        mask.blocks_end = total;
+        return mask;
+    }
+
+private:
+    size_t edge_ = 8;  // the empty first and last units (one shard slot per rank)
+};
+
+// ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.
 
 inline void die(const std::string& message) {
@@ -274,6 +365,86 @@ inline void write_model_file(const std::string& path, const ParameterLayout& lay
     if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
 }
 
+// Adapter files (docs/lora.md): header of 256 int32 (magic 20261127, version 1, rank, alpha, targets, L, C,
+// tensor count), then fp32 A and B per layer and target. `values` uses the device layout (padded units).
+constexpr int kAdapterMagic = 20261127;
+
+inline void write_adapter_file(const std::string& path, const AdapterLayout& layout, const std::vector<float>& values) {
+    int header[256] = {};
+    header[0] = kAdapterMagic;
+    header[1] = 1;
+    header[2] = layout.spec.rank;
+    memcpy(&header[3], &layout.spec.alpha, sizeof(float));
+    header[4] = (int)layout.spec.targets;
+    header[5] = layout.config.num_layers;
+    header[6] = layout.config.channels;
+    header[7] = 2 * layout.config.num_layers * __builtin_popcount(layout.spec.targets);
+    std::vector<float> body;
+    for (int l = 0; l < layout.config.num_layers; l++)
+        body.insert(body.end(), values.begin() + layout.unit_begin(l), values.begin() + layout.unit_begin(l) + layout.layer_size());
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
+    bool ok = fwrite(header, sizeof(int), 256, f) == 256 && fwrite(body.data(), sizeof(float), body.size(), f) == body.size();
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) die(tmp + ": write failed (disk full?)");
+    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+}
+
+// Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`.
+inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for an adapter header (1024 bytes)");
+    if (header[0] != kAdapterMagic) die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kAdapterMagic) + ", an adapter file)");
+    if (header[1] != 1) die(path + ": unsupported adapter file version " + std::to_string(header[1]) + " (expected 1)");
+    LoraSpec spec;
+    spec.rank = header[2];
+    memcpy(&spec.alpha, &header[3], sizeof(float));
+    spec.targets = (unsigned)header[4];
+    if (spec.rank <= 0) die(path + ": rank " + std::to_string(spec.rank) + " must be positive");
+    if (!(spec.alpha > 0.0f) || !std::isfinite(spec.alpha)) die(path + ": alpha must be finite and positive");
+    if (spec.targets == 0 || spec.targets > 15) die(path + ": bad target bitmask " + std::to_string(header[4]) + " (1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)");
+    if (header[5] != config.num_layers || header[6] != config.channels)
+        die(path + ": adapters for " + std::to_string(header[5]) + " layers x " + std::to_string(header[6]) + " channels, the model has " +
+            std::to_string(config.num_layers) + " x " + std::to_string(config.channels));
+    if (header[7] != 2 * config.num_layers * __builtin_popcount(spec.targets)) die(path + ": tensor count does not match its targets");
+    const AdapterLayout layout(config, spec, unit_multiple);
+    std::vector<float> body(layout.count);
+    if (fread(body.data(), sizeof(float), body.size(), f) != body.size()) die(path + ": truncated");
+    if (fgetc(f) != EOF) die(path + ": longer than its header says");
+    fclose(f);
+    values.assign(layout.total, 0.0f);
+    for (int l = 0; l < config.num_layers; l++)
+        std::copy(body.begin() + l * layout.layer_size(), body.begin() + (l + 1) * layout.layer_size(),
+                  values.begin() + layout.unit_begin(l));
+    return spec;
+}
+
+// The merged model W = W0 + s B A for every adapted matrix (summed in double, rounded once), padded layout.
+inline std::vector<float> merge_adapters(const ParameterLayout& base, const std::vector<float>& base_values,
+                                         const AdapterLayout& adapters, const std::vector<float>& adapter_values) {
+    std::vector<float> merged = base_values;
+    const int C = base.config.channels, r = adapters.spec.rank;
+    const double s = adapters.spec.scale();
+    for (int l = 0; l < base.config.num_layers; l++)
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!adapters.spec.targets_has(t)) continue;
+            const int in = lora_in(t, C), out = lora_out(t, C);
+            const float* A = &adapter_values[adapters.a(l, t)];
+            const float* Bm = &adapter_values[adapters.b(l, t)];
+            float* W = &merged[base.tensor(l, lora_target_weight(t))];
+            for (int o = 0; o < out; o++)
+                for (int i = 0; i < in; i++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * in + i];
+                    W[(size_t)o * in + i] = (float)((double)W[(size_t)o * in + i] + s * acc);
+                }
+        }
+    return merged;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The model
 
@@ -298,7 +469,16 @@ struct GPT2 {
     int B = 0, T = 0;  // activation shape (per rank)
     cudaStream_t stream = nullptr;
     // Parameters, gradients and optimizer state: stored, sharded and communicated as the ZeRO stage says.
+    // Under LoRA `zero` holds the frozen base model (parameters only) and `adapters` the trained A and B.
     std::unique_ptr<ZeroOptimizer<floatX>> zero;
+    LoraSpec lora;
+    std::unique_ptr<AdapterLayout> adapter_layout;
+    std::unique_ptr<ZeroOptimizer<floatX>> adapters;
+    floatX* lora_u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
+    floatX* lora_du = nullptr;       // (N, r) scratch of the backward
+    floatX* lora_dropped = nullptr;  // dropout(x), (N, 4C) scratch, only with dropout
+    uint64_t lora_dropout_seed = 0;  // set per micro-step; the backward regenerates the same masks
+    bool training = false;           // LoRA dropout only while training, not in evaluation or sampling
 
     // activations
     floatX* activation_memory = nullptr;
@@ -325,10 +505,20 @@ struct GPT2 {
     std::vector<int> bucket_counts;
     size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
 
-    GPT2(const ModelConfig& c, const ProcessGroup& process_group, int zero_stage, cudaStream_t s)
+    GPT2(const ModelConfig& c, const ProcessGroup& process_group, int zero_stage, cudaStream_t s, const LoraSpec& lora_spec = LoraSpec())
         : config(c), layout(c, 8 * process_group.world), pg(process_group), stream(s),
           zero(new ZeroOptimizer<floatX>(unit_offsets(layout), unit_sizes(layout), layout.total, layout.decay_mask(),
-                                         process_group, zero_stage, s)) {}
+                                         process_group, zero_stage, s, !lora_spec.enabled())),
+          lora(lora_spec) {
+        if (lora.enabled()) {
+            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_group.world));
+            adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->total,
+                                                     adapter_layout->decay_mask(), process_group, zero_stage, s));
+        }
+    }
+    // The optimizer of what trains: the adapters under LoRA, else the model.
+    ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
+    size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : layout.count; }
     static std::vector<size_t> unit_offsets(const ParameterLayout& l) {
         std::vector<size_t> v;
         for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_offset(u));
@@ -379,14 +569,25 @@ struct GPT2 {
         *stat_elements = (N * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + N * 2 + N;
     }
 
-    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage, int recompute) {
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage, int recompute, const LoraSpec& lora = LoraSpec()) {
         MemoryPlan p;
         const ParameterLayout l(c, 8 * world);
-        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage);
+        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage, !lora.enabled());
         p.parameters = z.parameters;
         p.gradients = z.gradients;
         p.master_weights = z.master_weights;
         p.adam_state = z.adam_state;
+        if (lora.enabled()) {
+            const AdapterLayout a(c, lora, 8 * world);
+            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.total, world, zero_stage);
+            p.parameters += za.parameters;
+            p.gradients += za.gradients;
+            p.master_weights += za.master_weights;
+            p.adam_state += za.adam_state;
+            const size_t N = (size_t)B * T;
+            p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
+                              (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
+        }
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, recompute, &x_elements, &stat_elements);
         p.activations = x_elements * sizeof(floatX) + stat_elements * sizeof(float);
@@ -400,6 +601,13 @@ struct GPT2 {
         T = seq_len;
         recompute = recompute_level;
         zero->allocate();
+        if (lora.enabled()) {
+            adapters->allocate();
+            const size_t N = (size_t)B * T;
+            cudaCheck(cudaMalloc(&lora_u, N * lora.rank * __builtin_popcount(lora.targets) * config.num_layers * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&lora_du, N * lora.rank * sizeof(floatX)));
+            if (lora.dropout > 0.0f) cudaCheck(cudaMalloc(&lora_dropped, N * 4 * config.channels * sizeof(floatX)));
+        }
 
         size_t x_elements, stat_elements;
         activation_counts(config, B, T, recompute, &x_elements, &stat_elements);
@@ -443,7 +651,7 @@ struct GPT2 {
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
-                        (void*)loss_sums, attention_scratch})
+                        (void*)loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
         for (int i = 0; i < 2; i++) {
             if (staging[i] != nullptr) cudaFreeHost(staging[i]);
@@ -499,7 +707,10 @@ struct GPT2 {
 
     // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy).
     floatX* param(int l, BlockTensor t) const { return zero->unit_params(l + 1) + layout.block_offset[t]; }
-    floatX* grad(int l, BlockTensor t) const { return zero->unit_grads(l + 1) + layout.block_offset[t]; }
+    floatX* grad(int l, BlockTensor t) const {  // null when frozen
+        floatX* unit = zero->unit_grads(l + 1);
+        return unit ? unit + layout.block_offset[t] : nullptr;
+    }
     floatX* embedding_params() const { return zero->unit_params(0); }  // wte at 0, wpe at layout.wpe
     floatX* embedding_grads() const { return zero->unit_grads(0); }
     floatX* final_norm_params() const { return zero->unit_params(config.num_layers + 1); }  // lnfw, then lnfb
@@ -524,6 +735,50 @@ struct GPT2 {
         staging_index ^= 1;
     }
 
+    // LoRA: out += s B A dropout(x) after the base product of target t in block l (no-op without LoRA).
+    void adapt_forward(int l, int t, floatX* out, const floatX* x) {
+        if (!lora.enabled() || !lora.targets_has(t)) return;
+        const int N = B * T, C = config.channels, in = lora_in(t, C), out_features = lora_out(t, C);
+        const floatX* x_in = x;
+        if (training && lora.dropout > 0.0f) {
+            lora_dropout(lora_dropped, x, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
+            x_in = lora_dropped;
+        }
+        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
+        lora_forward(out, lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
+                     lora.scale(), N, in, out_features, lora.rank, stream);
+    }
+    // LoRA backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
+    void adapt_backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x) {
+        if (!lora.enabled() || !lora.targets_has(t)) return;
+        const int N = B * T, C = config.channels, in = lora_in(t, C), out_features = lora_out(t, C);
+        const floatX* x_in = x;
+        if (lora.dropout > 0.0f) {  // the same mask as the forward's
+            lora_dropout(lora_dropped, x, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
+            x_in = lora_dropped;
+        }
+        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
+        floatX* grads = adapters->unit_grads(l + 1) - adapter_layout->unit_begin(l);
+        if (lora.dropout > 0.0f) {
+            // d(dropout(x))/dx is the same mask: the adapter's dx goes through the dropout again
+            lora_backward(lora_dropped, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du, dout,
+                          lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
+                          lora.scale(), N, in, out_features, lora.rank, false, stream);
+            lora_dropout(lora_dropped, lora_dropped, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
+            accumulate_into(dx, lora_dropped, (long)N * in, stream);
+        } else {
+            lora_backward(dx, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du, dout,
+                          lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
+                          lora.scale(), N, in, out_features, lora.rank, true, stream);
+        }
+    }
+    floatX* lora_u_buffer(int l, int t) const {
+        int index = 0;
+        for (int k = 0; k < t; k++) index += lora.targets_has(k);
+        return lora_u + ((size_t)l * __builtin_popcount(lora.targets) + index) * B * T * lora.rank;
+    }
+    uint64_t dropout_seed(int l, int t) const { return splitmix64(lora_dropout_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
+
     // Forward over the uploaded batch. With dloss != 0 the classifier also leaves the logits gradient in
     // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits. Per-row losses in `losses`
     // when `with_loss`.
@@ -541,13 +796,17 @@ struct GPT2 {
             if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
+            adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
             flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
             matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
+            adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
             residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
                                        param(l, LN2W), param(l, LN2B), N, C, stream);
             matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+            adapt_forward(l, kLoraFc, a.fch, a.ln2);
             gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
             matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), param(l, FCPROJB), N, 4 * C, C, stream);
+            adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
             // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
             // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
             const bool last = l == L - 1;
@@ -572,11 +831,14 @@ struct GPT2 {
             layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), N, C, stream);
         if (recompute >= kRecomputeBlock) {
             matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
+            adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
             flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
             matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
+            adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
             residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
                                        param(l, LN2W), param(l, LN2B), N, C, stream);
             matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+            adapt_forward(l, kLoraFc, a.fch, a.ln2);
         } else if (recompute >= kRecomputeGeluLayerNorm) {
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
         }
@@ -595,41 +857,47 @@ struct GPT2 {
         const int N = B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
         const int Vp = config.padded_vocab_size;
         const floatX* wte = embedding_params() + layout.wte;
-        zero->begin_backward(last_micro_step);
+        trained().begin_backward(last_micro_step);
         cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)N * C * sizeof(floatX), stream));
         matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vp, stream);
         layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dbtc, layers[L - 1].residual3,
                            final_norm_params(), lnf_mean, lnf_rstd, N, C, stream);
-        zero->after_unit_backward(L + 1);
+        trained().after_unit_backward(L + 1);
         for (int l = L - 1; l >= 0; l--) {
             LayerActivations<floatX>& a = layers[l];
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             zero->before_block_backward(l);
+            if (adapters) adapters->before_block_backward(l);
             recompute_activations(l, residual_in);
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
                             param(l, FCPROJW), N, 4 * C, C, stream);
+            adapt_backward(l, kLoraFcProj, dbig, dresidual, a.fch_gelu);
             gelu_backward(dbig, a.fch, dbig, (long)N * 4 * C, stream);
             matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, a.ln2, param(l, FCW), N, C, 4 * C, stream);
+            adapt_backward(l, kLoraFc, dbtc, dbig, a.ln2);
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dbtc, a.residual2, param(l, LN2W),
                                a.ln2_mean, a.ln2_rstd, N, C, stream);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dresidual, a.atty,
                             param(l, ATTPROJW), N, C, C, stream);
+            adapt_backward(l, kLoraAttnProj, dbtc, dresidual, a.atty);
             flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, NH, C / NH,
                                      deterministic_attention, stream);
             matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * C, stream);
+            adapt_backward(l, kLoraQkv, dbtc, dbig, a.ln1);
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dbtc, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, N, C, stream);
-            zero->after_unit_backward(l + 1);
+            trained().after_unit_backward(l + 1);
         }
         const int* bucket_data = tokens_device + 2 * (size_t)B * T;
-        encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets, B, T, C, stream);
-        zero->after_unit_backward(0);
-        zero->end_backward();
+        if (embedding_grads() != nullptr)  // not frozen
+            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets, B, T, C, stream);
+        trained().after_unit_backward(0);
+        trained().end_backward();
     }
 
-    void zero_grad() { zero->zero_grad(); }
+    void zero_grad() { trained().zero_grad(); }
 
     // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
     // the rows are summed in double on the host, so the value does not depend on a reduction order.
@@ -655,10 +923,32 @@ struct GPT2 {
 
     // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
     // Each rank takes the mean of its own rows; the gradient reduction averages over ranks.
-    float dloss(int grad_accum_steps) const { return zero->scaler.scale / ((float)B * T * grad_accum_steps); }
+    float dloss(int grad_accum_steps) const {
+        return (lora.enabled() ? adapters : zero)->scaler.scale / ((float)B * T * grad_accum_steps);
+    }
     void enable_loss_scaling(float initial_scale, int growth_interval) {
-        zero->scaler.scale = initial_scale;
-        zero->scaler.growth_interval = growth_interval;
+        trained().scaler.scale = initial_scale;
+        trained().scaler.growth_interval = growth_interval;
+    }
+
+    // LoRA adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
+    void init_adapters(uint64_t seed) {
+        float* staging;
+        const size_t n = adapter_layout->total;
+        cudaCheck(cudaMalloc(&staging, n * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(staging, 0, n * sizeof(float), stream));
+        for (int l = 0; l < config.num_layers; l++)
+            for (int t = 0; t < kLoraTargets; t++)
+                if (lora.targets_has(t)) {
+                    const int in = lora_in(t, config.channels);
+                    fill_uniform(staging + adapter_layout->a(l, t), (long)lora.rank * in, 1.0f / sqrtf((float)in),
+                                 splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
+                }
+        std::vector<float> values(n);
+        cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(staging));
+        adapters->set_parameters(values);
     }
 };
 
@@ -699,6 +989,12 @@ struct Options {
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
+    int lora_rank = 0;
+    float lora_alpha = -1.0f;  // -1: the rank
+    std::string lora_targets = "qkv";
+    float lora_dropout = 0.0f;
+    float lora_weight_decay = 0.0f;
+    std::string lora_load = "", lora_save = "", lora_merge = "";
     int deterministic = 1;
     int recompute = 0;
     std::string nccl_init_file = "";
@@ -758,6 +1054,14 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
         {"--recompute", "-r", Flag::INT, &o.recompute, "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
         {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible attention backward (fixed dQ summation order); 0: atomics, faster"},
+        {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, "LoRA: adapter rank r (0: off, train the whole model)"},
+        {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
+        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
+        {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, "LoRA: dropout on the adapters' input while training"},
+        {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, "LoRA: AdamW weight decay of A and B"},
+        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, "LoRA: start from this adapter file (its rank, alpha and targets)"},
+        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, "LoRA: write the adapters to this file at the end"},
+        {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
@@ -1151,7 +1455,8 @@ inline size_t device_memory_in_use() {
 }
 
 template <typename floatX>
-int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values) {
+int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values,
+          const LoraSpec& lora, const std::vector<float>* initial_adapters) {
     const int B = o.batch_size, T = o.seq_len;  // per GPU
     const long tokens_per_micro = (long)B * T * pg.world;
     const long total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
@@ -1197,9 +1502,9 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     // memory plan, predicted before allocating
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    GPT2<floatX> model(config, pg, o.zero_stage, stream);
-    const int stage = model.zero->stage();
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute);
+    GPT2<floatX> model(config, pg, o.zero_stage, stream, lora);
+    const int stage = model.trained().stage();
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute, lora);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
@@ -1211,6 +1516,14 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
         const double formula[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
         fprintf(out, "data parallel: %d GPUs (%s), ZeRO stage %d: model states per GPU by the formula %.2f GiB (bf16 parameters and gradients, fp32 master + Adam)\n",
                 pg.world, pg.launcher.c_str(), stage, gib((size_t)formula[stage]));
+    }
+    if (lora.enabled()) {
+        const MemoryPlan full = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute);
+        const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
+        const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
+        fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
+                lora.rank, lora.alpha, o.lora_targets.c_str(), model.trainable_parameters(),
+                100.0 * model.trainable_parameters() / model.num_parameters(), model.num_parameters(), gib(states), gib(full_states));
     }
     fprintf(out, "memory plan per GPU (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
             gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
@@ -1239,6 +1552,10 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     if (resume_step < 0) {
         if (initial_values) model.set_parameters(*initial_values);
         else model.init_parameters((uint64_t)o.seed);
+        if (lora.enabled()) {
+            if (initial_adapters) model.adapters->set_parameters(*initial_adapters);
+            else model.init_adapters((uint64_t)o.seed + 1);
+        }
     }
 
     FILE* log = nullptr;
@@ -1302,7 +1619,9 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
         const auto start = std::chrono::steady_clock::now();
         double data_seconds = 0.0;
         model.zero_grad();
+        model.training = true;
         for (int micro = 0; micro < grad_accum; micro++) {
+            model.lora_dropout_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
             Batch batch;
             try { batch = train_loader->next(); } catch (const std::exception& e) { die(e.what()); }
             data_seconds += batch.wait_seconds;
@@ -1311,10 +1630,12 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             model.accumulate_loss();
             model.backward(micro == grad_accum - 1);
         }
+        model.training = false;
         const float loss = model.take_mean_loss();
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
-        AdamWHyper h{lr, o.beta1, o.beta2, o.eps, o.weight_decay, 1.0f, step + 1, splitmix64((uint64_t)o.seed + 0x5EED + step)};
-        const typename ZeroOptimizer<floatX>::StepResult result = model.zero->step(h, o.grad_clip);
+        AdamWHyper h{lr, o.beta1, o.beta2, o.eps, lora.enabled() ? o.lora_weight_decay : o.weight_decay, 1.0f, step + 1,
+                     splitmix64((uint64_t)o.seed + 0x5EED + step)};
+        const typename ZeroOptimizer<floatX>::StepResult result = model.trained().step(h, o.grad_clip);
         pg.synchronize(stream);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = total_batch_tokens / seconds;
@@ -1322,7 +1643,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
                step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
                100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
         if (std::is_same<floatX, __half>::value)
-            fprintf(out, " | scale %g | skipped %ld%s", model.zero->scaler.scale, model.zero->scaler.skipped_steps, result.skipped ? " (this step)" : "");
+            fprintf(out, " | scale %g | skipped %ld%s", model.trained().scaler.scale, model.trained().scaler.skipped_steps, result.skipped ? " (this step)" : "");
         fprintf(out, "\n");
         fflush(out);
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
@@ -1337,8 +1658,20 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
         fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
                gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
     }
+    if (lora.enabled() && (!o.lora_save.empty() || !o.lora_merge.empty())) {
+        const std::vector<float> adapter_values = model.adapters->parameters_host();
+        const std::vector<float> base_values = model.zero->parameters_host();
+        if (pg.is_main() && !o.lora_save.empty()) {
+            write_adapter_file(o.lora_save, *model.adapter_layout, adapter_values);
+            fprintf(out, "wrote adapters %s\n", o.lora_save.c_str());
+        }
+        if (pg.is_main() && !o.lora_merge.empty()) {
+            write_model_file(o.lora_merge, model.layout, merge_adapters(model.layout, base_values, *model.adapter_layout, adapter_values), false);
+            fprintf(out, "wrote the merged model %s\n", o.lora_merge.c_str());
+        }
+    }
     if (pg.world > 1) {  // every rank must end with the same parameters: each prints a checksum of its copy
-        std::vector<float> params = model.zero->parameters_host();
+        std::vector<float> params = model.trained().parameters_host();
         uint64_t hash = 0;
         for (float x : params) {
             uint32_t bits;
@@ -1382,6 +1715,26 @@ int main(int argc, char** argv) {
         die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
     if (o.recompute < 0 || o.recompute > 3) die("--recompute must be 0, 1, 2 or 3, got " + std::to_string(o.recompute));
     if (o.zero_stage < 0 || o.zero_stage > 3) die("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(o.zero_stage));
+    // LoRA: from flags, or from an adapter file
+    LoraSpec lora;
+    std::vector<float> initial_adapters;
+    if (!o.lora_load.empty()) {
+        lora = read_adapter_file(o.lora_load, config, 8 * pg.world, initial_adapters);
+        if (o.lora_rank > 0 && o.lora_rank != lora.rank) die("--lora-rank " + std::to_string(o.lora_rank) + " disagrees with " + o.lora_load);
+    } else if (o.lora_rank > 0) {
+        lora.rank = o.lora_rank;
+        lora.alpha = o.lora_alpha > 0.0f ? o.lora_alpha : (float)o.lora_rank;
+        lora.targets = parse_lora_targets(o.lora_targets);
+        if (lora.targets == 0) die("--lora-targets '" + o.lora_targets + "': expected a comma list of qkv, attn-proj, fc, fc-proj");
+    } else if (o.lora_rank < 0) {
+        die("--lora-rank must be >= 0");
+    } else if (!o.lora_save.empty() || !o.lora_merge.empty()) {
+        die("--lora-save and --lora-merge need LoRA (--lora-rank or --lora-load)");
+    }
+    lora.dropout = o.lora_dropout;
+    if (o.lora_dropout < 0.0f || o.lora_dropout >= 1.0f) die("--lora-dropout must be in [0, 1)");
+    if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
+    if (lora.enabled() && o.checkpoint_every > 0) die("LoRA runs write their adapters with --lora-save; --checkpoint-every is for full training");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;
     int rc;
@@ -1389,10 +1742,12 @@ int main(int argc, char** argv) {
         rc = o.precision == "fp32" ? generate_only<float>(o, pg, config, initial)
            : o.precision == "fp16" ? generate_only<__half>(o, pg, config, initial)
                                    : generate_only<__nv_bfloat16>(o, pg, config, initial);
-    else
-        rc = o.precision == "fp32" ? train<float>(o, pg, config, initial)
-           : o.precision == "fp16" ? train<__half>(o, pg, config, initial)
-                                   : train<__nv_bfloat16>(o, pg, config, initial);
+    else {
+        const std::vector<float>* adapters = initial_adapters.empty() ? nullptr : &initial_adapters;
+        rc = o.precision == "fp32" ? train<float>(o, pg, config, initial, lora, adapters)
+           : o.precision == "fp16" ? train<__half>(o, pg, config, initial, lora, adapters)
+                                   : train<__nv_bfloat16>(o, pg, config, initial, lora, adapters);
+    }
     pg.destroy();
     return rc;
 }

@@ -59,13 +59,6 @@ inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<
     return out;
 }
 
-// dst[i] += src[i]: a reduce-scattered micro-step added into the gradient shard.
-template <typename floatX>
-__global__ void accumulate_shard_kernel(floatX* dst, const floatX* src, long n) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        dst[i] = from_float<floatX>(to_float(dst[i]) + to_float(src[i]));
-}
-
 struct ZeroMemory {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
@@ -92,13 +85,16 @@ public:
     } scaler;
 
     // offsets/sizes: the padded units of the parameter layout (their sizes divisible by 8 x world).
+    // trainable = false: frozen parameters (the base model under LoRA), stored whole: no gradients, no optimizer
+    // state, no communication (stages 0-2; a frozen copy is the same on every rank).
     ZeroOptimizer(const std::vector<size_t>& unit_offsets, const std::vector<size_t>& unit_sizes, size_t total,
-                  const DecayMask& decay, const ProcessGroup& pg, int stage, cudaStream_t compute)
+                  const DecayMask& decay, const ProcessGroup& pg, int stage, cudaStream_t compute, bool trainable = true)
         : plan_(unit_offsets, unit_sizes, pg.world, pg.rank), total_(total), decay_(decay), pg_(pg),
-          stage_(pg.world == 1 ? 0 : stage), compute_(compute) {}
+          stage_(pg.world == 1 || !trainable ? 0 : stage), compute_(compute), trainable_(trainable) {}
 
     // Bytes per GPU for a stage, before allocating (the start-up memory plan). ring_unit: the largest block.
-    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, size_t total, int world, int stage) {
+    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, size_t total, int world, int stage, bool trainable = true) {
+        if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
         const size_t local = total / world, L = unit_sizes.size() - 2;
         const size_t persistent = unit_sizes.front() + unit_sizes.back(), ring = L > 0 ? 2 * unit_sizes[1] : 0;
@@ -117,6 +113,10 @@ public:
     void allocate() {
         const int U = plan_.num_units(), L = U - 2;
         const size_t local = plan_.local_total;
+        if (!trainable_) {
+            alloc(&params_, total_);
+            return;
+        }
         if (stage_ == 3) {
             alloc(&param_shards_, local);
             alloc(&persistent_params_[0], plan_.unit_size[0]);
@@ -171,7 +171,8 @@ public:
         if (u == plan_.num_units() - 1) return persistent_params_[1];
         return ring_params_[(u - 1) % 2];
     }
-    floatX* unit_grads(int u) const {
+    floatX* unit_grads(int u) const {  // null for frozen parameters
+        if (!trainable_) return nullptr;
         if (stage_ < 2) return grads_ + plan_.unit_offset[u];
         if (u == 0) return persistent_grads_[0];
         if (u == plan_.num_units() - 1) return persistent_grads_[1];
@@ -189,6 +190,7 @@ public:
     // (forward) or l-2 (backward) overlaps the computation of block l+1 or l-1.
 
     void zero_grad() {
+        if (!trainable_) return;
         if (stage_ < 2) cudaCheck(cudaMemsetAsync(grads_, 0, total_ * sizeof(floatX), compute_));
         else cudaCheck(cudaMemsetAsync(grad_shards_, 0, plan_.local_total * sizeof(floatX), compute_));
     }
@@ -217,10 +219,12 @@ public:
     }
 
     void begin_backward(bool last_micro_step) {
+        if (!trainable_) return;
         last_micro_step_ = last_micro_step;
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
     }
     void before_block_backward(int l) {
+        if (!trainable_) return;
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[l % 2]));
         if (stage_ != 3) return;
         ensure_block(l);
@@ -234,7 +238,7 @@ public:
             cudaCheck(cudaEventRecord(ring_params_free_[(u - 1) % 2], compute_));
             if (u - 3 >= 0) ensure_block(u - 3);
         }
-        if (pg_.world == 1 || (stage_ < 2 && !last_micro_step_)) return;
+        if (!trainable_ || pg_.world == 1 || (stage_ < 2 && !last_micro_step_)) return;
         cudaCheck(cudaEventRecord(unit_events_[u], compute_));
         cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
         floatX* unit = unit_grads(u);
@@ -247,16 +251,14 @@ public:
         floatX* slice = unit + pg_.rank * shard;
         ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, pg_.comm, comm_));
         if (stage_ >= 2) {
-            accumulate_shard_kernel<<<std::min<long>(ceil_div(shard, 256), 1024), 256, 0, comm_>>>(
-                grad_shards_ + plan_.local_offset[u], slice, (long)shard);
-            cudaCheckLaunch();
+            accumulate_into(grad_shards_ + plan_.local_offset[u], slice, (long)shard, comm_);
             cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), comm_));  // ready for the next micro-step
             if (u >= 1 && u <= U - 2) cudaCheck(cudaEventRecord(ring_grads_free_[(u - 1) % 2], comm_));
             if (u == 0) cudaCheck(cudaEventRecord(persistent_grads_free_, comm_));
         }
     }
     void end_backward() {
-        if (pg_.world == 1) return;
+        if (!trainable_ || pg_.world == 1) return;
         cudaCheck(cudaEventRecord(comm_done_, comm_));
         cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
     }
@@ -265,6 +267,10 @@ public:
     // The optimizer step: global norm (summed over ranks), skip on inf/NaN, clipping, AdamW on this rank's
     // slices, then the updated parameters are shared (stages 1/2: all-gather; stage 3: gathered on use).
     StepResult step(AdamWHyper h, float grad_clip) {
+        if (!trainable_) {
+            fprintf(stderr, "error: internal: optimizer step on frozen parameters\n");
+            exit(EXIT_FAILURE);
+        }
         const int U = plan_.num_units();
         if (stage_ == 0) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_);
@@ -332,7 +338,7 @@ public:
         }
         cudaCheck(cudaStreamSynchronize(compute_));
         cudaCheck(cudaFree(staging));
-        if (kHasMaster) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        if (kHasMaster && trainable_) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
         persistent_gathered_ = false;
         ring_block_[0] = ring_block_[1] = -1;
     }
@@ -419,6 +425,7 @@ private:
     const ProcessGroup& pg_;
     int stage_;
     cudaStream_t compute_, comm_ = nullptr;
+    bool trainable_ = true;
     bool last_micro_step_ = true, persistent_gathered_ = false;
     int ring_block_[2] = {-1, -1};  // stage 3: which block each parameter ring slot holds
 

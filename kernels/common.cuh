@@ -174,3 +174,16 @@ inline int device_sm_count() {
     }
     return count;
 }
+
+// dst[i] += src[i] (elementwise, any length): a reduce-scattered gradient added into its shard, a LoRA
+// input gradient added into the base path's.
+template <typename floatX>
+__global__ void accumulate_into_kernel(floatX* dst, const floatX* src, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        dst[i] = from_float<floatX>(to_float(dst[i]) + to_float(src[i]));
+}
+template <typename floatX>
+void accumulate_into(floatX* dst, const floatX* src, long n, cudaStream_t stream) {
+    accumulate_into_kernel<<<std::max(1, std::min(ceil_div(n, 256), 1024)), 256, 0, stream>>>(dst, src, n);
+    cudaCheckLaunch();
+}

@@ -1,5 +1,5 @@
 // Parameter initialisation and precision conversion on the device.
-// defines: fill_normal, fill_constant, convert_precision
+// defines: fill_normal, fill_uniform, fill_constant, convert_precision
 #pragma once
 #include "common.cuh"
 
@@ -14,6 +14,18 @@ __global__ void fill_normal_kernel(float* out, long n, float std, uint64_t seed)
 }
 inline void fill_normal(float* out, long n, float std, uint64_t seed, cudaStream_t stream) {
     fill_normal_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, std, seed);
+    cudaCheckLaunch();
+}
+
+// out[i] = U(-bound, bound), drawn from (seed, i).
+__global__ void fill_uniform_kernel(float* out, long n, float bound, uint64_t seed) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const float u = (uint32_t)(splitmix64(seed ^ splitmix64((uint64_t)i)) >> 40) / 16777216.0f;  // [0, 1)
+        out[i] = bound * (2.0f * u - 1.0f);
+    }
+}
+inline void fill_uniform(float* out, long n, float bound, uint64_t seed, cudaStream_t stream) {
+    fill_uniform_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, bound, seed);
     cudaCheckLaunch();
 }
 

@@ -126,8 +126,9 @@ inline int layernorm_backward_warps(int C) { return std::max(1, std::min(8, (int
 inline int layernorm_backward_blocks() { return 2 * device_sm_count(); }
 inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 2 * C; }
 
-// dinp += d/dinp; dweight, dbias += their gradients. dbias must directly follow dweight in memory
-// (the block layout keeps every LayerNorm's weight and bias adjacent). `scratch` holds
+// dinp += d/dinp; dweight, dbias += their gradients (skipped when dweight_then_dbias is null: frozen
+// parameters). dbias must directly follow dweight in memory (the block layout keeps every LayerNorm's
+// weight and bias adjacent). `scratch` holds
 // layernorm_backward_scratch_floats(C) floats.
 template <typename floatX>
 void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch, const floatX* dout,
@@ -142,5 +143,5 @@ void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch
     layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
                                                                             rstd, N, C);
     cudaCheckLaunch();
-    partials_accumulate(dweight_then_dbias, scratch, blocks, 2 * C, stream);
+    if (dweight_then_dbias != nullptr) partials_accumulate(dweight_then_dbias, scratch, blocks, 2 * C, stream);
 }

@@ -40,11 +40,11 @@ template <typename floatX> inline cublasComputeType_t matmul_compute_type() {
     return CUBLAS_COMPUTE_32F;
 }
 
-// Column-major D(m,n) = op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate].
+// Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate].
 // Row-major callers pass their matrices as the transposed column-major ones (see matmul_forward).
 template <typename floatX>
 void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
+                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f) {
     MatmulContext& ctx = matmul_context();
     const cudaDataType_t type = cuda_data_type<floatX>();
     cublasLtMatmulDesc_t desc;
@@ -75,7 +75,7 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
                 trans_a, trans_b, bias != nullptr);
         exit(EXIT_FAILURE);
     }
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,
                                &heuristic.algo, ctx.workspace, ctx.workspace_bytes, stream));
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));

@@ -60,6 +60,12 @@ expect_error "total batch not a multiple" "--total-batch-tokens 100 is not a mul
 expect_error "resume without output dir" "--resume needs --output-dir" $SMALL --resume 1
 expect_error "bad ZeRO stage" "--zero-stage must be 0, 1, 2 or 3, got 4" $SMALL --zero-stage 4
 expect_error "bad recompute level" "--recompute must be 0, 1, 2 or 3, got 5" $SMALL --recompute 5
+expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj, fc, fc-proj" $SMALL --lora-rank 4 --lora-targets qkv,mlp
+expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
+expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
+expect_error "adapter file with bad magic" "badmodel.bin: bad magic 999 (expected 20261127, an adapter file)" $SMALL --lora-load "$W/badmodel.bin"
+expect_error "LoRA dropout out of range" "--lora-dropout must be in \[0, 1)" $SMALL --lora-rank 4 --lora-dropout 1.5
+expect_error "LoRA with checkpoints" "--checkpoint-every is for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 # batch vs GPUs: 2 ranks x 2 rows x 32 tokens = 128 tokens per micro-step
 export WORLD_SIZE=2 RANK=0
 expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x GPUs (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64

@@ -64,53 +64,6 @@ std::vector<AdapterTensor> adapter_layout(const cpuref::Config& c, const cpuref:
     return out;
 }
 
-// A LoRA debug state (docs/lora.md): a version-2 debug state (test/debug_state.h) with version 3, header words
-// [14] rank, [15] alpha, [16] target bitmask, and the adapter gradients where version 2 has all gradients.
-struct LoraDebugState {
-    DebugState s;  // s.grads: the step-0 adapter gradients in adapter-file order
-    cpuref::LoraConfig lora{};
-};
-
-LoraDebugState read_lora_debug_state(const std::string& path) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) debug_state_error(path, "cannot open LoRA debug state");
-    int header[256];
-    if (std::fread(header, sizeof header, 1, f) != 1) debug_state_error(path, "too short for a debug-state header");
-    if (header[0] != 20240327)
-        debug_state_error(path, "bad magic " + std::to_string(header[0]) + " (expected 20240327)");
-    if (header[1] != 3)
-        debug_state_error(path, "debug-state version " + std::to_string(header[1]) + " (expected 3, a LoRA state)");
-    LoraDebugState r;
-    DebugState& s = r.s;
-    s.B = header[2], s.T = header[3], s.steps = header[4], s.V = header[5], s.Vp = header[6], s.precision = header[7];
-    float hf[9];
-    std::memcpy(hf, header + 8, sizeof hf);
-    s.lr = hf[0], s.beta1 = hf[1], s.beta2 = hf[2], s.eps = hf[3], s.weight_decay = hf[4], s.grad_clip = hf[5];
-    r.lora = {header[14], hf[7], (unsigned)header[16]};
-    if (s.B <= 0 || s.T <= 0 || s.steps < 1 || s.V <= 0) debug_state_error(path, "invalid B, T, V or step count");
-    const size_t N = (size_t)s.B * s.T;
-    auto read = [&](void* dst, size_t bytes, const char* what) {
-        if (std::fread(dst, 1, bytes, f) != bytes)
-            debug_state_error(path, std::string("truncated while reading ") + what);
-    };
-    s.inputs.resize(N), s.targets.resize(N), s.logits.resize(N * s.V), s.losses.resize(s.steps);
-    read(s.inputs.data(), N * 4, "inputs");
-    read(s.targets.data(), N * 4, "targets");
-    read(s.logits.data(), N * s.V * 4, "logits");
-    read(&s.loss, 4, "loss");
-    read(&s.grad_norm, 4, "grad norm");
-    const long here = std::ftell(f);
-    std::fseek(f, 0, SEEK_END);
-    const long grad_bytes = std::ftell(f) - here - (long)s.steps * 4;
-    if (grad_bytes <= 0 || grad_bytes % 4) debug_state_error(path, "adapter-gradient section has a bad size");
-    std::fseek(f, here, SEEK_SET);
-    s.grads.resize(grad_bytes / 4);
-    read(s.grads.data(), grad_bytes, "adapter gradients");
-    read(s.losses.data(), (size_t)s.steps * 4, "losses");
-    std::fclose(f);
-    return r;
-}
-
 std::string fmt(const char* format, double a, double b = 0.0, double c = 0.0) {
     char buf[200];
     std::snprintf(buf, sizeof buf, format, a, b, c);
@@ -191,8 +144,8 @@ int main(int argc, char** argv) {
     const cpuref::Config& cfg = cpuref::model_config(model);
     const size_t P = cpuref::model_num_params(model);
     const std::vector<float> base(cpuref::model_params(model), cpuref::model_params(model) + P);
-    const LoraDebugState ls = read_lora_debug_state(state_path);
-    const DebugState& s = ls.s;
+    const DebugState s = read_debug_state(state_path);
+    if (s.lora_rank == 0) debug_state_error(state_path, "not a LoRA debug state (version 3)");
     if (s.V != cfg.vocab_size || s.Vp != cfg.padded_vocab_size || s.T > cfg.max_seq_len)
         debug_state_error(state_path, "B, T or vocab sizes do not fit the model");
     if (s.precision != 0) debug_state_error(state_path, "not an fp32 debug state (these tolerances are for fp32)");
@@ -201,10 +154,10 @@ int main(int argc, char** argv) {
         return 1;
     }
     const cpuref::LoraConfig lc = *cpuref::model_lora(model);
-    check(lc.rank == ls.lora.rank && lc.alpha == ls.lora.alpha && lc.targets == ls.lora.targets,
+    check(lc.rank == s.lora_rank && lc.alpha == s.lora_alpha && lc.targets == s.lora_targets,
           "adapter_config_matches_state",
           fmt("rank %g, alpha %g, targets %g", lc.rank, lc.alpha, lc.targets) +
-              fmt(" (state: rank %g, alpha %g, targets %g)", ls.lora.rank, ls.lora.alpha, ls.lora.targets));
+              fmt(" (state: rank %g, alpha %g, targets %g)", s.lora_rank, s.lora_alpha, s.lora_targets));
     const std::vector<AdapterTensor> layout = adapter_layout(cfg, lc);
     const size_t A = cpuref::model_lora_num_params(model);
     if (layout.back().offset + layout.back().size != A || s.grads.size() != A)

@@ -1,6 +1,9 @@
 // Whole model on the GPU against the PyTorch reference's debug state (docs/formats.md): step-0 logits,
 // loss, gradient norm and every parameter gradient, then the losses of S AdamW steps on the same batch.
-// Usage: test_gpt2 MODEL.bin STATE.bin fp32|bf16|fp16 [label]
+// With a LoRA debug state (version 3, docs/lora.md) and the reference's adapter file: the adapter
+// gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
+// logits bitwise.
+// Usage: test_gpt2 MODEL.bin STATE.bin fp32|bf16|fp16 [label] [ADAPTERS.bin]
 // Prints one line per check (PASS/FAIL) for the test runner; exits 1 on any failure.
 #define TESTING
 #include "../train_gpt.cu"
@@ -20,27 +23,43 @@ static Tolerances tolerances_for(Precision p) {
     return {INFINITY, 2e-2f, 2e-2f, 5e-2f, 3e-2f};
 }
 
+// Logits (B*T, V) of the uploaded batch: a forward only (the classifier would overwrite them with their gradient).
 template <typename floatX>
-static void run(const std::string& model_path, const DebugState& state, const std::string& label, Precision precision) {
+static std::vector<float> unpadded_logits(GPT2<floatX>& model) {
+    const int Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
+    const size_t rows = (size_t)model.B * model.T;
+    model.forward(false, 0.0f);
+    std::vector<float> padded = GPT2<floatX>::to_host(model.logits, rows * Vp);
+    std::vector<float> logits(rows * V);
+    for (size_t r = 0; r < rows; r++) memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
+    return logits;
+}
+
+template <typename floatX>
+static void run(const std::string& model_path, const DebugState& state, const std::string& label, Precision precision,
+                const std::string& adapter_path) {
     std::vector<float> values;
     ModelConfig config = read_model_file(model_path, values);
+    LoraSpec lora;
+    std::vector<float> adapter_values;
+    if (state.lora_rank > 0) {
+        if (adapter_path.empty()) die("a LoRA debug state needs the adapter file as the fifth argument");
+        lora = read_adapter_file(adapter_path, config, 8, adapter_values);
+        if (lora.rank != state.lora_rank || lora.alpha != state.lora_alpha || lora.targets != state.lora_targets)
+            die(adapter_path + ": rank, alpha or targets differ from the debug state's");
+    }
     const Tolerances tol = tolerances_for(precision);
-    const int B = state.B, T = state.T, V = config.vocab_size, Vp = config.padded_vocab_size;
+    const int B = state.B, T = state.T, V = config.vocab_size;
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     ProcessGroup single;  // one process, no communicator
-    GPT2<floatX> model(config, single, 0, stream);
+    GPT2<floatX> model(config, single, 0, stream, lora);
     model.allocate(B, T);
     model.set_parameters(values);
+    if (lora.enabled()) model.adapters->set_parameters(adapter_values);
     if (precision == Precision::FP16) model.enable_loss_scaling(1024.0f, 2000);
     model.upload_batch(state.inputs.data(), state.targets.data());
-
-    // logits (forward only: the classifier would overwrite them with their gradient)
-    model.forward(false, 0.0f);
-    std::vector<float> logits_padded = GPT2<floatX>::to_host(model.logits, (size_t)B * T * Vp);
-    std::vector<float> logits((size_t)B * T * V);
-    for (size_t r = 0; r < (size_t)B * T; r++)
-        memcpy(&logits[r * V], &logits_padded[r * Vp], V * sizeof(float));
+    const std::vector<float> logits = unpadded_logits(model);
     double max_abs = 0.0;
     for (size_t i = 0; i < logits.size(); i++) max_abs = std::max(max_abs, (double)fabsf(logits[i] - state.logits[i]));
     const double logits_rel = relative_l2(logits.data(), state.logits.data(), logits.size());
@@ -56,35 +75,52 @@ static void run(const std::string& model_path, const DebugState& state, const st
     snprintf(buf, sizeof(buf), "ours %.7f reference %.7f (tol %.3g)", loss, state.loss, tol.loss_abs);
     check(fabsf(loss - state.loss) <= tol.loss_abs, label + " loss", buf);
     model.backward();
-    std::vector<float> grads = model.zero->gradients_host();
+    std::vector<float> grads = model.trained().gradients_host();
     double norm_squared = 0.0;
     for (float& g : grads) {
-        g /= model.zero->scaler.scale;
+        g /= model.trained().scaler.scale;
         norm_squared += (double)g * g;
     }
     const double norm = sqrt(norm_squared);
     snprintf(buf, sizeof(buf), "ours %.6g reference %.6g", norm, state.grad_norm);
     check(fabs(norm - state.grad_norm) <= tol.grad_rel_l2 * state.grad_norm, label + " grad norm", buf);
-    // the reference writes gradients in file order: compare tensor by tensor
-    const char* names[16] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-                             "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
-    std::vector<float> file_order(grads.size());
-    model.layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
-        memcpy(&file_order[file_offset], &grads[device_offset], count * sizeof(float));
-    });
-    size_t offset = 0;
-    const size_t L = config.num_layers;
-    for (int t = 0; t < 16; t++) {
-        size_t count = t == 0 ? model.layout.wpe : t == 1 ? (size_t)config.max_seq_len * config.channels
-                     : t >= 14 ? (size_t)config.channels : model.layout.block_tensor_size[t - 2] * L;
-        const double rel = relative_l2(&file_order[offset], &state.grads[offset], count);
-        snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", rel, tol.grad_rel_l2);
-        check(rel <= tol.grad_rel_l2, label + " grad " + names[t], buf);
-        offset += count;
+    if (lora.enabled()) {
+        // adapter-file order: each layer's unit, each target's A then B
+        const AdapterLayout& al = *model.adapter_layout;
+        size_t offset = 0;
+        for (int l = 0; l < config.num_layers; l++)
+            for (int t = 0; t < kLoraTargets; t++) {
+                if (!lora.targets_has(t)) continue;
+                const size_t na = (size_t)lora.rank * lora_in(t, config.channels), nb = (size_t)lora_out(t, config.channels) * lora.rank;
+                const double ra = relative_l2(&grads[al.a(l, t)], &state.grads[offset], na);
+                const double rb = relative_l2(&grads[al.b(l, t)], &state.grads[offset + na], nb);
+                snprintf(buf, sizeof(buf), "A rel L2 %.3g, B rel L2 %.3g (tol %.3g)", ra, rb, tol.grad_rel_l2);
+                check(ra <= tol.grad_rel_l2 && rb <= tol.grad_rel_l2, label + " adapter grads layer " + std::to_string(l) + " " + lora_target_name(t), buf);
+                offset += na + nb;
+            }
+    } else {
+        // the reference writes gradients in file order: compare tensor by tensor
+        const char* names[16] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+        std::vector<float> file_order(grads.size());
+        model.layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
+            memcpy(&file_order[file_offset], &grads[device_offset], count * sizeof(float));
+        });
+        size_t offset = 0;
+        const size_t L = config.num_layers;
+        for (int t = 0; t < 16; t++) {
+            size_t count = t == 0 ? model.layout.wpe : t == 1 ? (size_t)config.max_seq_len * config.channels
+                         : t >= 14 ? (size_t)config.channels : model.layout.block_tensor_size[t - 2] * L;
+            const double rel = relative_l2(&file_order[offset], &state.grads[offset], count);
+            snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", rel, tol.grad_rel_l2);
+            check(rel <= tol.grad_rel_l2, label + " grad " + names[t], buf);
+            offset += count;
+        }
+        bool padded_zero = true;
+        for (size_t i = (size_t)V * config.channels; i < model.layout.wpe; i++) padded_zero = padded_zero && file_order[i] == 0.0f;
+        check(padded_zero, label + " padded wte rows get zero gradient", "");
     }
-    bool padded_zero = true;
-    for (size_t i = (size_t)V * config.channels; i < model.layout.wpe; i++) padded_zero = padded_zero && file_order[i] == 0.0f;
-    check(padded_zero, label + " padded wte rows get zero gradient", "");
+    const std::vector<float> base_before = model.zero->parameters_host();
 
     // S AdamW steps on the same batch
     AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, 1.0f, 0, 1234};
@@ -102,25 +138,41 @@ static void run(const std::string& model_path, const DebugState& state, const st
         snprintf(buf, sizeof(buf), " %d:%.5f/%.5f", step, step_loss, state.losses[step]);
         detail += buf;
         h.t = step + 1;
-        model.zero->step(h, state.grad_clip);
+        model.trained().step(h, state.grad_clip);
     }
     snprintf(buf, sizeof(buf), "max abs diff %.3g (tol %.3g); ours/ref", worst, tol.steps_loss_abs);
     check(worst <= tol.steps_loss_abs, label + " " + std::to_string(state.steps) + " step losses", buf + detail);
+    if (lora.enabled()) {
+        check(model.zero->parameters_host() == base_before, label + " LoRA: base weights bitwise unchanged by the steps", "");
+        // B = 0: the adapted model computes exactly the base model
+        for (int l = 0; l < config.num_layers; l++)
+            for (int t = 0; t < kLoraTargets; t++)
+                if (lora.targets_has(t))
+                    std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config.channels) * lora.rank, 0.0f);
+        model.adapters->set_parameters(adapter_values);
+        GPT2<floatX> base(config, single, 0, stream);
+        base.allocate(B, T);
+        base.set_parameters(values);
+        base.upload_batch(state.inputs.data(), state.targets.data());
+        model.upload_batch(state.inputs.data(), state.targets.data());
+        check(unpadded_logits(model) == unpadded_logits(base), label + " LoRA: with B = 0 the logits equal the base model's bitwise", "");
+    }
     cudaCheck(cudaStreamDestroy(stream));
 }
 
 int main(int argc, char** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.bin STATE.bin fp32|bf16|fp16 [label]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.bin STATE.bin fp32|bf16|fp16 [label] [ADAPTERS.bin]\n", argv[0]);
         return 2;
     }
     const std::string precision = argv[3];
     const std::string label = argc > 4 ? argv[4] : precision;
+    const std::string adapters = argc > 5 ? argv[5] : "";
     DebugState state = read_debug_state(argv[2]);
     matmul_setup(false);
-    if (precision == "fp32") run<float>(argv[1], state, label, Precision::FP32);
-    else if (precision == "bf16") run<__nv_bfloat16>(argv[1], state, label, Precision::BF16);
-    else if (precision == "fp16") run<__half>(argv[1], state, label, Precision::FP16);
+    if (precision == "fp32") run<float>(argv[1], state, label, Precision::FP32, adapters);
+    else if (precision == "bf16") run<__nv_bfloat16>(argv[1], state, label, Precision::BF16, adapters);
+    else if (precision == "fp16") run<__half>(argv[1], state, label, Precision::FP16, adapters);
     else die("precision must be fp32, bf16 or fp16, got '" + precision + "'");
     matmul_teardown();
     return check_failures() == 0 ? 0 : 1;

@@ -67,6 +67,26 @@ else
     echo "FAIL recompute levels do not shrink the activations: $sizes"
 fi
 
+# LoRA: fine-tune adapters, save them, merge them; the merged model equals the reference's merge of the same
+# files (fp32: within 1e-6 relative, both sum the product in double and round once)
+./train_gpt "${SMALL[@]}" --precision fp32 --steps 10 --checkpoint-every 10 -o "$W/lora_base" > "$W/lora_base.out" 2>&1
+./train_gpt --model "$W/lora_base/model_00000010.bin" --train-data "$TRAIN" --seq-len 256 --batch-size 8 --val-every 0 \
+    --sample-every 0 --precision fp32 --steps 10 --lr 1e-3 --lora-rank 8 --lora-targets qkv,fc-proj \
+    --lora-save "$W/lora_adapters.bin" --lora-merge "$W/lora_merged.bin" > "$W/lora.out" 2>&1
+if grep -q "trainable parameters" "$W/lora.out" && [ -f "$W/lora_adapters.bin" ] && \
+   $PY scripts/gpt2_reference.py export-merged --model "$W/lora_base/model_00000010.bin" --lora "$W/lora_adapters.bin" \
+       --out "$W/lora_merged_ref.bin" > /dev/null 2>&1 && \
+   $PY - "$W/lora_merged.bin" "$W/lora_merged_ref.bin" <<'PY'
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.float32, offset=1024) for p in sys.argv[1:3])
+sys.exit(0 if a.shape == b.shape and np.abs(a - b).max() <= 1e-6 * np.abs(b).max() else 1)
+PY
+then
+    echo "PASS LoRA fine-tune: adapters saved; --lora-merge equals the reference's merge ($(grep -m1 -o '[0-9]* trainable parameters' "$W/lora.out"))"
+else
+    echo "FAIL LoRA fine-tune/merge: $(grep -m1 error "$W/lora.out")"
+fi
+
 # curve parity: same initial model file, same batches, same schedule
 PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
 $PY scripts/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \

@@ -97,6 +97,19 @@ if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 3 ]; then
         fi
     done
 fi
+# LoRA with ZeRO-1 and ZeRO-2: the adapters train the same on N GPUs as on one (fp32)
+LORA=(--lora-rank 4 --lora-targets qkv,attn-proj,fc,fc-proj --lora-weight-decay 0.01)
+./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size 8 --steps 10 -o "$W/lora_single" > "$W/lora_single.out" 2>&1
+for stage in 1 2; do
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size $BG --steps 10 --zero-stage $stage \
+        -o "$W/lora$stage" > "$W/lora$stage.out" 2>&1
+    d=$(maxdiff "$W/lora_single" "$W/lora$stage")
+    if [ "$(losses "$W/lora$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5; then
+        echo "PASS zero $N GPUs stage $stage LoRA: 10 losses match one GPU (max diff $d)"
+    else
+        echo "FAIL zero $N GPUs stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
+    fi
+done
 # mpirun, when train_gpt was built with MPI
 if command -v mpirun > /dev/null && ldd ./train_gpt | grep -q libmpi; then
     mpirun --allow-run-as-root -np $N -x NCCL_NVLS_ENABLE=0 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $BG \
