@@ -753,13 +753,14 @@ struct GPT2 {
         if (!lora.enabled() || !lora.targets_has(t)) return;
         const int N = B * T, C = config.channels, in = lora_in(t, C), out_features = lora_out(t, C);
         const floatX* x_in = x;
-        if (lora.dropout > 0.0f) {  // the same mask as the forward's
+        const bool dropout = training && lora.dropout > 0.0f;
+        if (dropout) {  // the same mask as the forward's
             lora_dropout(lora_dropped, x, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
             x_in = lora_dropped;
         }
         const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
         floatX* grads = adapters->unit_grads(l + 1) - adapter_layout->unit_begin(l);
-        if (lora.dropout > 0.0f) {
+        if (dropout) {
             // d(dropout(x))/dx is the same mask: the adapter's dx goes through the dropout again
             lora_backward(lora_dropped, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du, dout,
                           lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
@@ -1734,7 +1735,9 @@ int main(int argc, char** argv) {
     lora.dropout = o.lora_dropout;
     if (o.lora_dropout < 0.0f || o.lora_dropout >= 1.0f) die("--lora-dropout must be in [0, 1)");
     if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
-    if (lora.enabled() && o.checkpoint_every > 0) die("LoRA runs write their adapters with --lora-save; --checkpoint-every is for full training");
+    if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
+        die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
+    if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;
     int rc;
