@@ -65,7 +65,7 @@ expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad magic 999 (expected 20261127, an adapter file)" $SMALL --lora-load "$W/badmodel.bin"
 expect_error "LoRA dropout out of range" "--lora-dropout must be in \[0, 1)" $SMALL --lora-rank 4 --lora-dropout 1.5
-expect_error "LoRA with checkpoints" "--checkpoint-every is for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
+expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 # batch vs GPUs: 2 ranks x 2 rows x 32 tokens = 128 tokens per micro-step
 export WORLD_SIZE=2 RANK=0
 expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x GPUs (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64
