@@ -51,3 +51,19 @@ inline double relative_l2(const float* a, const float* b, size_t n) {
     if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
     return std::sqrt(num / den);
 }
+
+// Formats up to three numbers into a detail string.
+inline std::string fmt(const char* format, double a, double b = 0.0, double c = 0.0) {
+    char buf[200];
+    snprintf(buf, sizeof buf, format, a, b, c);
+    return buf;
+}
+// One check line for a tensor's relative L2 error, and for a scalar's relative error.
+inline void check_rel_l2(const std::string& name, const float* ours, const float* ref, size_t n, double tol) {
+    const double err = relative_l2(ours, ref, n);
+    check(err <= tol, name, fmt("relative L2 error %.3e (tolerance %.0e)", err, tol));
+}
+inline void check_scalar(const std::string& name, double ours, double ref, double tol) {
+    const double err = std::fabs(ours - ref) / std::fabs(ref);
+    check(err <= tol, name, fmt("relative error %.3e (tolerance %.0e), ours %.8g", err, tol, ours) + fmt(", reference %.8g", ref));
+}
