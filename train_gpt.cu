@@ -738,40 +738,34 @@ struct GPT2 {
     // LoRA: out += s B A dropout(x) after the base product of target t in block l (no-op without LoRA).
     void adapt_forward(int l, int t, floatX* out, const floatX* x) {
         if (!lora.enabled() || !lora.targets_has(t)) return;
-        const int N = B * T, C = config.channels, in = lora_in(t, C), out_features = lora_out(t, C);
-        const floatX* x_in = x;
-        if (training && lora.dropout > 0.0f) {
-            lora_dropout(lora_dropped, x, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
-            x_in = lora_dropped;
-        }
+        const int N = B * T, C = config.channels;
         const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
-        lora_forward(out, lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
-                     lora.scale(), N, in, out_features, lora.rank, stream);
+        lora_forward(out, lora_u_buffer(l, t), adapter_input(l, t, x), params + adapter_layout->a(l, t),
+                     params + adapter_layout->b(l, t), lora.scale(), N, lora_in(t, C), lora_out(t, C), lora.rank, stream);
     }
     // LoRA backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
     void adapt_backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x) {
         if (!lora.enabled() || !lora.targets_has(t)) return;
-        const int N = B * T, C = config.channels, in = lora_in(t, C), out_features = lora_out(t, C);
-        const floatX* x_in = x;
-        const bool dropout = training && lora.dropout > 0.0f;
-        if (dropout) {  // the same mask as the forward's
-            lora_dropout(lora_dropped, x, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
-            x_in = lora_dropped;
-        }
+        const int N = B * T, C = config.channels, in = lora_in(t, C);
+        const floatX* x_in = adapter_input(l, t, x);
         const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
         floatX* grads = adapters->unit_grads(l + 1) - adapter_layout->unit_begin(l);
+        const bool dropout = x_in != x;
+        // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
+        // input copy the products have read by then), and is added afterwards
+        lora_backward(dropout ? lora_dropped : dx, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du,
+                      dout, lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
+                      lora.scale(), N, in, lora_out(t, C), lora.rank, !dropout, stream);
         if (dropout) {
-            // d(dropout(x))/dx is the same mask: the adapter's dx goes through the dropout again
-            lora_backward(lora_dropped, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du, dout,
-                          lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
-                          lora.scale(), N, in, out_features, lora.rank, false, stream);
             lora_dropout(lora_dropped, lora_dropped, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
             accumulate_into(dx, lora_dropped, (long)N * in, stream);
-        } else {
-            lora_backward(dx, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du, dout,
-                          lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
-                          lora.scale(), N, in, out_features, lora.rank, true, stream);
         }
+    }
+    // The adapter's input: x, or while training with dropout, dropout(x) from this micro-step's masks.
+    const floatX* adapter_input(int l, int t, const floatX* x) {
+        if (!training || lora.dropout <= 0.0f) return x;
+        lora_dropout(lora_dropped, x, (long)B * T * lora_in(t, config.channels), lora.dropout, dropout_seed(l, t), stream);
+        return lora_dropped;
     }
     floatX* lora_u_buffer(int l, int t) const {
         int index = 0;
