@@ -724,7 +724,7 @@ struct GPT2 {
             if (inputs[i] < 0 || inputs[i] >= config.vocab_size || (targets && (targets[i] < 0 || targets[i] >= config.vocab_size)))
                 die("token id out of range [0, " + std::to_string(config.vocab_size) + ") in the batch");
         int* s = staging[staging_index];
-        cudaCheck(cudaEventSynchronize(staging_free[staging_index]));
+        pg.wait_event(staging_free[staging_index]);  // bounded: a failed peer cannot hang this wait
         memcpy(s, inputs, N * sizeof(int));
         if (targets) memcpy(s + N, targets, N * sizeof(int));
         else memset(s + N, 0, N * sizeof(int));
@@ -901,7 +901,7 @@ struct GPT2 {
         std::vector<float> sums(N);
         cudaCheck(cudaMemcpyAsync(sums.data(), loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
-        cudaCheck(cudaStreamSynchronize(stream));
+        pg.synchronize(stream);
         double total = 0.0;
         for (float x : sums) total += x;
         float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));

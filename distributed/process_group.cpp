@@ -234,15 +234,13 @@ void ProcessGroup::destroy() {
 #endif
 }
 
-void ProcessGroup::synchronize(cudaStream_t stream) const {
-    if (comm == nullptr) {
-        cudaError_t err = cudaStreamSynchronize(stream);
-        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
-        return;
-    }
+namespace {
+// Polls `done` (cudaStreamQuery / cudaEventQuery) until it succeeds; checks the communicator and the deadline.
+template <typename Query>
+void wait_with_deadline(Query done, ncclComm_t comm, int rank, int timeout_seconds) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-        cudaError_t err = cudaStreamQuery(stream);
+        cudaError_t err = done();
         if (err == cudaSuccess) return;
         if (err != cudaErrorNotReady) fail(std::string("CUDA: ") + cudaGetErrorString(err));
         ncclResult_t async_error;
@@ -251,13 +249,32 @@ void ProcessGroup::synchronize(cudaStream_t stream) const {
             ncclCommAbort(comm);
             fail("rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) + "): a peer rank died or lost its connection");
         }
-        if (seconds_since(start) > timeout_seconds_) {
+        if (seconds_since(start) > timeout_seconds) {
             ncclCommAbort(comm);
-            fail("rank " + std::to_string(rank) + ": a collective did not finish within " + std::to_string(timeout_seconds_) +
+            fail("rank " + std::to_string(rank) + ": a collective did not finish within " + std::to_string(timeout_seconds) +
                  " s (--nccl-timeout): a peer rank failed or hangs");
         }
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+}
+}  // namespace
+
+void ProcessGroup::synchronize(cudaStream_t stream) const {
+    if (comm == nullptr) {
+        cudaError_t err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        return;
+    }
+    wait_with_deadline([stream] { return cudaStreamQuery(stream); }, comm, rank, timeout_seconds_);
+}
+
+void ProcessGroup::wait_event(cudaEvent_t event) const {
+    if (comm == nullptr) {
+        cudaError_t err = cudaEventSynchronize(event);
+        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        return;
+    }
+    wait_with_deadline([event] { return cudaEventQuery(event); }, comm, rank, timeout_seconds_);
 }
 
 void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {

@@ -39,6 +39,8 @@ public:
     // Waits for `stream`, checking the communicator for errors and the deadline: a failed or missing
     // peer ends this process with a message (and the communicator is aborted so no rank hangs in it).
     void synchronize(cudaStream_t stream) const;
+    // The same for an event.
+    void wait_event(cudaEvent_t event) const;
     // Sum of one float over all ranks (for the loss and the squared gradient norm), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
     bool is_main() const { return rank == 0; }

@@ -110,6 +110,24 @@ for stage in 1 2; do
         echo "FAIL zero $N GPUs stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
     fi
 done
+# a rank that dies mid-run: the other one must end with a message within --nccl-timeout, not hang
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000)) WORLD_SIZE=2
+RANK=0 LOCAL_RANK=0 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/survivor.out" 2>&1 &
+survivor=$!
+RANK=1 LOCAL_RANK=1 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/victim.out" 2>&1 &
+victim=$!
+sleep 20; kill -9 $victim 2> /dev/null
+start=$(date +%s)
+( sleep 90; kill -9 $survivor 2> /dev/null ) & guard=$!
+wait $survivor; rc=$?
+elapsed=$(( $(date +%s) - start ))
+kill $guard 2> /dev/null
+unset MASTER_ADDR MASTER_PORT WORLD_SIZE
+if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "rank 0: .*\(peer\|did not finish\)" "$W/survivor.out"; then
+    echo "PASS zero: a killed rank ends the job in ${elapsed} s with: $(grep -m1 'rank 0:' "$W/survivor.out")"
+else
+    echo "FAIL zero: after a rank was killed the other exited with $rc after ${elapsed} s: $(tail -n 1 "$W/survivor.out")"
+fi
 # mpirun, when train_gpt was built with MPI
 if command -v mpirun > /dev/null && ldd ./train_gpt | grep -q libmpi; then
     mpirun --allow-run-as-root -np $N -x NCCL_NVLS_ENABLE=0 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $BG \
