@@ -4,6 +4,8 @@
 # in the same run on the same GPU. Prints tokens/s, ms/step, peak memory and the ratio ours/PyTorch, then
 # train_gpt's --recompute levels 0-3 at the first batch size.
 # Usage: scripts/bench_gpt2.sh [steps] [batch sizes...]   (default: 30 steps, B = 64 32)
+# SIZES="d24 d36 d48" adds GPT-2 350M / 774M / 1.5B, each trainer at the largest batch (32, 16, 8, 4, 2, 1) that
+# fits the GPU (train_gpt: its memory plan; PyTorch: the first that does not run out of memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-30}; shift || true
@@ -40,4 +42,27 @@ for r in 0 1 2 3; do
         || { tail -n 3 "$W/ours_b${B}_r$r.log"; exit 1; }
     printf '%-4s %-10s %12s %10s %10s\n' "$B" "$r" "$(field "$W/ours_b${B}_r$r.log" tokens_per_s)" \
         "$(field "$W/ours_b${B}_r$r.log" ms_per_step)" "$(field "$W/ours_b${B}_r$r.log" peak_mem_gib)"
+done
+
+# larger models, each at its largest batch that fits
+layers() { echo "${1#d}"; }
+for size in ${SIZES:-}; do
+    case $size in d24) C=1024; H=16 ;; d36) C=1280; H=20 ;; d48) C=1600; H=25 ;; *) echo "unknown size $size"; exit 1 ;; esac
+    ours_b=""; torch_b=""
+    for b in 32 16 8 4 2 1; do
+        if [ -z "$ours_b" ] && ./train_gpt --model "$size" --train-data "$W/random.bin" --batch-size $b --seq-len 1024 --steps 0 \
+            --val-every 0 --sample-every 0 > /dev/null 2>&1; then ours_b=$b; fi
+        if [ -z "$torch_b" ] && $PY scripts/gpt2_reference.py train --layers "$(layers $size)" --heads $H --channels $C \
+            --max-seq-len 1024 --train-shards "$W/random.bin" --batch-size $b --seq-len 1024 --steps 2 --timing-warmup 0 \
+            --dtype bf16 --device cuda --sdpa --fused-adamw > /dev/null 2>&1; then torch_b=$b; fi
+    done
+    ./train_gpt --model "$size" --train-data "$W/random.bin" --val-every 0 --sample-every 0 --batch-size "$ours_b" \
+        --seq-len 1024 --steps "$STEPS" --precision bf16 > "$W/ours_$size.log" 2>&1 || { tail -n 3 "$W/ours_$size.log"; exit 1; }
+    $PY scripts/gpt2_reference.py train --layers "$(layers $size)" --heads $H --channels $C --max-seq-len 1024 \
+        --train-shards "$W/random.bin" --batch-size "$torch_b" --seq-len 1024 --steps "$STEPS" --dtype bf16 --device cuda \
+        --compile --sdpa --fused-adamw > "$W/torch_$size.log" 2>&1 || { tail -n 3 "$W/torch_$size.log"; exit 1; }
+    printf '%-4s %-10s %12s %10s %10s   (B ours %s, PyTorch %s)\n' "$size" ours "$(field "$W/ours_$size.log" tokens_per_s)" \
+        "$(field "$W/ours_$size.log" ms_per_step)" "$(field "$W/ours_$size.log" peak_mem_gib)" "$ours_b" "$torch_b"
+    printf '%-4s %-10s %12s %10s %10s\n' "$size" torch "$(field "$W/torch_$size.log" tokens_per_s)" \
+        "$(field "$W/torch_$size.log" ms_per_step)" "$(field "$W/torch_$size.log" peak_mem_gib)"
 done
