@@ -21,7 +21,7 @@ DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/data
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
-GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files \
+GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/bench_attention
 
 .PHONY: all tests test train clean
@@ -66,6 +66,9 @@ $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNEL
 
 $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_lora_files.cu test/cpu_reference.cpp $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

@@ -32,6 +32,7 @@ run cli bash test/test_cli.sh
 run prepare bash test/test_prepare.sh
 run sharding build/test_sharding
 run lora_files build/test_lora_files
+run formats build/test_formats
 fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
 if [ $fixture_rc -eq 0 ]; then
     run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"

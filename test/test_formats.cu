@@ -1,0 +1,91 @@
+// File formats and schedules, without a GPU: the learning-rate schedule against the formulas of
+// docs/formats.md and against the PyTorch reference's own (scripts/gpt2_reference.py lr_at) when a Python is
+// at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
+// layouts of 1 and 3 ranks; checkpoint discovery finds the newest complete checkpoint.
+#define TESTING
+#include "../train_gpt.cu"
+#include "check.h"
+
+static void test_schedule() {
+    const float M = 6e-4f, f = 0.1f, F = M * f;
+    const int W = 10, N = 110;
+    bool ok = true;
+    for (int s = 0; s < W; s++) ok = ok && fabsf(learning_rate(s, N, M, W, f, "cosine") - M * (s + 1) / W) <= 1e-12f;
+    check(ok, "schedule: linear warm-up reaches the maximum at step W-1", "");
+    check(fabsf(learning_rate(W, N, M, W, f, "cosine") - M) <= 1e-10f && fabsf(learning_rate(N, N, M, W, f, "cosine") - F) <= 1e-10f,
+          "schedule: cosine from the maximum to the final fraction", "");
+    check(fabsf(learning_rate(W + 50, N, M, W, f, "cosine") - (F + 0.5f * (M - F))) <= 1e-9f, "schedule: cosine midpoint", "");
+    check(fabsf(learning_rate(W + 25, N, M, W, f, "linear") - (M - (M - F) * 0.25f)) <= 1e-9f, "schedule: linear decay", "");
+    check(learning_rate(W + 25, N, M, W, f, "constant") == M, "schedule: constant after warm-up", "");
+    // the reference's implementation, for every step of a run (Debian's Python has torch, or the one on PATH)
+    std::vector<double> ref;
+    for (const char* python : {"/usr/bin/python3", "python3"}) {
+        const std::string command = std::string(python) + " -c \"import sys; sys.path.insert(0, 'scripts'); import gpt2_reference as r; "
+                                    "print(' '.join(repr(r.lr_at(s, 6e-4, 10, 110, 'cosine', 0.1)) for s in range(110)))\" 2> /dev/null";
+        FILE* p = popen(command.c_str(), "r");
+        ref.clear();
+        double x;
+        while (p && fscanf(p, "%lf", &x) == 1) ref.push_back(x);
+        if (p) pclose(p);
+        if (ref.size() == 110) break;
+    }
+    if (ref.size() != 110) {
+        skip("schedule: same as the PyTorch reference's", "no Python with torch to import scripts/gpt2_reference.py");
+        return;
+    }
+    double worst = 0.0;
+    for (int s = 0; s < 110; s++) worst = std::max(worst, fabs(learning_rate(s, N, M, W, f, "cosine") - ref[s]) / M);
+    check(worst <= 1e-6, "schedule: same as the PyTorch reference's at every step", fmt("max relative difference %.3g", worst));
+}
+
+static void test_model_files() {
+    const std::string dir = "build/test_work/formats";
+    make_directories(dir);
+    ModelConfig config;
+    config.num_layers = 3; config.num_heads = 1; config.channels = 64; config.max_seq_len = 40;
+    for (int world : {1, 3}) {
+        const ParameterLayout layout(config, 8 * world);
+        std::vector<float> values(layout.total, 0.0f);
+        uint64_t state = 5;
+        layout.for_each_file_run([&](size_t, size_t device_offset, size_t count) {
+            for (size_t i = 0; i < count; i++) values[device_offset + i] = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+        });
+        for (bool bf16 : {false, true}) {
+            const std::string path = dir + "/model.bin", tag = std::string(bf16 ? "bf16" : "fp32") + " on " + std::to_string(world) + " rank(s)";
+            write_model_file(path, layout, values, bf16);
+            std::vector<float> back;
+            const ModelConfig read = read_model_file(path, back, 8 * world);
+            bool same = read.num_layers == config.num_layers && read.channels == config.channels && back.size() == values.size();
+            for (size_t i = 0; same && i < values.size(); i++)
+                same = back[i] == (bf16 ? bf16_bits_to_float(float_to_bf16_bits(values[i])) : values[i]);
+            check(same, "model file round trip, " + tag, "");
+            struct stat st;
+            stat(path.c_str(), &st);
+            check((size_t)st.st_size == 1024 + layout.count * (bf16 ? 2 : 4), "model file size is llm.c's, " + tag,
+                  std::to_string(st.st_size) + " bytes");
+        }
+    }
+    // round to nearest even: 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7 and goes to 1
+    check(bf16_bits_to_float(float_to_bf16_bits(1.0f + 1.0f / 256)) == 1.0f &&
+          bf16_bits_to_float(float_to_bf16_bits(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256, "bf16 conversion rounds to nearest even", "");
+}
+
+static void test_checkpoint_discovery() {
+    const std::string dir = "build/test_work/formats/checkpoints";
+    make_directories(dir);
+    for (const char* name : {"model_00000010.bin", "state_00000010_00000.bin", "model_00000020.bin", "state_00000030_00000.bin",
+                             "model_00000040.bin.tmp", "notes.txt"}) {
+        FILE* f = fopen((dir + "/" + name).c_str(), "wb");
+        if (f) fclose(f);
+    }
+    // the model file is written last: step 30 (state only) and the temporary file are incomplete
+    check(latest_checkpoint(dir) == 20, "checkpoint discovery: newest step with a model file", std::to_string(latest_checkpoint(dir)));
+    check(latest_checkpoint(dir + "/missing") == -1, "checkpoint discovery: none in a missing folder", "");
+}
+
+int main() {
+    test_schedule();
+    test_model_files();
+    test_checkpoint_discovery();
+    return check_failures() == 0 ? 0 : 1;
+}
