@@ -697,13 +697,8 @@ struct GPT2 {
     template <typename T> static std::vector<float> to_host(const T* device, size_t count) {
         std::vector<T> raw(count);
         cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
-        std::vector<float> out(count);
-        for (size_t i = 0; i < count; i++) out[i] = host_to_float(raw[i]);
-        return out;
+        return host_floats(raw);
     }
-    static float host_to_float(float x) { return x; }
-    static float host_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-    static float host_to_float(__half x) { return __half2float(x); }
 
     // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy).
     floatX* param(int l, BlockTensor t) const { return zero->unit_params(l + 1) + layout.block_offset[t]; }

@@ -359,9 +359,7 @@ public:
             cudaCheck(cudaFree(full));
         }
         pg_.synchronize(compute_);
-        std::vector<float> out(total_);
-        for (size_t i = 0; i < total_; i++) out[i] = host_float(raw[i]);
-        return out;
+        return host_floats(raw);
     }
     // Full gradients (stages 0 and 1 keep them; for tests).
     std::vector<float> gradients_host() {
@@ -369,9 +367,7 @@ public:
         std::vector<floatX> raw(total_);
         cudaCheck(cudaMemcpyAsync(raw.data(), grads_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
         pg_.synchronize(compute_);
-        std::vector<float> out(total_);
-        for (size_t i = 0; i < total_; i++) out[i] = host_float(raw[i]);
-        return out;
+        return host_floats(raw);
     }
 
     // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats.
@@ -395,9 +391,6 @@ public:
     std::vector<float> optimizer_part(const std::vector<float>& full) const { return stage_ >= 1 ? local_slices(plan_, full) : full; }
 
 private:
-    static float host_float(float x) { return x; }
-    static float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-    static float host_float(__half x) { return __half2float(x); }
 
     void alloc(floatX** p, size_t n) {
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));

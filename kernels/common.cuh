@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,6 +59,16 @@ template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+// Host side: values read back from the device, as float.
+inline float host_float(float x) { return x; }
+inline float host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float host_float(__half x) { return __half2float(x); }
+template <typename T> std::vector<float> host_floats(const std::vector<T>& raw) {
+    std::vector<float> out(raw.size());
+    for (size_t i = 0; i < raw.size(); i++) out[i] = host_float(raw[i]);
+    return out;
+}
 
 // ---------------------------------------------------------------------------------------------
 // 128-bit packed vectors: memory-bound kernels move 16 bytes per thread per access.

@@ -1,4 +1,4 @@
-// What the GPU kernel tests share: host-side conversions between float and the three storage types, device
+// What the GPU kernel tests share: host-side conversion from float to the three storage types, device
 // buffers that start poisoned (NaN) so unwritten outputs fail, and the relative-L2 comparison line.
 #pragma once
 #include <chrono>
@@ -13,15 +13,12 @@ template <> inline const char* type_name<float>() { return "fp32"; }
 template <> inline const char* type_name<__nv_bfloat16>() { return "bf16"; }
 template <> inline const char* type_name<__half>() { return "fp16"; }
 
-inline float to_host_float(float x) { return x; }
-inline float to_host_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-inline float to_host_float(__half x) { return __half2float(x); }
 template <typename T> T from_host_float(float x);
 template <> inline float from_host_float<float>(float x) { return x; }
 template <> inline __nv_bfloat16 from_host_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <> inline __half from_host_float<__half>(float x) { return __float2half(x); }
 // x rounded to T and back: the value a T buffer holds.
-template <typename T> float host_round(float x) { return to_host_float(from_host_float<T>(x)); }
+template <typename T> float host_round(float x) { return host_float(from_host_float<T>(x)); }
 
 // A device buffer of T (freed at scope exit), poisoned (all-ones bits: NaN in every float type) when made
 // and on request.
@@ -45,9 +42,7 @@ template <typename T> struct DeviceBuffer {
         cudaCheck(cudaDeviceSynchronize());
         std::vector<T> raw(n);
         cudaCheck(cudaMemcpy(raw.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        std::vector<float> out(n);
-        for (size_t i = 0; i < n; i++) out[i] = to_host_float(raw[i]);
-        return out;
+        return host_floats(raw);
     }
 };
 
