@@ -492,7 +492,7 @@ struct GPT2 {
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
-    float* device_scalar = nullptr;   // one float: the loss all-reduce, the checkpoint barrier
+    float* device_scalar = nullptr;   // one float: sum_over_ranks()
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
@@ -901,14 +901,16 @@ struct GPT2 {
         for (float x : sums) total += x;
         float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
         forwards_summed = 0;
-        if (pg.world > 1) {  // the mean over all ranks' rows
-            cudaCheck(cudaMemcpyAsync(device_scalar, &mean, sizeof(float), cudaMemcpyHostToDevice, stream));
-            pg.all_reduce_sum(device_scalar, stream);
-            cudaCheck(cudaMemcpyAsync(&mean, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
-            pg.synchronize(stream);
-            mean /= pg.world;
-        }
-        return mean;
+        return pg.world > 1 ? sum_over_ranks(mean) / pg.world : mean;  // the mean over all ranks' rows
+    }
+
+    // The sum of a host value over all ranks; waits for it, so it is also a barrier.
+    float sum_over_ranks(float value) {
+        cudaCheck(cudaMemcpyAsync(device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+        pg.all_reduce_sum(device_scalar, stream);
+        cudaCheck(cudaMemcpyAsync(&value, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        pg.synchronize(stream);
+        return value;
     }
 
     // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
@@ -1275,10 +1277,7 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
         write_state_file(state_path(dir, step, pg.rank), h, master, m, v, data_state);
     }
     // barrier: every state file is complete before the model file marks the checkpoint as usable
-    float one = 1.0f;
-    cudaCheck(cudaMemcpyAsync(model.device_scalar, &one, sizeof(float), cudaMemcpyHostToDevice, model.stream));
-    pg.all_reduce_sum(model.device_scalar, model.stream);
-    pg.synchronize(model.stream);
+    model.sum_over_ranks(1.0f);
     if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
 }
 
