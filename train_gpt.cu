@@ -455,6 +455,13 @@ struct LayerActivations {
     float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
 };
 
+inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+inline size_t device_memory_in_use() {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
 // Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
 struct MemoryPlan {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
@@ -491,6 +498,7 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
+    size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float: sum_over_ranks()
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
@@ -590,7 +598,7 @@ struct GPT2 {
         }
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, recompute, &x_elements, &stat_elements);
-        p.activations = x_elements * sizeof(floatX) + stat_elements * sizeof(float);
+        p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes +
                     (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads, c.channels / c.num_heads);
         return p;
@@ -600,9 +608,11 @@ struct GPT2 {
         B = batch;
         T = seq_len;
         recompute = recompute_level;
+        const size_t in_use_before_states = device_memory_in_use();
         zero->allocate();
+        if (lora.enabled()) adapters->allocate();
+        model_state_bytes = device_memory_in_use() - in_use_before_states;
         if (lora.enabled()) {
-            adapters->allocate();
             const size_t N = (size_t)B * T;
             cudaCheck(cudaMalloc(&lora_u, N * lora.rank * __builtin_popcount(lora.targets) * config.num_layers * sizeof(floatX)));
             cudaCheck(cudaMalloc(&lora_du, N * lora.rank * sizeof(floatX)));
@@ -659,36 +669,46 @@ struct GPT2 {
         }
     }
 
-    // GPT-2 initialisation into the fp32 master copy: N(0, 0.02) weights, residual projections scaled by
-    // 1/sqrt(2L), zero biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws
-    // from its own seed, so the values do not depend on the layout.
-    void init_random(uint64_t seed, float* values_device) {
-        const size_t C = config.channels, V = config.vocab_size;
-        const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * config.num_layers);
-        cudaCheck(cudaMemsetAsync(values_device, 0, layout.total * sizeof(float), stream));
-        uint64_t tensor_id = 0;
-        auto next_seed = [&]() { return splitmix64(seed * 1000003ull + tensor_id++); };
-        fill_normal(values_device + layout.wte, V * C, std, next_seed(), stream);
-        fill_normal(values_device + layout.wpe, (size_t)config.max_seq_len * C, std, next_seed(), stream);
-        for (int l = 0; l < config.num_layers; l++) {
-            fill_constant(values_device + layout.tensor(l, LN1W), C, 1.0f, stream);
-            fill_normal(values_device + layout.tensor(l, QKVW), 3 * C * C, std, next_seed(), stream);
-            fill_normal(values_device + layout.tensor(l, ATTPROJW), C * C, residual_std, next_seed(), stream);
-            fill_constant(values_device + layout.tensor(l, LN2W), C, 1.0f, stream);
-            fill_normal(values_device + layout.tensor(l, FCW), 4 * C * C, std, next_seed(), stream);
-            fill_normal(values_device + layout.tensor(l, FCPROJW), 4 * C * C, residual_std, next_seed(), stream);
+    // GPT-2 initialisation of unit u (0: embeddings, 1..L: blocks, L+1: final LayerNorm) into `unit_device`
+    // (fp32, the unit's padded size): N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
+    // biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
+    // index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
+    // neither on the layout nor on the order in which units are made.
+    void init_unit(uint64_t seed, int u, float* unit_device) {
+        const size_t C = config.channels, V = config.vocab_size, L = config.num_layers;
+        const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * L);
+        const size_t begin = unit_offsets(layout)[u];
+        auto at = [&](size_t offset) { return unit_device + (offset - begin); };
+        auto seed_of = [&](uint64_t tensor_id) { return splitmix64(seed * 1000003ull + tensor_id); };
+        cudaCheck(cudaMemsetAsync(unit_device, 0, unit_sizes(layout)[u] * sizeof(float), stream));
+        if (u == 0) {
+            fill_normal(at(layout.wte), V * C, std, seed_of(0), stream);
+            fill_normal(at(layout.wpe), (size_t)config.max_seq_len * C, std, seed_of(1), stream);
+        } else if ((size_t)u <= L) {
+            const int l = u - 1;
+            fill_constant(at(layout.tensor(l, LN1W)), C, 1.0f, stream);
+            fill_normal(at(layout.tensor(l, QKVW)), 3 * C * C, std, seed_of(2 + 4 * l), stream);
+            fill_normal(at(layout.tensor(l, ATTPROJW)), C * C, residual_std, seed_of(3 + 4 * l), stream);
+            fill_constant(at(layout.tensor(l, LN2W)), C, 1.0f, stream);
+            fill_normal(at(layout.tensor(l, FCW)), 4 * C * C, std, seed_of(4 + 4 * l), stream);
+            fill_normal(at(layout.tensor(l, FCPROJW)), 4 * C * C, residual_std, seed_of(5 + 4 * l), stream);
+        } else {
+            fill_constant(at(layout.lnfw), C, 1.0f, stream);
         }
-        fill_constant(values_device + layout.lnfw, C, 1.0f, stream);
     }
 
     void set_parameters(const std::vector<float>& values) { zero->set_parameters(values); }
+    // Made unit by unit through one unit-sized device buffer: a model too large for one GPU still initialises.
     void init_parameters(uint64_t seed) {
+        const std::vector<size_t> offsets = unit_offsets(layout), sizes = unit_sizes(layout);
         float* staging;
-        cudaCheck(cudaMalloc(&staging, layout.total * sizeof(float)));
-        init_random(seed, staging);
-        std::vector<float> values(layout.total);
-        cudaCheck(cudaMemcpyAsync(values.data(), staging, layout.total * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaMalloc(&staging, *std::max_element(sizes.begin(), sizes.end()) * sizeof(float)));
+        std::vector<float> values(layout.total, 0.0f);
+        for (size_t u = 0; u < sizes.size(); u++) {
+            init_unit(seed, (int)u, staging);
+            cudaCheck(cudaMemcpyAsync(values.data() + offsets[u], staging, sizes[u] * sizeof(float), cudaMemcpyDeviceToHost, stream));
+            cudaCheck(cudaStreamSynchronize(stream));
+        }
         cudaCheck(cudaFree(staging));
         zero->set_parameters(values);
     }
@@ -1436,13 +1456,6 @@ HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSw
 // ---------------------------------------------------------------------------------------------
 // The training loop
 
-inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
-inline size_t device_memory_in_use() {
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return total_bytes - free_bytes;
-}
-
 template <typename floatX>
 int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values,
           const LoraSpec& lora, const std::vector<float>* initial_adapters) {
@@ -1526,6 +1539,15 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     model.allocate(B, T, o.recompute);
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
+    if (pg.world > 1 && !lora.enabled()) {
+        // the formula counts shards only; stages 2 and 3 also keep full buffers of the units being worked on
+        const double P = (double)model.num_parameters(), N = pg.world;
+        const double formula[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
+        const size_t working = ZeroOptimizer<floatX>::memory(GPT2<floatX>::unit_sizes(model.layout), model.layout.total, pg.world, stage).working;
+        fprintf(out, "model states per GPU: measured %.3f GiB, formula %.3f GiB (%+.1f%%), of which %.3f GiB are unsharded working buffers "
+                     "(stage 2: gradients, stage 3: also parameters, of the embeddings, final LayerNorm and a two-block ring)\n",
+                gib(model.model_state_bytes), gib((size_t)formula[stage]), 100.0 * (model.model_state_bytes / formula[stage] - 1.0), gib(working));
+    }
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
 
     int start_step = 0;

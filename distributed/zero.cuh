@@ -61,6 +61,7 @@ inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<
 
 struct ZeroMemory {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;
+    size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
 
@@ -101,6 +102,7 @@ public:
         ZeroMemory m;
         m.parameters = (stage == 3 ? local + persistent + ring : total) * sizeof(floatX);
         m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
+        m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
         const size_t optimizer_elements = stage >= 1 ? local : total;
         m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
         m.adam_state = 2 * optimizer_elements * sizeof(float);
@@ -328,7 +330,7 @@ public:
     void set_parameters(const std::vector<float>& full) {
         std::vector<float> mine = optimizer_part(full);
         float* staging;
-        cudaCheck(cudaMalloc(&staging, full.size() * sizeof(float)));
+        cudaCheck(cudaMalloc(&staging, (stage_ < 3 ? full.size() : mine.size()) * sizeof(float)));
         if (stage_ < 3) {
             cudaCheck(cudaMemcpy(staging, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice));
             convert_precision(params_, staging, (long)total_, compute_);
@@ -348,15 +350,19 @@ public:
         std::vector<floatX> raw(total_);
         if (stage_ < 3) {
             cudaCheck(cudaMemcpyAsync(raw.data(), params_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
-        } else {
-            floatX* full;
-            cudaCheck(cudaMalloc(&full, total_ * sizeof(floatX)));
-            for (int u = 0; u < plan_.num_units(); u++)
-                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], full + plan_.unit_offset[u],
-                                        plan_.shard_size[u], nccl_type<floatX>(), pg_.comm, compute_));
-            cudaCheck(cudaMemcpyAsync(raw.data(), full, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
-            pg_.synchronize(compute_);
-            cudaCheck(cudaFree(full));
+        } else {  // unit by unit through one unit-sized buffer: the full model need not fit one GPU
+            size_t largest = 0;
+            for (int u = 0; u < plan_.num_units(); u++) largest = std::max(largest, plan_.unit_size[u]);
+            floatX* unit;
+            cudaCheck(cudaMalloc(&unit, largest * sizeof(floatX)));
+            for (int u = 0; u < plan_.num_units(); u++) {
+                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], unit, plan_.shard_size[u], nccl_type<floatX>(),
+                                        pg_.comm, compute_));
+                cudaCheck(cudaMemcpyAsync(raw.data() + plan_.unit_offset[u], unit, plan_.unit_size[u] * sizeof(floatX),
+                                          cudaMemcpyDeviceToHost, compute_));
+                pg_.synchronize(compute_);
+            }
+            cudaCheck(cudaFree(unit));
         }
         pg_.synchronize(compute_);
         return host_floats(raw);

@@ -78,7 +78,10 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
                                           const floatX* weight, const float* mean, const float* rstd, int N,
                                           int C) {
     constexpr int X = Packed128<floatX>::size;
-    extern __shared__ float shared[];  // [warps][2C]: dweight then dbias
+    // [warps][2][X][C/X]: dweight then dbias, column c at (c % X) * (C / X) + c / X, so that the 32 lanes
+    // (each owning X adjacent columns) touch 32 consecutive banks instead of colliding X-way
+    extern __shared__ float shared[];
+    const int CX = C / X;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
     float* acc = shared + (long)warp * 2 * C;
     for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.0f;
@@ -105,8 +108,8 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
             for (int i = 0; i < X; i++) {
                 float xhat = (to_float(vx[i]) - m) * s;
                 float g = to_float(vdy[i]);
-                acc[c + i] += g * xhat;
-                acc[C + c + i] += g;
+                acc[i * CX + c / X] += g * xhat;
+                acc[C + i * CX + c / X] += g;
                 float dnorm = to_float(vw[i]) * g;
                 vdx[i] = from_float<floatX>(to_float(vdx[i]) + s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat));
             }
@@ -115,8 +118,9 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
     }
     __syncthreads();
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        const int part = c / C, column = c % C, slot = part * C + (column % X) * CX + column / X;
         float total = 0.0f;
-        for (int w = 0; w < num_warps; w++) total += shared[(long)w * 2 * C + c];
+        for (int w = 0; w < num_warps; w++) total += shared[(long)w * 2 * C + slot];
         partials[(long)blockIdx.x * 2 * C + c] = total;
     }
 }

@@ -112,8 +112,17 @@ __global__ void bias_backward_kernel(float* partials, const floatX* dout, int N,
     const int c = (blockIdx.x * 32 + threadIdx.x) * X;
     float acc[X] = {};
     if (c < OC) {
-        for (long row = (long)blockIdx.y * blockDim.y + threadIdx.y; row < N; row += (long)gridDim.y * blockDim.y) {
-            Packed128<floatX> v = load128(dout + row * OC + c);
+        // four rows' loads in flight per thread: one at a time leaves the memory system mostly idle
+        const long stride = (long)gridDim.y * blockDim.y;
+        long row = (long)blockIdx.y * blockDim.y + threadIdx.y;
+        for (; row + 3 * stride < N; row += 4 * stride) {
+            Packed128<floatX> v[4];
+            for (int u = 0; u < 4; u++) v[u] = load128cs(dout + (row + u * stride) * OC + c);
+            for (int u = 0; u < 4; u++)
+                for (int i = 0; i < X; i++) acc[i] += to_float(v[u][i]);
+        }
+        for (; row < N; row += stride) {
+            Packed128<floatX> v = load128cs(dout + row * OC + c);
             for (int i = 0; i < X; i++) acc[i] += to_float(v[i]);
         }
     }

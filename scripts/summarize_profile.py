@@ -4,6 +4,9 @@ import csv
 import sys
 from collections import defaultdict
 
+def number(text):
+    return float(text.replace(",", ""))  # ncu writes thousands separators
+
 def main(path):
     with open(path) as f:
         lines = [line for line in f if line.startswith('"')]  # drop the program's own output
@@ -22,9 +25,9 @@ def main(path):
     total = defaultdict(float); count = defaultdict(int); dram = defaultdict(float)
     for r in step:
         name = r["Kernel Name"].split("(")[0].split("<")[0].replace("void ", "")
-        t = float(r["gpu__time_duration.sum"])  # ns
+        t = number(r["gpu__time_duration.sum"])  # ns
         total[name] += t; count[name] += 1
-        dram[name] += float(r["dram__bytes.sum"])  # bytes
+        dram[name] += number(r["dram__bytes.sum"])  # bytes
     step_ns = sum(total.values())
     print(f"{len(step)} kernel launches, {step_ns / 1e6:.2f} ms of kernel time in one step")
     print(f"{'kernel':60s} {'calls':>6s} {'ms':>8s} {'share':>6s} {'GB':>7s} {'TB/s':>6s}")

@@ -47,6 +47,14 @@ for stage in 0 1 2 3; do
         --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
     grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
     grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{print s, $7}' >> "$W/memory_d12.txt"
+    # the sharded part of the model states (measured less the unsharded working buffers) is the formula's
+    states=$(grep -m1 '^model states per GPU' "$W/memory$stage.out")
+    read -r measured formula working < <(printf '%s\n' "$states" | sed -E 's/.*measured ([0-9.]+) GiB, formula ([0-9.]+) GiB .* of which ([0-9.]+) GiB.*/\1 \2 \3/')
+    if [ -n "$states" ] && awk -v m="$measured" -v f="$formula" -v w="$working" 'BEGIN { d = (m - w) / f - 1; exit !(d < 0.10 && d > -0.10) }'; then
+        echo "PASS zero d12 stage $stage model states on $N GPUs: measured $measured GiB = $working GiB working buffers + shards within 10% of the formula's $formula GiB"
+    else
+        echo "FAIL zero d12 stage $stage model states on $N GPUs: ${states:-no model-states line}"
+    fi
 done
 if [ "$(wc -l < "$W/memory_d12.txt")" -eq 4 ] && awk 'NR > 1 && $2 >= prev { bad = 1 } { prev = $2 } END { exit bad }' "$W/memory_d12.txt"; then
     echo "PASS zero d12 memory per GPU falls with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")(stage GiB)"
@@ -82,6 +90,28 @@ if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
     echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
 else
     echo "FAIL zero resume of a $N-GPU checkpoint on 1 GPU: diff $d $(grep -m1 error "$W/resume_one.out")"
+fi
+# a different number of GPUs both ways: N -> N/2 and N/2 -> N, stage 3 in bf16 (the same global batch)
+if [ $N -ge 4 ]; then
+    H=$((N / 2))
+    for move in "$N $H" "$H $N"; do
+        read -r from to <<< "$move"
+        src="$W/ckpt3"
+        if [ "$from" -ne $N ]; then
+            src="$W/ckpt3_on$from"
+            scripts/launch.sh $from ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / from)) --steps 10 --zero-stage 3 \
+                --checkpoint-every 5 -o "$src" > "$src.out" 2>&1
+        fi
+        dst="$W/move_${from}_to_$to"; mkdir -p "$dst"; cp "$src"/*_00000005* "$dst/"
+        scripts/launch.sh $to ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / to)) --steps 10 --zero-stage 3 \
+            -o "$dst" --resume 1 > "$dst.out" 2>&1
+        d=$(paste <(losses "$src" | awk '$1 >= 5') <(losses "$dst") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}')
+        if [ "$(losses "$dst" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
+            echo "PASS zero stage-3 checkpoint of $from GPUs resumed on $to GPUs: steps 5-9 within $d (bf16 tol 2e-2)"
+        else
+            echo "FAIL zero stage-3 checkpoint of $from GPUs resumed on $to GPUs: diff $d $(grep -m1 error "$dst.out")"
+        fi
+    done
 fi
 # uneven shards: 3 ranks (the units are not multiples of 8 x 3), every stage, fp32
 if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 3 ]; then
