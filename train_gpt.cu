@@ -19,7 +19,7 @@
 #include "kernels/init.cuh"
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
 #include "kernels/layernorm.cuh"          // defines: layernorm_forward, residual_layernorm_forward, layernorm_backward
-#include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_backward (cuBLASLt), bias_backward
+#include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "kernels/flash_attention.cuh"    // defines: flash_attention_forward, flash_attention_backward
 #include "kernels/gelu.cuh"               // defines: gelu_forward, gelu_backward
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
@@ -498,6 +498,11 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
+    // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
+    // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
+    // fc-proj in the backward). false: separate GELU kernels everywhere (test_gpt2's base model, which must
+    // match a model with an fc adapter bit for bit).
+    bool gelu_fusion = true;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float: sum_over_ranks()
@@ -789,6 +794,28 @@ struct GPT2 {
     }
     uint64_t dropout_seed(int l, int t) const { return splitmix64(lora_dropout_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
 
+    bool fused_gelu_without_adapter(int t) const {
+        return gelu_fusion && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t));
+    }
+    // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
+    // from the fused product's GELU (of the unrounded pre-activation): those levels keep the forward GELU separate
+    bool fc_gelu_fused() const {
+        return fused_gelu_without_adapter(kLoraFc) && (recompute == kKeepAll || recompute >= kRecomputeBlock);
+    }
+    bool fcproj_dgelu_fused() const { return fused_gelu_without_adapter(kLoraFcProj); }
+    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l.
+    void fc_gelu_forward(int l) {
+        const int N = B * T, C = config.channels;
+        LayerActivations<floatX>& a = layers[l];
+        if (fc_gelu_fused()) {
+            matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+            return;
+        }
+        matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+        adapt_forward(l, kLoraFc, a.fch, a.ln2);
+        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
+    }
+
     // Forward over the uploaded batch. With dloss != 0 the classifier also leaves the logits gradient in
     // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits. Per-row losses in `losses`
     // when `with_loss`.
@@ -812,9 +839,7 @@ struct GPT2 {
             adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
             residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
                                        param(l, LN2W), param(l, LN2B), N, C, stream);
-            matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
-            adapt_forward(l, kLoraFc, a.fch, a.ln2);
-            gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
+            fc_gelu_forward(l);
             matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), param(l, FCPROJB), N, 4 * C, C, stream);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
             // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
@@ -847,12 +872,12 @@ struct GPT2 {
             adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
             residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
                                        param(l, LN2W), param(l, LN2B), N, C, stream);
-            matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
-            adapt_forward(l, kLoraFc, a.fch, a.ln2);
-        } else if (recompute >= kRecomputeGeluLayerNorm) {
-            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
+            fc_gelu_forward(l);
+            return;
         }
-        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
+        if (recompute >= kRecomputeGeluLayerNorm)
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
+        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);  // the forward's own kernel (see fc_gelu_fused)
     }
 
     // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
@@ -879,11 +904,16 @@ struct GPT2 {
             zero->before_block_backward(l);
             if (adapters) adapters->before_block_backward(l);
             recompute_activations(l, residual_in);
-            // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP
+            // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dbig
+            // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
+            // must add its share before it
+            const bool dgelu_fused = fcproj_dgelu_fused();
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
-                            param(l, FCPROJW), N, 4 * C, C, stream);
-            adapt_backward(l, kLoraFcProj, dbig, dresidual, a.fch_gelu);
-            gelu_backward(dbig, a.fch, dbig, (long)N * 4 * C, stream);
+                            param(l, FCPROJW), N, 4 * C, C, stream, dgelu_fused ? a.fch : nullptr);
+            if (!dgelu_fused) {
+                adapt_backward(l, kLoraFcProj, dbig, dresidual, a.fch_gelu);
+                gelu_backward(dbig, a.fch, dbig, (long)N * 4 * C, stream);
+            }
             matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, a.ln2, param(l, FCW), N, C, 4 * C, stream);
             adapt_backward(l, kLoraFc, dbtc, dbig, a.ln2);
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dbtc, a.residual2, param(l, LN2W),

@@ -1,16 +1,36 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
-// our own deterministic bias-gradient kernel, and the cuBLAS handle shared with attention.
-// defines: matmul_setup, matmul_teardown, matmul_context, matmul_forward, matmul_backward, bias_backward,
-//          bias_backward_scratch_floats, matmul_compute_type
+// the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernel.
+// defines: matmul_setup, matmul_teardown, matmul_context, matmul_forward, matmul_forward_gelu, matmul_backward,
+//          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, matmul_compute_type
 #pragma once
+#include <map>
+#include <tuple>
 #include "common.cuh"
+
+// A product as cuBLASLt's algorithm heuristic sees it, plus whether it accumulates. The heuristic reads the
+// bias and aux pointers from the description and picks algorithms their alignment allows, so their
+// alignments are part of the key.
+struct MatmulKey {
+    int m, n, k;
+    bool trans_a, trans_b, accumulate;
+    cublasLtEpilogue_t epilogue;
+    cudaDataType_t type;
+    cublasComputeType_t compute;
+    int bias_alignment, aux_alignment;
+    bool operator<(const MatmulKey& o) const {
+        return std::tie(m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute, bias_alignment, aux_alignment) <
+               std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.accumulate, o.epilogue, o.type, o.compute,
+                        o.bias_alignment, o.aux_alignment);
+    }
+};
 
 struct MatmulContext {
     cublasLtHandle_t lt = nullptr;
-    cublasHandle_t blas = nullptr;  // batched products in attention
     void* workspace = nullptr;
     size_t workspace_bytes = 32ull << 20;
     bool allow_tf32 = false;  // fp32 mode is exact unless the user asks for TF32
+    // The heuristic's choice per problem: asked once, not on each of the ~150 products of a step.
+    std::map<MatmulKey, cublasLtMatmulAlgo_t> algorithms;
 };
 inline MatmulContext& matmul_context() {
     static MatmulContext context;
@@ -21,15 +41,11 @@ inline void matmul_setup(bool allow_tf32) {
     MatmulContext& ctx = matmul_context();
     ctx.allow_tf32 = allow_tf32;
     cublasCheck(cublasLtCreate(&ctx.lt));
-    cublasCheck(cublasCreate(&ctx.blas));
     cudaCheck(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
-    cublasCheck(cublasSetWorkspace(ctx.blas, ctx.workspace, ctx.workspace_bytes));
-    cublasCheck(cublasSetMathMode(ctx.blas, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 inline void matmul_teardown() {
     MatmulContext& ctx = matmul_context();
     cublasCheck(cublasLtDestroy(ctx.lt));
-    cublasCheck(cublasDestroy(ctx.blas));
     cudaCheck(cudaFree(ctx.workspace));
     ctx = MatmulContext();
 }
@@ -40,45 +56,86 @@ template <typename floatX> inline cublasComputeType_t matmul_compute_type() {
     return CUBLAS_COMPUTE_32F;
 }
 
-// Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate].
-// Row-major callers pass their matrices as the transposed column-major ones (see matmul_forward).
+// Whether fp32 products take cuBLASLt's GELU epilogues too (bf16 and fp16 always do). cuBLASLt computes the
+// tanh approximation of kernels/gelu.cuh, but does not document its fp32 accuracy: if the fp32 tests of
+// matmul_forward_gelu / matmul_backward's gelu_inp miss their 1e-5 tolerance on the GPU, set this to false
+// and fp32 runs the product and kernels/gelu.cuh's kernels separately.
+constexpr bool kFuseGeluInFp32 = true;
+template <typename floatX> constexpr bool matmul_gelu_epilogues() {
+    return kFuseGeluInFp32 || !std::is_same<floatX, float>::value;
+}
+
+// What the epilogue does after the product (and the bias): nothing; GELU (the pre-activation written to aux);
+// or the GELU's backward (the product times gelu'(aux)).
+enum class MatmulGelu { kNone, kForward, kBackward };
+
+// The largest power of two, up to 256, that divides the address (0 for null).
+inline int pointer_alignment(const void* p) {
+    const uintptr_t address = (uintptr_t)p;
+    return p == nullptr ? 0 : (int)std::min<uintptr_t>(256, address & (~address + 1));
+}
+
+// Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate],
+// then the `gelu` step (kBackward takes no bias) with aux, an (m,n) matrix in D's layout; cuBLASLt needs its
+// leading dimension m to be a multiple of 8. Row-major callers pass their matrices as the transposed
+// column-major ones (see matmul_forward).
 template <typename floatX>
 void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f) {
+                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f,
+                     MatmulGelu gelu = MatmulGelu::kNone, floatX* aux = nullptr) {
     MatmulContext& ctx = matmul_context();
     const cudaDataType_t type = cuda_data_type<floatX>();
+    const cublasComputeType_t compute = matmul_compute_type<floatX>();
+    const cublasLtEpilogue_t epilogue =
+        gelu == MatmulGelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
+        : gelu == MatmulGelu::kForward ? (bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                       : (bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    if (gelu != MatmulGelu::kNone && m % 8 != 0) {
+        fprintf(stderr, "error: cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got %d\n", m);
+        exit(EXIT_FAILURE);
+    }
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, matmul_compute_type<floatX>(), CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias != nullptr) {
-        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    }
+    if (gelu != MatmulGelu::kNone) {
+        const int64_t aux_ld = m;  // aux has D's layout, in floatX (the default aux data type: D's)
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
-    cublasLtMatmulPreference_t preference;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &ctx.workspace_bytes, sizeof(ctx.workspace_bytes)));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference, 1,
-                                               &heuristic, &found));
-    if (found == 0) {
-        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d bias=%d\n", m, n, k,
-                trans_a, trans_b, bias != nullptr);
-        exit(EXIT_FAILURE);
+    const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute,
+                        pointer_alignment(bias), pointer_alignment(aux)};
+    auto cached = ctx.algorithms.find(key);
+    if (cached == ctx.algorithms.end()) {
+        cublasLtMatmulPreference_t preference;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &ctx.workspace_bytes, sizeof(ctx.workspace_bytes)));
+        cublasLtMatmulHeuristicResult_t heuristic;
+        int found = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference, 1,
+                                                   &heuristic, &found));
+        cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+        if (found == 0) {
+            fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d\n",
+                    m, n, k, trans_a, trans_b, (int)epilogue);
+            exit(EXIT_FAILURE);
+        }
+        cached = ctx.algorithms.emplace(key, heuristic.algo).first;
     }
     const float beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,
-                               &heuristic.algo, ctx.workspace, ctx.workspace_bytes, stream));
-    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+                               &cached->second, ctx.workspace, ctx.workspace_bytes, stream));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
@@ -90,6 +147,15 @@ template <typename floatX>
 void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C, int OC,
                     cudaStream_t stream) {
     matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream);
+}
+
+// pre[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] and out = gelu(pre) (tanh approximation), in one product whose
+// epilogue applies the GELU to the fp32 pre-activation before rounding either output to floatX.
+// OC must be a multiple of 8. The model uses it where matmul_gelu_epilogues<floatX>().
+template <typename floatX>
+void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N,
+                         int C, int OC, cudaStream_t stream) {
+    matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream, 1.0f, MatmulGelu::kForward, pre);
 }
 
 // dbias[OC] += column sums of dout[N,OC]. Each thread owns one 16-byte group of columns; blockDim.y
@@ -146,11 +212,18 @@ void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int
 
 // Given dout[N,OC]: dinp[N,C] = dout weight (overwritten), dweight[OC,C] += dout^T inp,
 // dbias[OC] += column sums of dout. dweight == nullptr skips the weight and bias gradients
-// (frozen weights); dbias == nullptr skips the bias gradient.
+// (frozen weights); dbias == nullptr skips the bias gradient. With gelu_inp (N,C; inp = gelu(gelu_inp)),
+// dinp goes on through the GELU's backward, dinp = (dout weight) * gelu'(gelu_inp), in the product's epilogue:
+// C must be a multiple of 8; the model uses it where matmul_gelu_epilogues<floatX>(). (The next bias gradient,
+// column sums of this dinp, stays with bias_backward: DGELU_BGRAD would write it in floatX, cublasLt.h's bias
+// gradient type, where our gradients accumulate from fp32 partials.)
 template <typename floatX>
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
-                     const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream) {
-    matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream);
+                     const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
+                     const floatX* gelu_inp = nullptr) {
+    // the DGELU epilogue only reads aux
+    matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream, 1.0f,
+                    gelu_inp != nullptr ? MatmulGelu::kBackward : MatmulGelu::kNone, const_cast<floatX*>(gelu_inp));
     if (dweight != nullptr) matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream);
     if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
 }

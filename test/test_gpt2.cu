@@ -158,6 +158,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
                     std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config.channels) * lora.rank, 0.0f);
         model.adapters->set_parameters(adapter_values);
         GPT2<floatX> base(config, single, 0, stream);
+        base.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
         base.allocate(B, T);
         base.set_parameters(values);
         base.upload_batch(state.inputs.data(), state.targets.data());

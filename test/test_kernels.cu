@@ -140,6 +140,40 @@ void test_gelu(size_t n, const std::string& tag, cudaStream_t stream) {
     compare(tag + " gelu_backward n=" + std::to_string(n), dx_d.download(), dx_ref, tolerance<floatX>().simple);
 }
 
+// The MLP's GELU in the products' epilogues. Forward (C -> OC): pre = inp W^T + b and out = gelu(pre), the GELU
+// of the unrounded pre-activation, as the epilogue takes it. Backward through a Linear OC -> C whose input was
+// gelu(pre): dinp = (dout W) * gelu'(pre), pre as stored (rounded). OC, the GELU's width, is a multiple of 8.
+template <typename floatX>
+void test_matmul_gelu(int N, int C, int OC, const std::string& tag, cudaStream_t stream) {
+    const std::string shape = " " + std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC);
+    if (!matmul_gelu_epilogues<floatX>()) {
+        skip(tag + " matmul GELU epilogues" + shape, "kFuseGeluInFp32 is off: fp32 runs the GELU kernels instead");
+        return;
+    }
+    auto inp = random_vector<floatX>((size_t)N * C), w = random_vector<floatX>((size_t)OC * C, 0.05f);
+    auto bias = random_vector<floatX>(OC);
+    std::vector<float> pre_ref((size_t)N * OC), out_ref(pre_ref.size());
+    cpuref::matmul_forward(pre_ref.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+    cpuref::gelu_forward(out_ref.data(), pre_ref.data(), (int)pre_ref.size());
+    DeviceBuffer<floatX> inp_d(inp), w_d(w), bias_d(bias), pre_d(pre_ref.size()), out_d(out_ref.size());
+    matmul_forward_gelu(out_d.ptr, pre_d.ptr, inp_d.ptr, w_d.ptr, bias_d.ptr, N, C, OC, stream);
+    compare(tag + " matmul_forward_gelu pre-activation" + shape, pre_d.download(), pre_ref, tolerance<floatX>().simple);
+    compare(tag + " matmul_forward_gelu gelu" + shape, out_d.download(), out_ref, tolerance<floatX>().simple);
+
+    auto pre = random_vector<floatX>((size_t)N * OC, 2.0f), x = random_vector<floatX>((size_t)N * OC);
+    auto w2 = random_vector<floatX>((size_t)C * OC, 0.05f), dout = random_vector<floatX>((size_t)N * C);
+    auto dw = random_vector<floatX>(w2.size()), db = random_vector<floatX>(C);
+    std::vector<float> dx(pre.size(), 0.0f), dpre_ref(pre.size(), 0.0f), dw_ref = dw, db_ref = db;
+    cpuref::matmul_backward(dx.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), w2.data(), N, OC, C);
+    cpuref::gelu_backward(dpre_ref.data(), pre.data(), dx.data(), (int)pre.size());
+    DeviceBuffer<floatX> pre2_d(pre), x_d(x), w2_d(w2), dout_d(dout), dw_d(dw), db_d(db), dpre_d(pre.size());
+    DeviceBuffer<float> scratch(bias_backward_scratch_floats<floatX>(C));
+    matmul_backward(dpre_d.ptr, dw_d.ptr, db_d.ptr, scratch.ptr, dout_d.ptr, x_d.ptr, w2_d.ptr, N, OC, C, stream, pre2_d.ptr);
+    compare(tag + " matmul_backward with gelu_inp dinp" + shape, dpre_d.download(), dpre_ref, tolerance<floatX>().simple);
+    compare(tag + " matmul_backward with gelu_inp dweight" + shape, dw_d.download(), dw_ref, tolerance<floatX>().simple);
+    compare(tag + " matmul_backward with gelu_inp dbias" + shape, db_d.download(), db_ref, tolerance<floatX>().simple);
+}
+
 template <typename floatX>
 void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) {
     const int Vp = (V + 127) / 128 * 128;
@@ -234,6 +268,10 @@ void test_precision(cudaStream_t stream) {
     test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
     test_gelu<floatX>(8 * 1001, tag, stream);
+    // GELU widths 600 and 1032: multiples of 8 (cuBLASLt's rule), not of 16; 768 -> 3072 is d12's MLP
+    test_matmul_gelu<floatX>(111, 200, 600, tag, stream);
+    test_matmul_gelu<floatX>(256, 768, 3072, tag, stream);
+    test_matmul_gelu<floatX>(77, 64, 1032, tag, stream);
     test_classifier<floatX>(37, 1000, tag, stream);
     test_classifier<floatX>(8, 50257, tag, stream);
     test_optimizer<floatX>(100003, tag, stream);

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# ZeRO-3 at scale: a GPT-shaped model that does not fit one GPU at stage 0 -- 32 layers, C=4096, 32 heads
+# (6.6B parameters: 106 GB of model states at 16 bytes each) -- trained for a few steps at stage 3.
+# First shows that one GPU (stage 0) refuses it from the memory plan, then trains it on N GPUs and prints the
+# measured model states per GPU against the ZeRO formula, tokens/s, MFU and peak memory.
+# Usage: scripts/bench_zero3_scale.sh [gpus] [rows per GPU] [steps]   (default 4, 8, 20)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-4}; B=${2:-8}; STEPS=${3:-20}
+W=build/zero3_scale; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
+PY=${PYTHON:-python3}
+make -s train_gpt
+[ -f "$W/random.bin" ] || $PY scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 2000000 > /dev/null
+SHAPE=(--layers 32 --heads 32 --channels 4096 --max-seq-len 1024 --seq-len 1024 --batch-size "$B" --train-data "$W/random.bin"
+       --val-every 0 --sample-every 0 --precision bf16 --lr 1e-4)
+echo "== one GPU, stage 0 (expected to be refused by the memory plan)"
+if ./train_gpt "${SHAPE[@]}" --steps 0 > "$W/one_gpu.log" 2>&1; then
+    echo "unexpected: the model fits one GPU"; else grep -m1 -E "error|needs" "$W/one_gpu.log"; fi
+echo "== $N GPUs, ZeRO stage 3, $STEPS steps"
+scripts/launch.sh "$N" ./train_gpt "${SHAPE[@]}" --steps "$STEPS" --zero-stage 3 > "$W/zero3.log" 2>&1 \
+    || { tail -n 20 "$W/zero3.log"; exit 1; }
+grep -E "^(model:|batch:|data parallel|memory plan|device memory|model states|RESULT)" "$W/zero3.log"
+grep -E "^step " "$W/zero3.log" | tail -n 3
