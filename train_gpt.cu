@@ -1038,6 +1038,7 @@ struct Options {
     float lora_weight_decay = 0.0f;
     std::string lora_load = "", lora_save = "", lora_merge = "";
     int deterministic = 1;
+    int gelu_fusion = 1;
     int recompute = 0;
     std::string nccl_init_file = "";
     int nccl_timeout = 600;
@@ -1094,6 +1095,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
+        {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
         {"--recompute", "-r", Flag::INT, &o.recompute, "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
         {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible attention backward (fixed dQ summation order); 0: atomics, faster"},
         {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, "LoRA: adapter rank r (0: off, train the whole model)"},
@@ -1566,6 +1568,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             (stage < 3 ? ", or raise --zero-stage" : ""));
     const size_t in_use_before = device_memory_in_use();
     model.deterministic_attention = o.deterministic != 0;
+    model.gelu_fusion = o.gelu_fusion != 0;
     model.allocate(B, T, o.recompute);
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
