@@ -794,14 +794,14 @@ struct GPT2 {
     }
     uint64_t dropout_seed(int l, int t) const { return splitmix64(lora_dropout_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
 
-    bool fused_gelu_without_adapter(int t) const {
-        return gelu_fusion && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t));
-    }
     // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
-    // from the fused product's GELU (of the unrounded pre-activation): those levels keep the forward GELU separate
-    bool fc_gelu_fused() const {
-        return fused_gelu_without_adapter(kLoraFc) && (recompute == kKeepAll || recompute >= kRecomputeBlock);
+    // from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as separate
+    // kernels both ways, so they equal --gelu-fusion 0 bit for bit
+    bool fused_gelu_without_adapter(int t) const {
+        return gelu_fusion && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
+               (recompute == kKeepAll || recompute >= kRecomputeBlock);
     }
+    bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
     bool fcproj_dgelu_fused() const { return fused_gelu_without_adapter(kLoraFcProj); }
     // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l.
     void fc_gelu_forward(int l) {
