@@ -12,7 +12,9 @@
 # train_gpt runs through scripts/launch.sh, PyTorch through torchrun; NVLink multicast is off for both.
 # The result of each run is the median step time after 3 warm-up steps (the RESULT line of either trainer).
 #
-# Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4"] [--stages "0 1 2 3"] [--steps 20] [--no-torch]
+# Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4"] [--torch-gpus "1 4"] [--stages "0 1 2 3"]
+#                              [--steps 20] [--no-torch]
+#   --torch-gpus: the GPU counts at which PyTorch runs too (default: all of --gpus; each of its runs compiles)
 #   e.g. scripts/bench_zero.sh --sizes 124M --gpus "1 2" --steps 10
 # ROWS_124M / ROWS_1_5B override the rows per GPU; PYTHON the interpreter with torch (default python3).
 # Work files (model files, the shard, every run's log) go to build/bench_zero. Where --gpus leaves out 1, the
@@ -22,12 +24,12 @@ cd "$(dirname "$0")/.." || exit 1
 
 die() { echo "bench_zero: $*" >&2; exit 2; }
 usage() { sed -n '/^# Usage:/,/^# ROWS_124M/p' "$0" | sed 's/^# \{0,1\}//'; }
-SIZES="124M 1.5B"; GPUS="1 2 4"; STAGES="0 1 2 3"; STEPS=20; TORCH=1
+SIZES="124M 1.5B"; GPUS="1 2 4"; TORCH_GPUS=""; STAGES="0 1 2 3"; STEPS=20; TORCH=1
 while [ $# -gt 0 ]; do
     case $1 in
-        --sizes|--gpus|--stages|--steps)
+        --sizes|--gpus|--torch-gpus|--stages|--steps)
             [ $# -ge 2 ] || die "$1 needs a value"
-            case $1 in --sizes) SIZES=$2 ;; --gpus) GPUS=$2 ;; --stages) STAGES=$2 ;; --steps) STEPS=$2 ;; esac
+            case $1 in --sizes) SIZES=$2 ;; --gpus) GPUS=$2 ;; --torch-gpus) TORCH_GPUS=$2 ;; --stages) STAGES=$2 ;; --steps) STEPS=$2 ;; esac
             shift 2 ;;
         --no-torch) TORCH=0; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -35,6 +37,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 for s in $STAGES; do case $s in 0|1|2|3) ;; *) die "no ZeRO stage $s" ;; esac; done
+TORCH_GPUS=${TORCH_GPUS:-$GPUS}
+torch_at() { [ $TORCH = 1 ] && [[ " $TORCH_GPUS " == *" $1 "* ]]; }  # does PyTorch run at $1 GPUs?
 for size in $SIZES; do case $size in 124M|1.5B) ;; *) die "unknown size $size (124M or 1.5B)" ;; esac; done
 if ! [[ $STEPS =~ ^[0-9]+$ ]] || [ "$STEPS" -le 3 ]; then die "--steps must be more than the 3 warm-up steps"; fi
 
@@ -121,14 +125,14 @@ for size in $SIZES; do
     for n in $counts; do
         if [ "$n" -eq 1 ]; then
             bench "$D/ours_1gpu.log" "train_gpt, 1 GPU" "${OURS[@]}"
-            [ $TORCH = 1 ] && bench "$D/torch_1gpu.log" "PyTorch, 1 GPU" "$PY" "${REF[@]}"
+            torch_at 1 && bench "$D/torch_1gpu.log" "PyTorch, 1 GPU" "$PY" "${REF[@]}"
             continue
         fi
         for s in $STAGES; do
             bench "$D/ours_stage${s}_${n}gpu.log" "train_gpt ZeRO-$s, $n GPUs" \
                 scripts/launch.sh "$n" "${OURS[@]}" --zero-stage "$s"
             mode=$(torch_mode "$s")
-            if [ $TORCH = 1 ] && [ -n "$mode" ]; then
+            if torch_at "$n" && [ -n "$mode" ]; then
                 bench "$D/torch_${mode}_${n}gpu.log" "PyTorch $mode, $n GPUs" \
                     "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" "${REF[@]}" --parallel "$mode"
             fi

@@ -3,10 +3,12 @@
 # (6.6B parameters: 106 GB of model states at 16 bytes each) -- trained for a few steps at stage 3.
 # First shows that one GPU (stage 0) refuses it from the memory plan, then trains it on N GPUs and prints the
 # measured model states per GPU against the ZeRO formula, tokens/s, MFU and peak memory.
-# Usage: scripts/bench_zero3_scale.sh [gpus] [rows per GPU] [steps]   (default 4, 8, 20)
+# Usage: scripts/bench_zero3_scale.sh [gpus] [rows per GPU] [steps]   (default 4, 8 or 4 (see below), 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-4}; B=${2:-8}; STEPS=${3:-20}
+# default rows per GPU: 8 where a GPU has over 100 GB (H200), else 4 (H100 80 GB)
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+N=${1:-4}; B=${2:-$([ "${gpu_mib:-0}" -gt 100000 ] && echo 8 || echo 4)}; STEPS=${3:-20}
 W=build/zero3_scale; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
 PY=${PYTHON:-python3}
