@@ -507,6 +507,9 @@ struct GPT2 {
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float: sum_over_ranks()
     float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
+    // pinned host copies of loss_sums and device_scalar: copies into pageable memory block until the stream
+    // drains, which a stuck collective would make an unbounded wait
+    float *loss_sums_host = nullptr, *scalar_host = nullptr;
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
     // prepares the next micro-batch while the GPU still works on the current one.
@@ -656,6 +659,8 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         cudaCheck(cudaMalloc(&loss_sums, N * sizeof(float)));
         cudaCheck(cudaMemset(loss_sums, 0, N * sizeof(float)));
+        cudaCheck(cudaMallocHost(&loss_sums_host, N * sizeof(float)));
+        cudaCheck(cudaMallocHost(&scalar_host, sizeof(float)));
         cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
         for (int i = 0; i < 2; i++) {
             cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
@@ -668,6 +673,8 @@ struct GPT2 {
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
                         (void*)loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
+        for (float* p : {loss_sums_host, scalar_host})
+            if (p != nullptr) cudaFreeHost(p);
         for (int i = 0; i < 2; i++) {
             if (staging[i] != nullptr) cudaFreeHost(staging[i]);
             if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
@@ -943,12 +950,11 @@ struct GPT2 {
     // the rows are summed in double on the host, so the value does not depend on a reduction order.
     float take_mean_loss() {
         const size_t N = (size_t)B * T;
-        std::vector<float> sums(N);
-        cudaCheck(cudaMemcpyAsync(sums.data(), loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(loss_sums_host, loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
         pg.synchronize(stream);
         double total = 0.0;
-        for (float x : sums) total += x;
+        for (size_t i = 0; i < N; i++) total += loss_sums_host[i];
         float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
         forwards_summed = 0;
         return pg.world > 1 ? sum_over_ranks(mean) / pg.world : mean;  // the mean over all ranks' rows
@@ -956,11 +962,13 @@ struct GPT2 {
 
     // The sum of a host value over all ranks; waits for it, so it is also a barrier.
     float sum_over_ranks(float value) {
-        cudaCheck(cudaMemcpyAsync(device_scalar, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+        pg.synchronize(stream);  // scalar_host is free again (its last copy has landed)
+        *scalar_host = value;
+        cudaCheck(cudaMemcpyAsync(device_scalar, scalar_host, sizeof(float), cudaMemcpyHostToDevice, stream));
         pg.all_reduce_sum(device_scalar, stream);
-        cudaCheck(cudaMemcpyAsync(&value, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemcpyAsync(scalar_host, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
         pg.synchronize(stream);
-        return value;
+        return *scalar_host;
     }
 
     // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
@@ -1621,7 +1629,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
     const double flops_per_token = 6.0 * (model.num_parameters() - (size_t)config.max_seq_len * config.channels) +
                                    12.0 * config.num_layers * config.channels * T;
-    const double peak_flops = 989e12;  // H100/H200 dense bf16
+    const double peak_flops = 989e12 * pg.world;  // H100/H200 dense bf16, per GPU: MFU is of all GPUs together
     std::vector<double> step_ms;  // for the closing summary
     size_t peak_memory = 0;
 

@@ -235,6 +235,19 @@ void ProcessGroup::destroy() {
 }
 
 namespace {
+// Ends the process after a failed or overdue collective. The message comes first: ncclCommAbort can itself
+// block behind a wedged kernel, so a watchdog bounds it; _exit skips CUDA's teardown of a context whose
+// stream will never drain.
+[[noreturn]] void fail_collective(ncclComm_t comm, const std::string& message) {
+    fprintf(stderr, "error: %s\n", message.c_str());
+    fflush(stderr);
+    {
+        Watchdog guard(10, "aborting the NCCL communicator");
+        ncclCommAbort(comm);
+    }
+    _exit(EXIT_FAILURE);
+}
+
 // Polls `done` (cudaStreamQuery / cudaEventQuery) until it succeeds; checks the communicator and the deadline.
 template <typename Query>
 void wait_with_deadline(Query done, ncclComm_t comm, int rank, int timeout_seconds) {
@@ -245,15 +258,12 @@ void wait_with_deadline(Query done, ncclComm_t comm, int rank, int timeout_secon
         if (err != cudaErrorNotReady) fail(std::string("CUDA: ") + cudaGetErrorString(err));
         ncclResult_t async_error;
         ncclCheck(ncclCommGetAsyncError(comm, &async_error));
-        if (async_error != ncclSuccess && async_error != ncclInProgress) {
-            ncclCommAbort(comm);
-            fail("rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) + "): a peer rank died or lost its connection");
-        }
-        if (seconds_since(start) > timeout_seconds) {
-            ncclCommAbort(comm);
-            fail("rank " + std::to_string(rank) + ": a collective did not finish within " + std::to_string(timeout_seconds) +
-                 " s (--nccl-timeout): a peer rank failed or hangs");
-        }
+        if (async_error != ncclSuccess && async_error != ncclInProgress)
+            fail_collective(comm, "rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) +
+                                      "): a peer rank died or lost its connection");
+        if (seconds_since(start) > timeout_seconds)
+            fail_collective(comm, "rank " + std::to_string(rank) + ": a collective did not finish within " +
+                                      std::to_string(timeout_seconds) + " s (--nccl-timeout): a peer rank failed or hangs");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }

@@ -143,6 +143,7 @@ public:
         cudaCheck(cudaMemset(adam_v_, 0, optimizer_elements * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_, sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
+        cudaCheck(cudaMallocHost(&norm_host_, sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
         for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1],
                         &ring_params_free_[0], &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
@@ -158,6 +159,7 @@ public:
                         (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_, (void*)adam_v_,
                         (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
+        if (norm_host_) cudaFreeHost(norm_host_);
         for (cudaEvent_t e : unit_events_) cudaEventDestroy(e);
         for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1],
                               ring_params_free_[0], ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
@@ -283,10 +285,10 @@ public:
             global_norm_squared(norm_, grad_shards_, (long)plan_.local_total, norm_scratch_, compute_);
         }
         if (stage_ >= 1) pg_.all_reduce_sum(norm_, compute_);
-        float norm_squared;
-        cudaCheck(cudaMemcpyAsync(&norm_squared, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
+        // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
+        cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         pg_.synchronize(compute_);
-        const float norm = sqrtf(norm_squared) / scaler.scale;
+        const float norm = sqrtf(*norm_host_) / scaler.scale;
         if (!std::isfinite(norm)) {
             scaler.skipped_steps++;
             scaler.clean_steps = 0;
@@ -433,6 +435,7 @@ private:
     floatX *persistent_params_[2] = {}, *ring_params_[2] = {};   // stage 3: embeddings + final LayerNorm, blocks
     floatX *persistent_grads_[2] = {}, *ring_grads_[2] = {};     // stages 2/3
     float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
+    float* norm_host_ = nullptr;  // pinned
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
