@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-kernel profile of one training step of train_gpt (GPT-2 124M by default, bf16, T=1024) with Nsight
-# Compute: each kernel's time, share of the step, and achieved DRAM and SM throughput (% of the GPU's peak),
-# summed by kernel name. The second of two steps is reported (the first includes one-time work).
+# Compute: each kernel's time, share of the step, DRAM bytes and achieved bandwidth, summed by kernel name.
+# The second of two steps is reported (the first includes one-time work).
+# Then the same training unprofiled, with the SM clock sampled, to compare the step with its kernel time.
 # Usage: scripts/profile_step.sh [batch] [extra train_gpt flags...]   (default batch 64)
 # Needs ncu with access to the hardware counters (Firecracker machines; not gVisor).
 set -euo pipefail
@@ -16,3 +17,15 @@ ncu --clock-control none --cache-control none --csv --page raw --print-units bas
     ./train_gpt --model d12 --train-data "$W/random.bin" --val-every 0 --sample-every 0 --batch-size "$B" --seq-len 1024 \
     --steps 2 --precision bf16 "$@" > "$W/ncu.csv" 2> "$W/ncu.err" || { tail -n 5 "$W/ncu.err"; exit 1; }
 $PY scripts/summarize_profile.py "$W/ncu.csv"
+# The same training without the profiler, with the SM clock and power sampled every 100 ms: a step longer than
+# its kernels' sum above is host time between kernels, or clocks lower under sustained load than in ncu's replays.
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw --format=csv,noheader,nounits -lms 100 > "$W/clocks.csv" &
+sampler=$!
+./train_gpt --model d12 --train-data "$W/random.bin" --val-every 0 --sample-every 0 --batch-size "$B" --seq-len 1024 \
+    --steps 20 --precision bf16 "$@" > "$W/run.log" 2>&1 || { kill $sampler; tail -n 3 "$W/run.log"; exit 1; }
+kill $sampler
+grep '^RESULT' "$W/run.log"
+# samples while a step ran at full load (the upper half of the power readings)
+sort -t, -k3 -n "$W/clocks.csv" | awk -F', *' '{ p[NR] = $3; c[NR] = $1; m = $2 } END {
+    n = 0; s = 0; for (i = int(NR / 2) + 1; i <= NR; i++) { s += c[i]; n++ }
+    if (n) printf "SM clock under load: %.0f MHz (max %s MHz), mean of the %d busiest samples\n", s / n, m, n }'
