@@ -1767,6 +1767,8 @@ int main(int argc, char** argv) {
         die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
     if (o.recompute < 0 || o.recompute > 3) die("--recompute must be 0, 1, 2 or 3, got " + std::to_string(o.recompute));
     if (o.zero_stage < 0 || o.zero_stage > 3) die("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(o.zero_stage));
+    if (o.gelu_fusion != 0 && o.gelu_fusion != 1) die("--gelu-fusion must be 0 or 1, got " + std::to_string(o.gelu_fusion));
+    if (o.deterministic != 0 && o.deterministic != 1) die("--deterministic must be 0 or 1, got " + std::to_string(o.deterministic));
     // LoRA: from flags, or from an adapter file
     LoraSpec lora;
     std::vector<float> initial_adapters;

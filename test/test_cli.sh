@@ -60,6 +60,8 @@ expect_error "total batch not a multiple" "--total-batch-tokens 100 is not a mul
 expect_error "resume without output dir" "--resume needs --output-dir" $SMALL --resume 1
 expect_error "bad ZeRO stage" "--zero-stage must be 0, 1, 2 or 3, got 4" $SMALL --zero-stage 4
 expect_error "bad recompute level" "--recompute must be 0, 1, 2 or 3, got 5" $SMALL --recompute 5
+expect_error "bad GELU fusion" "--gelu-fusion must be 0 or 1, got 2" $SMALL --gelu-fusion 2
+expect_error "bad deterministic" "--deterministic must be 0 or 1, got 3" $SMALL --deterministic 3
 expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj, fc, fc-proj" $SMALL --lora-rank 4 --lora-targets qkv,mlp
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
