@@ -607,7 +607,10 @@ struct GPT2 {
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, recompute, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
-        p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes +
+        // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
+        const std::vector<size_t> sizes = unit_sizes(l);
+        const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
+        p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
                     (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads, c.channels / c.num_heads);
         return p;
     }

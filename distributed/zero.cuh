@@ -328,19 +328,22 @@ public:
     // ------------------------------------------------------------------------------------------
     // State transfer. Full arrays use the padded layout; shards follow plan().
 
-    // Sets the parameters (and master weights) from the full fp32 values (host, padded layout).
+    // Sets the parameters (and master weights) from the full fp32 values (host, padded layout), converted
+    // through a staging buffer of at most kStagingFloats: no full fp32 copy of the model is ever on the device.
+    static constexpr size_t kStagingFloats = (size_t)1 << 26;  // 256 MB
     void set_parameters(const std::vector<float>& full) {
         std::vector<float> mine = optimizer_part(full);
+        const std::vector<float>& source = stage_ < 3 ? full : mine;  // stage 3 stores only this rank's shard
+        floatX* target = stage_ < 3 ? params_ : param_shards_;
+        const size_t n = stage_ < 3 ? total_ : mine.size();
         float* staging;
-        cudaCheck(cudaMalloc(&staging, (stage_ < 3 ? full.size() : mine.size()) * sizeof(float)));
-        if (stage_ < 3) {
-            cudaCheck(cudaMemcpy(staging, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice));
-            convert_precision(params_, staging, (long)total_, compute_);
-        } else {
-            cudaCheck(cudaMemcpy(staging, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
-            convert_precision(param_shards_, staging, (long)mine.size(), compute_);
+        cudaCheck(cudaMalloc(&staging, std::min(n, kStagingFloats) * sizeof(float)));
+        for (size_t offset = 0; offset < n; offset += kStagingFloats) {
+            const size_t count = std::min(kStagingFloats, n - offset);
+            cudaCheck(cudaMemcpy(staging, source.data() + offset, count * sizeof(float), cudaMemcpyHostToDevice));
+            convert_precision(target + offset, staging, (long)count, compute_);
+            cudaCheck(cudaStreamSynchronize(compute_));  // before the next chunk overwrites the staging buffer
         }
-        cudaCheck(cudaStreamSynchronize(compute_));
         cudaCheck(cudaFree(staging));
         if (kHasMaster && trainable_) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
         persistent_gathered_ = false;
