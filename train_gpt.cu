@@ -510,6 +510,7 @@ struct GPT2 {
     // pinned host copies of loss_sums and device_scalar: copies into pageable memory block until the stream
     // drains, which a stuck collective would make an unbounded wait
     float *loss_sums_host = nullptr, *scalar_host = nullptr;
+    bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
     // prepares the next micro-batch while the GPU still works on the current one.
@@ -949,13 +950,21 @@ struct GPT2 {
 
     void zero_grad() { trained().zero_grad(); }
 
-    // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
-    // the rows are summed in double on the host, so the value does not depend on a reduction order.
-    float take_mean_loss() {
+    // Enqueues the copy of the summed per-row losses to the host and clears the sums, without waiting: the
+    // training step asks for them before the optimizer step and reads them after its one wait.
+    void request_losses() {
         const size_t N = (size_t)B * T;
         cudaCheck(cudaMemcpyAsync(loss_sums_host, loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
+        losses_requested = true;
+    }
+    // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
+    // the rows are summed in double on the host, so the value does not depend on a reduction order.
+    float take_mean_loss() {
+        if (!losses_requested) request_losses();
         pg.synchronize(stream);
+        losses_requested = false;
+        const size_t N = (size_t)B * T;
         double total = 0.0;
         for (size_t i = 0; i < N; i++) total += loss_sums_host[i];
         float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
@@ -1686,12 +1695,14 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             model.backward(micro == grad_accum - 1);
         }
         model.training = false;
-        const float loss = model.take_mean_loss();
+        // one wait per step: the losses' copy and the optimizer step are enqueued first
+        model.request_losses();
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
-        AdamWHyper h{lr, o.beta1, o.beta2, o.eps, lora.enabled() ? o.lora_weight_decay : o.weight_decay, 1.0f, step + 1,
+        AdamWHyper h{lr, o.beta1, o.beta2, o.eps, lora.enabled() ? o.lora_weight_decay : o.weight_decay, o.grad_clip, 1.0f, step + 1,
                      splitmix64((uint64_t)o.seed + 0x5EED + step)};
-        const typename ZeroOptimizer<floatX>::StepResult result = model.trained().step(h, o.grad_clip);
-        pg.synchronize(stream);
+        model.trained().step(h, o.grad_clip);
+        const float loss = model.take_mean_loss();  // waits for the step
+        const typename ZeroOptimizer<floatX>::StepResult result = model.trained().finish_step();
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = total_batch_tokens / seconds;
         fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",

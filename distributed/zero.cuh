@@ -270,7 +270,10 @@ public:
     // ------------------------------------------------------------------------------------------
     // The optimizer step: global norm (summed over ranks), skip on inf/NaN, clipping, AdamW on this rank's
     // slices, then the updated parameters are shared (stages 1/2: all-gather; stage 3: gathered on use).
-    StepResult step(AdamWHyper h, float grad_clip) {
+    // Enqueued only: the clip factor and the skip are decided on the device from the norm, so the host does
+    // not wait inside the step. After the caller has waited for the stream, finish_step() reads the norm for
+    // the log and updates the fp16 loss scale (which the next step's backward uses).
+    void step(AdamWHyper h, float grad_clip) {
         if (!trainable_) {
             fprintf(stderr, "error: internal: optimizer step on frozen parameters\n");
             exit(EXIT_FAILURE);
@@ -287,27 +290,19 @@ public:
         if (stage_ >= 1) pg_.all_reduce_sum(norm_, compute_);
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
-        pg_.synchronize(compute_);
-        const float norm = sqrtf(*norm_host_) / scaler.scale;
-        if (!std::isfinite(norm)) {
-            scaler.skipped_steps++;
-            scaler.clean_steps = 0;
-            scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
-            return {norm, true};
-        }
-        const float clip = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
-        h.grad_scale = clip / scaler.scale;
+        h.grad_clip = grad_clip;
+        h.loss_scale = scaler.scale;
         if (stage_ == 0) {
-            adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, decay_, compute_);
+            adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
         } else {
             for (int u = 0; u < U; u++) {
                 const size_t local = plan_.local_offset[u], global = plan_.global_begin(u);
                 floatX* p = stage_ == 3 ? param_shards_ + local : params_ + global;
                 const floatX* g = stage_ == 1 ? grads_ + global : grad_shards_ + local;
                 adamw_update(p, kHasMaster ? master_ + local : nullptr, g, adam_m_ + local, adam_v_ + local,
-                             (long)plan_.shard_size[u], (long)global, h, decay_, compute_);
+                             (long)plan_.shard_size[u], (long)global, h, norm_, decay_, compute_);
             }
-            if (stage_ < 3) {
+            if (stage_ < 3) {  // a skipped step gathers the unchanged shards: the same parameters everywhere
                 for (int u = 0; u < U; u++) {
                     floatX* unit = params_ + plan_.unit_offset[u];
                     ncclCheck(ncclAllGather(unit + pg_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
@@ -317,6 +312,20 @@ public:
                 persistent_gathered_ = false;
                 ring_block_[0] = ring_block_[1] = -1;
             }
+        }
+        step_loss_scale_ = scaler.scale;
+    }
+    // After step() and a wait for the compute stream: the step's gradient norm (unscaled, before clipping),
+    // whether it was skipped, and the loss-scale update that follows from it.
+    StepResult finish_step() {
+        AdamWHyper h{};
+        h.loss_scale = step_loss_scale_;
+        const float norm = sqrtf(*norm_host_) / step_loss_scale_;
+        if (adamw_grad_scale(*norm_host_, h) == 0.0f) {  // the kernels' own test: they skipped exactly then
+            scaler.skipped_steps++;
+            scaler.clean_steps = 0;
+            scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
+            return {norm, true};
         }
         if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
             scaler.scale *= 2.0f;
@@ -439,6 +448,7 @@ private:
     floatX *persistent_grads_[2] = {}, *ring_grads_[2] = {};     // stages 2/3
     float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
     float* norm_host_ = nullptr;  // pinned
+    float step_loss_scale_ = 1.0f;  // the loss scale of the last step(), for finish_step()
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;

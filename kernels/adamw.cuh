@@ -24,15 +24,26 @@ struct DecayMask {
 
 struct AdamWHyper {
     float lr, beta1, beta2, eps, weight_decay;
-    float grad_scale;  // multiplies every gradient first: clipping and fp16 loss-scale removal in one factor
+    float grad_clip;   // the gradients' global norm is clipped to this (0: no clipping)
+    float loss_scale;  // fp16: the scale the gradients carry (1 otherwise)
     int t;             // 1-based step, for the bias corrections
     uint64_t seed;     // stochastic rounding; the rounding of element i depends only on (seed, i)
 };
 
+// The factor every gradient is multiplied by first -- clipping and the removal of the fp16 loss scale in
+// one -- from the squared global norm of the scaled gradients, on the device (so that the host need not
+// wait for the norm); 0 when the norm is not finite (fp16 overflow): the caller skips the step.
+__host__ __device__ inline float adamw_grad_scale(float norm_squared, const AdamWHyper& h) {
+    const float norm = sqrtf(norm_squared) / h.loss_scale;
+    if (!isfinite(norm)) return 0.0f;
+    const float clip = (h.grad_clip > 0.0f && norm > h.grad_clip) ? h.grad_clip / norm : 1.0f;
+    return clip / h.loss_scale;
+}
+
 // One element: updates m and v in place and returns the new fp32 parameter.
-__device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v, float weight_decay, const AdamWHyper& h,
-                                               float bias_correction1, float bias_correction2) {
-    g *= h.grad_scale;
+__device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v, float weight_decay, float grad_scale,
+                                               const AdamWHyper& h, float bias_correction1, float bias_correction2) {
+    g *= grad_scale;
     m = h.beta1 * m + (1.0f - h.beta1) * g;
     v = h.beta2 * v + (1.0f - h.beta2) * g * g;
     const float m_hat = m / bias_correction1, v_hat = v / bias_correction2;
@@ -44,9 +55,11 @@ __device__ __forceinline__ float adamw_element(float p, float g, float& m, float
 // depends only on element i (and (seed, i) for the rounding), so it is the same however it is grouped.
 template <typename floatX>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, long n,
-                             long index_offset, AdamWHyper h, float bias_correction1, float bias_correction2,
-                             DecayMask mask) {
+                             long index_offset, AdamWHyper h, const float* norm_squared, float bias_correction1,
+                             float bias_correction2, DecayMask mask) {
     constexpr int X = Packed128<floatX>::size;
+    const float grad_scale = adamw_grad_scale(*norm_squared, h);
+    if (grad_scale == 0.0f) return;  // non-finite gradients: the step is skipped
     const long stride = (long)gridDim.x * blockDim.x;
     const long vector_end = n / X * X;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * X; i < vector_end; i += stride * X) {
@@ -61,8 +74,8 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
         for (int k = 0; k < X; k++) {
             const long index = index_offset + i + k;
             const float old = master != nullptr ? pm[k] : to_float(p[k]);
-            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.decays(index) ? h.weight_decay : 0.0f, h,
-                                  bias_correction1, bias_correction2);
+            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.decays(index) ? h.weight_decay : 0.0f, grad_scale,
+                                  h, bias_correction1, bias_correction2);
             p[k] = round_stochastic<floatX>(pm[k], random_u32(h.seed, index));
         }
         for (int k = 0; k < X; k += 4) {
@@ -75,8 +88,8 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     for (long i = vector_end + (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const long index = index_offset + i;
         const float old = master != nullptr ? master[i] : to_float(params[i]);
-        const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.decays(index) ? h.weight_decay : 0.0f, h,
-                                            bias_correction1, bias_correction2);
+        const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.decays(index) ? h.weight_decay : 0.0f,
+                                            grad_scale, h, bias_correction1, bias_correction2);
         if (master != nullptr) master[i] = updated;
         params[i] = round_stochastic<floatX>(updated, random_u32(h.seed, index));
     }
@@ -84,15 +97,16 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
 
 // Updates n elements starting at global element index `index_offset` (0 for the whole buffer; a shard's
 // start under ZeRO). master may be null when floatX is float (the parameters are the master weights).
+// norm_squared: the device's squared global norm of the (loss-scaled) gradients, for adamw_grad_scale.
 // All pointers 16-byte aligned (the parameter layout pads every unit and shard to 8 elements).
 template <typename floatX>
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, long n, long index_offset,
-                  const AdamWHyper& h, const DecayMask& mask, cudaStream_t stream) {
+                  const AdamWHyper& h, const float* norm_squared, const DecayMask& mask, cudaStream_t stream) {
     const float bias_correction1 = 1.0f - powf(h.beta1, (float)h.t);
     const float bias_correction2 = 1.0f - powf(h.beta2, (float)h.t);
     const int block = 512;
     const int grid = std::max(1, (int)std::min<long>(ceil_div(n / Packed128<floatX>::size, block), (long)device_sm_count() * 8));
-    adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, index_offset, h, bias_correction1,
-                                            bias_correction2, mask);
+    adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, index_offset, h, norm_squared,
+                                            bias_correction1, bias_correction2, mask);
     cudaCheckLaunch();
 }

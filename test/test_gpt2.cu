@@ -130,7 +130,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     const std::vector<float> base_before = model.zero->parameters_host();
 
     // S AdamW steps on the same batch
-    AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, 1.0f, 0, 1234};
+    AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, state.grad_clip, 1.0f, 0, 1234};
     double worst = 0.0;
     std::string detail;
     for (int step = 0; step < state.steps; step++) {
@@ -146,6 +146,8 @@ static void run(const std::string& model_path, const DebugState& state, const st
         detail += buf;
         h.t = step + 1;
         model.trained().step(h, state.grad_clip);
+        cudaCheck(cudaStreamSynchronize(stream));
+        model.trained().finish_step();  // the fp16 loss scale's update
     }
     snprintf(buf, sizeof(buf), "max abs diff %.3g (tol %.3g); ours/ref", worst, tol.steps_loss_abs);
     check(worst <= tol.steps_loss_abs, label + " " + std::to_string(state.steps) + " step losses", buf + detail);
