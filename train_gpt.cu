@@ -465,6 +465,7 @@ inline size_t device_memory_in_use() {
 // Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
 struct MemoryPlan {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
+    size_t working = 0;  // of parameters and gradients: the unsharded unit buffers of ZeRO stages 2-3 (ZeroMemory)
     size_t total() const { return parameters + gradients + master_weights + adam_state + activations + scratch; }
 };
 
@@ -594,6 +595,7 @@ struct GPT2 {
         p.gradients = z.gradients;
         p.master_weights = z.master_weights;
         p.adam_state = z.adam_state;
+        p.working = z.working;
         if (lora.enabled()) {
             const AdapterLayout a(c, lora, 8 * world);
             const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.total, world, zero_stage);
@@ -1565,12 +1567,12 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d GPUs, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T,
             pg.world, grad_accum, total_batch_tokens, steps, o.precision.c_str());
-    if (pg.world > 1) {
-        const double P = (double)model.num_parameters(), N = pg.world;
-        const double formula[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
+    // ZeRO's model states per GPU for Psi parameters on N ranks (stages 0-3)
+    const double P = (double)model.num_parameters(), N = pg.world;
+    const double zero_formula = std::vector<double>{16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N}[stage];
+    if (pg.world > 1)
         fprintf(out, "data parallel: %d GPUs (%s), ZeRO stage %d: model states per GPU by the formula %.2f GiB (bf16 parameters and gradients, fp32 master + Adam)\n",
-                pg.world, pg.launcher.c_str(), stage, gib((size_t)formula[stage]));
-    }
+                pg.world, pg.launcher.c_str(), stage, gib((size_t)zero_formula));
     if (lora.enabled()) {
         const MemoryPlan full = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute);
         const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
@@ -1594,12 +1596,10 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
     if (pg.world > 1 && !lora.enabled()) {
         // the formula counts shards only; stages 2 and 3 also keep full buffers of the units being worked on
-        const double P = (double)model.num_parameters(), N = pg.world;
-        const double formula[] = {16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N};
-        const size_t working = ZeroOptimizer<floatX>::memory(GPT2<floatX>::unit_sizes(model.layout), model.layout.total, pg.world, stage).working;
         fprintf(out, "model states per GPU: measured %.3f GiB, formula %.3f GiB (%+.1f%%), of which %.3f GiB are unsharded working buffers "
                      "(stage 2: gradients, stage 3: also parameters, of the embeddings, final LayerNorm and a two-block ring)\n",
-                gib(model.model_state_bytes), gib((size_t)formula[stage]), 100.0 * (model.model_state_bytes / formula[stage] - 1.0), gib(working));
+                gib(model.model_state_bytes), gib((size_t)zero_formula), 100.0 * (model.model_state_bytes / zero_formula - 1.0),
+                gib(plan.working));
     }
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
 

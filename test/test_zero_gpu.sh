@@ -18,7 +18,8 @@ BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
 losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
-maxdiff() { paste <(losses "$1") <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
+# largest loss difference between run $1 (from step ${3:-0} on) and run $2
+maxdiff() { paste <(losses "$1" | awk -v from="${3:-0}" '$1 >= from') <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
 within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
 
 for p in fp32 bf16; do
@@ -85,7 +86,7 @@ done
 # a different number of GPUs: the stage-3 checkpoint of N GPUs continues on one GPU (stage 0)
 mkdir -p "$W/resume_one"; cp "$W/ckpt3"/*_00000005* "$W/resume_one/"
 ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size 8 --steps 10 -o "$W/resume_one" --resume 1 > "$W/resume_one.out" 2>&1
-d=$(paste <(losses "$W/ckpt3" | awk '$1 >= 5') <(losses "$W/resume_one") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}')
+d=$(maxdiff "$W/ckpt3" "$W/resume_one" 5)
 if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
     echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
 else
@@ -105,7 +106,7 @@ if [ $N -ge 4 ]; then
         dst="$W/move_${from}_to_$to"; mkdir -p "$dst"; cp "$src"/*_00000005* "$dst/"
         scripts/launch.sh $to ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / to)) --steps 10 --zero-stage 3 \
             -o "$dst" --resume 1 > "$dst.out" 2>&1
-        d=$(paste <(losses "$src" | awk '$1 >= 5') <(losses "$dst") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}')
+        d=$(maxdiff "$src" "$dst" 5)
         if [ "$(losses "$dst" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
             echo "PASS zero stage-3 checkpoint of $from GPUs resumed on $to GPUs: steps 5-9 within $d (bf16 tol 2e-2)"
         else
