@@ -47,7 +47,7 @@ T=1024
 W=build/bench_zero; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
 make -s train_gpt || exit 1
-available=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
+available=$(scripts/visible_gpus.sh)
 [ "$available" -ge 1 ] || { echo "bench_zero: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
 G=1; for n in 2 4; do [ "$available" -ge $n ] && G=$n; done
 counts=""

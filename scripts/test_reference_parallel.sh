@@ -22,7 +22,7 @@ for candidate in ${PYTHON:-} /usr/bin/python3 python3; do
     if "$candidate" -c "import torch, numpy" > /dev/null 2>&1; then python=$candidate; break; fi
 done
 if [ -z "$python" ]; then echo "SKIP reference data parallel: no python3 with torch and numpy"; exit 0; fi
-if [ "$DEVICE" = cuda ] && [ "$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')" -lt 2 ]; then
+if [ "$DEVICE" = cuda ] && [ "$(scripts/visible_gpus.sh)" -lt 2 ]; then
     echo "SKIP reference data parallel on cuda: fewer than 2 GPUs"; exit 0
 fi
 torch_major=$("$python" -c "import torch; print(torch.__version__.split('.')[0])")

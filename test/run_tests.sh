@@ -22,7 +22,7 @@ run() {
 }
 skip() { echo "SKIP $1: $2" | tee -a "$LOG"; }
 
-gpu_count=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
+gpu_count=$(scripts/visible_gpus.sh)
 
 # ---- CPU tests
 run tokenizer build/test_tokenizer

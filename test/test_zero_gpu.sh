@@ -7,7 +7,7 @@
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
 set -u
 cd "$(dirname "$0")/.."
-N=${1:-$(nvidia-smi -L | grep -c '^GPU ')}
+N=${1:-$(scripts/visible_gpus.sh)}
 W=build/test_work/zero$N
 rm -rf "$W"; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0
@@ -115,7 +115,7 @@ if [ $N -ge 4 ]; then
     done
 fi
 # uneven shards: 3 ranks (the units are not multiples of 8 x 3), every stage, fp32
-if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 3 ]; then
+if [ "$(scripts/visible_gpus.sh)" -ge 3 ]; then
     ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 24 --steps 10 -o "$W/three_single" > /dev/null 2>&1
     for stage in 0 1 2 3; do
         scripts/launch.sh 3 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 8 --total-batch-tokens $((24 * 128)) \
