@@ -13,7 +13,7 @@ per_node=$1; shift
 nodes=${NNODES:-1}; node=${NODE_RANK:-0}
 export WORLD_SIZE=$((per_node * nodes))
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-export MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
+export MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 12000))}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see README)
 pids=()
 for ((i = 0; i < per_node; i++)); do

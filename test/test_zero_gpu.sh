@@ -142,7 +142,7 @@ for stage in 1 2; do
     fi
 done
 # a rank that dies mid-run: the other one must end with a message within --nccl-timeout, not hang
-export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000)) WORLD_SIZE=2
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=2
 RANK=0 LOCAL_RANK=0 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/survivor.out" 2>&1 &
 survivor=$!
 RANK=1 LOCAL_RANK=1 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/victim.out" 2>&1 &
