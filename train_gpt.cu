@@ -19,7 +19,7 @@
 #include "kernels/init.cuh"
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
 #include "kernels/layernorm.cuh"          // defines: layernorm_forward, residual_layernorm_forward, layernorm_backward
-#include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt)
+#include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "kernels/flash_attention.cuh"    // defines: flash_attention_forward, flash_attention_backward
 #include "kernels/gelu.cuh"               // defines: gelu_forward, gelu_backward
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
@@ -552,8 +552,8 @@ struct GPT2 {
 
     static size_t reduce_scratch_floats(const ModelConfig& c) {
         const int C = c.channels;
-        return std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats<floatX>(4 * C),
-                         global_norm_scratch_floats()});
+        return std::max({layernorm_backward_scratch_floats(C), bias_backward_scratch_floats<floatX>(4 * C),
+                         bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
     }
 
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.

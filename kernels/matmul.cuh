@@ -1,7 +1,7 @@
-// Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights with
-// the bias gradient in the weight product's epilogue), the MLP's GELU fused into the products' epilogues.
+// Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
+// the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernel.
 // defines: matmul_setup, matmul_teardown, matmul_context, matmul_forward, matmul_forward_gelu, matmul_backward,
-//          matmul_gelu_epilogues, kFuseGeluInFp32, matmul_backward_scratch_floats, matmul_compute_type
+//          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, matmul_compute_type
 #pragma once
 #include <map>
 #include <tuple>
@@ -82,13 +82,12 @@ inline int pointer_alignment(const void* p) {
 template <typename floatX>
 void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
                      bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f,
-                     MatmulGelu gelu = MatmulGelu::kNone, floatX* aux = nullptr, floatX* bias_grad = nullptr) {
+                     MatmulGelu gelu = MatmulGelu::kNone, floatX* aux = nullptr) {
     MatmulContext& ctx = matmul_context();
     const cudaDataType_t type = cuda_data_type<floatX>();
     const cublasComputeType_t compute = matmul_compute_type<floatX>();
     const cublasLtEpilogue_t epilogue =
-        bias_grad != nullptr ? CUBLASLT_EPILOGUE_BGRADB
-        : gelu == MatmulGelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
+        gelu == MatmulGelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
         : gelu == MatmulGelu::kForward ? (bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                                        : (bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     if (gelu != MatmulGelu::kNone && m % 8 != 0) {
@@ -101,9 +100,8 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias != nullptr || bias_grad != nullptr) {
-        const void* pointer = bias_grad != nullptr ? (const void*)bias_grad : (const void*)bias;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointer, sizeof(pointer)));
+    if (bias != nullptr) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
     }
     if (gelu != MatmulGelu::kNone) {
@@ -116,8 +114,7 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
     const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute,
-                        pointer_alignment(bias_grad != nullptr ? (const void*)bias_grad : (const void*)bias),
-                        pointer_alignment(aux)};
+                        pointer_alignment(bias), pointer_alignment(aux)};
     auto cached = ctx.algorithms.find(key);
     if (cached == ctx.algorithms.end()) {
         cublasLtMatmulPreference_t preference;
@@ -161,17 +158,65 @@ void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floa
     matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream, 1.0f, MatmulGelu::kForward, pre);
 }
 
+// dbias[OC] += column sums of dout[N,OC]. Each thread owns one 16-byte group of columns; blockDim.y
+// threads split the rows, their sums are combined in shared memory in a fixed order, and each block
+// writes one fp32 partial row that partials_accumulate adds in block order: deterministic, no atomics.
+constexpr int kBiasRowThreads = 8;
+inline int bias_backward_row_blocks(int OC, int X) {
+    const int column_blocks = ceil_div(OC, 32 * X);
+    return std::max(1, 2 * device_sm_count() / column_blocks);
+}
+template <typename floatX>
+inline size_t bias_backward_scratch_floats(int OC) {
+    return (size_t)bias_backward_row_blocks(OC, Packed128<floatX>::size) * OC;
+}
+
+template <typename floatX>
+__global__ void bias_backward_kernel(float* partials, const floatX* dout, int N, int OC) {
+    constexpr int X = Packed128<floatX>::size;
+    __shared__ float shared[kBiasRowThreads][32 * X];
+    const int c = (blockIdx.x * 32 + threadIdx.x) * X;
+    float acc[X] = {};
+    if (c < OC) {
+        // four rows' loads in flight per thread: one at a time leaves the memory system mostly idle
+        const long stride = (long)gridDim.y * blockDim.y;
+        long row = (long)blockIdx.y * blockDim.y + threadIdx.y;
+        for (; row + 3 * stride < N; row += 4 * stride) {
+            Packed128<floatX> v[4];
+            for (int u = 0; u < 4; u++) v[u] = load128cs(dout + (row + u * stride) * OC + c);
+            for (int u = 0; u < 4; u++)
+                for (int i = 0; i < X; i++) acc[i] += to_float(v[u][i]);
+        }
+        for (; row < N; row += stride) {
+            Packed128<floatX> v = load128cs(dout + row * OC + c);
+            for (int i = 0; i < X; i++) acc[i] += to_float(v[i]);
+        }
+    }
+    for (int i = 0; i < X; i++) shared[threadIdx.y][threadIdx.x * X + i] = acc[i];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        for (int y = 1; y < kBiasRowThreads; y++)
+            for (int i = 0; i < X; i++) acc[i] += shared[y][threadIdx.x * X + i];
+        for (int i = 0; i < X; i++) partials[(long)blockIdx.y * OC + c + i] = acc[i];
+    }
+}
+
+template <typename floatX>
+void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    constexpr int X = Packed128<floatX>::size;
+    dim3 grid(ceil_div(OC, 32 * X), bias_backward_row_blocks(OC, X));
+    bias_backward_kernel<<<grid, dim3(32, kBiasRowThreads), 0, stream>>>(scratch, dout, N, OC);
+    cudaCheckLaunch();
+    partials_accumulate(dbias, scratch, grid.y, OC, stream);
+}
+
 // Given dout[N,OC]: dinp[N,C] = dout weight (overwritten), dweight[OC,C] += dout^T inp,
 // dbias[OC] += column sums of dout. dweight == nullptr skips the weight and bias gradients
 // (frozen weights); dbias == nullptr skips the bias gradient. With gelu_inp (N,C; inp = gelu(gelu_inp)),
 // dinp goes on through the GELU's backward, dinp = (dout weight) * gelu'(gelu_inp), in the product's epilogue:
-// C must be a multiple of 8; the model uses it where matmul_gelu_epilogues<floatX>().
-// The bias gradient comes from the weight product's epilogue (BGRADB: dout's column sums, reduced over the
-// product's k = N in fp32 and written once in floatX, cublasLt.h's bias-gradient type) into `scratch`, and is
-// added into dbias, which accumulates over micro-steps; scratch holds at least OC floatX.
-template <typename floatX> inline size_t matmul_backward_scratch_floats(int OC) {
-    return ceil_div((size_t)OC * sizeof(floatX), sizeof(float));
-}
+// C must be a multiple of 8; the model uses it where matmul_gelu_epilogues<floatX>(). (The next bias gradient,
+// column sums of this dinp, stays with bias_backward: DGELU_BGRAD would write it in floatX, cublasLt.h's bias
+// gradient type, where our gradients accumulate from fp32 partials.)
 template <typename floatX>
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                      const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
@@ -179,9 +224,6 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratc
     // the DGELU epilogue only reads aux
     matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream, 1.0f,
                     gelu_inp != nullptr ? MatmulGelu::kBackward : MatmulGelu::kNone, const_cast<floatX*>(gelu_inp));
-    if (dweight == nullptr) return;
-    floatX* column_sums = dbias != nullptr ? reinterpret_cast<floatX*>(scratch) : nullptr;
-    matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream, 1.0f, MatmulGelu::kNone,
-                    (floatX*)nullptr, column_sums);
-    if (dbias != nullptr) accumulate_into(dbias, column_sums, OC, stream);
+    if (dweight != nullptr) matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream);
+    if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
 }

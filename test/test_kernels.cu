@@ -120,7 +120,7 @@ void test_matmul(int N, int C, int OC, const std::string& tag, cudaStream_t stre
     std::vector<float> dinp_ref(inp.size(), 0.0f), dw_ref = dw, db_ref = db;
     cpuref::matmul_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(), w.data(), N, C, OC);
     DeviceBuffer<floatX> dout_d(dout), dinp_d(inp.size()), dw_d(dw), db_d(db);
-    DeviceBuffer<float> scratch(matmul_backward_scratch_floats<floatX>(OC));
+    DeviceBuffer<float> scratch(bias_backward_scratch_floats<floatX>(OC));
     matmul_backward(dinp_d.ptr, dw_d.ptr, db_d.ptr, scratch.ptr, dout_d.ptr, inp_d.ptr, w_d.ptr, N, C, OC, stream);
     compare(tag + " matmul_backward dinp" + shape, dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
     compare(tag + " matmul_backward dweight" + shape, dw_d.download(), dw_ref, tolerance<floatX>().simple);
@@ -167,7 +167,7 @@ void test_matmul_gelu(int N, int C, int OC, const std::string& tag, cudaStream_t
     cpuref::matmul_backward(dx.data(), dw_ref.data(), db_ref.data(), dout.data(), x.data(), w2.data(), N, OC, C);
     cpuref::gelu_backward(dpre_ref.data(), pre.data(), dx.data(), (int)pre.size());
     DeviceBuffer<floatX> pre2_d(pre), x_d(x), w2_d(w2), dout_d(dout), dw_d(dw), db_d(db), dpre_d(pre.size());
-    DeviceBuffer<float> scratch(matmul_backward_scratch_floats<floatX>(C));
+    DeviceBuffer<float> scratch(bias_backward_scratch_floats<floatX>(C));
     matmul_backward(dpre_d.ptr, dw_d.ptr, db_d.ptr, scratch.ptr, dout_d.ptr, x_d.ptr, w2_d.ptr, N, OC, C, stream, pre2_d.ptr);
     compare(tag + " matmul_backward with gelu_inp dinp" + shape, dpre_d.download(), dpre_ref, tolerance<floatX>().simple);
     compare(tag + " matmul_backward with gelu_inp dweight" + shape, dw_d.download(), dw_ref, tolerance<floatX>().simple);
