@@ -6,11 +6,12 @@
 # tokens is validation. The plain token count of the file (tiktoken encode_ordinary) is 338,025; check it
 # with `prepare_shards --count data/tinyshakespeare/input.txt`.
 #
-# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards.
+# Needs the prepare_shards binary: $PREPARE_SHARDS, else build/prepare_shards (built by make when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin="${PREPARE_SHARDS:-build/prepare_shards}"
+[[ -n "${PREPARE_SHARDS:-}" || -x "$bin" ]] || make -s build/prepare_shards >&2 || true
 [[ -x "$bin" ]] || { echo "prepare_tinyshakespeare.sh: $bin not found (run make, or set PREPARE_SHARDS)" >&2; exit 1; }
 
 input=data/tinyshakespeare/input.txt

@@ -12,7 +12,8 @@ W=build/test_work/zero$N
 rm -rf "$W"; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
-[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > /dev/null 2>&1
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL zero training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
 # B per GPU = 8/N keeps the global batch at 8 rows
 BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
