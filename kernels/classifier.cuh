@@ -16,7 +16,7 @@ __device__ __forceinline__ SoftmaxStats combine(SoftmaxStats a, SoftmaxStats b) 
 
 // One block per row of logits (stride Vp, the first V columns real). losses[row] = logsumexp - logit[target].
 // The row (100 KB in bf16) is read twice, and both reads reach memory: the profile of a d12 step shows 3x the
-// logits' bytes moved (branch classifier-cached-row keeps the row in shared memory instead).
+// logits' bytes moved.
 // __expf (relative error ~1e-6 for the arguments here, all <= 0) is well inside the fp32 tests' 1e-5.
 // When dloss != 0: logits[row, j] = (softmax_j - [j == target]) * dloss for j < V, and 0 for padded columns.
 // 256 threads a row: measured on an H200 (bf16, 65536 x 50304), 5.0 ms against 6.7 ms with 1024 threads and 5.4
