@@ -119,22 +119,18 @@ public:
             alloc(&params_, total_);
             return;
         }
-        if (stage_ == 3) {
-            alloc(&param_shards_, local);
-            alloc(&persistent_params_[0], plan_.unit_size[0]);
-            alloc(&persistent_params_[1], plan_.unit_size[U - 1]);
-            for (int i = 0; i < 2 && i < L; i++) alloc(&ring_params_[i], plan_.unit_size[1]);
-        } else {
-            alloc(&params_, total_);
-        }
-        if (stage_ >= 2) {
-            alloc(&grad_shards_, local);
-            alloc(&persistent_grads_[0], plan_.unit_size[0]);
-            alloc(&persistent_grads_[1], plan_.unit_size[U - 1]);
-            for (int i = 0; i < 2 && i < L; i++) alloc(&ring_grads_[i], plan_.unit_size[1]);
-        } else {
-            alloc(&grads_, total_);
-        }
+        // a sharded buffer (stage 3 parameters, stage 2-3 gradients): this rank's shards, full buffers of the
+        // embeddings and the final LayerNorm, and the two-block ring
+        auto alloc_sharded = [&](floatX** shards, floatX* (&persistent)[2], floatX* (&ring)[2]) {
+            alloc(shards, local);
+            alloc(&persistent[0], plan_.unit_size[0]);
+            alloc(&persistent[1], plan_.unit_size[U - 1]);
+            for (int i = 0; i < 2 && i < L; i++) alloc(&ring[i], plan_.unit_size[1]);
+        };
+        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_);
+        else alloc(&params_, total_);
+        if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_);
+        else alloc(&grads_, total_);
         const size_t optimizer_elements = stage_ >= 1 ? local : total_;
         if (kHasMaster) cudaCheck(cudaMalloc(&master_, optimizer_elements * sizeof(float)));
         cudaCheck(cudaMalloc(&adam_m_, optimizer_elements * sizeof(float)));
