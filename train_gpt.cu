@@ -1700,7 +1700,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
         AdamWHyper h{lr, o.beta1, o.beta2, o.eps, lora.enabled() ? o.lora_weight_decay : o.weight_decay, o.grad_clip, 1.0f, step + 1,
                      splitmix64((uint64_t)o.seed + 0x5EED + step)};
-        model.trained().step(h, o.grad_clip);
+        model.trained().step(h);
         const float loss = model.take_mean_loss();  // waits for the step
         const typename ZeroOptimizer<floatX>::StepResult result = model.trained().finish_step();
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

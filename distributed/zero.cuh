@@ -268,8 +268,9 @@ public:
     // slices, then the updated parameters are shared (stages 1/2: all-gather; stage 3: gathered on use).
     // Enqueued only: the clip factor and the skip are decided on the device from the norm, so the host does
     // not wait inside the step. After the caller has waited for the stream, finish_step() reads the norm for
-    // the log and updates the fp16 loss scale (which the next step's backward uses).
-    void step(AdamWHyper h, float grad_clip) {
+    // the log and updates the fp16 loss scale (which the next step's backward uses). h.grad_clip clips; its
+    // loss_scale is replaced by the scaler's.
+    void step(AdamWHyper h) {
         if (!trainable_) {
             fprintf(stderr, "error: internal: optimizer step on frozen parameters\n");
             exit(EXIT_FAILURE);
@@ -286,7 +287,6 @@ public:
         if (stage_ >= 1) pg_.all_reduce_sum(norm_, compute_);
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
-        h.grad_clip = grad_clip;
         h.loss_scale = scaler.scale;
         if (stage_ == 0) {
             adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
@@ -314,10 +314,8 @@ public:
     // After step() and a wait for the compute stream: the step's gradient norm (unscaled, before clipping),
     // whether it was skipped, and the loss-scale update that follows from it.
     StepResult finish_step() {
-        AdamWHyper h{};
-        h.loss_scale = step_loss_scale_;
         const float norm = sqrtf(*norm_host_) / step_loss_scale_;
-        if (adamw_grad_scale(*norm_host_, h) == 0.0f) {  // the kernels' own test: they skipped exactly then
+        if (!std::isfinite(norm)) {  // adamw_grad_scale's test: the kernels skipped the step
             scaler.skipped_steps++;
             scaler.clean_steps = 0;
             scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);

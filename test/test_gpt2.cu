@@ -145,7 +145,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
         snprintf(buf, sizeof(buf), " %d:%.5f/%.5f", step, step_loss, state.losses[step]);
         detail += buf;
         h.t = step + 1;
-        model.trained().step(h, state.grad_clip);
+        model.trained().step(h);
         cudaCheck(cudaStreamSynchronize(stream));
         model.trained().finish_step();  // the fp16 loss scale's update
     }
