@@ -259,6 +259,10 @@ public:
     }
     void end_backward() {
         if (!trainable_ || pg_.world == 1) return;
+        // Stages 2/3 between micro-steps: the next forward needs none of this micro-step's reductions (the next
+        // backward waits for its gradient buffers through the *_grads_free_ events), so the last units'
+        // reduce-scatters overlap the next forward instead of delaying it.
+        if (stage_ >= 2 && !last_micro_step_) return;
         cudaCheck(cudaEventRecord(comm_done_, comm_));
         cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
     }
