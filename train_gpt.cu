@@ -1059,7 +1059,7 @@ struct Options {
     float lora_dropout = 0.0f;
     float lora_weight_decay = 0.0f;
     std::string lora_load = "", lora_save = "", lora_merge = "";
-    int deterministic = 1;
+    int deterministic = 0;
     int gelu_fusion = 1;
     int recompute = 0;
     std::string nccl_init_file = "";
@@ -1119,7 +1119,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
         {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
         {"--recompute", "-r", Flag::INT, &o.recompute, "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
-        {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible attention backward (fixed dQ summation order); 0: atomics, faster"},
+        {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: atomic dQ sums and products autotuned at their first call, faster"},
         {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, "LoRA: adapter rank r (0: off, train the whole model)"},
         {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
         {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
@@ -1381,6 +1381,9 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
 template <typename floatX>
 std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int count, float temperature, int top_k, uint64_t seed) {
     const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
+    // every new length is a new product shape, run once: timing its candidates would cost more than it saves
+    const bool autotune = matmul_context().autotune;
+    matmul_context().autotune = false;
     std::vector<float> logits;
     std::vector<std::pair<float, int>> candidates(V);
     for (int i = 0; i < count; i++) {
@@ -1407,6 +1410,7 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
     }
     model.B = B;
     model.T = T;
+    matmul_context().autotune = autotune;
     return tokens;
 }
 
@@ -1551,7 +1555,7 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     }
     if (!have_gpu) die("no CUDA GPU found");
     pg.connect({o.nccl_init_file, o.nccl_timeout});
-    matmul_setup(o.tf32 != 0);
+    matmul_setup(o.tf32 != 0, o.deterministic == 0);
     const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
     const int val_batches = val_loader ? (int)std::min<uint64_t>(o.val_batches, val_loader->batches_per_epoch()) : 0;
 

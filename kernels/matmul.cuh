@@ -1,6 +1,6 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
 // the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernel.
-// defines: matmul_setup, matmul_teardown, matmul_context, matmul_forward, matmul_forward_gelu, matmul_backward,
+// defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward,
 //          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, matmul_compute_type
 #pragma once
 #include <map>
@@ -29,7 +29,12 @@ struct MatmulContext {
     void* workspace = nullptr;
     size_t workspace_bytes = 32ull << 20;
     bool allow_tf32 = false;  // fp32 mode is exact unless the user asks for TF32
-    // The heuristic's choice per problem: asked once, not on each of the ~150 products of a step.
+    // Time the heuristic's candidates at a problem's first product and keep the fastest. The heuristic's first
+    // choice is 10-25% slower than the best for some of GPT-2's products (on an H200: the LM head, the DGELU
+    // product); off, the first choice is kept, so that runs are bitwise reproducible.
+    bool autotune = false;
+    cudaEvent_t timer_start = nullptr, timer_stop = nullptr;
+    // The choice per problem: made once, not on each of the ~150 products of a step.
     std::map<MatmulKey, cublasLtMatmulAlgo_t> algorithms;
 };
 inline MatmulContext& matmul_context() {
@@ -37,16 +42,21 @@ inline MatmulContext& matmul_context() {
     return context;
 }
 
-inline void matmul_setup(bool allow_tf32) {
+inline void matmul_setup(bool allow_tf32, bool autotune = false) {
     MatmulContext& ctx = matmul_context();
     ctx.allow_tf32 = allow_tf32;
+    ctx.autotune = autotune;
     cublasCheck(cublasLtCreate(&ctx.lt));
     cudaCheck(cudaMalloc(&ctx.workspace, ctx.workspace_bytes));
+    cudaCheck(cudaEventCreate(&ctx.timer_start));
+    cudaCheck(cudaEventCreate(&ctx.timer_stop));
 }
 inline void matmul_teardown() {
     MatmulContext& ctx = matmul_context();
     cublasCheck(cublasLtDestroy(ctx.lt));
     cudaCheck(cudaFree(ctx.workspace));
+    cudaCheck(cudaEventDestroy(ctx.timer_start));
+    cudaCheck(cudaEventDestroy(ctx.timer_stop));
     ctx = MatmulContext();
 }
 
@@ -74,6 +84,13 @@ inline int pointer_alignment(const void* p) {
     const uintptr_t address = (uintptr_t)p;
     return p == nullptr ? 0 : (int)std::min<uintptr_t>(256, address & (~address + 1));
 }
+// Whether the byte ranges [p, p + p_bytes) and [q, q + q_bytes) share a byte (never for null).
+inline bool overlaps(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
+    const uintptr_t x = (uintptr_t)p, y = (uintptr_t)q;
+    return p != nullptr && q != nullptr && x < y + q_bytes && y < x + p_bytes;
+}
+// How many of the heuristic's candidates autotuning times (cuBLASLt returns up to 8 for GPT-2's products).
+constexpr int kMatmulCandidates = 8;
 
 // Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate],
 // then the `gelu` step (kBackward takes no bias) with aux, an (m,n) matrix in D's layout; cuBLASLt needs its
@@ -121,17 +138,44 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
         cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &ctx.workspace_bytes, sizeof(ctx.workspace_bytes)));
-        cublasLtMatmulHeuristicResult_t heuristic;
+        cublasLtMatmulHeuristicResult_t heuristics[kMatmulCandidates];
         int found = 0;
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference, 1,
-                                                   &heuristic, &found));
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference,
+                                                   ctx.autotune ? kMatmulCandidates : 1, heuristics, &found));
         cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
         if (found == 0) {
             fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d\n",
                     m, n, k, trans_a, trans_b, (int)epilogue);
             exit(EXIT_FAILURE);
         }
-        cached = ctx.algorithms.emplace(key, heuristic.algo).first;
+        // Candidates run on the product's own operands: only where that rewrites nothing but the outputs, which
+        // the product itself then writes (not when accumulating into D, nor when an output overlaps an input).
+        const size_t e = sizeof(floatX);
+        const bool outputs_apart =
+            !overlaps(d, (size_t)m * n * e, a, (size_t)m * k * e) && !overlaps(d, (size_t)m * n * e, b, (size_t)k * n * e) &&
+            !overlaps(d, (size_t)m * n * e, bias, (size_t)m * e) && !overlaps(d, (size_t)m * n * e, aux, (size_t)m * n * e) &&
+            (gelu != MatmulGelu::kForward ||
+             (!overlaps(aux, (size_t)m * n * e, a, (size_t)m * k * e) && !overlaps(aux, (size_t)m * n * e, b, (size_t)k * n * e)));
+        int chosen = 0;
+        if (found > 1 && !accumulate && outputs_apart) {
+            const float zero = 0.0f;
+            auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+                return cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &zero, d, layout_d, d, layout_d, &algo,
+                                      ctx.workspace, ctx.workspace_bytes, stream);
+            };
+            float best_ms = INFINITY;
+            for (int i = 0; i < found; i++) {
+                if (run(heuristics[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // a warm-up; skip what fails
+                cudaCheck(cudaEventRecord(ctx.timer_start, stream));
+                for (int r = 0; r < 3; r++) cublasCheck(run(heuristics[i].algo));
+                cudaCheck(cudaEventRecord(ctx.timer_stop, stream));
+                cudaCheck(cudaEventSynchronize(ctx.timer_stop));
+                float ms;
+                cudaCheck(cudaEventElapsedTime(&ms, ctx.timer_start, ctx.timer_stop));
+                if (ms < best_ms) { best_ms = ms; chosen = i; }
+            }
+        }
+        cached = ctx.algorithms.emplace(key, heuristics[chosen].algo).first;
     }
     const float beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,

@@ -274,6 +274,12 @@ void test_precision(cudaStream_t stream) {
     test_matmul_gelu<floatX>(111, 200, 600, tag, stream);
     test_matmul_gelu<floatX>(256, 768, 3072, tag, stream);
     test_matmul_gelu<floatX>(77, 64, 1032, tag, stream);
+    // autotuned (train_gpt's default): each candidate algorithm writes the outputs before the chosen one does;
+    // new shapes, so that the timing runs
+    matmul_context().autotune = true;
+    test_matmul<floatX>(512, 768, 2304, tag + " autotuned", stream);
+    test_matmul_gelu<floatX>(512, 768, 3072, tag + " autotuned", stream);
+    matmul_context().autotune = false;
     test_classifier<floatX>(37, 1000, tag, stream);
     test_classifier<floatX>(8, 50257, tag, stream);
     test_optimizer<floatX>(100003, tag, stream);
