@@ -5,6 +5,8 @@
 # Then the same training unprofiled, with the SM clock sampled, to compare the step with its kernel time.
 # Usage: scripts/profile_step.sh [batch] [extra train_gpt flags...]   (default batch 64)
 # Needs ncu with access to the hardware counters (Firecracker machines; not gVisor).
+# Under ncu the default's autotuning times its candidate products through ncu's serialized replays, so the
+# products a profiled run picks can differ from an unprofiled run's; --deterministic 1 profiles cuBLASLt's first choices.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-64}; shift || true
