@@ -13,7 +13,10 @@
 # The result of each run is the median step time after 3 warm-up steps (the RESULT line of either trainer).
 #
 # Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4"] [--torch-gpus "1 4"] [--stages "0 1 2 3"]
-#                              [--steps 20] [--no-torch]
+#                              [--steps 20] [--no-torch] [--each-gpu]
+#   --each-gpu: train_gpt's one-GPU run also on each other GPU of the largest count, one at a time; the column
+#     "eff each" divides by the sum of the N GPUs' own one-GPU tokens/s, which separates the scaling from
+#     differences between the GPUs (clocks under a power limit), which "eff" (GPU 0's run times N) includes
 #   --torch-gpus: the GPU counts at which PyTorch runs too (default: all of --gpus; each of its runs compiles)
 #   e.g. scripts/bench_zero.sh --sizes 124M --gpus "1 2" --steps 10
 # ROWS_124M / ROWS_1_5B override the rows per GPU; PYTHON the interpreter with torch (default python3).
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 die() { echo "bench_zero: $*" >&2; exit 2; }
 usage() { sed -n '/^# Usage:/,/^# ROWS_124M/p' "$0" | sed 's/^# \{0,1\}//'; }
-SIZES="124M 1.5B"; GPUS="1 2 4"; TORCH_GPUS=""; STAGES="0 1 2 3"; STEPS=20; TORCH=1
+SIZES="124M 1.5B"; GPUS="1 2 4"; TORCH_GPUS=""; STAGES="0 1 2 3"; STEPS=20; TORCH=1; EACH=0
 while [ $# -gt 0 ]; do
     case $1 in
         --sizes|--gpus|--torch-gpus|--stages|--steps)
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
             case $1 in --sizes) SIZES=$2 ;; --gpus) GPUS=$2 ;; --torch-gpus) TORCH_GPUS=$2 ;; --stages) STAGES=$2 ;; --steps) STEPS=$2 ;; esac
             shift 2 ;;
         --no-torch) TORCH=0; shift ;;
+        --each-gpu) EACH=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument $1" ;;
     esac
@@ -55,6 +59,11 @@ for n in $GPUS; do
     if [ "$n" -le "$available" ]; then counts="$counts $n"
     else echo "bench_zero: skipping $n GPUs (this machine has $available)"; fi
 done
+largest=1; for n in $counts; do [ "$n" -gt "$largest" ] && largest=$n; done
+# the device id of visible GPU i (what LOCAL_RANK i selects): the i-th entry of CUDA_VISIBLE_DEVICES when set
+device_id() {
+    if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | sed -n "$(($1 + 1))p"; else echo "$1"; fi
+}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null || echo "not importable with $PY")
 
@@ -125,6 +134,12 @@ for size in $SIZES; do
     for n in $counts; do
         if [ "$n" -eq 1 ]; then
             bench "$D/ours_1gpu.log" "train_gpt, 1 GPU" "${OURS[@]}"
+            if [ $EACH = 1 ]; then
+                for ((i = 1; i < largest; i++)); do
+                    bench "$D/ours_1gpu_on$i.log" "train_gpt, 1 GPU (visible GPU $i)" \
+                        env CUDA_VISIBLE_DEVICES="$(device_id $i)" "${OURS[@]}"
+                done
+            fi
             torch_at 1 && bench "$D/torch_1gpu.log" "PyTorch, 1 GPU" "$PY" "${REF[@]}"
             continue
         fi
@@ -154,13 +169,24 @@ efficiency() {
     if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.2f", a / (n * b) }'
     else printf -- '-'; fi
 }
+# tokens/s on N GPUs / the sum of GPUs 0..N-1's own one-GPU tokens/s (--each-gpu), for the directory $3
+efficiency_each() {
+    local sum=0 v i
+    [ -n "$1" ] || { printf -- '-'; return; }
+    for ((i = 0; i < $2; i++)); do
+        v=$(field "$3/ours_1gpu$([ $i -gt 0 ] && echo "_on$i").log" tokens_per_s)
+        [ -n "$v" ] || { printf -- '-'; return; }
+        sum=$(awk -v s="$sum" -v v="$v" 'BEGIN { print s + v }')
+    done
+    awk -v a="$1" -v s="$sum" 'BEGIN { printf "%.3f", a / s }'
+}
 gib() { if [ -n "$1" ]; then printf '%.1f' "$1"; else printf -- '-'; fi; }
-row() { printf '%-5s %-28s %4s %11s %11s %7s %8s %9s %8s %9s\n' "$@"; }
+row() { printf '%-5s %-28s %4s %11s %11s %7s %8s %8s %9s %8s %9s\n' "$@"; }
 
 printf '\n%s x %s, GPT-2, T=%d, bf16, %d steps (median after 3 warm-up steps)\n' "$gpu" "$available" "$T" "$STEPS"
 printf 'PyTorch %s: torch.compile, SDPA, fused AdamW; DDP with autocast, FSDP with bf16 MixedPrecision\n' "$torch_version"
 notes=""
-row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff torch" "GiB ours" "GiB torch"
+row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff each" "eff torch" "GiB ours" "GiB torch"
 for size in $SIZES; do
     rows=$(rows_of "$size"); total=$((rows * T * G))
     D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"
@@ -181,12 +207,13 @@ for size in $SIZES; do
             fi
             o=$(result "$ours" tokens_per_s); t=$(result "$ref" tokens_per_s)
             row "$size" "$what" "$n" "$(cell "$ours")" "$(cell "$ref")" "$(ratio "$o" "$t")" \
-                "$(efficiency "$o" "$base_ours" "$n")" "$(efficiency "$t" "$base_torch" "$n")" \
+                "$(efficiency "$o" "$base_ours" "$n")" "$(efficiency_each "$o" "$n" "$D")" "$(efficiency "$t" "$base_torch" "$n")" \
                 "$(gib "$(result "$ours" peak_mem_gib)")" "$(gib "$(result "$ref" peak_mem_gib)")"
         done
     done
 done
 printf '%s' "$notes"
-echo "eff: tokens/s on N GPUs / (N x one-GPU tokens/s). Peak memory of rank 0: train_gpt, the device memory in use"
+echo "eff: tokens/s on N GPUs / (N x one-GPU tokens/s); eff each (--each-gpu): / the sum of the N GPUs' own one-GPU tokens/s."
+echo "Peak memory of rank 0: train_gpt, the device memory in use"
 echo "(cudaMemGetInfo) less that before its first allocation; PyTorch, torch.cuda.max_memory_allocated (live tensors)."
 [ "$failures" -eq 0 ] || { echo "bench_zero: $failures run(s) failed (their last lines are above)"; exit 1; }
