@@ -19,6 +19,7 @@
 #     differences between the GPUs (clocks under a power limit), which "eff" (GPU 0's run times N) includes
 #   --torch-gpus: the GPU counts at which PyTorch runs too (default: all of --gpus; each of its runs compiles)
 #   e.g. scripts/bench_zero.sh --sizes 124M --gpus "1 2" --steps 10
+# OURS_FLAGS adds train_gpt flags to its runs (e.g. OURS_FLAGS="--deterministic 1"), whose logs are kept apart.
 # ROWS_124M / ROWS_1_5B override the rows per GPU; PYTHON the interpreter with torch (default python3).
 # Work files (model files, the shard, every run's log) go to build/bench_zero. Where --gpus leaves out 1, the
 # efficiency uses the one-GPU logs of an earlier run there with the same size, step and step count.
@@ -49,6 +50,8 @@ if ! [[ $STEPS =~ ^[0-9]+$ ]] || [ "$STEPS" -le 3 ]; then die "--steps must be m
 PY=${PYTHON:-python3}
 T=1024
 W=build/bench_zero; mkdir -p "$W"
+read -ra OURS_EXTRA <<< "${OURS_FLAGS:-}"
+FLAGS_TAG=$(printf '%s' "${OURS_FLAGS:-}" | tr -c 'A-Za-z0-9' '_')  # in the log folder's name
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
 make -s train_gpt || exit 1
 available=$(scripts/visible_gpus.sh)
@@ -124,10 +127,11 @@ bench() {
 for size in $SIZES; do
     rows=$(rows_of "$size"); total=$((rows * T * G))
     model=$(model_file "$size") || { failures=$((failures + 1)); continue; }
-    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"; mkdir -p "$D"
+    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}${FLAGS_TAG:+_$FLAGS_TAG}"; mkdir -p "$D"
     echo "$size: $rows rows x $T tokens per GPU, $total tokens per step, $STEPS steps"
     OURS=(./train_gpt --model "$model" --train-data "$W/random.bin" --val-data "" --val-every 0 --sample-every 0
-          --batch-size "$rows" --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4)
+          --batch-size "$rows" --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4
+          "${OURS_EXTRA[@]}")
     REF=(scripts/gpt2_reference.py train --init-from "$model" --train-shards "$W/random.bin" --batch-size "$rows"
          --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --dtype bf16 --device cuda --compile --sdpa
          --fused-adamw --lr 6e-4)
@@ -189,7 +193,7 @@ notes=""
 row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff each" "eff torch" "GiB ours" "GiB torch"
 for size in $SIZES; do
     rows=$(rows_of "$size"); total=$((rows * T * G))
-    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}"
+    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}${FLAGS_TAG:+_$FLAGS_TAG}"
     base_ours=$(field "$D/ours_1gpu.log" tokens_per_s)
     base_torch=$([ $TORCH = 1 ] && field "$D/torch_1gpu.log" tokens_per_s)
     for f in ours $([ $TORCH = 1 ] && echo torch); do
