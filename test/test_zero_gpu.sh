@@ -48,7 +48,9 @@ for stage in 0 1 2 3; do
     scripts/launch.sh $N ./train_gpt --model d12 --batch-size 1 --seq-len 64 --steps 0 --val-every 0 --sample-every 0 \
         --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
     grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
-    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{print s, $7}' >> "$W/memory_d12.txt"
+    # this process's allocations: the memory in use after allocating less that in use before ("CUDA context"),
+    # so that another process on the same GPU cancels out
+    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{printf "%d %.2f\n", s, $7 - $13}' >> "$W/memory_d12.txt"
     # the sharded part of the model states (measured less the unsharded working buffers) is the formula's
     states=$(grep -m1 '^model states per GPU' "$W/memory$stage.out")
     read -r measured formula working < <(printf '%s\n' "$states" | sed -E 's/.*measured ([0-9.]+) GiB, formula ([0-9.]+) GiB .* of which ([0-9.]+) GiB.*/\1 \2 \3/')
