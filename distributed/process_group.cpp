@@ -248,9 +248,16 @@ namespace {
     _exit(EXIT_FAILURE);
 }
 
-// Polls `done` (cudaStreamQuery / cudaEventQuery) until it succeeds; checks the communicator and the deadline.
-template <typename Query>
-void wait_with_deadline(Query done, ncclComm_t comm, int rank, int timeout_seconds) {
+// Waits for a stream or an event. Without a communicator `block` waits (cudaStreamSynchronize /
+// cudaEventSynchronize); with one, `done` (cudaStreamQuery / cudaEventQuery) is polled until it succeeds while
+// the communicator's errors and the deadline are checked.
+template <typename Query, typename Block>
+void wait_with_deadline(Query done, Block block, ncclComm_t comm, int rank, int timeout_seconds) {
+    if (comm == nullptr) {
+        cudaError_t err = block();
+        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        return;
+    }
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
         cudaError_t err = done();
@@ -270,21 +277,13 @@ void wait_with_deadline(Query done, ncclComm_t comm, int rank, int timeout_secon
 }  // namespace
 
 void ProcessGroup::synchronize(cudaStream_t stream) const {
-    if (comm == nullptr) {
-        cudaError_t err = cudaStreamSynchronize(stream);
-        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
-        return;
-    }
-    wait_with_deadline([stream] { return cudaStreamQuery(stream); }, comm, rank, timeout_seconds_);
+    wait_with_deadline([stream] { return cudaStreamQuery(stream); }, [stream] { return cudaStreamSynchronize(stream); },
+                       comm, rank, timeout_seconds_);
 }
 
 void ProcessGroup::wait_event(cudaEvent_t event) const {
-    if (comm == nullptr) {
-        cudaError_t err = cudaEventSynchronize(event);
-        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
-        return;
-    }
-    wait_with_deadline([event] { return cudaEventQuery(event); }, comm, rank, timeout_seconds_);
+    wait_with_deadline([event] { return cudaEventQuery(event); }, [event] { return cudaEventSynchronize(event); },
+                       comm, rank, timeout_seconds_);
 }
 
 void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {
