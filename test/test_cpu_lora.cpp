@@ -64,7 +64,6 @@ std::vector<AdapterTensor> adapter_layout(const cpuref::Config& c, const cpuref:
     return out;
 }
 
-
 double max_abs_diff(const float* a, const float* b, size_t n) {
     double m = 0.0;
     for (size_t i = 0; i < n; i++) m = std::fmax(m, std::isfinite(a[i]) ? std::fabs((double)a[i] - b[i]) : INFINITY);

@@ -33,7 +33,6 @@ std::vector<size_t> tensor_sizes(const cpuref::Config& c) {
             L * C,  L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {
