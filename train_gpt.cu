@@ -507,8 +507,10 @@ struct GPT2 {
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float: sum_over_ranks()
-    float* loss_sums = nullptr;       // per-row losses summed by accumulate_loss() until take_mean_loss()
-    // pinned host copies of loss_sums and device_scalar: copies into pageable memory block until the stream
+    // Per-row losses summed by accumulate_loss() until take_mean_loss(): this rank's rows are loss_sums, slice
+    // `rank` of all_loss_sums, which holds every rank's rows once request_losses() has gathered them.
+    float *all_loss_sums = nullptr, *loss_sums = nullptr;
+    // pinned host copies of all_loss_sums and device_scalar: copies into pageable memory block until the stream
     // drains, which a stuck collective would make an unbounded wait
     float *loss_sums_host = nullptr, *scalar_host = nullptr;
     bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
@@ -663,9 +665,10 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
-        cudaCheck(cudaMalloc(&loss_sums, N * sizeof(float)));
-        cudaCheck(cudaMemset(loss_sums, 0, N * sizeof(float)));
-        cudaCheck(cudaMallocHost(&loss_sums_host, N * sizeof(float)));
+        cudaCheck(cudaMalloc(&all_loss_sums, pg.world * N * sizeof(float)));
+        cudaCheck(cudaMemset(all_loss_sums, 0, pg.world * N * sizeof(float)));
+        loss_sums = all_loss_sums + pg.rank * N;
+        cudaCheck(cudaMallocHost(&loss_sums_host, pg.world * N * sizeof(float)));
         cudaCheck(cudaMallocHost(&scalar_host, sizeof(float)));
         cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
         for (int i = 0; i < 2; i++) {
@@ -677,7 +680,7 @@ struct GPT2 {
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
-                        (void*)loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
+                        (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
         for (float* p : {loss_sums_host, scalar_host})
             if (p != nullptr) cudaFreeHost(p);
@@ -837,6 +840,7 @@ struct GPT2 {
         const int* inputs = tokens_device;
         const int* targets = tokens_device + (size_t)B * T;
         zero->begin_forward();
+        if (adapters) adapters->wait_for_parameters();
         const floatX* wte = embedding_params() + layout.wte;
         encoder_forward(encoded, inputs, wte, embedding_params() + layout.wpe, B, T, C, stream);
         for (int l = 0; l < L; l++) {
@@ -858,7 +862,7 @@ struct GPT2 {
             // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
             // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
             const bool last = l == L - 1;
-            if (!last) zero->before_block_forward(l + 1);
+            zero->before_block_forward(l + 1);  // l + 1 = L: the final LayerNorm
             residual_layernorm_forward(a.residual3, last ? lnf : layers[l + 1].ln1,
                                        last ? lnf_mean : layers[l + 1].ln1_mean, last ? lnf_rstd : layers[l + 1].ln1_rstd,
                                        a.residual2, proj_out, last ? final_norm_params() : param(l + 1, LN1W),
@@ -952,26 +956,29 @@ struct GPT2 {
 
     void zero_grad() { trained().zero_grad(); }
 
-    // Enqueues the copy of the summed per-row losses to the host and clears the sums, without waiting: the
-    // training step asks for them before the optimizer step and reads them after its one wait.
+    // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
+    // copy to the host and the clearing of the sums, without waiting: the training step asks for them before
+    // the optimizer step and reads them after its one wait, so no second round trip between ranks follows it.
     void request_losses() {
         const size_t N = (size_t)B * T;
-        cudaCheck(cudaMemcpyAsync(loss_sums_host, loss_sums, N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        pg.all_gather_floats(all_loss_sums, N, stream);
+        cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, pg.world * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
         losses_requested = true;
     }
-    // Mean loss over the forwards accumulated since the last call (e.g. the micro-steps of one step). Synchronises;
-    // the rows are summed in double on the host, so the value does not depend on a reduction order.
+    // Mean loss over all ranks' rows of the forwards accumulated since the last call (e.g. the micro-steps of one
+    // step). Synchronises; the rows are summed in double on the host in rank order, so the value does not depend
+    // on a reduction order.
     float take_mean_loss() {
         if (!losses_requested) request_losses();
         pg.synchronize(stream);
         losses_requested = false;
-        const size_t N = (size_t)B * T;
+        const size_t rows = (size_t)pg.world * B * T;
         double total = 0.0;
-        for (size_t i = 0; i < N; i++) total += loss_sums_host[i];
-        float mean = (float)(total / ((double)N * std::max(1, forwards_summed)));
+        for (size_t i = 0; i < rows; i++) total += loss_sums_host[i];
+        const float mean = (float)(total / ((double)rows * std::max(1, forwards_summed)));
         forwards_summed = 0;
-        return pg.world > 1 ? sum_over_ranks(mean) / pg.world : mean;  // the mean over all ranks' rows
+        return mean;
     }
 
     // The sum of a host value over all ranks; waits for it, so it is also a barrier.

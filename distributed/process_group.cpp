@@ -289,3 +289,7 @@ void ProcessGroup::wait_event(cudaEvent_t event) const {
 void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {
     if (comm != nullptr) ncclCheck(ncclAllReduce(device_value, device_value, 1, ncclFloat32, ncclSum, comm, stream));
 }
+
+void ProcessGroup::all_gather_floats(float* buffer, size_t count, cudaStream_t stream) const {
+    if (comm != nullptr) ncclCheck(ncclAllGather(buffer + rank * count, buffer, count, ncclFloat32, comm, stream));
+}

@@ -145,7 +145,9 @@ public:
                         &ring_params_free_[0], &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
             cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         unit_events_.resize(U);
-        for (auto& e : unit_events_) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        gathered_.resize(U);
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
 
     ~ZeroOptimizer() {
@@ -156,7 +158,8 @@ public:
                         (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
-        for (cudaEvent_t e : unit_events_) cudaEventDestroy(e);
+        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+            for (cudaEvent_t e : *events) cudaEventDestroy(e);
         for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1],
                               ring_params_free_[0], ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
             if (e) cudaEventDestroy(e);
@@ -182,12 +185,14 @@ public:
     // ------------------------------------------------------------------------------------------
     // Hooks, called by the model in this order for each micro-step:
     // begin_forward, (before_block_forward(l), after_block_forward(l)) for l = 0..L-1 (before_block_forward(l+1)
-    // may come early: block l's closing LayerNorm uses block l+1's first), begin_backward(last),
+    // may come early: block l's closing LayerNorm uses block l+1's first; before_block_forward(L) comes before the
+    // final LayerNorm), begin_backward(last),
     // after_unit_backward(L+1) (final LayerNorm), (before_block_backward(l), after_unit_backward(l+1)) for
     // l = L-1..0, after_unit_backward(0) (embeddings), end_backward.
     // Under ZeRO-3 block l lives in parameter ring slot l % 2; a slot is refilled (on the communication
     // stream) as soon as the compute stream is done with the block it held, so the gather of block l+2
-    // (forward) or l-2 (backward) overlaps the computation of block l+1 or l-1.
+    // (forward) or l-2 (backward) overlaps the computation of block l+1 or l-1. Under ZeRO-1/2 the forward hooks
+    // wait for each unit's gather after the last step(), which so overlaps the forward's first blocks.
 
     void zero_grad() {
         if (!trainable_) return;
@@ -196,6 +201,7 @@ public:
     }
 
     void begin_forward() {
+        wait_for_unit(0);
         if (stage_ != 3) return;
         const int U = plan_.num_units(), L = U - 2;
         if (!persistent_gathered_) {  // parameters change only in step(): gather the persistent units once per step
@@ -210,7 +216,8 @@ public:
         for (int l = 0; l < 2 && l < L; l++) ensure_block(l);
     }
     void before_block_forward(int l) {
-        if (stage_ == 3) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
+        wait_for_unit(l + 1);
+        if (stage_ == 3 && l < plan_.num_units() - 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
     }
     void after_block_forward(int l) {
         if (stage_ != 3) return;
@@ -280,6 +287,7 @@ public:
             exit(EXIT_FAILURE);
         }
         const int U = plan_.num_units();
+        wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
         if (stage_ == 0) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_);
         } else if (stage_ == 1) {
@@ -301,14 +309,19 @@ public:
                 const floatX* g = stage_ == 1 ? grads_ + global : grad_shards_ + local;
                 adamw_update(p, kHasMaster ? master_ + local : nullptr, g, adam_m_ + local, adam_v_ + local,
                              (long)plan_.shard_size[u], (long)global, h, norm_, decay_, compute_);
-            }
-            if (stage_ < 3) {  // a skipped step gathers the unchanged shards: the same parameters everywhere
-                for (int u = 0; u < U; u++) {
+                // Stages 1/2: the updated unit is gathered on the communication stream while the next units update
+                // and the next forward starts, which waits for each unit just before it uses it (wait_for_unit).
+                // A skipped step gathers the unchanged shards: the same parameters everywhere.
+                if (stage_ < 3) {
+                    cudaCheck(cudaEventRecord(unit_events_[u], compute_));
+                    cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
                     floatX* unit = params_ + plan_.unit_offset[u];
                     ncclCheck(ncclAllGather(unit + pg_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
-                                            nccl_type<floatX>(), pg_.comm, compute_));
+                                            nccl_type<floatX>(), pg_.comm, comm_));
+                    cudaCheck(cudaEventRecord(gathered_[u], comm_));
                 }
-            } else {
+            }
+            if (stage_ == 3) {
                 persistent_gathered_ = false;
                 ring_block_[0] = ring_block_[1] = -1;
             }
@@ -339,6 +352,7 @@ public:
     // through a staging buffer of at most kStagingFloats: no full fp32 copy of the model is ever on the device.
     static constexpr size_t kStagingFloats = (size_t)1 << 26;  // 256 MB
     void set_parameters(const std::vector<float>& full) {
+        wait_for_parameters();
         std::vector<float> mine = optimizer_part(full);
         const std::vector<float>& source = stage_ < 3 ? full : mine;  // stage 3 stores only this rank's shard
         floatX* target = stage_ < 3 ? params_ : param_shards_;
@@ -359,6 +373,7 @@ public:
 
     // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
     std::vector<float> parameters_host() {
+        wait_for_parameters();
         std::vector<floatX> raw(total_);
         if (stage_ < 3) {
             cudaCheck(cudaMemcpyAsync(raw.data(), params_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
@@ -379,6 +394,10 @@ public:
         pg_.synchronize(compute_);
         return host_floats(raw);
     }
+    // The compute stream waits until every unit's parameters are current: at stages 1/2, until the gathers of
+    // the last step() are done. The forward hooks wait unit by unit instead; other readers and writers call this.
+    void wait_for_parameters() { wait_for_unit(plan_.num_units() - 1); }  // the last gather: the stream runs in order
+
     // Full gradients (stages 0 and 1 keep them; for tests).
     std::vector<float> gradients_host() {
         if (stage_ >= 2) { fprintf(stderr, "error: full gradients are not kept at ZeRO stage %d\n", stage_); exit(EXIT_FAILURE); }
@@ -419,6 +438,10 @@ private:
         ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], dst, plan_.shard_size[u], nccl_type<floatX>(),
                                 pg_.comm, comm_));
     }
+    // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
+    void wait_for_unit(int u) {
+        if (trainable_ && (stage_ == 1 || stage_ == 2)) cudaCheck(cudaStreamWaitEvent(compute_, gathered_[u]));
+    }
     // Stage 3: unless block l already sits in its ring slot, gather it there once the compute stream is done
     // with the slot's previous block.
     void ensure_block(int l) {
@@ -450,4 +473,5 @@ private:
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
+    std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
 };
