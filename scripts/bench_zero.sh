@@ -75,6 +75,11 @@ if [ ! -f "$W/random.bin" ]; then
 fi
 
 rows_of() { case $1 in 124M) echo "${ROWS_124M:-64}" ;; 1.5B) echo "${ROWS_1_5B:-8}" ;; esac; }
+# A size's log folder: runs with other rows, step, step count or OURS_FLAGS keep theirs apart.
+logs_dir() {
+    local rows; rows=$(rows_of "$1")
+    echo "$W/${1}_rows${rows}_total$((rows * T * G))_steps${STEPS}${FLAGS_TAG:+_$FLAGS_TAG}"
+}
 shape_of() {
     case $1 in
         124M) echo "--layers 12 --heads 12 --channels 768" ;;
@@ -127,7 +132,7 @@ bench() {
 for size in $SIZES; do
     rows=$(rows_of "$size"); total=$((rows * T * G))
     model=$(model_file "$size") || { failures=$((failures + 1)); continue; }
-    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}${FLAGS_TAG:+_$FLAGS_TAG}"; mkdir -p "$D"
+    D=$(logs_dir "$size"); mkdir -p "$D"
     echo "$size: $rows rows x $T tokens per GPU, $total tokens per step, $STEPS steps"
     OURS=(./train_gpt --model "$model" --train-data "$W/random.bin" --val-data "" --val-every 0 --sample-every 0
           --batch-size "$rows" --seq-len "$T" --total-batch-tokens "$total" --steps "$STEPS" --precision bf16 --lr 6e-4
@@ -192,8 +197,7 @@ printf 'PyTorch %s: torch.compile, SDPA, fused AdamW; DDP with autocast, FSDP wi
 notes=""
 row size "train_gpt | PyTorch" GPUs "ours tok/s" "torch tok/s" ours/pt "eff ours" "eff each" "eff torch" "GiB ours" "GiB torch"
 for size in $SIZES; do
-    rows=$(rows_of "$size"); total=$((rows * T * G))
-    D="$W/${size}_rows${rows}_total${total}_steps${STEPS}${FLAGS_TAG:+_$FLAGS_TAG}"
+    D=$(logs_dir "$size")
     base_ours=$(field "$D/ours_1gpu.log" tokens_per_s)
     base_torch=$([ $TORCH = 1 ] && field "$D/torch_1gpu.log" tokens_per_s)
     for f in ours $([ $TORCH = 1 ] && echo torch); do
