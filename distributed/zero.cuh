@@ -326,13 +326,13 @@ public:
                 ring_block_[0] = ring_block_[1] = -1;
             }
         }
-        step_loss_scale_ = scaler.scale;
+        step_hyper_ = h;
     }
     // After step() and a wait for the compute stream: the step's gradient norm (unscaled, before clipping),
     // whether it was skipped, and the loss-scale update that follows from it.
     StepResult finish_step() {
-        const float norm = sqrtf(*norm_host_) / step_loss_scale_;
-        if (!std::isfinite(norm)) {  // adamw_grad_scale's test: the kernels skipped the step
+        const float norm = sqrtf(*norm_host_) / step_hyper_.loss_scale;
+        if (adamw_grad_scale(*norm_host_, step_hyper_) == 0.0f) {  // the kernels' own test: they skipped the step
             scaler.skipped_steps++;
             scaler.clean_steps = 0;
             scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
@@ -440,7 +440,7 @@ private:
     }
     // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
     void wait_for_unit(int u) {
-        if (trainable_ && (stage_ == 1 || stage_ == 2)) cudaCheck(cudaStreamWaitEvent(compute_, gathered_[u]));
+        if (stage_ == 1 || stage_ == 2) cudaCheck(cudaStreamWaitEvent(compute_, gathered_[u]));
     }
     // Stage 3: unless block l already sits in its ring slot, gather it there once the compute stream is done
     // with the slot's previous block.
@@ -469,7 +469,7 @@ private:
     floatX *persistent_grads_[2] = {}, *ring_grads_[2] = {};     // stages 2/3
     float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
     float* norm_host_ = nullptr;  // pinned
-    float step_loss_scale_ = 1.0f;  // the loss scale of the last step(), for finish_step()
+    AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
