@@ -1,5 +1,6 @@
 // Whole model on the GPU against the PyTorch reference's debug state (docs/formats.md): step-0 logits,
-// loss, gradient norm and every parameter gradient, then the losses of S AdamW steps on the same batch.
+// loss, gradient norm and every parameter gradient, then the losses of S AdamW steps on the same batch, and in
+// fp16 a step whose gradients overflow (skipped, parameters unchanged, loss scale halved).
 // With a LoRA debug state (version 3, docs/lora.md) and the reference's adapter file: the adapter
 // gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
 // logits bitwise.
@@ -151,6 +152,28 @@ static void run(const std::string& model_path, const DebugState& state, const st
     }
     snprintf(buf, sizeof(buf), "max abs diff %.3g (tol %.3g); ours/ref", worst, tol.steps_loss_abs);
     check(worst <= tol.steps_loss_abs, label + " " + std::to_string(state.steps) + " step losses", buf + detail);
+    if (precision == Precision::FP16) {
+        // A loss scale far past fp16's range (65504) makes the gradients inf: the kernels must skip the update
+        // and finish_step() must report the skip and halve the scale, by the same test on the same norm.
+        auto& zero = model.trained();
+        const std::vector<float> before = zero.parameters_host();
+        const long skipped_before = zero.scaler.skipped_steps;
+        zero.scaler.scale = 1e30f;
+        model.zero_grad();
+        model.forward(true, model.dloss(1));
+        model.accumulate_loss();
+        model.backward();
+        model.take_mean_loss();
+        h.t = state.steps + 1;
+        zero.step(h);
+        cudaCheck(cudaStreamSynchronize(stream));
+        const auto result = zero.finish_step();
+        snprintf(buf, sizeof(buf), "grad norm %g, skipped %d, scale %g, skipped steps %ld", result.grad_norm,
+                 (int)result.skipped, zero.scaler.scale, zero.scaler.skipped_steps);
+        check(result.skipped && !std::isfinite(result.grad_norm) && zero.scaler.scale == 1e30f * 0.5f &&
+                  zero.scaler.skipped_steps == skipped_before + 1 && zero.parameters_host() == before,
+              label + " fp16 overflow: step skipped, parameters bitwise unchanged, scale halved", buf);
+    }
     if (lora.enabled()) {
         check(model.zero->parameters_host() == base_before, label + " LoRA: base weights bitwise unchanged by the steps", "");
         // B = 0: the adapted model computes exactly the base model
