@@ -506,13 +506,13 @@ struct GPT2 {
     bool gelu_fusion = true;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
-    float* device_scalar = nullptr;   // one float: sum_over_ranks()
+    float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
     // Per-row losses summed by accumulate_loss() until take_mean_loss(): this rank's rows are loss_sums, slice
     // `rank` of all_loss_sums, which holds every rank's rows once request_losses() has gathered them.
     float *all_loss_sums = nullptr, *loss_sums = nullptr;
-    // pinned host copies of all_loss_sums and device_scalar: copies into pageable memory block until the stream
-    // drains, which a stuck collective would make an unbounded wait
-    float *loss_sums_host = nullptr, *scalar_host = nullptr;
+    // pinned host copy of all_loss_sums: a copy into pageable memory blocks until the stream drains, which a
+    // stuck collective would make an unbounded wait
+    float* loss_sums_host = nullptr;
     bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
@@ -664,12 +664,12 @@ struct GPT2 {
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
+        cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         cudaCheck(cudaMalloc(&all_loss_sums, pg.world * N * sizeof(float)));
         cudaCheck(cudaMemset(all_loss_sums, 0, pg.world * N * sizeof(float)));
         loss_sums = all_loss_sums + pg.rank * N;
         cudaCheck(cudaMallocHost(&loss_sums_host, pg.world * N * sizeof(float)));
-        cudaCheck(cudaMallocHost(&scalar_host, sizeof(float)));
         cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
         for (int i = 0; i < 2; i++) {
             cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
@@ -682,8 +682,7 @@ struct GPT2 {
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
                         (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
-        for (float* p : {loss_sums_host, scalar_host})
-            if (p != nullptr) cudaFreeHost(p);
+        if (loss_sums_host != nullptr) cudaFreeHost(loss_sums_host);
         for (int i = 0; i < 2; i++) {
             if (staging[i] != nullptr) cudaFreeHost(staging[i]);
             if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
@@ -981,15 +980,10 @@ struct GPT2 {
         return mean;
     }
 
-    // The sum of a host value over all ranks; waits for it, so it is also a barrier.
-    float sum_over_ranks(float value) {
-        pg.synchronize(stream);  // scalar_host is free again (its last copy has landed)
-        *scalar_host = value;
-        cudaCheck(cudaMemcpyAsync(device_scalar, scalar_host, sizeof(float), cudaMemcpyHostToDevice, stream));
+    // Returns once every rank has called it: a one-float all-reduce, waited for within --nccl-timeout.
+    void barrier() {
         pg.all_reduce_sum(device_scalar, stream);
-        cudaCheck(cudaMemcpyAsync(scalar_host, device_scalar, sizeof(float), cudaMemcpyDeviceToHost, stream));
         pg.synchronize(stream);
-        return *scalar_host;
     }
 
     // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
@@ -1358,7 +1352,7 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
         write_state_file(state_path(dir, step, pg.rank), h, master, m, v, data_state);
     }
     // barrier: every state file is complete before the model file marks the checkpoint as usable
-    model.sum_over_ranks(1.0f);
+    model.barrier();
     if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
 }
 

@@ -41,7 +41,7 @@ public:
     void synchronize(cudaStream_t stream) const;
     // The same for an event.
     void wait_event(cudaEvent_t event) const;
-    // Sum of one float over all ranks (for the loss and the squared gradient norm), on `stream`.
+    // Sum of one float over all ranks (the squared gradient norm; the checkpoint barrier), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
     // In place: rank r's `count` floats at buffer + r * count reach every rank's buffer, on `stream`.
     void all_gather_floats(float* buffer, size_t count, cudaStream_t stream) const;

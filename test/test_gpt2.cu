@@ -132,23 +132,27 @@ static void run(const std::string& model_path, const DebugState& state, const st
 
     // S AdamW steps on the same batch
     AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, state.grad_clip, 1.0f, 0, 1234};
+    auto forward_backward = [&] {  // the batch's loss, with the gradients of one micro-step
+        model.zero_grad();
+        model.forward(true, model.dloss(1));
+        model.accumulate_loss();
+        model.backward();
+        return model.take_mean_loss();
+    };
+    auto optimizer_step = [&](int t) {
+        h.t = t;
+        model.trained().step(h);
+        cudaCheck(cudaStreamSynchronize(stream));
+        return model.trained().finish_step();  // also the fp16 loss scale's update
+    };
     double worst = 0.0;
     std::string detail;
     for (int step = 0; step < state.steps; step++) {
-        if (step > 0) {
-            model.zero_grad();
-            model.forward(true, model.dloss(1));
-            model.accumulate_loss();
-            model.backward();
-        }
-        const float step_loss = step > 0 ? model.take_mean_loss() : loss;
+        const float step_loss = step > 0 ? forward_backward() : loss;
         worst = std::max(worst, (double)fabsf(step_loss - state.losses[step]));
         snprintf(buf, sizeof(buf), " %d:%.5f/%.5f", step, step_loss, state.losses[step]);
         detail += buf;
-        h.t = step + 1;
-        model.trained().step(h);
-        cudaCheck(cudaStreamSynchronize(stream));
-        model.trained().finish_step();  // the fp16 loss scale's update
+        optimizer_step(step + 1);
     }
     snprintf(buf, sizeof(buf), "max abs diff %.3g (tol %.3g); ours/ref", worst, tol.steps_loss_abs);
     check(worst <= tol.steps_loss_abs, label + " " + std::to_string(state.steps) + " step losses", buf + detail);
@@ -159,15 +163,8 @@ static void run(const std::string& model_path, const DebugState& state, const st
         const std::vector<float> before = zero.parameters_host();
         const long skipped_before = zero.scaler.skipped_steps;
         zero.scaler.scale = 1e30f;
-        model.zero_grad();
-        model.forward(true, model.dloss(1));
-        model.accumulate_loss();
-        model.backward();
-        model.take_mean_loss();
-        h.t = state.steps + 1;
-        zero.step(h);
-        cudaCheck(cudaStreamSynchronize(stream));
-        const auto result = zero.finish_step();
+        forward_backward();
+        const auto result = optimizer_step(state.steps + 1);
         snprintf(buf, sizeof(buf), "grad norm %g, skipped %d, scale %g, skipped steps %ld", result.grad_norm,
                  (int)result.skipped, zero.scaler.scale, zero.scaler.skipped_steps);
         check(result.skipped && !std::isfinite(result.grad_norm) && zero.scaler.scale == 1e30f * 0.5f &&
