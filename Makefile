@@ -15,14 +15,15 @@ ifeq ($(USE_MPI),1)
 endif
 BUILD = build
 
-KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h
-DISTRIBUTED_SRCS = distributed/process_group.cpp
+KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h
+DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
-CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag
+CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
+            $(BUILD)/test_mesh
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/bench_attention
+            $(BUILD)/bench_attention $(BUILD)/test_mesh_gpu
 
 .PHONY: all tests test train clean
 all: train_gpt $(BUILD)/prepare_shards
@@ -51,6 +52,13 @@ $(BUILD)/test_dataloader: test/test_dataloader.cpp $(DATALOADER_SRCS) $(DATALOAD
 
 $(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_hellaswag.cpp $(DATALOADER_SRCS) -o $@
+
+# The mesh's rank arithmetic is inline in distributed/mesh.h and needs no CUDA or NCCL: a plain g++ test.
+$(BUILD)/test_mesh: test/test_mesh.cpp distributed/mesh.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_mesh.cpp -o $@
+
+$(BUILD)/test_mesh_gpu: test/test_mesh_gpu.cu distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_mesh_gpu.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@

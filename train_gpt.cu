@@ -8,6 +8,7 @@
 // Tests include this file with TESTING defined, which leaves out main().
 #include <string>
 #include <vector>
+#include <array>
 #include <cstring>
 #include <chrono>
 #include <dirent.h>
@@ -23,11 +24,13 @@
 #include "kernels/flash_attention.cuh"    // defines: flash_attention_forward, flash_attention_backward
 #include "kernels/gelu.cuh"               // defines: gelu_forward, gelu_backward
 #include "kernels/classifier.cuh"         // defines: fused_classifier (softmax + cross-entropy)
-#include "kernels/adamw.cuh"              // defines: adamw_update, DecayMask
+#include "kernels/adamw.cuh"              // defines: adamw_update (LayoutMask: kernels/common.cuh)
 #include "kernels/global_norm.cuh"        // defines: global_norm_squared
 #include "kernels/lora.cuh"               // defines: lora_forward, lora_backward, lora_dropout
 #include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap)
+#include "distributed/mesh.h"             // defines: MeshShape, ProcessMesh (rank arithmetic; tp, pp, dp communicators)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
+#include "distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -87,12 +90,33 @@ inline std::string config_problem(const ModelConfig& c) {
     return "";
 }
 
+// Returns an empty string when tensor parallelism of degree tp can split the model, else why not (the flag and
+// the values): whole heads per rank, and equal vocabulary ranges whose rows keep 16-byte alignment.
+inline std::string tensor_parallel_problem(const ModelConfig& c, int tp) {
+    const std::string flag = "--tensor-parallel " + std::to_string(tp) + ": ";
+    if (tp < 1) return flag + "must be at least 1";
+    if (c.num_heads % tp != 0)
+        return flag + "the " + std::to_string(c.num_heads) + " attention heads do not split into " + std::to_string(tp) + " equal groups";
+    if (c.padded_vocab_size % (8 * tp) != 0)
+        return flag + "the padded vocabulary " + std::to_string(c.padded_vocab_size) + " does not split into " + std::to_string(tp) +
+               " equal ranges of a multiple of 8 rows";
+    return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Parameter layout. On the device the parameters are one flat buffer, block-major:
 //   [wte (Vp,C)][wpe (T,C)][block 0][block 1]...[block L-1][lnfw (C)][lnfb (C)]
 // with each block's 12 tensors contiguous, so that one layer can be gathered (ZeRO-3), owned by a
 // pipeline stage, or split for tensor parallelism as one piece. Gradients, master weights and Adam
 // moments use the same layout. The llm.c file order (tensor-major) is converted only at file I/O.
+//
+// Under tensor parallelism of degree tp (distributed/tensor_parallel.cuh) a rank's buffer has the same
+// structure with its slices in place of the split tensors: wte holds a contiguous range of Vp/tp vocabulary
+// rows; qkvw/qkvb the q, k and v rows of NH/tp whole heads; fcw/fcb 4C/tp rows (column-parallel); attprojw and
+// fcprojw C/tp and 4C/tp input columns (row-parallel). The LayerNorms, wpe and the row-parallel biases are
+// replicated. for_each_tp_run maps a rank's buffer onto the whole model's (tp = 1) layout, and
+// for_each_file_run the whole model's layout onto the file: together, the one mapping from model-file runs to
+// what a rank owns, used by model files, initialisation and checkpoints.
 
 enum BlockTensor { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, kBlockTensors };
 inline const char* block_tensor_name(int t) {
@@ -100,19 +124,25 @@ inline const char* block_tensor_name(int t) {
                                   "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
     return names[t];
 }
+// The tensors that tensor parallelism splits; the others are replicated on every tensor-parallel rank.
+inline bool tensor_parallel_split(BlockTensor t) {
+    return t == QKVW || t == QKVB || t == ATTPROJW || t == FCW || t == FCB || t == FCPROJW;
+}
 
 struct ParameterLayout {
     ModelConfig config;
+    int tp = 1;  // tensor-parallel degree: this layout holds one rank's slices
     size_t wte = 0, wpe = 0, blocks_begin = 0, block_size = 0, block_stride = 0, lnfw = 0, lnfb = 0, total = 0;
-    size_t count = 0;  // parameters of the model; `total` adds the padding between units
+    size_t count = 0;  // parameters of this layout (one rank's under tensor parallelism); `total` adds the padding between units
     size_t block_offset[kBlockTensors] = {}, block_tensor_size[kBlockTensors] = {};
 
     // Units are what data parallelism shards and gathers one at a time: unit 0 = the embeddings (wte, wpe),
     // units 1..L = the blocks, unit L+1 = the final LayerNorm. Each is padded to a multiple of
     // `unit_multiple` elements (8 x the data-parallel degree: equal 16-byte-aligned shards per rank).
-    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8) : config(c) {
-        const size_t C = c.channels;
-        const size_t sizes[kBlockTensors] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8, int tensor_parallel = 1)
+        : config(c), tp(tensor_parallel) {
+        const size_t C = c.channels, Cs = C / tp;  // Cs: one rank's share of C (heads x head size)
+        const size_t sizes[kBlockTensors] = {C, C, 3 * Cs * C, 3 * Cs, C * Cs, C, C, C, 4 * Cs * C, 4 * Cs, C * 4 * Cs, C};
         for (int t = 0; t < kBlockTensors; t++) {
             block_offset[t] = block_size;
             block_tensor_size[t] = sizes[t];
@@ -120,7 +150,7 @@ struct ParameterLayout {
         }
         auto pad = [&](size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
         wte = 0;
-        wpe = (size_t)c.padded_vocab_size * C;
+        wpe = (size_t)vocab_rows() * C;
         blocks_begin = pad(wpe + (size_t)c.max_seq_len * C);
         block_stride = pad(block_size);
         lnfw = blocks_begin + block_stride * c.num_layers;
@@ -128,6 +158,7 @@ struct ParameterLayout {
         total = lnfw + pad(2 * C);
         count = wpe + (size_t)c.max_seq_len * C + block_size * c.num_layers + 2 * C;
     }
+    int vocab_rows() const { return config.padded_vocab_size / tp; }  // rows of wte (and logits columns) per rank
     size_t tensor(int layer, BlockTensor t) const { return blocks_begin + layer * block_stride + block_offset[t]; }
 
     int num_units() const { return config.num_layers + 2; }
@@ -140,9 +171,10 @@ struct ParameterLayout {
         return u == 0 ? blocks_begin : u <= config.num_layers ? block_stride : total - lnfw;
     }
 
-    // The llm.c file order: 16 tensors, the 12 block tensors each spanning all layers.
-    // Calls visit(file_offset, device_offset, count) for every contiguous run.
+    // The llm.c file order (of the whole model: tp = 1): 16 tensors, the 12 block tensors each spanning all
+    // layers. Calls visit(file_offset, device_offset, count) for every contiguous run.
     template <typename F> void for_each_file_run(F visit) const {
+        if (tp != 1) die_internal("for_each_file_run on a tensor-parallel slice");
         size_t file_offset = 0;
         auto run = [&](size_t device_offset, size_t count) { visit(file_offset, device_offset, count); file_offset += count; };
         run(wte, wpe - wte);
@@ -153,18 +185,70 @@ struct ParameterLayout {
         run(lnfb, config.channels);
     }
 
+    // Tensor-parallel rank `rank`'s slices in the whole model's layout `full` (tp = 1, any padding): calls
+    // visit(full_offset, local_offset, count) for every contiguous run, unit by unit (the units correspond).
+    template <typename F> void for_each_tp_run(const ParameterLayout& full, int rank, F visit) const {
+        const size_t C = config.channels, Cs = C / tp, T = config.max_seq_len, V = vocab_rows();
+        visit(full.wte + rank * V * C, wte, V * C);
+        visit(full.wpe, wpe, T * C);
+        for (int l = 0; l < config.num_layers; l++) {
+            auto at = [&](BlockTensor t, size_t full_offset, size_t local_offset, size_t n) {
+                visit(full.tensor(l, t) + full_offset, tensor(l, t) + local_offset, n);
+            };
+            for (int t = 0; t < kBlockTensors; t++) {
+                const BlockTensor b = (BlockTensor)t;
+                switch (b) {
+                    case QKVW:  // q, k and v rows of this rank's heads
+                        for (size_t p = 0; p < 3; p++) at(b, (p * C + rank * Cs) * C, p * Cs * C, Cs * C);
+                        break;
+                    case QKVB:
+                        for (size_t p = 0; p < 3; p++) at(b, p * C + rank * Cs, p * Cs, Cs);
+                        break;
+                    case FCW: at(b, rank * 4 * Cs * C, 0, 4 * Cs * C); break;
+                    case FCB: at(b, rank * 4 * Cs, 0, 4 * Cs); break;
+                    case ATTPROJW:  // row-parallel: this rank's input columns of every output row
+                    case FCPROJW: {
+                        const size_t in = b == ATTPROJW ? C : 4 * C, part = in / tp;
+                        for (size_t o = 0; o < C; o++) at(b, o * in + rank * part, o * part, part);
+                        break;
+                    }
+                    default: at(b, 0, 0, block_tensor_size[t]);  // replicated
+                }
+            }
+        }
+        visit(full.lnfw, lnfw, C);
+        visit(full.lnfb, lnfb, C);
+    }
+
     // Weight decay on embeddings and the four matrices of each block (tensors with 2+ dimensions).
-    DecayMask decay_mask() const {
-        DecayMask mask;
+    LayoutMask decay_mask() const {
+        LayoutMask mask = blocks_mask({QKVW, ATTPROJW, FCW, FCPROJW});
         mask.head_end = blocks_begin;
+        return mask;
+    }
+    // The tensor-parallel slices (wte and the split block tensors); the rest is replicated.
+    LayoutMask split_mask() const {
+        LayoutMask mask = blocks_mask({QKVW, QKVB, ATTPROJW, FCW, FCB, FCPROJW});
+        mask.head_end = wpe;
+        return mask;
+    }
+
+private:
+    LayoutMask blocks_mask(std::initializer_list<BlockTensor> tensors) const {
+        LayoutMask mask;
+        mask.blocks_begin = blocks_begin;
         mask.block_size = block_stride;
         mask.blocks_end = lnfw;
-        for (BlockTensor t : {QKVW, ATTPROJW, FCW, FCPROJW}) {
+        for (BlockTensor t : tensors) {
             mask.range_begin[mask.num_ranges] = block_offset[t];
             mask.range_end[mask.num_ranges] = block_offset[t] + block_tensor_size[t];
             mask.num_ranges++;
         }
         return mask;
+    }
+    [[noreturn]] static void die_internal(const char* what) {
+        fprintf(stderr, "error: internal: %s\n", what);
+        exit(EXIT_FAILURE);
     }
 };
 
@@ -247,10 +331,9 @@ struct AdapterLayout {
         v.push_back(edge_);
         return v;
     }
-    DecayMask decay_mask() const {  // A and B are 2-D: all of them decay (with the LoRA weight decay)
-        DecayMask mask;
+    LayoutMask decay_mask() const {  // A and B are 2-D: all of them decay (with the LoRA weight decay)
+        LayoutMask mask;
         mask.head_end = total;
-        mask.blocks_end = total;
         return mask;
     }
 
@@ -472,8 +555,11 @@ struct MemoryPlan {
 template <typename floatX>
 struct GPT2 {
     ModelConfig config;
-    ParameterLayout layout;
+    ParameterLayout layout;       // this rank's parameters (its tensor-parallel slices)
+    ParameterLayout full_layout;  // the whole model (tp = 1), same padding: model files, initialisation, checkpoints
     const ProcessGroup& pg;
+    const ProcessMesh& mesh;
+    TensorParallel<floatX> tensor_parallel;
     int B = 0, T = 0;  // activation shape (per rank)
     cudaStream_t stream = nullptr;
     // Parameters, gradients and optimizer state: stored, sharded and communicated as the ZeRO stage says.
@@ -525,20 +611,24 @@ struct GPT2 {
     std::vector<int> bucket_counts;
     size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
 
-    GPT2(const ModelConfig& c, const ProcessGroup& process_group, int zero_stage, cudaStream_t s, const LoraSpec& lora_spec = LoraSpec())
-        : config(c), layout(c, 8 * process_group.world), pg(process_group), stream(s),
+    // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
+    GPT2(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
+         const LoraSpec& lora_spec = LoraSpec())
+        : config(c), layout(c, 8 * process_mesh.data.size, process_mesh.tensor.size), full_layout(c, 8 * process_mesh.data.size),
+          pg(process_group), mesh(process_mesh), stream(s),
           zero(new ZeroOptimizer<floatX>(unit_offsets(layout), unit_sizes(layout), layout.total, layout.decay_mask(),
-                                         process_group, zero_stage, s, !lora_spec.enabled())),
+                                         process_group, process_mesh, zero_stage, s, !lora_spec.enabled(), layout.split_mask())),
           lora(lora_spec) {
+        tensor_parallel.group = mesh.tensor;
         if (lora.enabled()) {
-            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_group.world));
+            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size));
             adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->total,
-                                                     adapter_layout->decay_mask(), process_group, zero_stage, s));
+                                                     adapter_layout->decay_mask(), process_group, process_mesh, zero_stage, s));
         }
     }
     // The optimizer of what trains: the adapters under LoRA, else the model.
     ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
-    size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : layout.count; }
+    size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : full_layout.count; }
     static std::vector<size_t> unit_offsets(const ParameterLayout& l) {
         std::vector<size_t> v;
         for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_offset(u));
@@ -550,7 +640,7 @@ struct GPT2 {
         return v;
     }
 
-    size_t num_parameters() const { return layout.count; }
+    size_t num_parameters() const { return full_layout.count; }  // of the whole model
 
     static size_t reduce_scratch_floats(const ModelConfig& c) {
         const int C = c.channels;
@@ -561,10 +651,16 @@ struct GPT2 {
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
     // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
     enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
-    // Buffers of one row (per token), in units of C, that every layer keeps, or that all layers share
-    // (refilled by the backward), for a recompute level: {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}.
-    static void activation_widths(int recompute, int* kept, int* shared) {
-        const int width[8] = {1, 3, 1, 1, 1, 4, 4, 1};
+    // The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
+    // parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units.
+    static std::array<size_t, 8> activation_width(const ModelConfig& c, int tp) {
+        const size_t C = c.channels, Cs = C / tp;
+        return {C, 3 * Cs, Cs, C, C, 4 * Cs, 4 * Cs, C};
+    }
+    // Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
+    // recompute level.
+    static void activation_widths(const ModelConfig& c, int tp, int recompute, size_t* kept, size_t* shared) {
+        const std::array<size_t, 8> width = activation_width(c, tp);
         *kept = *shared = 0;
         for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
     }
@@ -578,20 +674,22 @@ struct GPT2 {
     }
 
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
-    static void activation_counts(const ModelConfig& c, int B, int T, int recompute, size_t* x_elements, size_t* stat_elements) {
-        const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads, L = c.num_layers;
-        int kept, shared;
-        activation_widths(recompute, &kept, &shared);
-        const size_t global = N * C * 2 + N * c.padded_vocab_size;
-        const size_t scratch = N * C * 3 + N * 4 * C;
-        *x_elements = N * C * (kept * L + shared) + global + scratch;
+    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int recompute, size_t* x_elements, size_t* stat_elements) {
+        const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads / tp, L = c.num_layers;
+        size_t kept, shared;
+        activation_widths(c, tp, recompute, &kept, &shared);
+        const size_t global = N * C * 2 + N * (c.padded_vocab_size / tp);  // encoded, lnf, logits (this rank's columns)
+        const size_t scratch = N * C * 3 + N * 4 * (C / tp);              // proj_out, dresidual, dbtc, dbig
+        *x_elements = N * (kept * L + shared) + global + scratch;
         const size_t lse = (size_t)B * NH * T;
         *stat_elements = (N * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + N * 2 + N;
     }
 
-    static MemoryPlan plan(const ModelConfig& c, int B, int T, int world, int zero_stage, int recompute, const LoraSpec& lora = LoraSpec()) {
+    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks.
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int zero_stage, int recompute, const LoraSpec& lora = LoraSpec()) {
         MemoryPlan p;
-        const ParameterLayout l(c, 8 * world);
+        const int world = dp;  // ZeRO shards over the data-parallel group
+        const ParameterLayout l(c, 8 * world, tp);
         const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage, !lora.enabled());
         p.parameters = z.parameters;
         p.gradients = z.gradients;
@@ -610,13 +708,14 @@ struct GPT2 {
                               (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
         }
         size_t x_elements, stat_elements;
-        activation_counts(c, B, T, recompute, &x_elements, &stat_elements);
+        activation_counts(c, B, T, tp, recompute, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
         // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
-        const std::vector<size_t> sizes = unit_sizes(l);
+        const std::vector<size_t> sizes = unit_sizes(ParameterLayout(c, 8 * world));  // init_parameters makes whole units
         const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
-                    (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads, c.channels / c.num_heads);
+                    (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
+                    (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
         return p;
     }
 
@@ -636,16 +735,16 @@ struct GPT2 {
         }
 
         size_t x_elements, stat_elements;
-        activation_counts(config, B, T, recompute, &x_elements, &stat_elements);
+        activation_counts(config, B, T, layout.tp, recompute, &x_elements, &stat_elements);
         cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
         cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
-        const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads;
+        const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads / layout.tp;  // this rank's heads
         floatX* x = activation_memory;
         auto take = [&](size_t n) { floatX* p = x; x += n; return p; };
         float* f = statistics_memory;
         auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
         // recomputed activations: one buffer for all layers, which the backward refills layer by layer
-        const size_t width[8] = {C, 3 * C, C, C, C, 4 * C, 4 * C, C};
+        const std::array<size_t, 8> width = activation_width(config, layout.tp);
         floatX* shared[8] = {};
         for (int i = 0; i < 8; i++)
             if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
@@ -657,8 +756,8 @@ struct GPT2 {
             a.ln1_mean = take_f(N); a.ln1_rstd = take_f(N); a.ln2_mean = take_f(N); a.ln2_rstd = take_f(N);
             a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
         }
-        encoded = take(N * C); lnf = take(N * C); logits = take(N * config.padded_vocab_size);
-        proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * C);
+        encoded = take(N * C); lnf = take(N * C); logits = take(N * layout.vocab_rows());
+        proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
         lnf_mean = take_f(N); lnf_rstd = take_f(N); losses = take_f(N);
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
@@ -666,10 +765,12 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
-        cudaCheck(cudaMalloc(&all_loss_sums, pg.world * N * sizeof(float)));
-        cudaCheck(cudaMemset(all_loss_sums, 0, pg.world * N * sizeof(float)));
-        loss_sums = all_loss_sums + pg.rank * N;
-        cudaCheck(cudaMallocHost(&loss_sums_host, pg.world * N * sizeof(float)));
+        const size_t dp = mesh.data.size;  // the rows of every data-parallel rank (tensor-parallel ranks share theirs)
+        cudaCheck(cudaMalloc(&all_loss_sums, dp * N * sizeof(float)));
+        cudaCheck(cudaMemset(all_loss_sums, 0, dp * N * sizeof(float)));
+        loss_sums = all_loss_sums + mesh.data.rank * N;
+        cudaCheck(cudaMallocHost(&loss_sums_host, dp * N * sizeof(float)));
+        tensor_parallel.allocate(N);
         cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
         for (int i = 0; i < 2; i++) {
             cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
@@ -694,7 +795,10 @@ struct GPT2 {
     // biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
     // index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
     // neither on the layout nor on the order in which units are made.
+    // Units of the whole model (full_layout): a tensor-parallel rank then keeps its slices, so that every tp makes
+    // the same model.
     void init_unit(uint64_t seed, int u, float* unit_device) {
+        const ParameterLayout& layout = full_layout;
         const size_t C = config.channels, V = config.vocab_size, L = config.num_layers;
         const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * L);
         const size_t begin = unit_offsets(layout)[u];
@@ -717,20 +821,44 @@ struct GPT2 {
         }
     }
 
-    void set_parameters(const std::vector<float>& values) { zero->set_parameters(values); }
+    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its slices.
+    void set_parameters(const std::vector<float>& values) { zero->set_parameters(tensor_parallel_slice(values)); }
+    // This rank's tensor-parallel slices (layout) of a whole-model array (full_layout).
+    std::vector<float> tensor_parallel_slice(const std::vector<float>& full) const {
+        if (layout.tp == 1) return full;
+        std::vector<float> local(layout.total, 0.0f);
+        layout.for_each_tp_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
+            std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
+        });
+        return local;
+    }
+    // The inverse, over the whole tensor-parallel group: every rank's slices (gathered, fp32 host) put back
+    // into the whole model. A collective of the tensor-parallel group.
+    std::vector<float> tensor_parallel_assemble(const std::vector<float>& local) const {
+        if (layout.tp == 1) return local;
+        const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg);
+        std::vector<float> full(full_layout.total, 0.0f);
+        for (int q = 0; q < layout.tp; q++)
+            layout.for_each_tp_run(full_layout, q, [&](size_t to, size_t from, size_t n) {
+                std::copy(slices[q].begin() + from, slices[q].begin() + from + n, full.begin() + to);
+            });
+        return full;
+    }
+    // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank.
+    std::vector<float> full_parameters_host() { return tensor_parallel_assemble(zero->parameters_host()); }
     // Made unit by unit through one unit-sized device buffer: a model too large for one GPU still initialises.
     void init_parameters(uint64_t seed) {
-        const std::vector<size_t> offsets = unit_offsets(layout), sizes = unit_sizes(layout);
+        const std::vector<size_t> offsets = unit_offsets(full_layout), sizes = unit_sizes(full_layout);
         float* staging;
         cudaCheck(cudaMalloc(&staging, *std::max_element(sizes.begin(), sizes.end()) * sizeof(float)));
-        std::vector<float> values(layout.total, 0.0f);
+        std::vector<float> values(full_layout.total, 0.0f);
         for (size_t u = 0; u < sizes.size(); u++) {
             init_unit(seed, (int)u, staging);
             cudaCheck(cudaMemcpyAsync(values.data() + offsets[u], staging, sizes[u] * sizeof(float), cudaMemcpyDeviceToHost, stream));
             cudaCheck(cudaStreamSynchronize(stream));
         }
         cudaCheck(cudaFree(staging));
-        zero->set_parameters(values);
+        set_parameters(values);
     }
 
     // Copies a device buffer of `count` elements to fp32 on the host.
@@ -818,46 +946,67 @@ struct GPT2 {
     }
     bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
     bool fcproj_dgelu_fused() const { return fused_gelu_without_adapter(kLoraFcProj); }
-    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l.
+    // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
+    // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
+    int heads() const { return config.num_heads / layout.tp; }
+    int hidden() const { return 4 * config.channels / layout.tp; }
+    int head_size() const { return config.channels / config.num_heads; }
+    // Row-parallel products add their bias on tensor-parallel rank 0 only: g's sum then holds it once.
+    const floatX* row_parallel_bias(int l, BlockTensor t) const { return tensor_parallel.rank() == 0 ? param(l, t) : nullptr; }
+
+    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l (this rank's hidden units).
     void fc_gelu_forward(int l) {
         const int N = B * T, C = config.channels;
         LayerActivations<floatX>& a = layers[l];
         if (fc_gelu_fused()) {
-            matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+            matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
             return;
         }
-        matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, 4 * C, stream);
+        matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
         adapt_forward(l, kLoraFc, a.fch, a.ln2);
-        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);
+        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);
+    }
+    // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
+    // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU.
+    void attention_and_fc_forward(int l, const floatX* residual_in) {
+        const int N = B * T, C = config.channels, Cs = heads() * head_size();
+        LayerActivations<floatX>& a = layers[l];
+        matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
+        adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
+        flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
+        matmul_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N, Cs, C, stream);
+        adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
+        tensor_parallel.g_forward(proj_out, (size_t)N * C, stream);
+        residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
+                                   param(l, LN2W), param(l, LN2B), N, C, stream);
+        fc_gelu_forward(l);
     }
 
     // Forward over the uploaded batch. With dloss != 0 the classifier also leaves the logits gradient in
-    // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits. Per-row losses in `losses`
-    // when `with_loss`.
+    // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits (this rank's vocabulary columns).
+    // Per-row losses in `losses` when `with_loss`.
     void forward(bool with_loss, float dloss) {
-        const int N = B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
+        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows();
         const int* inputs = tokens_device;
         const int* targets = tokens_device + (size_t)B * T;
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
         const floatX* wte = embedding_params() + layout.wte;
-        encoder_forward(encoded, inputs, wte, embedding_params() + layout.wpe, B, T, C, stream);
+        // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
+        // the positions; g sums them
+        const floatX* wpe = tensor_parallel.rank() == 0 ? embedding_params() + layout.wpe : nullptr;
+        encoder_forward(encoded, inputs, wte, wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
+        tensor_parallel.g_forward(encoded, (size_t)N * C, stream);
         for (int l = 0; l < L; l++) {
             LayerActivations<floatX>& a = layers[l];
             zero->before_block_forward(l);
             // the first LayerNorm of block l > 0 was fused into block l-1's closing residual add
             if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
-            matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
-            adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
-            flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
-            matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
-            adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
-            residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
-                                       param(l, LN2W), param(l, LN2B), N, C, stream);
-            fc_gelu_forward(l);
-            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), param(l, FCPROJB), N, 4 * C, C, stream);
+            attention_and_fc_forward(l, residual_in);
+            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N, hidden(), C, stream);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
+            tensor_parallel.g_forward(proj_out, (size_t)N * C, stream);
             // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
             // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
             const bool last = l == L - 1;
@@ -868,32 +1017,25 @@ struct GPT2 {
                                        last ? final_norm_params() + C : param(l + 1, LN1B), N, C, stream);
             zero->after_block_forward(l);
         }
-        matmul_forward(logits, lnf, wte, (const floatX*)nullptr, N, C, config.padded_vocab_size, stream);
-        if (with_loss) fused_classifier(logits, losses, targets, dloss, N, config.vocab_size, config.padded_vocab_size, stream);
+        matmul_forward(logits, lnf, wte, (const floatX*)nullptr, N, C, Vl, stream);  // f: lnf enters the LM head
+        if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N, config.vocab_size, Vl, stream);
     }
 
     // Refills the activations of block l that --recompute did not keep, with the forward's own kernels: the
     // kernels are deterministic, so the backward sees exactly the values the forward computed.
     void recompute_activations(int l, const floatX* residual_in) {
         if (recompute == kKeepAll) return;
-        const int N = B * T, C = config.channels, NH = config.num_heads;
+        const int N = B * T, C = config.channels;
         LayerActivations<floatX>& a = layers[l];
         if (recompute >= kRecomputeGeluLayerNorm)
             layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), N, C, stream);
         if (recompute >= kRecomputeBlock) {
-            matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * C, stream);
-            adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
-            flash_attention_forward(a.atty, a.lse, a.qkv, B, T, NH, C / NH, stream);
-            matmul_forward(proj_out, a.atty, param(l, ATTPROJW), param(l, ATTPROJB), N, C, C, stream);
-            adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
-            residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
-                                       param(l, LN2W), param(l, LN2B), N, C, stream);
-            fc_gelu_forward(l);
+            attention_and_fc_forward(l, residual_in);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
-        gelu_forward(a.fch_gelu, a.fch, (long)N * 4 * C, stream);  // the forward's own kernel (see fc_gelu_fused)
+        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);  // the forward's own kernel (see fc_gelu_fused)
     }
 
     // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
@@ -904,13 +1046,16 @@ struct GPT2 {
 
     // Backward after forward(true, dloss != 0). Gradients accumulate (+=) over the micro-steps of a step
     // (between zero_grad() calls); `last_micro_step` tells data parallelism when to reduce them.
+    // Under tensor parallelism the gradients entering the replicated regions are summed by f's backward (after
+    // the LM head, fc and qkv); the row-parallel products need no collective (g's backward is the identity).
     void backward(bool last_micro_step = true) {
-        const int N = B * T, C = config.channels, NH = config.num_heads, L = config.num_layers;
-        const int Vp = config.padded_vocab_size;
+        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows();
+        const int Cs = heads() * head_size();
         const floatX* wte = embedding_params() + layout.wte;
         trained().begin_backward(last_micro_step);
         cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)N * C * sizeof(floatX), stream));
-        matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vp, stream);
+        matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vl, stream);
+        tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
         layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dbtc, layers[L - 1].residual3,
                            final_norm_params(), lnf_mean, lnf_rstd, N, C, stream);
         trained().after_unit_backward(L + 1);
@@ -925,30 +1070,33 @@ struct GPT2 {
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
-                            param(l, FCPROJW), N, 4 * C, C, stream, dgelu_fused ? a.fch : nullptr);
+                            param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
                 adapt_backward(l, kLoraFcProj, dbig, dresidual, a.fch_gelu);
-                gelu_backward(dbig, a.fch, dbig, (long)N * 4 * C, stream);
+                gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
             }
-            matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, a.ln2, param(l, FCW), N, C, 4 * C, stream);
+            matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, a.ln2, param(l, FCW), N, C, hidden(), stream);
             adapt_backward(l, kLoraFc, dbtc, dbig, a.ln2);
+            tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dbtc, a.residual2, param(l, LN2W),
                                a.ln2_mean, a.ln2_rstd, N, C, stream);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dresidual, a.atty,
-                            param(l, ATTPROJW), N, C, C, stream);
+                            param(l, ATTPROJW), N, Cs, C, stream);
             adapt_backward(l, kLoraAttnProj, dbtc, dresidual, a.atty);
-            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, NH, C / NH,
+            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
-            matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * C, stream);
+            matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * Cs, stream);
             adapt_backward(l, kLoraQkv, dbtc, dbig, a.ln1);
+            tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dbtc, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, N, C, stream);
             trained().after_unit_backward(l + 1);
         }
         const int* bucket_data = tokens_device + 2 * (size_t)B * T;
         if (embedding_grads() != nullptr)  // not frozen
-            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets, B, T, C, stream);
+            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets,
+                             B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
         trained().after_unit_backward(0);
         trained().end_backward();
     }
@@ -958,10 +1106,11 @@ struct GPT2 {
     // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
     // copy to the host and the clearing of the sums, without waiting: the training step asks for them before
     // the optimizer step and reads them after its one wait, so no second round trip between ranks follows it.
+    // The data-parallel group's rows: a tensor-parallel group computes the same losses on every one of its ranks.
     void request_losses() {
         const size_t N = (size_t)B * T;
-        pg.all_gather_floats(all_loss_sums, N, stream);
-        cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, pg.world * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        if (mesh.data.size > 1) ncclCheck(ncclAllGather(loss_sums, all_loss_sums, N, ncclFloat32, mesh.data.comm, stream));
+        cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, mesh.data.size * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
         losses_requested = true;
     }
@@ -972,7 +1121,7 @@ struct GPT2 {
         if (!losses_requested) request_losses();
         pg.synchronize(stream);
         losses_requested = false;
-        const size_t rows = (size_t)pg.world * B * T;
+        const size_t rows = (size_t)mesh.data.size * B * T;
         double total = 0.0;
         for (size_t i = 0; i < rows; i++) total += loss_sums_host[i];
         const float mean = (float)(total / ((double)rows * std::max(1, forwards_summed)));
@@ -1054,6 +1203,7 @@ struct Options {
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
+    int tensor_parallel = 1;
     int lora_rank = 0;
     float lora_alpha = -1.0f;  // -1: the rank
     std::string lora_targets = "qkv";
@@ -1130,6 +1280,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-save", nullptr, Flag::STRING, &o.lora_save, "LoRA: write the adapters to this file at the end"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
+        {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
     };
@@ -1204,13 +1355,14 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
 // ---------------------------------------------------------------------------------------------
 // Checkpoints: DIR/model_NNNNNNNN.bin, an ordinary llm.c model file of the parameters as trained (bf16 in
 // bf16 mode, else fp32), and one DIR/state_NNNNNNNN_RRRRR.bin per rank that holds optimizer state (its
-// shard of master weights and Adam moments: stages 1-3; only rank 0's full copy at stage 0), the loss
-// scale and the data position. Every file goes through a temporary name; the model file is written last,
-// after all ranks finished their state, so it marks a complete checkpoint. A checkpoint resumes on any
-// number of GPUs and at any ZeRO stage: the optimizer state is reassembled unit by unit from the old
-// shards and cut into the new ones.
+// shard of master weights and Adam moments: stages 1-3; at stage 0 the copy of data-parallel rank 0, one per
+// tensor-parallel rank), the loss scale and the data position. Every file goes through a temporary name; the
+// model file is written last, after all ranks finished their state, so it marks a complete checkpoint. A
+// checkpoint resumes on any number of GPUs, any tensor-parallel degree and any ZeRO stage: the optimizer state
+// is reassembled into the whole model (unit by unit from the shards, slice by slice from the tensor-parallel
+// ranks) and cut into the new ranks' pieces.
 
-constexpr int kStateMagic = 20261126, kStateVersion = 2;
+constexpr int kStateMagic = 20261126, kStateVersion = 3;  // 3: the writer's mesh (tensor parallelism)
 
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
     char name[64];
@@ -1258,7 +1410,9 @@ inline void write_file_atomically(const std::string& path, const std::vector<std
 }
 
 struct StateHeader {
-    int step, precision, world, rank, stage, has_master, clean_steps;
+    int step, precision;
+    int data_parallel, tensor_parallel, data_rank, tensor_rank;  // the writer's mesh and its place in it
+    int stage, has_master, clean_steps;
     float loss_scale;
     long long skipped_steps, optimizer_elements;
 };
@@ -1290,14 +1444,15 @@ inline StateHeader read_state_header(FILE* f, const std::string& path) {
     return h;
 }
 
-// The optimizer state of checkpoint `step`, however many ranks wrote it at whatever stage, as full arrays
-// in `layout` (this run's padding): each unit's saved slices are put back at the unit's offset.
+// The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as whole-model arrays in `full`
+// (tp = 1, this run's padding): for each tensor-parallel rank of the writer, its data-parallel shards are put
+// back together unit by unit, then its slices go to their places in the whole model.
 struct SavedOptimizerState {
     StateHeader header;               // rank 0's
     std::vector<float> master, m, v;  // master empty when the precision keeps none
     DataLoaderState data_state;
 };
-inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& layout) {
+inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& full) {
     SavedOptimizerState saved;
     const std::string first = state_path(dir, step, 0);
     FILE* f = fopen(first.c_str(), "rb");
@@ -1305,47 +1460,66 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
     saved.header = read_state_header(f, first);
     fclose(f);
     const StateHeader& s = saved.header;
-    const ParameterLayout old_layout(layout.config, 8 * s.world);
-    const int files = s.stage >= 1 ? s.world : 1;  // at stage 0 rank 0's file holds everything
+    MeshShape writer;
+    writer.tp = s.tensor_parallel;
+    writer.dp = s.data_parallel;
+    const ParameterLayout slices(full.config, 8 * s.data_parallel, s.tensor_parallel);  // one writer rank's layout
+    const int files = s.stage >= 1 ? s.data_parallel : 1;  // at stage 0 data rank 0's file holds everything
     std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
     if (s.has_master) arrays.insert(arrays.begin(), &saved.master);
-    for (auto* a : arrays) a->assign(layout.total, 0.0f);
+    for (auto* a : arrays) a->assign(full.total, 0.0f);
     std::vector<float> buffer(s.optimizer_elements);
-    for (int q = 0; q < files; q++) {
-        const std::string path = state_path(dir, step, q);
-        FILE* g = fopen(path.c_str(), "rb");
-        if (g == nullptr) die(path + ": cannot open (a checkpoint written by " + std::to_string(s.world) + " ranks needs all their state files)");
-        const StateHeader h = read_state_header(g, path);
-        if (h.world != s.world || h.stage != s.stage || h.rank != q || h.optimizer_elements != s.optimizer_elements)
-            die(path + ": does not belong with " + first);
-        for (auto* a : arrays) {
-            if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
-                die(path + ": truncated");
-            size_t local = 0;  // the saved slices of all units, back to back (whole units at stage 0)
-            for (int u = 0; u < layout.num_units(); u++) {
-                const size_t slice = s.stage >= 1 ? old_layout.unit_size(u) / s.world : old_layout.unit_size(u);
-                const size_t begin = s.stage >= 1 ? q * slice : 0;
-                const size_t real = layout.unit_real_size(u);
-                for (size_t i = 0; i < slice && begin + i < real; i++) (*a)[layout.unit_offset(u) + begin + i] = buffer[local + i];
-                local += slice;
+    std::vector<std::vector<float>> local(arrays.size());
+    for (int t = 0; t < s.tensor_parallel; t++) {
+        for (auto& a : local) a.assign(slices.total, 0.0f);
+        for (int d = 0; d < files; d++) {
+            MeshCoord coord;
+            coord.tp = t;
+            coord.dp = d;
+            const int rank = mesh_rank(writer, coord);
+            const std::string path = state_path(dir, step, rank);
+            FILE* g = fopen(path.c_str(), "rb");
+            if (g == nullptr)
+                die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
+            const StateHeader h = read_state_header(g, path);
+            if (h.data_parallel != s.data_parallel || h.tensor_parallel != s.tensor_parallel || h.stage != s.stage ||
+                h.data_rank != d || h.tensor_rank != t || h.optimizer_elements != s.optimizer_elements)
+                die(path + ": does not belong with " + first);
+            for (size_t k = 0; k < arrays.size(); k++) {
+                if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
+                    die(path + ": truncated");
+                size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
+                for (int u = 0; u < slices.num_units(); u++) {
+                    const size_t slice = s.stage >= 1 ? slices.unit_size(u) / s.data_parallel : slices.unit_size(u);
+                    const size_t begin = s.stage >= 1 ? d * slice : 0;
+                    std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices.unit_offset(u) + begin);
+                    next += slice;
+                }
             }
+            if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
+                die(path + ": truncated while reading the data position");
+            fclose(g);
         }
-        if (q == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
-            die(path + ": truncated while reading the data position");
-        fclose(g);
+        slices.for_each_tp_run(full, t, [&](size_t to, size_t from, size_t n) {
+            for (size_t k = 0; k < arrays.size(); k++) std::copy(local[k].begin() + from, local[k].begin() + from + n, arrays[k]->begin() + to);
+        });
     }
     return saved;
 }
 
+// Every rank writes its optimizer state (at stage 0 one rank of each data-parallel group: the copies are the
+// same); rank 0 writes the whole model, gathered from all ranks, as an ordinary llm.c model file.
 template <typename floatX>
 void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, const DataLoaderState& data_state) {
     ZeroOptimizer<floatX>& zero = *model.zero;
     const ProcessGroup& pg = model.pg;
+    const ProcessMesh& mesh = model.mesh;
     if (pg.is_main()) make_directories(dir);
-    std::vector<float> params = zero.parameters_host();  // a collective under ZeRO-3: every rank takes part
-    if (zero.stage() >= 1 || pg.is_main()) {
-        StateHeader h{step, (int)PrecisionOf<floatX>::value, pg.world, pg.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster,
-                      zero.scaler.clean_steps, zero.scaler.scale, zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
+    std::vector<float> params = model.full_parameters_host();  // a collective (ZeRO-3, tensor parallelism): every rank takes part
+    if (zero.stage() >= 1 || mesh.data.rank == 0) {
+        StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.data.rank, mesh.tensor.rank,
+                      zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,
+                      zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
         std::vector<float> master, m, v;
         zero.optimizer_state_to_host(master, m, v);
         make_directories(dir);  // other nodes may not share rank 0's file system view yet
@@ -1353,22 +1527,24 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     }
     // barrier: every state file is complete before the model file marks the checkpoint as usable
     model.barrier();
-    if (pg.is_main()) write_model_file(checkpoint_path(dir, "model", step), model.layout, params, std::is_same<floatX, __nv_bfloat16>::value);
+    if (pg.is_main())
+        write_model_file(checkpoint_path(dir, "model", step), model.full_layout, params, std::is_same<floatX, __nv_bfloat16>::value);
 }
 
-// Restores parameters, optimizer state and loss scale; returns the data position to restore.
+// Restores parameters, optimizer state and loss scale; returns the data position to restore. The checkpoint
+// may come from any mesh and ZeRO stage.
 template <typename floatX>
 DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
     ZeroOptimizer<floatX>& zero = *model.zero;
     std::vector<float> values;
     const std::string model_path = checkpoint_path(dir, "model", step);
-    ModelConfig config = read_model_file(model_path, values, 8 * model.pg.world);
-    if (ParameterLayout(config).count != model.layout.count) die(model_path + ": shape differs from the model being trained");
+    ModelConfig config = read_model_file(model_path, values, 8 * model.mesh.data.size);
+    if (ParameterLayout(config).count != model.full_layout.count) die(model_path + ": shape differs from the model being trained");
     model.set_parameters(values);
-    const SavedOptimizerState saved = read_optimizer_state(dir, step, model.layout);
+    const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
     if (saved.header.precision != (int)PrecisionOf<floatX>::value) die(state_path(dir, step, 0) + ": saved in another --precision");
-    const std::vector<float> master = saved.master.empty() ? saved.master : zero.optimizer_part(saved.master);
-    zero.optimizer_state_from_host(master, zero.optimizer_part(saved.m), zero.optimizer_part(saved.v));
+    auto mine = [&](const std::vector<float>& whole) { return zero.optimizer_part(model.tensor_parallel_slice(whole)); };
+    zero.optimizer_state_from_host(saved.master.empty() ? saved.master : mine(saved.master), mine(saved.m), mine(saved.v));
     zero.scaler.scale = saved.header.loss_scale;
     zero.scaler.clean_steps = saved.header.clean_steps;
     zero.scaler.skipped_steps = saved.header.skipped_steps;
@@ -1382,9 +1558,12 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
 template <typename floatX>
 std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int count, float temperature, int top_k, uint64_t seed) {
     const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
+    const int Vl = model.layout.vocab_rows();
     // every new length is a new product shape, run once: timing its candidates would cost more than it saves
     const bool autotune = matmul_context().autotune;
     matmul_context().autotune = false;
+    floatX* row;  // the last position's logits, whole (their columns are spread over tensor-parallel ranks)
+    cudaCheck(cudaMalloc(&row, Vp * sizeof(floatX)));
     std::vector<float> logits;
     std::vector<std::pair<float, int>> candidates(V);
     for (int i = 0; i < count; i++) {
@@ -1394,7 +1573,9 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
         model.T = t;
         model.upload_batch(tokens.data() + start, nullptr);
         model.forward(false, 0.0f);
-        logits = GPT2<floatX>::to_host(model.logits + (size_t)(t - 1) * Vp, V);
+        model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
+        model.pg.synchronize(model.stream);
+        logits = GPT2<floatX>::to_host(row, V);
         for (int j = 0; j < V; j++) candidates[j] = {logits[j] / std::max(temperature, 1e-6f), j};
         int k = (top_k > 0 && top_k < V) ? top_k : V;
         std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), std::greater<>());
@@ -1409,6 +1590,7 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
         }
         tokens.push_back(chosen);
     }
+    cudaCheck(cudaFree(row));
     model.B = B;
     model.T = T;
     matmul_context().autotune = autotune;
@@ -1461,7 +1643,8 @@ int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config,
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     {
-        GPT2<floatX> model(config, pg, 0, stream);
+        const ProcessMesh single;  // one rank: no communicators
+        GPT2<floatX> model(config, pg, single, 0, stream);
         model.allocate(1, config.max_seq_len);
         if (initial_values) model.set_parameters(*initial_values);
         else model.init_parameters((uint64_t)o.seed);
@@ -1516,14 +1699,15 @@ HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSw
 // The training loop
 
 template <typename floatX>
-int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values,
+int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::vector<float>* initial_values,
           const LoraSpec& lora, const std::vector<float>* initial_adapters) {
-    const int B = o.batch_size, T = o.seq_len;  // per GPU
-    const long tokens_per_micro = (long)B * T * pg.world;
+    const int B = o.batch_size, T = o.seq_len;  // per data-parallel rank (its tensor-parallel ranks share the rows)
+    const MeshCoord coord = mesh_coord(shape, pg.rank);
+    const long tokens_per_micro = (long)B * T * shape.dp;
     const long total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
     if (total_batch_tokens % tokens_per_micro != 0)
         die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len" +
-            (pg.world > 1 ? " x GPUs (" + std::to_string(pg.world) + ")" : std::string()) + " = " + std::to_string(tokens_per_micro));
+            (shape.dp > 1 ? " x data-parallel ranks (" + std::to_string(shape.dp) + ")" : std::string()) + " = " + std::to_string(tokens_per_micro));
     const int grad_accum = (int)(total_batch_tokens / tokens_per_micro);
     FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");  // rank 0 reports
 
@@ -1539,8 +1723,8 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     train_config.shuffle = o.shuffle != 0;
     train_config.seed = (uint64_t)o.seed;
     train_config.vocab_size = config.vocab_size;
-    train_config.num_ranks = pg.world;
-    train_config.rank = pg.rank;
+    train_config.num_ranks = shape.dp;
+    train_config.rank = coord.dp;
     train_config.allocator = have_gpu ? pinned : HostAllocator::system();
     std::unique_ptr<DataLoader> train_loader, val_loader;
     try {
@@ -1556,6 +1740,8 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     }
     if (!have_gpu) die("no CUDA GPU found");
     pg.connect({o.nccl_init_file, o.nccl_timeout});
+    ProcessMesh mesh;
+    mesh.build(pg, shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
     const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)train_loader->batches_per_epoch() / grad_accum);
     const int val_batches = val_loader ? (int)std::min<uint64_t>(o.val_batches, val_loader->batches_per_epoch()) : 0;
@@ -1563,23 +1749,25 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
     // memory plan, predicted before allocating
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    GPT2<floatX> model(config, pg, o.zero_stage, stream, lora);
+    GPT2<floatX> model(config, pg, mesh, o.zero_stage, stream, lora);
     const int stage = model.trained().stage();
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute, lora);
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, stage, o.recompute, lora);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
-    fprintf(out, "batch: %d x %d tokens x %d GPUs, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T,
-            pg.world, grad_accum, total_batch_tokens, steps, o.precision.c_str());
-    // ZeRO's model states per GPU for Psi parameters on N ranks (stages 0-3)
-    const double P = (double)model.num_parameters(), N = pg.world;
+    fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", B, T,
+            shape.dp, grad_accum, total_batch_tokens, steps, o.precision.c_str());
+    // ZeRO's model states per GPU for Psi parameters on N data-parallel ranks (stages 0-3); under tensor
+    // parallelism Psi is one rank's share: its slices plus the replicated tensors
+    const double P = (double)model.layout.count, N = shape.dp;
     const double zero_formula = std::vector<double>{16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N}[stage];
     if (pg.world > 1)
-        fprintf(out, "data parallel: %d GPUs (%s), ZeRO stage %d: model states per GPU by the formula %.2f GiB (bf16 parameters and gradients, fp32 master + Adam)\n",
-                pg.world, pg.launcher.c_str(), stage, gib((size_t)zero_formula));
+        fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by the formula %.2f GiB "
+                     "for %zu parameters per tensor-parallel rank (bf16 parameters and gradients, fp32 master + Adam)\n",
+                pg.world, pg.launcher.c_str(), shape.dp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
     if (lora.enabled()) {
-        const MemoryPlan full = GPT2<floatX>::plan(config, B, T, pg.world, stage, o.recompute);
+        const MemoryPlan full = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, stage, o.recompute);
         const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
         const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
         fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
@@ -1741,19 +1929,25 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
             fprintf(out, "wrote the merged model %s\n", o.lora_merge.c_str());
         }
     }
-    if (pg.world > 1) {  // every rank must end with the same parameters: each prints a checksum of its copy
+    if (pg.world > 1) {
+        // the ranks of a data-parallel group must end with the same parameters, and the tensors that tensor
+        // parallelism replicates must be the same on every rank: each rank prints checksums of its copies
         std::vector<float> params = model.trained().parameters_host();
-        uint64_t hash = 0;
-        for (float x : params) {
+        const LayoutMask split = model.layout.split_mask();
+        uint64_t hash = 0, replicated = 0;
+        for (size_t i = 0; i < params.size(); i++) {
             uint32_t bits;
-            memcpy(&bits, &x, 4);
+            memcpy(&bits, &params[i], 4);
             hash = splitmix64(hash ^ bits);
+            if (!split.contains((long)i)) replicated = splitmix64(replicated ^ bits);
         }
-        fprintf(stderr, "rank %d parameter checksum %016llx\n", pg.rank, (unsigned long long)hash);
+        fprintf(stderr, "rank %d parameter checksum %016llx tensor-parallel rank %d replicated checksum %016llx\n", pg.rank,
+                (unsigned long long)hash, mesh.tensor.rank, (unsigned long long)replicated);
     }
     if (log) fclose(log);
     if (out != stdout) fclose(out);
     matmul_teardown();
+    mesh.destroy();
     return 0;
 }
 
@@ -1761,12 +1955,18 @@ int train(const Options& o, ProcessGroup& pg, const ModelConfig& config, const s
 int main(int argc, char** argv) {
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     Options o = parse_options(argc, argv);
+    // the process mesh: data parallel x tensor parallel
+    const std::string mesh_problem = mesh_shape_problem(pg.world, o.tensor_parallel, 1);
+    if (!mesh_problem.empty()) die(mesh_problem);
+    MeshShape shape;
+    shape.tp = o.tensor_parallel;
+    shape.dp = pg.world / o.tensor_parallel;
     // model shape: a dN descriptor (plus overrides), or a model file
     ModelConfig config;
     std::vector<float> initial_values;
     const bool from_file = !config_from_descriptor(o.model, config);
     if (from_file) {
-        config = read_model_file(o.model, initial_values, 8 * pg.world);
+        config = read_model_file(o.model, initial_values, 8 * shape.dp);
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
             die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
     } else {
@@ -1777,6 +1977,8 @@ int main(int argc, char** argv) {
         std::string problem = config_problem(config);
         if (!problem.empty()) die("model " + o.model + ": " + problem);
     }
+    const std::string split_problem = tensor_parallel_problem(config, shape.tp);
+    if (!split_problem.empty()) die(split_problem);
     if (o.batch_size <= 0) die("--batch-size must be positive");
     if (o.seq_len <= 0 || o.seq_len > config.max_seq_len)
         die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length)");
@@ -1792,7 +1994,7 @@ int main(int argc, char** argv) {
     LoraSpec lora;
     std::vector<float> initial_adapters;
     if (!o.lora_load.empty()) {
-        lora = read_adapter_file(o.lora_load, config, 8 * pg.world, initial_adapters);
+        lora = read_adapter_file(o.lora_load, config, 8 * shape.dp, initial_adapters);
         if (o.lora_rank > 0 && o.lora_rank != lora.rank) die("--lora-rank " + std::to_string(o.lora_rank) + " disagrees with " + o.lora_load);
     } else if (o.lora_rank > 0) {
         lora.rank = o.lora_rank;
@@ -1807,6 +2009,8 @@ int main(int argc, char** argv) {
     lora.dropout = o.lora_dropout;
     if (o.lora_dropout < 0.0f || o.lora_dropout >= 1.0f) die("--lora-dropout must be in [0, 1)");
     if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
+    if (lora.enabled() && shape.tp > 1)
+        die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
     if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
         die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
@@ -1819,9 +2023,9 @@ int main(int argc, char** argv) {
                                    : generate_only<__nv_bfloat16>(o, pg, config, initial);
     else {
         const std::vector<float>* adapters = initial_adapters.empty() ? nullptr : &initial_adapters;
-        rc = o.precision == "fp32" ? train<float>(o, pg, config, initial, lora, adapters)
-           : o.precision == "fp16" ? train<__half>(o, pg, config, initial, lora, adapters)
-                                   : train<__nv_bfloat16>(o, pg, config, initial, lora, adapters);
+        rc = o.precision == "fp32" ? train<float>(o, pg, shape, config, initial, lora, adapters)
+           : o.precision == "fp16" ? train<__half>(o, pg, shape, config, initial, lora, adapters)
+                                   : train<__nv_bfloat16>(o, pg, shape, config, initial, lora, adapters);
     }
     pg.destroy();
     return rc;

@@ -222,9 +222,33 @@ void ProcessGroup::connect(const ProcessGroupOptions& options) {
         exchange_id_tcp(id, rank, world);
     }
     ncclCheck(ncclCommInitRank(&comm, world, id, rank));
+    communicators_ = {{comm, "world"}};
+}
+
+ncclComm_t ProcessGroup::split(int color, int key, const std::string& name) {
+    if (comm == nullptr) return nullptr;
+    ncclComm_t split_comm = nullptr;
+    {
+        Watchdog watchdog(timeout_seconds_, "splitting the " + name + " communicator from the world's");
+        ncclCheck(ncclCommSplit(comm, color, key, &split_comm, nullptr));  // nullptr: the world's configuration
+    }
+    if (split_comm != nullptr) communicators_.push_back({split_comm, name});
+    return split_comm;
+}
+
+void ProcessGroup::destroy_communicator(ncclComm_t split_comm) {
+    for (size_t i = 1; i < communicators_.size(); i++) {  // [0] is the world's: destroy() ends it
+        if (communicators_[i].comm != split_comm) continue;
+        communicators_.erase(communicators_.begin() + i);
+        ncclCheck(ncclCommDestroy(split_comm));
+        return;
+    }
 }
 
 void ProcessGroup::destroy() {
+    // Split communicators before the world's they came from, newest first.
+    while (communicators_.size() > 1) destroy_communicator(communicators_.back().comm);
+    communicators_.clear();
     if (comm) ncclCheck(ncclCommDestroy(comm));
     comm = nullptr;
 #ifdef USE_MPI
@@ -236,24 +260,26 @@ void ProcessGroup::destroy() {
 
 namespace {
 // Ends the process after a failed or overdue collective. The message comes first: ncclCommAbort can itself
-// block behind a wedged kernel, so a watchdog bounds it; _exit skips CUDA's teardown of a context whose
-// stream will never drain.
-[[noreturn]] void fail_collective(ncclComm_t comm, const std::string& message) {
+// block behind a wedged kernel, so a watchdog bounds the aborts; _exit skips CUDA's teardown of a context
+// whose stream will never drain. Every communicator is aborted, so no peer stays blocked in any of them.
+[[noreturn]] void fail_collective(const std::vector<ProcessGroup::NamedCommunicator>& comms, const std::string& message) {
     fprintf(stderr, "error: %s\n", message.c_str());
     fflush(stderr);
     {
-        Watchdog guard(10, "aborting the NCCL communicator");
-        ncclCommAbort(comm);
+        Watchdog guard(10, "aborting the NCCL communicators");
+        for (auto it = comms.rbegin(); it != comms.rend(); ++it) ncclCommAbort(it->comm);  // split ones first
     }
     _exit(EXIT_FAILURE);
 }
 
-// Waits for a stream or an event. Without a communicator `block` waits (cudaStreamSynchronize /
-// cudaEventSynchronize); with one, `done` (cudaStreamQuery / cudaEventQuery) is polled until it succeeds while
-// the communicator's errors and the deadline are checked.
+// Waits for a stream or an event. Without communicators (world == 1) `block` waits (cudaStreamSynchronize /
+// cudaEventSynchronize); with them, `done` (cudaStreamQuery / cudaEventQuery) is polled until it succeeds
+// while every communicator's errors and the deadline are checked: a collective in progress on any group can
+// be the one a dead peer never completes.
 template <typename Query, typename Block>
-void wait_with_deadline(Query done, Block block, ncclComm_t comm, int rank, int timeout_seconds) {
-    if (comm == nullptr) {
+void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup::NamedCommunicator>& comms, int rank,
+                        int timeout_seconds) {
+    if (comms.empty()) {
         cudaError_t err = block();
         if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
         return;
@@ -263,14 +289,16 @@ void wait_with_deadline(Query done, Block block, ncclComm_t comm, int rank, int 
         cudaError_t err = done();
         if (err == cudaSuccess) return;
         if (err != cudaErrorNotReady) fail(std::string("CUDA: ") + cudaGetErrorString(err));
-        ncclResult_t async_error;
-        ncclCheck(ncclCommGetAsyncError(comm, &async_error));
-        if (async_error != ncclSuccess && async_error != ncclInProgress)
-            fail_collective(comm, "rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) +
-                                      "): a peer rank died or lost its connection");
+        for (const ProcessGroup::NamedCommunicator& c : comms) {
+            ncclResult_t async_error;
+            ncclCheck(ncclCommGetAsyncError(c.comm, &async_error));
+            if (async_error != ncclSuccess && async_error != ncclInProgress)
+                fail_collective(comms, "rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) +
+                                           ") in the " + c.name + " communicator: a peer rank died or lost its connection");
+        }
         if (seconds_since(start) > timeout_seconds)
-            fail_collective(comm, "rank " + std::to_string(rank) + ": a collective did not finish within " +
-                                      std::to_string(timeout_seconds) + " s (--nccl-timeout): a peer rank failed or hangs");
+            fail_collective(comms, "rank " + std::to_string(rank) + ": a collective did not finish within " +
+                                       std::to_string(timeout_seconds) + " s (--nccl-timeout): a peer rank failed or hangs");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }
@@ -278,18 +306,14 @@ void wait_with_deadline(Query done, Block block, ncclComm_t comm, int rank, int 
 
 void ProcessGroup::synchronize(cudaStream_t stream) const {
     wait_with_deadline([stream] { return cudaStreamQuery(stream); }, [stream] { return cudaStreamSynchronize(stream); },
-                       comm, rank, timeout_seconds_);
+                       communicators_, rank, timeout_seconds_);
 }
 
 void ProcessGroup::wait_event(cudaEvent_t event) const {
     wait_with_deadline([event] { return cudaEventQuery(event); }, [event] { return cudaEventSynchronize(event); },
-                       comm, rank, timeout_seconds_);
+                       communicators_, rank, timeout_seconds_);
 }
 
 void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {
     if (comm != nullptr) ncclCheck(ncclAllReduce(device_value, device_value, 1, ncclFloat32, ncclSum, comm, stream));
-}
-
-void ProcessGroup::all_gather_floats(float* buffer, size_t count, cudaStream_t stream) const {
-    if (comm != nullptr) ncclCheck(ncclAllGather(buffer + rank * count, buffer, count, ncclFloat32, comm, stream));
 }

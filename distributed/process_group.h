@@ -10,9 +10,12 @@
 // covers several nodes. A single process (world size 1) needs none of this and creates no communicator.
 //
 // Every NCCL call is checked; waits on collectives have a deadline (--nccl-timeout), so a rank that died
-// or hangs ends the job with a message instead of hanging it.
+// or hangs ends the job with a message instead of hanging it. ProcessGroup owns every communicator: the
+// world's, and those split from it for the process mesh's groups (distributed/mesh.h); each wait polls all
+// of them for errors, and a failure or an overdue wait aborts all of them.
 #pragma once
 #include <string>
+#include <vector>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -34,20 +37,33 @@ public:
     static ProcessGroup from_environment(int* argc, char*** argv);
     // Selects GPU local_rank and connects the ranks (NCCL).
     void connect(const ProcessGroupOptions& options);
+    // Destroys every communicator still held (those made by split() first, then the world's).
     void destroy();
 
-    // Waits for `stream`, checking the communicator for errors and the deadline: a failed or missing
-    // peer ends this process with a message (and the communicator is aborted so no rank hangs in it).
+    // A new communicator over the ranks that pass the same `color`, ordered by `key`; null on a rank that
+    // passes NCCL_SPLIT_NOCOLOR (and when world == 1). Collective over `comm`: every rank calls it, in the same
+    // order. Bounded by the deadline. The result is registered under `name` (every wait polls it, a failure
+    // aborts it) and stays owned here until destroy_communicator() or destroy(). ProcessMesh::build uses it.
+    ncclComm_t split(int color, int key, const std::string& name);
+    // Destroys a communicator made by split(); null or one already destroyed is ignored.
+    void destroy_communicator(ncclComm_t split_comm);
+
+    // Waits for `stream`, checking every communicator for errors and the deadline: a failed or missing
+    // peer ends this process with a message (and the communicators are aborted so no rank hangs in them).
     void synchronize(cudaStream_t stream) const;
     // The same for an event.
     void wait_event(cudaEvent_t event) const;
     // Sum of one float over all ranks (the squared gradient norm; the checkpoint barrier), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
-    // In place: rank r's `count` floats at buffer + r * count reach every rank's buffer, on `stream`.
-    void all_gather_floats(float* buffer, size_t count, cudaStream_t stream) const;
     bool is_main() const { return rank == 0; }
+
+    struct NamedCommunicator {
+        ncclComm_t comm;
+        std::string name;  // "world", "tensor-parallel", ...: named in the error message of a failure
+    };
 
 private:
     int timeout_seconds_ = 600;
     bool use_mpi_ = false;
+    std::vector<NamedCommunicator> communicators_;  // the world's first, then split()'s: what every wait polls
 };

@@ -10,6 +10,8 @@
 //   stage 3: also parameters: each rank stores its shard; a block is all-gathered just before its forward
 //            and again before its backward (the next one prefetched on the communication stream while
 //            the current one computes) and its full copy dropped after use.            16Ψ/N
+// N is the data-parallel degree: the ranks of one data-parallel group of the process mesh (distributed/mesh.h),
+// which under tensor parallelism hold the same tensor-parallel slice.
 // Units (ParameterLayout): the embeddings, each block, the final LayerNorm. Rank r owns the r-th of N equal
 // slices of every unit (units are padded, so any parameter count works); its slices of all units are
 // stored back to back. The embeddings (needed at both ends of forward and backward) and the final
@@ -22,6 +24,7 @@
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
 #include "process_group.h"
+#include "mesh.h"
 
 template <typename T> inline ncclDataType_t nccl_type();
 template <> inline ncclDataType_t nccl_type<float>() { return ncclFloat32; }
@@ -85,15 +88,20 @@ public:
         long skipped_steps = 0;
     } scaler;
 
-    // offsets/sizes: the padded units of the parameter layout (their sizes divisible by 8 x world).
+    // offsets/sizes: the padded units of the parameter layout (their sizes divisible by 8 x the data-parallel
+    // degree). Sharding and its collectives run over mesh.data; pg bounds every wait. Under tensor parallelism
+    // the gradient norm is summed over mesh.tensor too, and `split` says which elements are this rank's own
+    // slices: the other tensors are replicated over the tensor-parallel group, and only its rank 0 counts them.
     // trainable = false: frozen parameters (the base model under LoRA), stored whole: no gradients, no optimizer
     // state, no communication (stages 0-2; a frozen copy is the same on every rank).
     ZeroOptimizer(const std::vector<size_t>& unit_offsets, const std::vector<size_t>& unit_sizes, size_t total,
-                  const DecayMask& decay, const ProcessGroup& pg, int stage, cudaStream_t compute, bool trainable = true)
-        : plan_(unit_offsets, unit_sizes, pg.world, pg.rank), total_(total), decay_(decay), pg_(pg),
-          stage_(pg.world == 1 || !trainable ? 0 : stage), compute_(compute), trainable_(trainable) {}
+                  const LayoutMask& decay, const ProcessGroup& pg, const ProcessMesh& mesh, int stage, cudaStream_t compute,
+                  bool trainable = true, const LayoutMask& split = LayoutMask())
+        : plan_(unit_offsets, unit_sizes, mesh.data.size, mesh.data.rank), total_(total), decay_(decay), pg_(pg),
+          data_(mesh.data), tensor_(mesh.tensor), split_(split), count_split_only_(mesh.tensor.size > 1 && mesh.tensor.rank != 0),
+          stage_(mesh.data.size == 1 || !trainable ? 0 : stage), compute_(compute), trainable_(trainable) {}
 
-    // Bytes per GPU for a stage, before allocating (the start-up memory plan). ring_unit: the largest block.
+    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
     static ZeroMemory memory(const std::vector<size_t>& unit_sizes, size_t total, int world, int stage, bool trainable = true) {
         if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
@@ -245,18 +253,18 @@ public:
             cudaCheck(cudaEventRecord(ring_params_free_[(u - 1) % 2], compute_));
             if (u - 3 >= 0) ensure_block(u - 3);
         }
-        if (!trainable_ || pg_.world == 1 || (stage_ < 2 && !last_micro_step_)) return;
+        if (!trainable_ || data_.size == 1 || (stage_ < 2 && !last_micro_step_)) return;
         cudaCheck(cudaEventRecord(unit_events_[u], compute_));
         cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
         floatX* unit = unit_grads(u);
         const size_t n = plan_.unit_size[u], shard = plan_.shard_size[u];
         if (stage_ == 0) {
-            ncclCheck(ncclAllReduce(unit, unit, n, nccl_type<floatX>(), ncclAvg, pg_.comm, comm_));
+            ncclCheck(ncclAllReduce(unit, unit, n, nccl_type<floatX>(), ncclAvg, data_.comm, comm_));
             return;
         }
         // in place: this rank's slice of the unit receives the reduced slice
-        floatX* slice = unit + pg_.rank * shard;
-        ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, pg_.comm, comm_));
+        floatX* slice = unit + data_.rank * shard;
+        ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, data_.comm, comm_));
         if (stage_ >= 2) {
             accumulate_into(grad_shards_ + plan_.local_offset[u], slice, (long)shard, comm_);
             cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), comm_));  // ready for the next micro-step
@@ -265,7 +273,7 @@ public:
         }
     }
     void end_backward() {
-        if (!trainable_ || pg_.world == 1) return;
+        if (!trainable_ || data_.size == 1) return;
         // Stages 2/3 between micro-steps: the next forward needs none of this micro-step's reductions (the next
         // backward waits for its gradient buffers through the *_grads_free_ events), so the last units'
         // reduce-scatters overlap the next forward instead of delaying it.
@@ -288,15 +296,22 @@ public:
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
+        const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0) {
-            global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_);
-        } else if (stage_ == 1) {
-            for (int u = 0; u < U; u++)
-                global_norm_squared(norm_, grads_ + plan_.global_begin(u), (long)plan_.shard_size[u], norm_scratch_, compute_, u > 0);
+            global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
+        } else if (stage_ == 1 || counted != nullptr) {  // unit by unit: each slice's elements have their own indices
+            for (int u = 0; u < U; u++) {
+                const floatX* g = stage_ == 1 ? grads_ + plan_.global_begin(u) : grad_shards_ + plan_.local_offset[u];
+                global_norm_squared(norm_, g, (long)plan_.shard_size[u], norm_scratch_, compute_, u > 0, counted,
+                                    (long)plan_.global_begin(u));
+            }
         } else {
             global_norm_squared(norm_, grad_shards_, (long)plan_.local_total, norm_scratch_, compute_);
         }
-        if (stage_ >= 1) pg_.all_reduce_sum(norm_, compute_);
+        // the squares summed over the data-parallel shards, then over the tensor-parallel slices: every rank
+        // gets the same sum, so every rank takes the same clipping and skip decisions
+        if (stage_ >= 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, data_.comm, compute_));
+        if (tensor_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, tensor_.comm, compute_));
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
@@ -316,8 +331,8 @@ public:
                     cudaCheck(cudaEventRecord(unit_events_[u], compute_));
                     cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
                     floatX* unit = params_ + plan_.unit_offset[u];
-                    ncclCheck(ncclAllGather(unit + pg_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
-                                            nccl_type<floatX>(), pg_.comm, comm_));
+                    ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
+                                            nccl_type<floatX>(), data_.comm, comm_));
                     cudaCheck(cudaEventRecord(gathered_[u], comm_));
                 }
             }
@@ -384,7 +399,7 @@ public:
             cudaCheck(cudaMalloc(&unit, largest * sizeof(floatX)));
             for (int u = 0; u < plan_.num_units(); u++) {
                 ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], unit, plan_.shard_size[u], nccl_type<floatX>(),
-                                        pg_.comm, compute_));
+                                        data_.comm, compute_));
                 cudaCheck(cudaMemcpyAsync(raw.data() + plan_.unit_offset[u], unit, plan_.unit_size[u] * sizeof(floatX),
                                           cudaMemcpyDeviceToHost, compute_));
                 pg_.synchronize(compute_);
@@ -436,7 +451,7 @@ private:
     // All-gather unit u from the parameter shards into `dst` (on the communication stream).
     void gather(int u, floatX* dst) {
         ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], dst, plan_.shard_size[u], nccl_type<floatX>(),
-                                pg_.comm, comm_));
+                                data_.comm, comm_));
     }
     // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
     void wait_for_unit(int u) {
@@ -455,8 +470,11 @@ private:
 
     ShardPlan plan_;
     size_t total_;
-    DecayMask decay_;
+    LayoutMask decay_;
     const ProcessGroup& pg_;
+    Communicator data_, tensor_;
+    LayoutMask split_;
+    bool count_split_only_;  // a tensor-parallel rank other than 0: the norm counts only its own slices
     int stage_;
     cudaStream_t compute_, comm_ = nullptr;
     bool trainable_ = true;

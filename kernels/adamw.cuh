@@ -1,26 +1,8 @@
 // AdamW on fp32 master weights and fp32 moments; writes the compute-precision copy of the parameters
-// (stochastically rounded to bf16). Weight decay only on matrices and embeddings (DecayMask).
-// defines: DecayMask, adamw_update
+// (stochastically rounded to bf16). Weight decay only on matrices and embeddings (a LayoutMask).
+// defines: AdamWHyper, adamw_grad_scale, adamw_update
 #pragma once
 #include "common.cuh"
-
-// Which elements of the flat parameter buffer get weight decay, as a function of the element index, so
-// that one launch covers the whole buffer (or any contiguous shard of it).
-// Layout: [decayed head: wte, wpe][num_blocks identical blocks][no-decay tail: lnfw, lnfb];
-// inside a block, elements in [range_begin[r], range_end[r]) decay (the 2-D weight matrices).
-struct DecayMask {
-    long head_end = 0, block_size = 1, blocks_end = 0;
-    int num_ranges = 0;
-    long range_begin[8] = {}, range_end[8] = {};
-    __host__ __device__ bool decays(long i) const {
-        if (i < head_end) return true;
-        if (i >= blocks_end) return false;
-        long j = (i - head_end) % block_size;
-        for (int r = 0; r < num_ranges; r++)
-            if (j >= range_begin[r] && j < range_end[r]) return true;
-        return false;
-    }
-};
 
 struct AdamWHyper {
     float lr, beta1, beta2, eps, weight_decay;
@@ -56,7 +38,7 @@ __device__ __forceinline__ float adamw_element(float p, float g, float& m, float
 template <typename floatX>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, long n,
                              long index_offset, AdamWHyper h, const float* norm_squared, float bias_correction1,
-                             float bias_correction2, DecayMask mask) {
+                             float bias_correction2, LayoutMask mask) {
     constexpr int X = Packed128<floatX>::size;
     const float grad_scale = adamw_grad_scale(*norm_squared, h);
     if (grad_scale == 0.0f) return;  // non-finite gradients: the step is skipped
@@ -74,7 +56,7 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
         for (int k = 0; k < X; k++) {
             const long index = index_offset + i + k;
             const float old = master != nullptr ? pm[k] : to_float(p[k]);
-            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.decays(index) ? h.weight_decay : 0.0f, grad_scale,
+            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.contains(index) ? h.weight_decay : 0.0f, grad_scale,
                                   h, bias_correction1, bias_correction2);
             p[k] = round_stochastic<floatX>(pm[k], random_u32(h.seed, index));
         }
@@ -88,7 +70,7 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     for (long i = vector_end + (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const long index = index_offset + i;
         const float old = master != nullptr ? master[i] : to_float(params[i]);
-        const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.decays(index) ? h.weight_decay : 0.0f,
+        const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.contains(index) ? h.weight_decay : 0.0f,
                                             grad_scale, h, bias_correction1, bias_correction2);
         if (master != nullptr) master[i] = updated;
         params[i] = round_stochastic<floatX>(updated, random_u32(h.seed, index));
@@ -101,7 +83,7 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
 // All pointers 16-byte aligned (the parameter layout pads every unit and shard to 8 elements).
 template <typename floatX>
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, long n, long index_offset,
-                  const AdamWHyper& h, const float* norm_squared, const DecayMask& mask, cudaStream_t stream) {
+                  const AdamWHyper& h, const float* norm_squared, const LayoutMask& mask, cudaStream_t stream) {
     const float bias_correction1 = 1.0f - powf(h.beta1, (float)h.t);
     const float bias_correction2 = 1.0f - powf(h.beta2, (float)h.t);
     const int block = 512;

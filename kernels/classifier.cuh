@@ -1,6 +1,7 @@
 // LM-head softmax fused with cross-entropy. Per row: the loss, and (optionally) the logits gradient
 // written in place over the logits, so the full-vocabulary probabilities are never stored.
-// defines: fused_classifier, accumulate_losses
+// defines: fused_classifier, vocab_parallel_stats / vocab_parallel_rescale / vocab_parallel_loss (the same over
+// tensor-parallel ranks' vocabulary ranges), accumulate_losses
 #pragma once
 #include <cfloat>
 #include "common.cuh"
@@ -14,34 +15,30 @@ __device__ __forceinline__ SoftmaxStats combine(SoftmaxStats a, SoftmaxStats b) 
     return {m, a.sum * expf(a.max_value - m) + b.sum * expf(b.max_value - m)};
 }
 
-// One block per row of logits (stride Vp, the first V columns real). losses[row] = logsumexp - logit[target].
-// The row (100 KB in bf16) is read twice, and both reads reach memory: the profile of a d12 step shows 3x the
-// logits' bytes moved.
+// This thread's share of the online softmax statistics of a row's first n columns x[0, n): its 16-byte vectors
+// threadIdx.x, + blockDim.x, ... The row is 16-byte aligned and readable up to n rounded up to a whole vector.
+// Per vector: its maximum, then one rescale of the running sum and one exponential per element (combining element
+// by element took two accurate expf each and made the classifier compute-bound).
 // __expf (relative error ~1e-6 for the arguments here, all <= 0) is well inside the fp32 tests' 1e-5.
-// When dloss != 0: logits[row, j] = (softmax_j - [j == target]) * dloss for j < V, and 0 for padded columns.
-// 256 threads a row: measured on an H200 (bf16, 65536 x 50304), 5.0 ms against 6.7 ms with 1024 threads and 5.4
-// with 512 -- more, smaller blocks per SM overlap one row's reduction with other rows' loads.
-constexpr int kClassifierThreads = 256;
 template <typename floatX>
-__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+__device__ __forceinline__ SoftmaxStats thread_softmax_stats(const floatX* x, int n) {
     constexpr int X = Packed128<floatX>::size;
-    __shared__ float shared_max[32], shared_sum[32];
-    const long row = blockIdx.x;
-    floatX* x = logits + row * Vp;
-    const int target = targets[row];
     SoftmaxStats stats = {-FLT_MAX, 0.0f};  // -FLT_MAX, not -inf: combining two empty stats stays finite
-    // per 16-byte vector: its maximum, then one rescale of the running sum and one exponential per element
-    // (combining element by element took two accurate expf each and made the kernel compute-bound)
-    for (int j = threadIdx.x * X; j < V; j += blockDim.x * X) {
+    for (int j = threadIdx.x * X; j < n; j += blockDim.x * X) {
         Packed128<floatX> v = load128(x + j);
         float vector_max = -FLT_MAX;
-        for (int i = 0; i < X && j + i < V; i++) vector_max = fmaxf(vector_max, to_float(v[i]));
+        for (int i = 0; i < X && j + i < n; i++) vector_max = fmaxf(vector_max, to_float(v[i]));
         const float m = fmaxf(stats.max_value, vector_max);
         float sum = stats.sum * __expf(stats.max_value - m);
-        for (int i = 0; i < X && j + i < V; i++) sum += __expf(to_float(v[i]) - m);
+        for (int i = 0; i < X && j + i < n; i++) sum += __expf(to_float(v[i]) - m);
         stats = {m, sum};
     }
-    // block-wide combine, in a fixed order
+    return stats;
+}
+
+// The block's statistics from its threads', combined in a fixed order (deterministic), returned to every thread.
+// An empty row (no thread saw a column) gives {-FLT_MAX, 0}. `shared_max` and `shared_sum` hold 32 floats each.
+__device__ __forceinline__ SoftmaxStats block_softmax_stats(SoftmaxStats stats, float* shared_max, float* shared_sum) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
     for (int offset = 16; offset > 0; offset >>= 1) {
         SoftmaxStats other = {__shfl_xor_sync(0xffffffff, stats.max_value, offset),
@@ -52,24 +49,49 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     __syncthreads();
     stats = {-FLT_MAX, 0.0f};
     for (int w = 0; w < num_warps; w++) stats = combine(stats, {shared_max[w], shared_sum[w]});
-    const float log_sum = logf(stats.sum);
-    if (threadIdx.x == 0) losses[row] = log_sum + stats.max_value - to_float(x[target]);
-    if (dloss == 0.0f) return;
-    __syncthreads();  // every thread has read x[target] before it is overwritten
-    const float inv_sum = 1.0f / stats.sum;
-    for (int j = threadIdx.x * X; j < Vp; j += blockDim.x * X) {
+    return stats;
+}
+
+// Overwrites the row x[0, n) (n a multiple of the vector size) with the logits gradient:
+// (exp(x_j - max_value) * inv_sum - [j == target]) * dloss for the real columns j < real, 0 for the rest (padding).
+template <typename floatX>
+__device__ __forceinline__ void write_softmax_gradient(floatX* x, int n, int real, int target, float max_value,
+                                                       float inv_sum, float dloss) {
+    constexpr int X = Packed128<floatX>::size;
+    for (int j = threadIdx.x * X; j < n; j += blockDim.x * X) {
         Packed128<floatX> v = load128(x + j);
         for (int i = 0; i < X; i++) {
             const int col = j + i;
             float grad = 0.0f;
-            if (col < V) {
-                const float p = __expf(to_float(v[i]) - stats.max_value) * inv_sum;
+            if (col < real) {
+                const float p = __expf(to_float(v[i]) - max_value) * inv_sum;
                 grad = (p - (col == target ? 1.0f : 0.0f)) * dloss;
             }
             v[i] = from_float<floatX>(grad);
         }
         store128cs(x + j, v);  // streamed: the LM-head backward reads it next, far beyond what L2 holds
     }
+}
+
+// One block per row of logits (stride Vp, the first V columns real). losses[row] = logsumexp - logit[target].
+// The row (100 KB in bf16) is read twice, and both reads reach memory: the profile of a d12 step shows 3x the
+// logits' bytes moved.
+// When dloss != 0: logits[row, j] = (softmax_j - [j == target]) * dloss for j < V, and 0 for padded columns.
+// 256 threads a row: measured on an H200 (bf16, 65536 x 50304), 5.0 ms against 6.7 ms with 1024 threads and 5.4
+// with 512 -- more, smaller blocks per SM overlap one row's reduction with other rows' loads.
+constexpr int kClassifierThreads = 256;
+template <typename floatX>
+__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
+    __shared__ float shared_max[32], shared_sum[32];
+    const long row = blockIdx.x;
+    floatX* x = logits + row * Vp;
+    const int target = targets[row];
+    const SoftmaxStats stats = block_softmax_stats(thread_softmax_stats(x, V), shared_max, shared_sum);
+    const float log_sum = logf(stats.sum);
+    if (threadIdx.x == 0) losses[row] = log_sum + stats.max_value - to_float(x[target]);
+    if (dloss == 0.0f) return;
+    __syncthreads();  // every thread has read x[target] before it is overwritten
+    write_softmax_gradient(x, Vp, V, target, stats.max_value, 1.0f / stats.sum, dloss);
 }
 
 // logits (N, Vp); losses (N) fp32; targets (N). dloss = d(total loss)/d(row loss), e.g.
@@ -82,6 +104,115 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, float d
         exit(EXIT_FAILURE);
     }
     fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
+    cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel cross-entropy (Megatron-style tensor parallelism): rank r holds the logits columns
+// [vocab_begin, vocab_begin + Vl) of the padded vocabulary (row stride Vl; real columns are those below V, so the
+// last ranks may hold fewer, or none). The logits are never gathered; per row, only the softmax statistics cross
+// ranks, in three kernels with the caller's collectives between them:
+//   vocab_parallel_stats    stats = this rank's {max m_r, sum_r exp(x - m_r), target logit or 0}
+//   (caller)                global_max = stats[0, N) all-reduced with ncclMax
+//   vocab_parallel_rescale  stats[N, 2N) *= exp(m_r - global_max): each rank's sum relative to the global max
+//   (caller)                stats[N, 3N) all-reduced with ncclSum (the target logit is nonzero on one rank only)
+//   vocab_parallel_loss     the loss (the same on every rank) and this rank's columns of the logits gradient
+// stats: 3N floats, [0, N) row max, [N, 2N) row sum of exp, [2N, 3N) target logit.
+
+// The real columns of a rank's range: those below V.
+__device__ __forceinline__ int vocab_parallel_real_columns(int vocab_begin, int Vl, int V) {
+    return min(max(V - vocab_begin, 0), Vl);
+}
+
+// Pass 1: one block per row. A rank with no real column gives {-FLT_MAX, 0} (block_softmax_stats' empty row),
+// which the rescale turns into a sum of 0.
+template <typename floatX>
+__global__ void vocab_parallel_stats_kernel(const floatX* logits, float* stats, const int* targets, int N,
+                                            int vocab_begin, int Vl, int V) {
+    __shared__ float shared_max[32], shared_sum[32];
+    const long row = blockIdx.x;
+    const floatX* x = logits + row * Vl;
+    const SoftmaxStats s = block_softmax_stats(thread_softmax_stats(x, vocab_parallel_real_columns(vocab_begin, Vl, V)),
+                                               shared_max, shared_sum);
+    if (threadIdx.x != 0) return;
+    const int target = targets[row] - vocab_begin;  // local column
+    stats[row] = s.max_value;
+    stats[N + row] = s.sum;
+    stats[2L * N + row] = target >= 0 && target < Vl ? to_float(x[target]) : 0.0f;
+}
+
+// Pass 2. stats[i] <= global_max[i], so the factor is at most 1; an empty row's -FLT_MAX gives exp(-huge) = 0,
+// and its sum stays 0.
+__global__ void vocab_parallel_rescale_kernel(float* stats, const float* global_max, int N) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) stats[N + i] *= expf(stats[i] - global_max[i]);
+}
+
+// Pass 3's loss of row i from the reduced statistics: logsumexp - target logit, as fused_classifier_kernel.
+__device__ __forceinline__ float vocab_parallel_row_loss(const float* stats, const float* global_max, long i, int N) {
+    return logf(stats[N + i]) + global_max[i] - stats[2L * N + i];
+}
+
+// Pass 3 with the gradient: one block per row, the loss from thread 0 and the gradient over this rank's Vl columns
+// (the target's local column, if it is this rank's, gets the -1). The target logit comes from the reduced
+// statistics, so unlike fused_classifier_kernel no thread reads a logit that another overwrites: no barrier.
+template <typename floatX>
+__global__ void vocab_parallel_loss_kernel(floatX* logits, float* losses, const int* targets, const float* stats,
+                                           const float* global_max, float dloss, int N, int vocab_begin, int Vl,
+                                           int V) {
+    const long row = blockIdx.x;
+    if (threadIdx.x == 0) losses[row] = vocab_parallel_row_loss(stats, global_max, row, N);
+    write_softmax_gradient(logits + row * Vl, Vl, vocab_parallel_real_columns(vocab_begin, Vl, V),
+                           targets[row] - vocab_begin, global_max[row], 1.0f / stats[N + row], dloss);
+}
+
+// Pass 3 without the gradient (dloss == 0, an evaluation): the losses alone, one thread a row.
+__global__ void vocab_parallel_losses_kernel(float* losses, const float* stats, const float* global_max, int N) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) losses[i] = vocab_parallel_row_loss(stats, global_max, i, N);
+}
+
+inline void check_vocab_parallel_columns(int Vl, int size) {
+    if (Vl % size != 0) {
+        fprintf(stderr, "error: vocabulary columns per tensor-parallel rank %d must be a multiple of %d\n", Vl, size);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// logits (N, Vl): this rank's columns [vocab_begin, vocab_begin + Vl); targets (N) global token ids below V;
+// stats (3N) as above.
+// 128 threads a row, where the gradient pass keeps fused_classifier's 256: a read-only pass over a short row is
+// bound by each block's closing reduction. Measured on an H200 (bf16, 65536 rows, the last rank's range):
+// 0.36 ms against 0.49 with 256 threads at tp 8 (Vl 6288), 0.63 against 0.76 at tp 4, 2.26 against 2.39 at tp 1.
+constexpr int kVocabParallelStatsThreads = 128;
+template <typename floatX>
+void vocab_parallel_stats(const floatX* logits, float* stats, const int* targets, int N, int vocab_begin, int Vl,
+                          int V, cudaStream_t stream) {
+    check_vocab_parallel_columns(Vl, Packed128<floatX>::size);
+    vocab_parallel_stats_kernel<<<N, kVocabParallelStatsThreads, 0, stream>>>(logits, stats, targets, N, vocab_begin,
+                                                                               Vl, V);
+    cudaCheckLaunch();
+}
+
+// global_max (N): stats[0, N) after the all-reduce with ncclMax.
+inline void vocab_parallel_rescale(float* stats, const float* global_max, int N, cudaStream_t stream) {
+    vocab_parallel_rescale_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(stats, global_max, N);
+    cudaCheckLaunch();
+}
+
+// stats[N, 3N) all-reduced with ncclSum; global_max as for vocab_parallel_rescale. losses (N) fp32. dloss as for
+// fused_classifier: != 0 writes the gradient of this rank's columns in place over `logits` (0 for padded columns,
+// those at or above V); 0 keeps the logits.
+template <typename floatX>
+void vocab_parallel_loss(floatX* logits, float* losses, const int* targets, const float* stats, const float* global_max,
+                         float dloss, int N, int vocab_begin, int Vl, int V, cudaStream_t stream) {
+    check_vocab_parallel_columns(Vl, Packed128<floatX>::size);
+    if (dloss == 0.0f) {
+        vocab_parallel_losses_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(losses, stats, global_max, N);
+    } else {
+        vocab_parallel_loss_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, stats, global_max,
+                                                                          dloss, N, vocab_begin, Vl, V);
+    }
     cudaCheckLaunch();
 }
 

@@ -1,5 +1,5 @@
 // Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
-// 128-bit packed loads/stores, warp/block reductions and stochastic rounding.
+// 128-bit packed loads/stores, warp/block reductions, layout masks and stochastic rounding.
 // It holds no layer logic.
 #pragma once
 #include <cstdio>
@@ -130,6 +130,26 @@ __device__ __forceinline__ float block_reduce_max(float v, float* shared) {
     v = lane < num_warps ? shared[lane] : -INFINITY;
     return warp_reduce_max(v);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Which elements of a flat parameter buffer have a property (weight decay; being a tensor-parallel slice rather
+// than a replicated tensor), as a function of the element index, so that one launch covers the whole buffer or
+// any contiguous shard of it. Layout: [head: true below head_end, false from there to blocks_begin]
+// [identical blocks of block_size from blocks_begin to blocks_end][tail: false]; inside a block, the elements in
+// [range_begin[r], range_end[r]) are true.
+struct LayoutMask {
+    long head_end = 0, blocks_begin = 0, block_size = 1, blocks_end = 0;
+    int num_ranges = 0;
+    long range_begin[8] = {}, range_end[8] = {};
+    __host__ __device__ bool contains(long i) const {
+        if (i < head_end) return true;
+        if (i < blocks_begin || i >= blocks_end) return false;
+        const long j = (i - blocks_begin) % block_size;
+        for (int r = 0; r < num_ranges; r++)
+            if (j >= range_begin[r] && j < range_end[r]) return true;
+        return false;
+    }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Counter-based random numbers: a pure function of (seed, index), so results do not depend on the

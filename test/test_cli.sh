@@ -70,6 +70,11 @@ expect_error "LoRA dropout out of range" "--lora-dropout must be in \[0, 1)" $SM
 expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 # batch vs GPUs: 2 ranks x 2 rows x 32 tokens = 128 tokens per micro-step
 export WORLD_SIZE=2 RANK=0
-expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x GPUs (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64
+expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x data-parallel ranks (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64
+# tensor parallelism: the mesh and the split are checked before any GPU is touched
+expect_error "tensor parallel does not divide the ranks" "--tensor-parallel 3 x --pipeline-parallel 1 = 3 does not divide the 2 ranks" $SMALL --tensor-parallel 3
+expect_error "tensor parallel below 1" "--tensor-parallel 0 must be at least 1" $SMALL --tensor-parallel 0
+expect_error "tensor parallel splits whole heads" "--tensor-parallel 2: the 3 attention heads do not split into 2 equal groups" --model d3 --tensor-parallel 2
+expect_error "tensor parallel refuses LoRA" "LoRA runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --lora-rank 4
 unset WORLD_SIZE RANK
 exit 0

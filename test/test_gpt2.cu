@@ -61,7 +61,8 @@ static void run(const std::string& model_path, const DebugState& state, const st
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     ProcessGroup single;  // one process, no communicator
-    GPT2<floatX> model(config, single, 0, stream, lora);
+    const ProcessMesh mesh;
+    GPT2<floatX> model(config, single, mesh, 0, stream, lora);
     model.allocate(B, T);
     model.set_parameters(values);
     if (lora.enabled()) model.adapters->set_parameters(adapter_values);
@@ -179,7 +180,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
                 if (lora.targets_has(t))
                     std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config.channels) * lora.rank, 0.0f);
         model.adapters->set_parameters(adapter_values);
-        GPT2<floatX> base(config, single, 0, stream);
+        GPT2<floatX> base(config, single, mesh, 0, stream);
         base.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
         base.allocate(B, T);
         base.set_parameters(values);

@@ -3,6 +3,8 @@
 // fresh random inputs each run (the seed is printed) and outputs poisoned with NaN before each launch.
 // Usage: test_kernels [seed]
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 #include "../kernels/common.cuh"
@@ -36,6 +38,10 @@ template <typename floatX> std::vector<float> random_vector(size_t n, float scal
 }
 
 struct Shape { int B, T, C, NH; };
+// " B3 T37 C200": in the check names of tests run over several shapes, so that every name is unique
+static std::string shape_name(const Shape& s) {
+    return " B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " C" + std::to_string(s.C);
+}
 
 template <typename floatX>
 void test_encoder(const Shape& s, const std::string& tag, cudaStream_t stream) {
@@ -52,7 +58,7 @@ void test_encoder(const Shape& s, const std::string& tag, cudaStream_t stream) {
     cudaCheck(cudaMemcpy(tokens_d, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
     DeviceBuffer<floatX> wte_d(wte), wpe_d(wpe), out_d(out_ref.size());
     encoder_forward(out_d.ptr, tokens_d, wte_d.ptr, wpe_d.ptr, B, T, C, stream);
-    compare(tag + " encoder_forward", out_d.download(), out_ref, tolerance<floatX>().simple);
+    compare(tag + " encoder_forward" + shape_name(s), out_d.download(), out_ref, tolerance<floatX>().simple);
 
     // backward accumulates into existing gradients
     auto dout = random_vector<floatX>(out_ref.size());
@@ -63,8 +69,61 @@ void test_encoder(const Shape& s, const std::string& tag, cudaStream_t stream) {
     const int num_buckets = encoder_buckets(tokens.data(), B * T, V, packed.data(), counts);
     cudaCheck(cudaMemcpy(tokens_d, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
     encoder_backward(dwte_d.ptr, dwpe_d.ptr, dout_d.ptr, tokens_d, num_buckets, B, T, C, stream);
-    compare(tag + " encoder_backward dwte", dwte_d.download(), dwte, tolerance<floatX>().simple);
-    compare(tag + " encoder_backward dwpe", dwpe_d.download(), dwpe, tolerance<floatX>().simple);
+    compare(tag + " encoder_backward dwte" + shape_name(s), dwte_d.download(), dwte, tolerance<floatX>().simple);
+    compare(tag + " encoder_backward dwpe" + shape_name(s), dwpe_d.download(), dwpe, tolerance<floatX>().simple);
+    cudaCheck(cudaFree(tokens_d));
+}
+
+// Vocabulary-parallel embedding: the padded table (Vp rows, V real) split into tp ranges of Vl = Vp / tp rows, one per
+// tensor-parallel "rank", each run on its own slice; rank 0 alone adds wpe. The ranks' summed outputs (the
+// all-reduce) must be the whole table's embedding, and each rank's dwte slice (and rank 0's dwpe) the matching rows
+// of the whole table's gradient.
+template <typename floatX>
+void test_encoder_vocab_parallel(const Shape& s, int V, int Vp, int tp, const std::string& tag, cudaStream_t stream) {
+    const int B = s.B, T = s.T, C = s.C, Vl = Vp / tp;
+    const std::string name = " vocab-parallel V" + std::to_string(V) + " Vp" + std::to_string(Vp) + " tp" +
+                             std::to_string(tp) + shape_name(s);
+    std::uniform_int_distribution<int> token(0, V - 1);
+    std::vector<int> tokens(B * T);
+    for (auto& t : tokens) t = token(rng);
+    // a token in every rank that holds real rows (the first of its range), and V - 1, the last real row
+    // (twice: a bucket of two positions)
+    for (int r = 0; r < tp && r * Vl < V; r++) tokens[(r + 1) % (B * T)] = r * Vl;
+    tokens[0] = tokens[B * T - 1] = V - 1;
+    auto wte = random_vector<floatX>((size_t)Vp * C), wpe = random_vector<floatX>((size_t)T * C);
+    std::vector<float> out_ref((size_t)B * T * C), out_sum(out_ref.size(), 0.0f);
+    cpuref::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    int* tokens_d;
+    cudaCheck(cudaMalloc(&tokens_d, (3 * tokens.size() + 1) * sizeof(int)));  // the tokens, then their buckets
+    cudaCheck(cudaMemcpy(tokens_d, tokens.data(), tokens.size() * sizeof(int), cudaMemcpyHostToDevice));
+    DeviceBuffer<floatX> wte_d(wte), wpe_d(wpe);
+    for (int r = 0; r < tp; r++) {
+        DeviceBuffer<floatX> out_d(out_ref.size());
+        encoder_forward(out_d.ptr, tokens_d, wte_d.ptr + (size_t)r * Vl * C, r == 0 ? wpe_d.ptr : nullptr, B, T, C,
+                        stream, r * Vl, Vl);
+        const std::vector<float> out = out_d.download();
+        for (size_t i = 0; i < out.size(); i++) out_sum[i] += out[i];
+    }
+    compare(tag + " encoder_forward" + name + " sum over ranks", out_sum, out_ref, tolerance<floatX>().simple);
+
+    // backward, accumulating into existing gradients: each rank into its own slice, rank 0 alone into dwpe
+    auto dout = random_vector<floatX>(out_ref.size());
+    auto dwte = random_vector<floatX>(wte.size()), dwpe = random_vector<floatX>(wpe.size());
+    DeviceBuffer<floatX> dout_d(dout), dwpe_d(dwpe);
+    std::vector<float> dwte_ref = dwte, dwpe_ref = dwpe;
+    cpuref::encoder_backward(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B, T, C);
+    std::vector<int> packed(3 * B * T + 1), counts;
+    const int num_buckets = encoder_buckets(tokens.data(), B * T, V, packed.data(), counts);
+    cudaCheck(cudaMemcpy(tokens_d, packed.data(), packed.size() * sizeof(int), cudaMemcpyHostToDevice));
+    for (int r = 0; r < tp; r++) {
+        const size_t begin = (size_t)r * Vl * C, end = begin + (size_t)Vl * C;
+        DeviceBuffer<floatX> dwte_d(std::vector<float>(dwte.begin() + begin, dwte.begin() + end));
+        encoder_backward(dwte_d.ptr, r == 0 ? dwpe_d.ptr : nullptr, dout_d.ptr, tokens_d, num_buckets, B, T, C, stream,
+                         r * Vl, Vl);
+        compare(tag + " encoder_backward" + name + " dwte rank " + std::to_string(r), dwte_d.download(),
+                std::vector<float>(dwte_ref.begin() + begin, dwte_ref.begin() + end), tolerance<floatX>().simple);
+    }
+    compare(tag + " encoder_backward" + name + " dwpe (rank 0)", dwpe_d.download(), dwpe_ref, tolerance<floatX>().simple);
     cudaCheck(cudaFree(tokens_d));
 }
 
@@ -81,13 +140,13 @@ void test_layernorm(const Shape& s, const std::string& tag, cudaStream_t stream)
     DeviceBuffer<floatX> a_d(a), b_d(b), w_d(w), bias_d(bias), residual_d(residual.size()), out_d(out_ref.size());
     DeviceBuffer<float> mean_d(N), rstd_d(N);
     residual_layernorm_forward(residual_d.ptr, out_d.ptr, mean_d.ptr, rstd_d.ptr, a_d.ptr, b_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
-    compare(tag + " residual_layernorm_forward residual", residual_d.download(), residual, tolerance<floatX>().simple);
-    compare(tag + " residual_layernorm_forward out", out_d.download(), out_ref, tolerance<floatX>().simple);
-    compare(tag + " residual_layernorm_forward mean", mean_d.download(), mean_ref, 1e-5);
-    compare(tag + " residual_layernorm_forward rstd", rstd_d.download(), rstd_ref, 1e-5);
+    compare(tag + " residual_layernorm_forward residual" + shape_name(s), residual_d.download(), residual, tolerance<floatX>().simple);
+    compare(tag + " residual_layernorm_forward out" + shape_name(s), out_d.download(), out_ref, tolerance<floatX>().simple);
+    compare(tag + " residual_layernorm_forward mean" + shape_name(s), mean_d.download(), mean_ref, 1e-5);
+    compare(tag + " residual_layernorm_forward rstd" + shape_name(s), rstd_d.download(), rstd_ref, 1e-5);
     out_d.poison(); mean_d.poison(); rstd_d.poison();
     layernorm_forward(out_d.ptr, mean_d.ptr, rstd_d.ptr, residual_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
-    compare(tag + " layernorm_forward out", out_d.download(), out_ref, tolerance<floatX>().simple);
+    compare(tag + " layernorm_forward out" + shape_name(s), out_d.download(), out_ref, tolerance<floatX>().simple);
 
     // backward: dinp, dweight, dbias all accumulate; dweight and dbias adjacent as in the parameter layout
     auto dout = random_vector<floatX>((size_t)N * C), dinp = random_vector<floatX>((size_t)N * C);
@@ -100,8 +159,8 @@ void test_layernorm(const Shape& s, const std::string& tag, cudaStream_t stream)
     DeviceBuffer<floatX> dout_d(dout), dinp_d(dinp), dwb_d(dwb);
     DeviceBuffer<float> scratch(layernorm_backward_scratch_floats(C));
     layernorm_backward(dinp_d.ptr, dwb_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, mean_d.ptr, rstd_d.ptr, N, C, stream);
-    compare(tag + " layernorm_backward dinp", dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
-    compare(tag + " layernorm_backward dweight+dbias", dwb_d.download(), dwb_ref, tolerance<floatX>().simple);
+    compare(tag + " layernorm_backward dinp" + shape_name(s), dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
+    compare(tag + " layernorm_backward dweight+dbias" + shape_name(s), dwb_d.download(), dwb_ref, tolerance<floatX>().simple);
 }
 
 template <typename floatX>
@@ -201,6 +260,127 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
     cudaCheck(cudaFree(targets_d));
 }
 
+// Vocabulary-parallel cross-entropy against the dense reference: the (N, Vp) logits split by columns into tp ranges
+// of Vl = Vp / tp, one per tensor-parallel "rank", with the collectives between the passes emulated on the host
+// (max over ranks of stats[0, N), sum over ranks of stats[N, 3N)). Every rank's losses must be the dense losses,
+// and the ranks' gradient columns side by side the dense gradient, padded columns exactly 0.
+template <typename floatX>
+void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::string& tag, cudaStream_t stream) {
+    const int Vl = Vp / tp;
+    const std::string name = " N" + std::to_string(N) + " V" + std::to_string(V) + " Vp" + std::to_string(Vp) + " tp" +
+                             std::to_string(tp);
+    auto logits = random_vector<floatX>((size_t)N * Vp, 3.0f);  // padded columns random too: they must be ignored
+    std::uniform_int_distribution<int> token(0, V - 1);
+    std::vector<int> targets(N);
+    for (auto& t : targets) t = token(rng);
+    // a target in every rank that holds real columns (its last real one), and the first and last real columns
+    // (rows 0 .. tp-1, N-2 and N-1: N > tp + 1)
+    for (int r = 0; r < tp && r * Vl < V; r++) targets[r % N] = std::min((r + 1) * Vl, V) - 1;
+    targets[N - 1] = V - 1;
+    targets[N - 2] = 0;
+    const float dloss = 1.0f / N;
+    std::vector<float> probs((size_t)N * Vp), losses_ref(N), dlogits_ref((size_t)N * Vp, 0.0f);
+    cpuref::softmax_crossentropy_forward(probs.data(), losses_ref.data(), logits.data(), targets.data(), N, V, Vp);
+    cpuref::softmax_crossentropy_backward(dlogits_ref.data(), probs.data(), targets.data(), dloss, N, V, Vp);
+    int* targets_d;
+    cudaCheck(cudaMalloc(&targets_d, N * sizeof(int)));
+    cudaCheck(cudaMemcpy(targets_d, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+
+    // rank r's logits: columns [r * Vl, (r + 1) * Vl) of every row
+    std::vector<std::vector<float>> local_logits(tp, std::vector<float>((size_t)N * Vl));
+    std::vector<std::unique_ptr<DeviceBuffer<floatX>>> logits_d;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> stats_d, losses_d;
+    for (int r = 0; r < tp; r++) {
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vl; j++) local_logits[r][(size_t)i * Vl + j] = logits[(size_t)i * Vp + r * Vl + j];
+        logits_d.emplace_back(new DeviceBuffer<floatX>(local_logits[r]));
+        stats_d.emplace_back(new DeviceBuffer<float>(3 * N));
+        losses_d.emplace_back(new DeviceBuffer<float>(N));
+    }
+
+    // pass 1, checked against each rank's statistics computed on the host in double: maxima and target logits
+    // exactly (no arithmetic), sums to 1e-5; a row without real columns {-FLT_MAX, 0}
+    std::vector<std::vector<float>> stats(tp);
+    std::vector<float> global_max(N, -FLT_MAX);
+    for (int r = 0; r < tp; r++) {
+        vocab_parallel_stats(logits_d[r]->ptr, stats_d[r]->ptr, targets_d, N, r * Vl, Vl, V, stream);
+        stats[r] = stats_d[r]->download();
+        const int real = std::min(std::max(V - r * Vl, 0), Vl);
+        std::vector<float> max_ref(N, -FLT_MAX), sum_ref(N, 0.0f), target_ref(N, 0.0f);
+        for (int i = 0; i < N; i++) {
+            const float* x = local_logits[r].data() + (size_t)i * Vl;
+            for (int j = 0; j < real; j++) max_ref[i] = std::max(max_ref[i], x[j]);
+            double sum = 0.0;
+            for (int j = 0; j < real; j++) sum += std::exp((double)x[j] - max_ref[i]);
+            sum_ref[i] = (float)sum;
+            if (targets[i] >= r * Vl && targets[i] < (r + 1) * Vl) target_ref[i] = x[targets[i] - r * Vl];
+            global_max[i] = std::max(global_max[i], stats[r][i]);
+        }
+        const std::string rank = " rank " + std::to_string(r) + (real == 0 ? " (no real column)" : "");
+        compare(tag + " vocab_parallel_stats max" + name + rank,
+                std::vector<float>(stats[r].begin(), stats[r].begin() + N), max_ref, 0.0);
+        compare(tag + " vocab_parallel_stats sum" + name + rank,
+                std::vector<float>(stats[r].begin() + N, stats[r].begin() + 2 * N), sum_ref, 1e-5);
+        compare(tag + " vocab_parallel_stats target logit" + name + rank,
+                std::vector<float>(stats[r].begin() + 2 * N, stats[r].end()), target_ref, 0.0);
+    }
+
+    // "all-reduce" max; pass 2; "all-reduce" sum of [N, 3N), into every rank's statistics
+    DeviceBuffer<float> global_max_d(global_max);
+    std::vector<float> reduced(2 * N, 0.0f);
+    for (int r = 0; r < tp; r++) {
+        vocab_parallel_rescale(stats_d[r]->ptr, global_max_d.ptr, N, stream);
+        stats[r] = stats_d[r]->download();
+        for (int i = 0; i < 2 * N; i++) reduced[i] += stats[r][N + i];
+    }
+    std::vector<float> sum_ref(N);  // the dense sum of exp(x - global max) over the real columns
+    for (int i = 0; i < N; i++) {
+        double sum = 0.0;
+        for (int j = 0; j < V; j++) sum += std::exp((double)logits[(size_t)i * Vp + j] - global_max[i]);
+        sum_ref[i] = (float)sum;
+    }
+    compare(tag + " vocab_parallel_rescale sum over ranks" + name, std::vector<float>(reduced.begin(), reduced.begin() + N),
+            sum_ref, 1e-5);
+    for (int r = 0; r < tp; r++) {
+        std::copy(reduced.begin(), reduced.end(), stats[r].begin() + N);
+        stats_d[r]->upload(stats[r]);
+    }
+
+    // pass 3, first without the gradient (logits kept), then with it; every rank's losses are the dense ones, and
+    // bitwise the same on every rank (the same inputs)
+    std::vector<std::vector<float>> losses(tp);
+    for (int r = 0; r < tp; r++) {
+        vocab_parallel_loss(logits_d[r]->ptr, losses_d[r]->ptr, targets_d, stats_d[r]->ptr, global_max_d.ptr, 0.0f, N,
+                            r * Vl, Vl, V, stream);
+        const std::string rank = " rank " + std::to_string(r);
+        compare(tag + " vocab_parallel_loss losses (dloss=0)" + name + rank, losses_d[r]->download(), losses_ref, 1e-5);
+        compare(tag + " vocab_parallel_loss keeps logits when dloss=0" + name + rank, logits_d[r]->download(),
+                local_logits[r], 0.0);
+        losses_d[r]->poison();
+    }
+    std::vector<float> dlogits((size_t)N * Vp);
+    for (int r = 0; r < tp; r++) {
+        vocab_parallel_loss(logits_d[r]->ptr, losses_d[r]->ptr, targets_d, stats_d[r]->ptr, global_max_d.ptr, dloss, N,
+                            r * Vl, Vl, V, stream);
+        losses[r] = losses_d[r]->download();
+        compare(tag + " vocab_parallel_loss losses (with gradient)" + name + " rank " + std::to_string(r), losses[r],
+                losses_ref, 1e-5);
+        const std::vector<float> local = logits_d[r]->download();
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vl; j++) dlogits[(size_t)i * Vp + r * Vl + j] = local[(size_t)i * Vl + j];
+    }
+    bool same = true;
+    for (int r = 1; r < tp; r++) same = same && memcmp(losses[r].data(), losses[0].data(), N * sizeof(float)) == 0;
+    expect(same, tag + " vocab_parallel_loss losses bitwise equal on every rank" + name, "the ranks' losses differ");
+    compare(tag + " vocab_parallel_loss dlogits" + name, dlogits, dlogits_ref, tolerance<floatX>().simple);
+    long nonzero_padding = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++) nonzero_padding += dlogits[(size_t)i * Vp + j] != 0.0f;  // NaN counts too
+    expect(nonzero_padding == 0, tag + " vocab_parallel_loss dlogits padded columns are 0" + name,
+           fmt("%.0f padded gradient entries not 0", (double)nonzero_padding));
+    cudaCheck(cudaFree(targets_d));
+}
+
 template <typename floatX>
 void test_optimizer(size_t n, const std::string& tag, cudaStream_t stream) {
     auto master = random_vector<float>(n), grad = random_vector<floatX>(n, 0.1f);
@@ -210,7 +390,7 @@ void test_optimizer(size_t n, const std::string& tag, cudaStream_t stream) {
     for (size_t i = 0; i < n; i++) params[i] = host_round<floatX>(master[i]);
     const bool has_master = !std::is_same<floatX, float>::value;
     // everything decays in this test's mask; the layout's mask itself is covered by the model test
-    DecayMask mask;
+    LayoutMask mask;
     mask.head_end = (long)n;
     AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.0f, 1.0f, 3, 42};  // no clipping, no loss scale: gradients as given
     std::vector<float> p_ref = has_master ? master : params, m_ref = m, v_ref = v;
@@ -265,6 +445,11 @@ void test_precision(cudaStream_t stream) {
     for (const Shape& s : shapes) {
         test_encoder<floatX>(s, tag, stream);
         test_layernorm<floatX>(s, tag, stream);
+        // tensor parallelism's vocabulary ranges: the last rank's range short of real rows (tp 2, 3), and one with
+        // none (tp 4: ranks of 96 rows, V 200, so rank 2 holds 8 real rows and rank 3 only padding)
+        test_encoder_vocab_parallel<floatX>(s, 300, 384, 2, tag, stream);
+        test_encoder_vocab_parallel<floatX>(s, 300, 384, 3, tag, stream);
+        test_encoder_vocab_parallel<floatX>(s, 200, 384, 4, tag, stream);
     }
     test_matmul<floatX>(111, 200, 600, tag, stream);
     test_matmul<floatX>(256, 768, 3072, tag, stream);
@@ -282,6 +467,13 @@ void test_precision(cudaStream_t stream) {
     matmul_context().autotune = false;
     test_classifier<floatX>(37, 1000, tag, stream);
     test_classifier<floatX>(8, 50257, tag, stream);
+    // vocabulary-parallel cross-entropy: Vp 384 in 1, 2, 3, 4 ranks of 384, 192, 128, 96 columns (V 300: the last
+    // rank partly padding, its real columns ending mid-vector); V 200 leaves a rank with no real column (tp 3: rank
+    // 2; tp 4: rank 3); GPT-2's vocabulary in 8 ranks of 6288 columns
+    for (int tp : {1, 2, 3, 4}) test_vocab_parallel_classifier<floatX>(37, 300, 384, tp, tag, stream);
+    test_vocab_parallel_classifier<floatX>(19, 200, 384, 3, tag, stream);
+    test_vocab_parallel_classifier<floatX>(37, 200, 384, 4, tag, stream);
+    test_vocab_parallel_classifier<floatX>(13, 50257, 50304, 8, tag, stream);
     test_optimizer<floatX>(100003, tag, stream);
 }
 

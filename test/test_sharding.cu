@@ -45,9 +45,9 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
         });
         check(disjoint && covered == layout.count, "sharding " + tag + ": file order maps onto the layout", std::to_string(covered) + " parameters");
         // weight decay: the matrices and embeddings (wte, wpe, qkvw, attprojw, fcw, fcprojw), nothing else
-        const DecayMask mask = layout.decay_mask();
+        const LayoutMask mask = layout.decay_mask();
         size_t decayed = 0;
-        for (size_t i = 0; i < layout.total; i++) decayed += used[i] && mask.decays(i);
+        for (size_t i = 0; i < layout.total; i++) decayed += used[i] && mask.contains(i);
         const size_t C = config.channels, expected = (size_t)config.padded_vocab_size * C + (size_t)config.max_seq_len * C +
                                                       (size_t)config.num_layers * 12 * C * C;
         check(decayed == expected, "sharding " + tag + ": weight decay on exactly the 2-D tensors",
@@ -55,26 +55,96 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
     }
 }
 
-// Writes the state files that `world` ranks at `stage` would write for full optimizer arrays (in their
-// layout), reads them back for `new_world` ranks, and compares every real element (padding must read 0).
-static void check_resharding(const ModelConfig& config, int world, int stage, int new_world, bool has_master) {
+// Tensor parallelism: every rank's slices (for_each_tp_run) tile the whole model's real parameters exactly once;
+// each rank's runs fill its own layout's real parameters exactly once; the split mask covers exactly the split
+// tensors; and qkv is split by whole heads (a rank's first q row is the full model's row r * C / tp, its first k
+// row the full row C + r * C / tp), not into chunks of the fused matrix.
+static void check_tensor_parallel_layout(const ModelConfig& config, const std::string& name) {
+    const ParameterLayout full(config, 8);
+    const size_t C = config.channels;
+    for (int tp : {1, 2, 4}) {
+        if (tensor_parallel_problem(config, tp) != "") continue;
+        const std::string tag = name + " tp=" + std::to_string(tp);
+        std::vector<int> owners(full.total, 0);
+        bool local_once = true, heads_whole = true, mask_exact = true;
+        for (int r = 0; r < tp; r++) {
+            const ParameterLayout local(config, 8 * 3, tp);  // any data-parallel padding
+            std::vector<int> used(local.total, 0);
+            size_t mapped = 0;
+            local.for_each_tp_run(full, r, [&](size_t from, size_t to, size_t n) {
+                for (size_t i = 0; i < n; i++) { owners[from + i]++; used[to + i]++; }
+                mapped += n;
+            });
+            size_t in_split = 0;
+            const LayoutMask split = local.split_mask();
+            for (size_t i = 0; i < local.total; i++) {
+                local_once = local_once && used[i] <= 1;
+                in_split += used[i] && split.contains((long)i);
+                mask_exact = mask_exact && (split.contains((long)i) ? used[i] == 1 : true);
+            }
+            local_once = local_once && mapped == local.count;
+            const size_t Cs = C / tp, Vl = config.padded_vocab_size / tp;
+            const size_t split_count = Vl * C + (size_t)config.num_layers * (3 * Cs * C + 3 * Cs + Cs * C + 4 * Cs * C + 4 * Cs + 4 * Cs * C);
+            mask_exact = mask_exact && in_split == split_count;
+            // where the first q and the first k row of rank r come from
+            local.for_each_tp_run(full, r, [&](size_t from, size_t to, size_t) {
+                if (to == local.tensor(0, QKVW)) heads_whole = heads_whole && from == full.tensor(0, QKVW) + r * Cs * C;
+                if (to == local.tensor(0, QKVW) + Cs * C) heads_whole = heads_whole && from == full.tensor(0, QKVW) + (C + r * Cs) * C;
+                if (to == local.tensor(0, ATTPROJW) + Cs) heads_whole = heads_whole && from == full.tensor(0, ATTPROJW) + C + r * Cs;
+            });
+        }
+        bool full_once = true;
+        for (int u = 0; u < full.num_units(); u++)
+            for (size_t i = 0; i < full.unit_size(u); i++) {
+                const int got = owners[full.unit_offset(u) + i];  // 1 (split) or tp (replicated); 0 in the padding
+                full_once = full_once && (i < full.unit_real_size(u) ? got == 1 || got == tp : got == 0);
+            }
+        // split tensors are owned once over the ranks, replicated ones by every rank: count the ranks per element
+        size_t owned = 0;
+        for (int c : owners) owned += c;
+        const size_t replicated_count = full.count - (size_t)config.padded_vocab_size * C - (size_t)config.num_layers * 12 * C * C -
+                                        (size_t)config.num_layers * 7 * C;  // wpe, LayerNorms, lnf, attprojb, fcprojb
+        full_once = full_once && owned == full.count + (size_t)(tp - 1) * replicated_count;
+        check(full_once, "sharding " + tag + ": the ranks' slices tile the whole model (split tensors once, replicated on every rank)", "");
+        check(local_once, "sharding " + tag + ": each rank's runs fill its layout's parameters exactly once", "");
+        check(mask_exact, "sharding " + tag + ": the split mask covers exactly the split tensors", "");
+        check(heads_whole, "sharding " + tag + ": qkv split by whole heads, attn-proj by the matching input columns", "");
+    }
+}
+
+// Writes the state files that a mesh of tp x world ranks at `stage` would write for whole-model optimizer arrays,
+// reads them back for `new_world` data-parallel ranks (whole-model arrays in their padding), and compares every
+// real element (padding must read 0).
+static void check_resharding(const ModelConfig& config, int world, int stage, int new_world, bool has_master, int tp = 1) {
     const std::string dir = "build/test_work/sharding";
     make_directories(dir);
-    const ParameterLayout old_layout(config, 8 * world), new_layout(config, 8 * new_world);
-    std::mt19937 rng(world * 100 + stage * 10 + new_world);
+    const ParameterLayout old_full(config, 8 * world), slices(config, 8 * world, tp), new_layout(config, 8 * new_world);
+    std::mt19937 rng(world * 100 + stage * 10 + new_world + 1000 * tp);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<std::vector<float>> full(3, std::vector<float>(old_layout.total, 0.0f));
+    std::vector<std::vector<float>> full(3, std::vector<float>(old_full.total, 0.0f));
     for (auto& a : full)
-        for (int u = 0; u < old_layout.num_units(); u++)
-            for (size_t i = 0; i < old_layout.unit_real_size(u); i++) a[old_layout.unit_offset(u) + i] = uniform(rng);
+        for (int u = 0; u < old_full.num_units(); u++)
+            for (size_t i = 0; i < old_full.unit_real_size(u); i++) a[old_full.unit_offset(u) + i] = uniform(rng);
     DataLoaderState data = {};
     data.epoch = 7;
-    for (int r = 0; r < (stage >= 1 ? world : 1); r++) {
-        ShardPlan plan(GPT2<float>::unit_offsets(old_layout), GPT2<float>::unit_sizes(old_layout), world, r);
-        auto part = [&](const std::vector<float>& a) { return stage >= 1 ? local_slices(plan, a) : a; };
-        const std::vector<float> master = has_master ? part(full[0]) : std::vector<float>();
-        StateHeader h{3, 1, world, r, stage, has_master, 0, 1.0f, 0, (long long)part(full[1]).size()};
-        write_state_file(state_path(dir, 3, r), h, master, part(full[1]), part(full[2]), data);
+    MeshShape shape;
+    shape.tp = tp;
+    shape.dp = world;
+    for (int t = 0; t < tp; t++) {
+        std::vector<std::vector<float>> local(3, std::vector<float>(slices.total, 0.0f));
+        slices.for_each_tp_run(old_full, t, [&](size_t from, size_t to, size_t n) {
+            for (int a = 0; a < 3; a++) std::copy(full[a].begin() + from, full[a].begin() + from + n, local[a].begin() + to);
+        });
+        for (int d = 0; d < (stage >= 1 ? world : 1); d++) {
+            ShardPlan plan(GPT2<float>::unit_offsets(slices), GPT2<float>::unit_sizes(slices), world, d);
+            auto part = [&](const std::vector<float>& a) { return stage >= 1 ? local_slices(plan, a) : a; };
+            const std::vector<float> master = has_master ? part(local[0]) : std::vector<float>();
+            StateHeader h{3, 1, world, tp, d, t, stage, has_master, 0, 1.0f, 0, (long long)part(local[1]).size()};
+            MeshCoord coord;
+            coord.tp = t;
+            coord.dp = d;
+            write_state_file(state_path(dir, 3, mesh_rank(shape, coord)), h, master, part(local[1]), part(local[2]), data);
+        }
     }
     const SavedOptimizerState saved = read_optimizer_state(dir, 3, new_layout);
     bool same = saved.data_state.epoch == 7 && saved.master.empty() == !has_master;
@@ -82,12 +152,13 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
         const std::vector<float>& got = a == 0 ? saved.master : a == 1 ? saved.m : saved.v;
         for (int u = 0; u < new_layout.num_units(); u++)
             for (size_t i = 0; i < new_layout.unit_size(u); i++) {
-                const float expected = i < new_layout.unit_real_size(u) ? full[a][old_layout.unit_offset(u) + i] : 0.0f;
+                const float expected = i < new_layout.unit_real_size(u) ? full[a][old_full.unit_offset(u) + i] : 0.0f;
                 same = same && got[new_layout.unit_offset(u) + i] == expected;
             }
     }
-    check(same, "checkpoint written by " + std::to_string(world) + " ranks at stage " + std::to_string(stage) +
-                    (has_master ? " (with master weights)" : "") + " reads back exactly on " + std::to_string(new_world) + " ranks", "");
+    check(same, "checkpoint written by " + std::to_string(world) + " ranks" + (tp > 1 ? " x tensor parallel " + std::to_string(tp) : "") +
+                    " at stage " + std::to_string(stage) + (has_master ? " (with master weights)" : "") + " reads back exactly on " +
+                    std::to_string(new_world) + " ranks", "");
 }
 
 int main() {
@@ -103,5 +174,12 @@ int main() {
                           std::make_tuple(4, 3, 1), std::make_tuple(3, 3, 2), std::make_tuple(2, 3, 3), std::make_tuple(3, 1, 3)})
         for (bool has_master : {true, false})
             check_resharding(small, std::get<0>(c), std::get<1>(c), std::get<2>(c), has_master);
+    ModelConfig split = toy;  // 4 heads of 64: splits over 1, 2 and 4 tensor-parallel ranks
+    split.num_heads = 4; split.channels = 256;
+    check_tensor_parallel_layout(d12, "d12");
+    check_tensor_parallel_layout(split, "4 heads");
+    for (const auto& c : {std::make_tuple(2, 1, 1, 1), std::make_tuple(2, 3, 2, 1), std::make_tuple(4, 1, 0, 2), std::make_tuple(2, 2, 2, 2),
+                          std::make_tuple(4, 2, 3, 3), std::make_tuple(2, 2, 0, 1)})
+        check_resharding(split, std::get<1>(c), std::get<2>(c), std::get<3>(c), true, std::get<0>(c));
     return check_failures() == 0 ? 0 : 1;
 }

@@ -1,0 +1,101 @@
+// Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"; Megatron-LM's tensor_parallel/): the collectives
+// that connect the model's split layers, named after the paper's f and g operators, and the vocabulary-parallel
+// cross-entropy. Which slice of each tensor a rank holds is ParameterLayout's (train_gpt.cu); the forward and
+// backward that call these are GPT2's.
+//
+// A transformer block on tp ranks: the LayerNorms and the residual stream are replicated (every rank holds the
+// whole (N, C) activations); qkv and fc are column-parallel (each rank computes its heads / its 4C/tp hidden
+// units), attention and the GELU stay local, attn-proj and fc-proj are row-parallel (each rank multiplies its
+// slice of the hidden dimension and holds a partial (N, C) sum). Two operators join them:
+//   f, before a column-parallel product: identity in the forward; in the backward, all-reduce (sum) of the
+//      input gradient, since each rank's product contributes the gradient of its own columns.
+//   g, after a row-parallel product: all-reduce (sum) of the partial outputs in the forward; identity in the
+//      backward (every rank needs the whole output gradient, which it already has).
+// Row-parallel biases are added once: tensor-parallel rank 0's product adds them before g's sum, which is the
+// same sum as adding them after it and costs no extra pass. Their gradients, like those of every replicated
+// tensor, come out identical on all ranks from the replicated output gradient.
+// The embedding is vocabulary-parallel (each rank looks up the tokens of its vocabulary range, the others give
+// zero rows, and g sums them), and so is the LM head, whose logits are never gathered: the cross-entropy
+// all-reduces per-row scalars only (the maximum, the sum of exponentials and the target's logit).
+// defines: TensorParallel
+#pragma once
+#include "../kernels/classifier.cuh"
+#include "mesh.h"
+#include "zero.cuh"  // nccl_type
+
+template <typename floatX>
+struct TensorParallel {
+    Communicator group;   // the tensor-parallel group; size 1: every operator is a no-op
+    float* ce_stats = nullptr;  // cross-entropy: (3N) row maximum | sum of exponentials | target logit, + (N) global maximum
+
+    int size() const { return group.size; }
+    int rank() const { return group.rank; }
+
+    void allocate(size_t rows) {
+        if (group.size > 1) cudaCheck(cudaMalloc(&ce_stats, 4 * rows * sizeof(float)));
+    }
+    ~TensorParallel() {
+        if (ce_stats) cudaFree(ce_stats);
+    }
+
+    // g in the forward: the row-parallel product's partial outputs summed over the ranks, in place.
+    void g_forward(floatX* y, size_t n, cudaStream_t stream) const { all_reduce(y, n, stream); }
+    // f in the backward: the column-parallel product's input gradient summed over the ranks, in place.
+    void f_backward(floatX* dx, size_t n, cudaStream_t stream) const { all_reduce(dx, n, stream); }
+
+    // Losses of the vocabulary-parallel LM head: logits (N, Vl) hold this rank's columns
+    // [rank * Vl, (rank + 1) * Vl) of the padded vocabulary Vp = tp * Vl; losses (N) come out the same on every
+    // rank; with dloss != 0 the logits are replaced by their gradient, as fused_classifier does with tp = 1.
+    void cross_entropy(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vl,
+                       cudaStream_t stream) const {
+        if (group.size == 1) {
+            fused_classifier(logits, losses, targets, dloss, N, V, Vl, stream);
+            return;
+        }
+        float* global_max = ce_stats + 3 * (size_t)N;
+        const int vocab_begin = group.rank * Vl;
+        vocab_parallel_stats(logits, ce_stats, targets, N, vocab_begin, Vl, V, stream);
+        cudaCheck(cudaMemcpyAsync(global_max, ce_stats, N * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        ncclCheck(ncclAllReduce(global_max, global_max, N, ncclFloat32, ncclMax, group.comm, stream));
+        vocab_parallel_rescale(ce_stats, global_max, N, stream);
+        ncclCheck(ncclAllReduce(ce_stats + N, ce_stats + N, 2 * (size_t)N, ncclFloat32, ncclSum, group.comm, stream));
+        vocab_parallel_loss(logits, losses, targets, ce_stats, global_max, dloss, N, vocab_begin, Vl, V, stream);
+    }
+
+    // Every rank's `count` values of `send` into `receive` (group size x count), in rank order: e.g. a row of
+    // logits, whose columns are spread over the ranks, made whole for sampling.
+    void all_gather(const floatX* send, floatX* receive, size_t count, cudaStream_t stream) const {
+        if (group.size > 1) ncclCheck(ncclAllGather(send, receive, count, nccl_type<floatX>(), group.comm, stream));
+        else cudaCheck(cudaMemcpyAsync(receive, send, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    }
+
+    // Every rank's `local` (fp32 on the host, the same length on every rank), in rank order. Through the device
+    // in chunks of at most 64 MB per rank, so that no GPU ever holds the whole model; each chunk is waited for
+    // within pg's deadline. A collective of the group.
+    std::vector<std::vector<float>> all_gather_host(const std::vector<float>& local, cudaStream_t stream, const ProcessGroup& pg) const {
+        const size_t n = local.size(), chunk = std::max<size_t>(1, std::min(n, (size_t)1 << 24));
+        const int ranks = group.size;
+        std::vector<std::vector<float>> all(ranks, std::vector<float>(n));
+        float *send, *receive, *host;
+        cudaCheck(cudaMalloc(&send, chunk * sizeof(float)));
+        cudaCheck(cudaMalloc(&receive, chunk * ranks * sizeof(float)));
+        cudaCheck(cudaMallocHost(&host, chunk * ranks * sizeof(float)));  // pinned: the copy does not block the host
+        for (size_t offset = 0; offset < n; offset += chunk) {
+            const size_t count = std::min(chunk, n - offset);
+            cudaCheck(cudaMemcpyAsync(send, local.data() + offset, count * sizeof(float), cudaMemcpyHostToDevice, stream));
+            ncclCheck(ncclAllGather(send, receive, count, ncclFloat32, group.comm, stream));
+            cudaCheck(cudaMemcpyAsync(host, receive, count * ranks * sizeof(float), cudaMemcpyDeviceToHost, stream));
+            pg.synchronize(stream);
+            for (int q = 0; q < ranks; q++) std::copy(host + q * count, host + (q + 1) * count, all[q].begin() + offset);
+        }
+        cudaCheck(cudaFree(send));
+        cudaCheck(cudaFree(receive));
+        cudaCheck(cudaFreeHost(host));
+        return all;
+    }
+
+private:
+    void all_reduce(floatX* x, size_t n, cudaStream_t stream) const {
+        if (group.size > 1) ncclCheck(ncclAllReduce(x, x, n, nccl_type<floatX>(), ncclSum, group.comm, stream));
+    }
+};

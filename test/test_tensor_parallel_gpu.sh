@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Tensor parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu, each
+# rank its own NCCL_HOSTID, loopback sockets). A 2-layer model with 4 heads of 64, 10 steps, the same global
+# batch as one rank:
+#   - tp 2 and 4 give the losses of tp 1 (fp32 within 1e-5, bf16 within 2e-2), the tensors that tensor
+#     parallelism replicates end bitwise identical on every rank, and a sample continues the same way;
+#   - tp 2 x dp 2 with ZeRO 1 and 3 (4 ranks) give the losses of one rank;
+#   - checkpoints resume across tensor- and data-parallel sizes (2 -> 1, 1 -> 2, 2 -> 2 x dp 2, 2 -> 4);
+#   - the model file a tp 2 run exports equals the whole model it started from (one step at learning rate 0).
+# fp32 differences between tp sizes come from the order of the sums (the all-reduces add partial products).
+set -u
+cd "$(dirname "$0")/.."
+W=build/test_work/tensor_parallel
+rm -rf "$W"; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL tensor parallel training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
+SHAPE=(--layers 2 --heads 4 --channels 256 --max-seq-len 64)
+RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10)
+losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
+# largest loss difference between run $1 (from step ${3:-0} on) and run $2
+maxdiff() { paste <(losses "$1" | awk -v from="${3:-0}" '$1 >= from') <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
+within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
+# run NAME RANKS ARGS...: train_gpt on RANKS ranks sharing GPU 0, log and checkpoints in $W/NAME (the model
+# shape unless ARGS name a --model file)
+run() {
+    local name=$1 ranks=$2; shift 2
+    local model=("${SHAPE[@]}")
+    case " $* " in *" --model "*) model=();; esac
+    if [ "$ranks" -eq 1 ]; then ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1
+    else scripts/launch.sh --one-gpu "$ranks" ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1; fi
+}
+# compare NAME REFERENCE TOL [FROM_STEP] STEPS WHAT
+compare() {
+    local name=$1 ref=$2 tol=$3 from=$4 steps=$5 what=$6
+    local d; d=$(maxdiff "$W/$ref" "$W/$name" "$from")
+    if [ -f "$W/$name/log.txt" ] && [ "$(losses "$W/$name" | wc -l)" -eq "$steps" ] && within "$d" "$tol"; then
+        echo "PASS tensor parallel $what: max loss diff $d (tol $tol)"
+    else
+        echo "FAIL tensor parallel $what: max loss diff ${d:-none} (tol $tol) $(grep -m1 -i error "$W/$name.out")"
+    fi
+}
+# the replicated tensors' checksum is the same on every rank; ranks of one tensor-parallel rank share all
+replicated_identical() {
+    local name=$1 ranks=$2 what=$3
+    local reported distinct
+    reported=$(grep -c 'replicated checksum' "$W/$name.out")
+    distinct=$(grep -o 'replicated checksum [0-9a-f]*' "$W/$name.out" | sort -u | wc -l)
+    local groups; groups=$(grep -o 'parameter checksum [0-9a-f]* tensor-parallel rank [0-9]*' "$W/$name.out" | sort -u | awk '{print $6}' | sort | uniq -d | wc -l)
+    if [ "$reported" -eq "$ranks" ] && [ "$distinct" -eq 1 ] && [ "$groups" -eq 0 ]; then
+        echo "PASS tensor parallel $what: replicated tensors bitwise identical on all $ranks ranks"
+    else
+        echo "FAIL tensor parallel $what: $reported ranks reported, $distinct distinct replicated checksums, $groups tensor-parallel ranks with differing copies"
+    fi
+}
+
+for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
+    run single_$p 1 --precision $p --batch-size 4 --checkpoint-every 5 \
+        || { echo "FAIL tensor parallel $p one-rank baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
+    for tp in 2 4; do
+        run tp${tp}_$p $tp --precision $p --batch-size 4 --tensor-parallel $tp --checkpoint-every 5
+        compare tp${tp}_$p single_$p $tol 0 10 "tp $tp $p: 10 losses match tp 1"
+        replicated_identical tp${tp}_$p $tp "tp $tp $p"
+    done
+done
+
+# a sample (fp32) continues the prompt with the same tokens at tp 2 as at tp 1
+SAMPLE=(--precision fp32 --batch-size 4 --steps 2 --sample-every 2 --sample-tokens 16 --top-k 1)
+run sample1 1 "${SAMPLE[@]}"; run sample2 2 "${SAMPLE[@]}" --tensor-parallel 2
+s1=$(grep -A1 'sample:' "$W/sample1.out"); s2=$(grep -A1 'sample:' "$W/sample2.out")
+if [ -n "$s1" ] && [ "$s1" == "$s2" ]; then echo "PASS tensor parallel tp 2 sample equals tp 1's (greedy, 16 tokens)"
+else echo "FAIL tensor parallel tp 2 sample differs: '$s2' vs '$s1'"; fi
+
+# tp 2 x dp 2 (4 ranks, 2 rows each) against one rank with the same 4 rows
+for stage in 1 3; do
+    run tp2dp2_s$stage 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --zero-stage $stage
+    compare tp2dp2_s$stage single_fp32 1e-5 0 10 "tp 2 x dp 2 ZeRO-$stage fp32: 10 losses match one rank"
+    replicated_identical tp2dp2_s$stage 4 "tp 2 x dp 2 ZeRO-$stage"
+done
+
+# resume across sizes: the step-5 checkpoint of one mesh continues on another (fp32, steps 5-9)
+resume() {
+    local from=$1 name=$2 ranks=$3; shift 3
+    mkdir -p "$W/$name"; cp "$W/$from"/*_00000005* "$W/$name/"
+    run "$name" "$ranks" --precision fp32 --resume 1 "$@"
+    compare "$name" "$from" 1e-5 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
+}
+resume tp2_fp32 tp2_to_1 1 --batch-size 4
+resume single_fp32 tp1_to_2 2 --batch-size 4 --tensor-parallel 2
+resume tp2_fp32 tp2_to_tp2dp2 4 --batch-size 2 --tensor-parallel 2 --zero-stage 1
+resume tp2_fp32 tp2_to_4 4 --batch-size 4 --tensor-parallel 4
+
+# export: one step at learning rate 0 from a model file leaves every parameter as it was (fp32, no weight
+# decay effect at lr 0), so the model file that the tp 2 run assembles must equal its input bit for bit
+run export 2 --precision fp32 --batch-size 4 --tensor-parallel 2 --model "$W/single_fp32/model_00000005.bin" \
+    --steps 1 --lr 0 --checkpoint-every 1
+if [ -f "$W/export/model_00000001.bin" ] && cmp -s "$W/export/model_00000001.bin" "$W/single_fp32/model_00000005.bin"; then
+    echo "PASS tensor parallel tp 2 export equals the whole model it loaded (bitwise)"
+else
+    echo "FAIL tensor parallel tp 2 export differs from the model it loaded: $(grep -m1 -i error "$W/export.out")"
+fi
