@@ -53,7 +53,7 @@ public:
     void synchronize(cudaStream_t stream) const;
     // The same for an event.
     void wait_event(cudaEvent_t event) const;
-    // Sum of one float over all ranks (the squared gradient norm; the checkpoint barrier), on `stream`.
+    // Sum of one float over all ranks (the checkpoint barrier), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
     bool is_main() const { return rank == 0; }
 
