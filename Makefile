@@ -23,7 +23,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/bench_attention $(BUILD)/test_mesh_gpu
+            $(BUILD)/bench_attention $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
 
 .PHONY: all tests test train clean
 all: train_gpt $(BUILD)/prepare_shards
@@ -80,6 +80,9 @@ $(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS)
 
 $(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_tensor_parallel: test/test_tensor_parallel.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 test: all tests
 	bash test/run_tests.sh

@@ -582,6 +582,11 @@ struct GPT2 {
     std::vector<LayerActivations<floatX>> layers;
     // scratch shared by all layers
     floatX *proj_out = nullptr, *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    floatX* gathered = nullptr;  // sequence parallelism: a LayerNorm output made whole for a column-parallel product
+    // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the LayerNorm and residual regions hold 1/tp of
+    // the rows on each rank (set before allocate()).
+    bool sequence_parallel = false;
+    int sequence_split() const { return sequence_parallel ? layout.tp : 1; }
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
@@ -652,15 +657,17 @@ struct GPT2 {
     // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
     enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
     // The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
-    // parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units.
-    static std::array<size_t, 8> activation_width(const ModelConfig& c, int tp) {
-        const size_t C = c.channels, Cs = C / tp;
-        return {C, 3 * Cs, Cs, C, C, 4 * Cs, 4 * Cs, C};
+    // parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units; under
+    // sequence parallelism (split = tp) the LayerNorm and residual activations hold this rank's 1/tp of the rows,
+    // which is a width of C / tp per row of the batch.
+    static std::array<size_t, 8> activation_width(const ModelConfig& c, int tp, int split) {
+        const size_t C = c.channels, Cs = C / tp, Cr = C / split;
+        return {Cr, 3 * Cs, Cs, Cr, Cr, 4 * Cs, 4 * Cs, Cr};
     }
     // Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
     // recompute level.
-    static void activation_widths(const ModelConfig& c, int tp, int recompute, size_t* kept, size_t* shared) {
-        const std::array<size_t, 8> width = activation_width(c, tp);
+    static void activation_widths(const ModelConfig& c, int tp, int split, int recompute, size_t* kept, size_t* shared) {
+        const std::array<size_t, 8> width = activation_width(c, tp, split);
         *kept = *shared = 0;
         for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
     }
@@ -674,19 +681,23 @@ struct GPT2 {
     }
 
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
-    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int recompute, size_t* x_elements, size_t* stat_elements) {
-        const size_t N = (size_t)B * T, C = c.channels, NH = c.num_heads / tp, L = c.num_layers;
+    // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
+    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, size_t* x_elements,
+                                  size_t* stat_elements) {
+        const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp, L = c.num_layers;
         size_t kept, shared;
-        activation_widths(c, tp, recompute, &kept, &shared);
-        const size_t global = N * C * 2 + N * (c.padded_vocab_size / tp);  // encoded, lnf, logits (this rank's columns)
-        const size_t scratch = N * C * 3 + N * 4 * (C / tp);              // proj_out, dresidual, dbtc, dbig
+        activation_widths(c, tp, split, recompute, &kept, &shared);
+        const size_t global = Nr * C + N * C + N * (c.padded_vocab_size / tp);  // encoded, lnf, logits (this rank's columns)
+        // proj_out, dresidual, dbtc, dbig, and under sequence parallelism `gathered`
+        const size_t scratch = N * C + Nr * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
         *x_elements = N * (kept * L + shared) + global + scratch;
         const size_t lse = (size_t)B * NH * T;
-        *stat_elements = (N * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + N * 2 + N;
+        *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + Nr * 2 + N;
     }
 
-    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks.
-    static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int zero_stage, int recompute, const LoraSpec& lora = LoraSpec()) {
+    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1).
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
+                           const LoraSpec& lora = LoraSpec()) {
         MemoryPlan p;
         const int world = dp;  // ZeRO shards over the data-parallel group
         const ParameterLayout l(c, 8 * world, tp);
@@ -708,7 +719,7 @@ struct GPT2 {
                               (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
         }
         size_t x_elements, stat_elements;
-        activation_counts(c, B, T, tp, recompute, &x_elements, &stat_elements);
+        activation_counts(c, B, T, tp, split, recompute, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
         // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
         const std::vector<size_t> sizes = unit_sizes(ParameterLayout(c, 8 * world));  // init_parameters makes whole units
@@ -735,16 +746,17 @@ struct GPT2 {
         }
 
         size_t x_elements, stat_elements;
-        activation_counts(config, B, T, layout.tp, recompute, &x_elements, &stat_elements);
+        activation_counts(config, B, T, layout.tp, sequence_split(), recompute, &x_elements, &stat_elements);
         cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
         cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
         const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads / layout.tp;  // this rank's heads
+        const size_t Nr = N / sequence_split();  // rows of the LayerNorm and residual regions on this rank
         floatX* x = activation_memory;
         auto take = [&](size_t n) { floatX* p = x; x += n; return p; };
         float* f = statistics_memory;
         auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
         // recomputed activations: one buffer for all layers, which the backward refills layer by layer
-        const std::array<size_t, 8> width = activation_width(config, layout.tp);
+        const std::array<size_t, 8> width = activation_width(config, layout.tp, sequence_split());
         floatX* shared[8] = {};
         for (int i = 0; i < 8; i++)
             if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
@@ -753,12 +765,13 @@ struct GPT2 {
         for (auto& a : layers) {
             floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
             for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
-            a.ln1_mean = take_f(N); a.ln1_rstd = take_f(N); a.ln2_mean = take_f(N); a.ln2_rstd = take_f(N);
+            a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
             a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
         }
-        encoded = take(N * C); lnf = take(N * C); logits = take(N * layout.vocab_rows());
-        proj_out = take(N * C); dresidual = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
-        lnf_mean = take_f(N); lnf_rstd = take_f(N); losses = take_f(N);
+        encoded = take(Nr * C); lnf = take(N * C); logits = take(N * layout.vocab_rows());
+        proj_out = take(N * C); dresidual = take(Nr * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
+        if (sequence_split() > 1) gathered = take(N * C);
+        lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); losses = take_f(N);
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
@@ -953,17 +966,59 @@ struct GPT2 {
     int head_size() const { return config.channels / config.num_heads; }
     // Row-parallel products add their bias on tensor-parallel rank 0 only: g's sum then holds it once.
     const floatX* row_parallel_bias(int l, BlockTensor t) const { return tensor_parallel.rank() == 0 ? param(l, t) : nullptr; }
+    // Rows of the LayerNorm and residual regions on this rank: all B*T, or 1/tp of them under sequence parallelism.
+    int region_rows() const { return B * T / sequence_split(); }
+
+    // Where the LayerNorm/residual regions meet the split products: the f and g operators of
+    // distributed/tensor_parallel.cuh, with sequence parallelism's all-gathers and reduce-scatters in place of the
+    // identities and all-reduces.
+    // f forward: the input of a column-parallel product, whole (sequence parallelism gathers the rows).
+    const floatX* column_input(const floatX* x) {
+        if (sequence_split() == 1) return x;
+        tensor_parallel.all_gather_rows(x, gathered, (size_t)region_rows() * config.channels, stream);
+        return gathered;
+    }
+    // g forward: the partial sums in `partial` (B*T rows) summed into this rank's rows (in place: a pointer into it).
+    const floatX* row_output(floatX* partial) {
+        const size_t n = (size_t)region_rows() * config.channels;
+        if (sequence_split() == 1) {
+            tensor_parallel.g_forward(partial, n, stream);
+            return partial;
+        }
+        floatX* mine = partial + tensor_parallel.rank() * n;
+        tensor_parallel.reduce_scatter_rows(partial, mine, n, stream);
+        return mine;
+    }
+    // g backward: the gradient of a row-parallel product's output (dresidual), whole; under sequence parallelism
+    // gathered into proj_out, which the backward does not otherwise use.
+    const floatX* row_output_grad() {
+        if (sequence_split() == 1) return dresidual;
+        tensor_parallel.all_gather_rows(dresidual, proj_out, (size_t)region_rows() * config.channels, stream);
+        return proj_out;
+    }
+    // f backward: a column-parallel product's input gradient in dbtc (each rank's partial sum), summed: this rank's rows.
+    const floatX* column_input_grad() {
+        if (sequence_split() > 1) return row_output(dbtc);
+        tensor_parallel.f_backward(dbtc, (size_t)B * T * config.channels, stream);
+        return dbtc;
+    }
+    // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
+    // the tensor-parallel group when this micro-step's gradients are reduced (accumulated gradients are summed once).
+    void sum_layernorm_grads(floatX* grads, size_t n) {
+        if (sequence_split() > 1 && grads != nullptr && trained().reduces_this_micro_step()) tensor_parallel.sum_over_ranks(grads, n, stream);
+    }
 
     // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l (this rank's hidden units).
     void fc_gelu_forward(int l) {
         const int N = B * T, C = config.channels;
         LayerActivations<floatX>& a = layers[l];
+        const floatX* x = column_input(a.ln2);
         if (fc_gelu_fused()) {
-            matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
             return;
         }
-        matmul_forward(a.fch, a.ln2, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
-        adapt_forward(l, kLoraFc, a.fch, a.ln2);
+        matmul_forward(a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+        adapt_forward(l, kLoraFc, a.fch, x);
         gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);
     }
     // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
@@ -971,14 +1026,14 @@ struct GPT2 {
     void attention_and_fc_forward(int l, const floatX* residual_in) {
         const int N = B * T, C = config.channels, Cs = heads() * head_size();
         LayerActivations<floatX>& a = layers[l];
-        matmul_forward(a.qkv, a.ln1, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
-        adapt_forward(l, kLoraQkv, a.qkv, a.ln1);
+        const floatX* x = column_input(a.ln1);
+        matmul_forward(a.qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
+        adapt_forward(l, kLoraQkv, a.qkv, x);
         flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
         matmul_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N, Cs, C, stream);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
-        tensor_parallel.g_forward(proj_out, (size_t)N * C, stream);
-        residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, proj_out,
-                                   param(l, LN2W), param(l, LN2B), N, C, stream);
+        residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
+                                   param(l, LN2W), param(l, LN2B), region_rows(), C, stream);
         fc_gelu_forward(l);
     }
 
@@ -986,37 +1041,43 @@ struct GPT2 {
     // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits (this rank's vocabulary columns).
     // Per-row losses in `losses` when `with_loss`.
     void forward(bool with_loss, float dloss) {
-        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows();
+        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows(), Nr = region_rows();
         const int* inputs = tokens_device;
         const int* targets = tokens_device + (size_t)B * T;
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
         const floatX* wte = embedding_params() + layout.wte;
         // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
-        // the positions; g sums them
+        // the positions; g sums them (into this rank's rows under sequence parallelism)
         const floatX* wpe = tensor_parallel.rank() == 0 ? embedding_params() + layout.wpe : nullptr;
-        encoder_forward(encoded, inputs, wte, wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
-        tensor_parallel.g_forward(encoded, (size_t)N * C, stream);
+        floatX* lookup = sequence_split() > 1 ? proj_out : encoded;
+        encoder_forward(lookup, inputs, wte, wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
+        const floatX* embedded = row_output(lookup);
+        if (embedded != encoded)
+            cudaCheck(cudaMemcpyAsync(encoded, embedded, (size_t)Nr * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+        // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
+        floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
         for (int l = 0; l < L; l++) {
             LayerActivations<floatX>& a = layers[l];
             zero->before_block_forward(l);
             // the first LayerNorm of block l > 0 was fused into block l-1's closing residual add
-            if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), N, C, stream);
+            if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), Nr, C, stream);
             const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
             attention_and_fc_forward(l, residual_in);
             matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N, hidden(), C, stream);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
-            tensor_parallel.g_forward(proj_out, (size_t)N * C, stream);
             // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
             // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
             const bool last = l == L - 1;
+            const floatX* mlp = row_output(proj_out);
             zero->before_block_forward(l + 1);  // l + 1 = L: the final LayerNorm
-            residual_layernorm_forward(a.residual3, last ? lnf : layers[l + 1].ln1,
+            residual_layernorm_forward(a.residual3, last ? lnf_rows : layers[l + 1].ln1,
                                        last ? lnf_mean : layers[l + 1].ln1_mean, last ? lnf_rstd : layers[l + 1].ln1_rstd,
-                                       a.residual2, proj_out, last ? final_norm_params() : param(l + 1, LN1W),
-                                       last ? final_norm_params() + C : param(l + 1, LN1B), N, C, stream);
+                                       a.residual2, mlp, last ? final_norm_params() : param(l + 1, LN1W),
+                                       last ? final_norm_params() + C : param(l + 1, LN1B), Nr, C, stream);
             zero->after_block_forward(l);
         }
+        if (sequence_split() > 1) tensor_parallel.all_gather_rows(lnf_rows, lnf, (size_t)Nr * C, stream);
         matmul_forward(logits, lnf, wte, (const floatX*)nullptr, N, C, Vl, stream);  // f: lnf enters the LM head
         if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N, config.vocab_size, Vl, stream);
     }
@@ -1025,16 +1086,16 @@ struct GPT2 {
     // kernels are deterministic, so the backward sees exactly the values the forward computed.
     void recompute_activations(int l, const floatX* residual_in) {
         if (recompute == kKeepAll) return;
-        const int N = B * T, C = config.channels;
+        const int N = B * T, C = config.channels, Nr = region_rows();
         LayerActivations<floatX>& a = layers[l];
         if (recompute >= kRecomputeGeluLayerNorm)
-            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), N, C, stream);
+            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), Nr, C, stream);
         if (recompute >= kRecomputeBlock) {
             attention_and_fc_forward(l, residual_in);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
-            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), N, C, stream);
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), Nr, C, stream);
         gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);  // the forward's own kernel (see fc_gelu_fused)
     }
 
@@ -1047,17 +1108,18 @@ struct GPT2 {
     // Backward after forward(true, dloss != 0). Gradients accumulate (+=) over the micro-steps of a step
     // (between zero_grad() calls); `last_micro_step` tells data parallelism when to reduce them.
     // Under tensor parallelism the gradients entering the replicated regions are summed by f's backward (after
-    // the LM head, fc and qkv); the row-parallel products need no collective (g's backward is the identity).
+    // the LM head, fc and qkv); the row-parallel products need no collective (g's backward is the identity), except
+    // under sequence parallelism, whose f and g swap all-reduces for reduce-scatters and all-gathers.
     void backward(bool last_micro_step = true) {
-        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows();
+        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows(), Nr = region_rows();
         const int Cs = heads() * head_size();
         const floatX* wte = embedding_params() + layout.wte;
         trained().begin_backward(last_micro_step);
-        cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)N * C * sizeof(floatX), stream));
+        cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
         matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vl, stream);
-        tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
-        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dbtc, layers[L - 1].residual3,
-                           final_norm_params(), lnf_mean, lnf_rstd, N, C, stream);
+        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, column_input_grad(), layers[L - 1].residual3,
+                           final_norm_params(), lnf_mean, lnf_rstd, Nr, C, stream);
+        sum_layernorm_grads(final_norm_grads(), 2 * (size_t)C);
         trained().after_unit_backward(L + 1);
         for (int l = L - 1; l >= 0; l--) {
             LayerActivations<floatX>& a = layers[l];
@@ -1069,34 +1131,38 @@ struct GPT2 {
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
-            matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dresidual, a.fch_gelu,
+            const floatX* dmlp = row_output_grad();
+            matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dmlp, a.fch_gelu,
                             param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
-                adapt_backward(l, kLoraFcProj, dbig, dresidual, a.fch_gelu);
+                adapt_backward(l, kLoraFcProj, dbig, dmlp, a.fch_gelu);
                 gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
             }
-            matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, a.ln2, param(l, FCW), N, C, hidden(), stream);
-            adapt_backward(l, kLoraFc, dbtc, dbig, a.ln2);
-            tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
-            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dbtc, a.residual2, param(l, LN2W),
-                               a.ln2_mean, a.ln2_rstd, N, C, stream);
+            const floatX* ln2 = column_input(a.ln2);  // re-gathered under sequence parallelism
+            matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, ln2, param(l, FCW), N, C, hidden(), stream);
+            adapt_backward(l, kLoraFc, dbtc, dbig, ln2);
+            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, column_input_grad(), a.residual2, param(l, LN2W),
+                               a.ln2_mean, a.ln2_rstd, Nr, C, stream);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
-            matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dresidual, a.atty,
+            const floatX* dattention = row_output_grad();
+            matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dattention, a.atty,
                             param(l, ATTPROJW), N, Cs, C, stream);
-            adapt_backward(l, kLoraAttnProj, dbtc, dresidual, a.atty);
+            adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
-            matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, a.ln1, param(l, QKVW), N, C, 3 * Cs, stream);
-            adapt_backward(l, kLoraQkv, dbtc, dbig, a.ln1);
-            tensor_parallel.f_backward(dbtc, (size_t)N * C, stream);
-            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dbtc, residual_in, param(l, LN1W),
-                               a.ln1_mean, a.ln1_rstd, N, C, stream);
+            const floatX* ln1 = column_input(a.ln1);
+            matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, ln1, param(l, QKVW), N, C, 3 * Cs, stream);
+            adapt_backward(l, kLoraQkv, dbtc, dbig, ln1);
+            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, column_input_grad(), residual_in, param(l, LN1W),
+                               a.ln1_mean, a.ln1_rstd, Nr, C, stream);
+            sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
+            sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
             trained().after_unit_backward(l + 1);
         }
         const int* bucket_data = tokens_device + 2 * (size_t)B * T;
         if (embedding_grads() != nullptr)  // not frozen
-            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, dresidual, bucket_data, num_buckets,
-                             B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
+            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, row_output_grad(), bucket_data,
+                             num_buckets, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
         trained().after_unit_backward(0);
         trained().end_backward();
     }
@@ -1204,6 +1270,7 @@ struct Options {
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
     int tensor_parallel = 1;
+    int sequence_parallel = 0;
     int lora_rank = 0;
     float lora_alpha = -1.0f;  // -1: the rank
     std::string lora_targets = "qkv";
@@ -1281,6 +1348,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
+        {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
     };
@@ -1566,12 +1634,18 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
     cudaCheck(cudaMalloc(&row, Vp * sizeof(floatX)));
     std::vector<float> logits;
     std::vector<std::pair<float, int>> candidates(V);
+    std::vector<int> window;
     for (int i = 0; i < count; i++) {
         const int start = std::max(0, (int)tokens.size() - T);  // a window of at most T tokens
         const int t = (int)tokens.size() - start;
+        // sequence parallelism splits the rows evenly: pad the window at its end, which the causal attention
+        // keeps from changing the positions before it (T is a multiple of the split)
+        const int split = model.sequence_split();
+        window.assign(tokens.begin() + start, tokens.end());
+        window.resize((t + split - 1) / split * split, 0);
         model.B = 1;
-        model.T = t;
-        model.upload_batch(tokens.data() + start, nullptr);
+        model.T = (int)window.size();
+        model.upload_batch(window.data(), nullptr);
         model.forward(false, 0.0f);
         model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
         model.pg.synchronize(model.stream);
@@ -1671,7 +1745,8 @@ template <typename floatX>
 HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tokenizer) {
     const int B = model.B, T = model.T;
     const int longest = HellaSwagBatcher(items, tokenizer, 4, T).max_length();
-    const int eval_T = std::min(T, (longest + 7) / 8 * 8);
+    const int multiple = 8 * model.sequence_split();  // sequence parallelism: rows split evenly (T is a multiple of the split)
+    const int eval_T = std::min(T, (longest + multiple - 1) / multiple * multiple);
     const int eval_B = std::max(4, (int)((long)B * T / eval_T) / 4 * 4);
     if ((long)eval_B * eval_T > (long)B * T) die("HellaSwag needs --batch-size x --seq-len >= 4 x the longest candidate");
     HellaSwagBatcher batcher(items, tokenizer, eval_B, eval_T);
@@ -1751,7 +1826,8 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     cudaCheck(cudaStreamCreate(&stream));
     GPT2<floatX> model(config, pg, mesh, o.zero_stage, stream, lora);
     const int stage = model.trained().stage();
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, stage, o.recompute, lora);
+    const int split = o.sequence_parallel ? shape.tp : 1;
+    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, split, stage, o.recompute, lora);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
@@ -1767,7 +1843,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                      "for %zu parameters per tensor-parallel rank (bf16 parameters and gradients, fp32 master + Adam)\n",
                 pg.world, pg.launcher.c_str(), shape.dp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
     if (lora.enabled()) {
-        const MemoryPlan full = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, stage, o.recompute);
+        const MemoryPlan full = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, split, stage, o.recompute);
         const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
         const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
         fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
@@ -1777,6 +1853,9 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     fprintf(out, "memory plan per GPU (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
             gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
             gib(plan.scratch), gib(plan.total()), gib(free_bytes));
+    if (split > 1)
+        fprintf(out, "sequence parallel: activations %.2f GiB per GPU, against %.2f GiB without it (the LayerNorm and residual regions hold 1/%d of the rows)\n",
+                gib(plan.activations), gib(GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, 1, stage, o.recompute).activations), split);
     if (plan.total() > free_bytes)
         die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
             std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)" +
@@ -1784,6 +1863,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     const size_t in_use_before = device_memory_in_use();
     model.deterministic_attention = o.deterministic != 0;
     model.gelu_fusion = o.gelu_fusion != 0;
+    model.sequence_parallel = split > 1;
     model.allocate(B, T, o.recompute);
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
@@ -1979,6 +2059,9 @@ int main(int argc, char** argv) {
     }
     const std::string split_problem = tensor_parallel_problem(config, shape.tp);
     if (!split_problem.empty()) die(split_problem);
+    if (o.sequence_parallel != 0 && o.sequence_parallel != 1) die("--sequence-parallel must be 0 or 1, got " + std::to_string(o.sequence_parallel));
+    if (o.sequence_parallel && o.seq_len % shape.tp != 0)
+        die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
     if (o.batch_size <= 0) die("--batch-size must be positive");
     if (o.seq_len <= 0 || o.seq_len > config.max_seq_len)
         die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length)");

@@ -38,6 +38,21 @@ struct TensorParallel {
         if (ce_stats) cudaFree(ce_stats);
     }
 
+    // Sequence parallelism (Korthikanti et al. 2022): the LayerNorm and residual regions hold 1/tp of the rows
+    // (of the B*T) on each rank, which cuts their activations by tp. f's forward then all-gathers the rows (the
+    // column-parallel product needs all of them) and g's backward does the same for the gradient; g's forward
+    // reduce-scatters (the partial sums summed, each rank keeping its rows) and so does f's backward. The same
+    // bytes cross as in an all-reduce, which is a reduce-scatter followed by an all-gather. The LayerNorms'
+    // parameter gradients then cover each rank's rows only, and are summed over the group (sum_over_ranks).
+    // `count` is one rank's rows x C; full = tp x count; in place when local == full + rank x count.
+    void all_gather_rows(const floatX* local, floatX* full, size_t count, cudaStream_t stream) const {
+        ncclCheck(ncclAllGather(local, full, count, nccl_type<floatX>(), group.comm, stream));
+    }
+    void reduce_scatter_rows(const floatX* full, floatX* local, size_t count, cudaStream_t stream) const {
+        ncclCheck(ncclReduceScatter(full, local, count, nccl_type<floatX>(), ncclSum, group.comm, stream));
+    }
+    void sum_over_ranks(floatX* x, size_t n, cudaStream_t stream) const { all_reduce(x, n, stream); }
+
     // g in the forward: the row-parallel product's partial outputs summed over the ranks, in place.
     void g_forward(floatX* y, size_t n, cudaStream_t stream) const { all_reduce(y, n, stream); }
     // f in the backward: the column-parallel product's input gradient summed over the ranks, in place.

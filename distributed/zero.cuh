@@ -272,6 +272,8 @@ public:
             if (u == 0) cudaCheck(cudaEventRecord(persistent_grads_free_, comm_));
         }
     }
+    // Whether the gradients of this micro-step are reduced now (stages 2/3: every micro-step; 0/1: the last one).
+    bool reduces_this_micro_step() const { return stage_ >= 2 || last_micro_step_; }
     void end_backward() {
         if (!trainable_ || data_.size == 1) return;
         // Stages 2/3 between micro-steps: the next forward needs none of this micro-step's reductions (the next

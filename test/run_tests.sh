@@ -64,12 +64,13 @@ if [ "$gpu_count" -ge 1 ]; then
     run training bash test/test_training_gpu.sh
     run mesh_gpu bash test/test_mesh_gpu.sh  # several ranks on one GPU
     run tensor_parallel bash test/test_tensor_parallel_gpu.sh  # tp ranks sharing one GPU
+    run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (1, 2, 4 ranks on one GPU)
     for n in 2 4; do
         if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
     done
 else
     for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" \
-             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
+             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
         skip "$t" "no GPU"
     done
 fi

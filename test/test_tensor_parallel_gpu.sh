@@ -6,7 +6,9 @@
 #     parallelism replicates end bitwise identical on every rank, and a sample continues the same way;
 #   - tp 2 x dp 2 with ZeRO 1 and 3 (4 ranks) give the losses of one rank;
 #   - checkpoints resume across tensor- and data-parallel sizes (2 -> 1, 1 -> 2, 2 -> 2 x dp 2, 2 -> 4);
-#   - the model file a tp 2 run exports equals the whole model it started from (one step at learning rate 0).
+#   - the model file a tp 2 run exports equals the whole model it started from (one step at learning rate 0);
+#   - sequence parallelism on gives the losses of off (also with accumulation, recompute and ZeRO-3) and shows
+#     its activation saving in the memory plan.
 # fp32 differences between tp sizes come from the order of the sums (the all-reduces add partial products).
 set -u
 cd "$(dirname "$0")/.."
@@ -66,12 +68,37 @@ for p in fp32 bf16; do
     done
 done
 
-# a sample (fp32) continues the prompt with the same tokens at tp 2 as at tp 1
+# sequence parallelism: the same losses as without it, also with gradient accumulation (the LayerNorm gradients
+# of several micro-steps summed over the ranks once) and with whole blocks recomputed; less activation memory
+run sp2_fp32 2 --precision fp32 --batch-size 4 --tensor-parallel 2 --sequence-parallel 1
+compare sp2_fp32 tp2_fp32 1e-5 0 10 "tp 2 sequence parallel on against off fp32"
+replicated_identical sp2_fp32 2 "tp 2 sequence parallel"
+run sp4_bf16 4 --precision bf16 --batch-size 4 --tensor-parallel 4 --sequence-parallel 1
+compare sp4_bf16 single_bf16 2e-2 0 10 "tp 4 sequence parallel bf16: 10 losses match tp 1"
+run sp2_accum 2 --precision fp32 --batch-size 2 --total-batch-tokens 256 --tensor-parallel 2 --sequence-parallel 1
+compare sp2_accum single_fp32 1e-5 0 10 "tp 2 sequence parallel with 2 micro-steps fp32: 10 losses match one rank"
+run sp2_recompute 2 --precision fp32 --batch-size 4 --tensor-parallel 2 --sequence-parallel 1 --recompute 3
+compare sp2_recompute single_fp32 1e-5 0 10 "tp 2 sequence parallel with --recompute 3 fp32: 10 losses match one rank"
+run sp2dp2_s3 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --sequence-parallel 1 --zero-stage 3
+compare sp2dp2_s3 single_fp32 1e-5 0 10 "tp 2 x dp 2 sequence parallel ZeRO-3 fp32: 10 losses match one rank"
+read -r with without < <(sed -nE 's/^sequence parallel: activations ([0-9.]+) GiB per GPU, against ([0-9.]+) GiB.*/\1 \2/p' "$W/sp4_bf16.out")
+if [ -n "${with:-}" ] && awk -v a="$with" -v b="$without" 'BEGIN { exit !(a < b) }'; then
+    echo "PASS tensor parallel tp 4 sequence parallel plan: activations $with GiB per GPU against $without GiB without"
+else
+    echo "FAIL tensor parallel sequence parallel plan: no saving shown: $(grep -m1 'sequence parallel' "$W/sp4_bf16.out")"
+fi
+
+# a sample (fp32) continues the prompt with the same tokens at tp 2 (with and without sequence parallelism,
+# which pads the window) as at tp 1
 SAMPLE=(--precision fp32 --batch-size 4 --steps 2 --sample-every 2 --sample-tokens 16 --top-k 1)
 run sample1 1 "${SAMPLE[@]}"; run sample2 2 "${SAMPLE[@]}" --tensor-parallel 2
-s1=$(grep -A1 'sample:' "$W/sample1.out"); s2=$(grep -A1 'sample:' "$W/sample2.out")
-if [ -n "$s1" ] && [ "$s1" == "$s2" ]; then echo "PASS tensor parallel tp 2 sample equals tp 1's (greedy, 16 tokens)"
-else echo "FAIL tensor parallel tp 2 sample differs: '$s2' vs '$s1'"; fi
+run sample2sp 2 "${SAMPLE[@]}" --tensor-parallel 2 --sequence-parallel 1
+s1=$(grep -A1 'sample:' "$W/sample1.out")
+for name in sample2 sample2sp; do
+    s2=$(grep -A1 'sample:' "$W/$name.out")
+    if [ -n "$s1" ] && [ "$s1" == "$s2" ]; then echo "PASS tensor parallel $name: the tp 2 sample equals tp 1's (greedy, 16 tokens)"
+    else echo "FAIL tensor parallel $name: the tp 2 sample differs: '$s2' vs '$s1'"; fi
+done
 
 # tp 2 x dp 2 (4 ranks, 2 rows each) against one rank with the same 4 rows
 for stage in 1 3; do
