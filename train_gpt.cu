@@ -996,11 +996,19 @@ struct GPT2 {
         tensor_parallel.all_gather_rows(dresidual, proj_out, (size_t)region_rows() * config.channels, stream);
         return proj_out;
     }
-    // f backward: a column-parallel product's input gradient in dbtc (each rank's partial sum), summed: this rank's rows.
-    const floatX* column_input_grad() {
-        if (sequence_split() > 1) return row_output(dbtc);
-        tensor_parallel.f_backward(dbtc, (size_t)B * T * config.channels, stream);
-        return dbtc;
+    // The backward of a column-parallel product y = x W^T + b (x whole; the LoRA adapter `target` of block l, or -1):
+    // dx = dy W into dbtc, whose sum over the tensor-parallel group (f's backward) runs on the group's stream while
+    // dW += dy^T x and db compute. Returns this rank's rows of dx.
+    const floatX* column_parallel_backward(floatX* dweight, floatX* dbias, const floatX* weight, const floatX* dy, const floatX* x,
+                                           int out_features, int l, int target) {
+        const int N = B * T, C = config.channels;
+        matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
+        if (target >= 0) adapt_backward(l, target, dbtc, dy, x);
+        const bool scatter = sequence_split() > 1;
+        const floatX* dx = tensor_parallel.begin_f_backward(dbtc, (size_t)(scatter ? region_rows() : N) * C, scatter, stream);
+        matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N, C, out_features, stream);
+        tensor_parallel.end_f_backward(stream);
+        return dx;
     }
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
     // the tensor-parallel group when this micro-step's gradients are reduced (accumulated gradients are summed once).
@@ -1116,8 +1124,8 @@ struct GPT2 {
         const floatX* wte = embedding_params() + layout.wte;
         trained().begin_backward(last_micro_step);
         cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
-        matmul_backward(dbtc, embedding_grads() + layout.wte, (floatX*)nullptr, reduce_scratch, logits, lnf, wte, N, C, Vl, stream);
-        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, column_input_grad(), layers[L - 1].residual3,
+        const floatX* dlnf = column_parallel_backward(embedding_grads() + layout.wte, nullptr, wte, logits, lnf, Vl, -1, -1);
+        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dlnf, layers[L - 1].residual3,
                            final_norm_params(), lnf_mean, lnf_rstd, Nr, C, stream);
         sum_layernorm_grads(final_norm_grads(), 2 * (size_t)C);
         trained().after_unit_backward(L + 1);
@@ -1138,10 +1146,10 @@ struct GPT2 {
                 adapt_backward(l, kLoraFcProj, dbig, dmlp, a.fch_gelu);
                 gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
             }
-            const floatX* ln2 = column_input(a.ln2);  // re-gathered under sequence parallelism
-            matmul_backward(dbtc, grad(l, FCW), grad(l, FCB), reduce_scratch, dbig, ln2, param(l, FCW), N, C, hidden(), stream);
-            adapt_backward(l, kLoraFc, dbtc, dbig, ln2);
-            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, column_input_grad(), a.residual2, param(l, LN2W),
+            // ln2 re-gathered under sequence parallelism
+            const floatX* dln2 = column_parallel_backward(grad(l, FCW), grad(l, FCB), param(l, FCW), dbig, column_input(a.ln2),
+                                                          hidden(), l, kLoraFc);
+            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
                                a.ln2_mean, a.ln2_rstd, Nr, C, stream);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad();
@@ -1150,10 +1158,9 @@ struct GPT2 {
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
-            const floatX* ln1 = column_input(a.ln1);
-            matmul_backward(dbtc, grad(l, QKVW), grad(l, QKVB), reduce_scratch, dbig, ln1, param(l, QKVW), N, C, 3 * Cs, stream);
-            adapt_backward(l, kLoraQkv, dbtc, dbig, ln1);
-            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, column_input_grad(), residual_in, param(l, LN1W),
+            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), grad(l, QKVB), param(l, QKVW), dbig, column_input(a.ln1),
+                                                          3 * Cs, l, kLoraQkv);
+            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, Nr, C, stream);
             sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
             sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);

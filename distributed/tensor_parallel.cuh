@@ -27,15 +27,24 @@ template <typename floatX>
 struct TensorParallel {
     Communicator group;   // the tensor-parallel group; size 1: every operator is a no-op
     float* ce_stats = nullptr;  // cross-entropy: (3N) row maximum | sum of exponentials | target logit, + (N) global maximum
+    cudaStream_t comm = nullptr;  // f's backward, overlapped with the weight gradients
+    cudaEvent_t input_grad_ready = nullptr, input_grad_done = nullptr;
 
     int size() const { return group.size; }
     int rank() const { return group.rank; }
 
     void allocate(size_t rows) {
-        if (group.size > 1) cudaCheck(cudaMalloc(&ce_stats, 4 * rows * sizeof(float)));
+        if (group.size == 1) return;
+        cudaCheck(cudaMalloc(&ce_stats, 4 * rows * sizeof(float)));
+        cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&input_grad_ready, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&input_grad_done, cudaEventDisableTiming));
     }
     ~TensorParallel() {
         if (ce_stats) cudaFree(ce_stats);
+        if (input_grad_ready) cudaEventDestroy(input_grad_ready);
+        if (input_grad_done) cudaEventDestroy(input_grad_done);
+        if (comm) cudaStreamDestroy(comm);
     }
 
     // Sequence parallelism (Korthikanti et al. 2022): the LayerNorm and residual regions hold 1/tp of the rows
@@ -55,8 +64,25 @@ struct TensorParallel {
 
     // g in the forward: the row-parallel product's partial outputs summed over the ranks, in place.
     void g_forward(floatX* y, size_t n, cudaStream_t stream) const { all_reduce(y, n, stream); }
-    // f in the backward: the column-parallel product's input gradient summed over the ranks, in place.
-    void f_backward(floatX* dx, size_t n, cudaStream_t stream) const { all_reduce(dx, n, stream); }
+    // f in the backward, overlapped with the weight gradients as Megatron-LM does: begin_f_backward starts the sum
+    // of a column-parallel product's input gradient dx (each rank's partial) on the group's own stream as soon as
+    // `stream` has produced it, the caller enqueues the weight-gradient product on `stream`, and end_f_backward
+    // makes `stream` wait for the sum. `n`: the elements of the result, all of dx (an all-reduce, in place) or,
+    // under sequence parallelism (`scatter`), this rank's rows (a reduce-scatter into them). Returns where the
+    // result will be.
+    floatX* begin_f_backward(floatX* dx, size_t n, bool scatter, cudaStream_t stream) const {
+        if (group.size == 1) return dx;
+        cudaCheck(cudaEventRecord(input_grad_ready, stream));
+        cudaCheck(cudaStreamWaitEvent(comm, input_grad_ready));
+        floatX* result = scatter ? dx + group.rank * n : dx;
+        if (scatter) ncclCheck(ncclReduceScatter(dx, result, n, nccl_type<floatX>(), ncclSum, group.comm, comm));
+        else ncclCheck(ncclAllReduce(dx, dx, n, nccl_type<floatX>(), ncclSum, group.comm, comm));
+        cudaCheck(cudaEventRecord(input_grad_done, comm));
+        return result;
+    }
+    void end_f_backward(cudaStream_t stream) const {
+        if (group.size > 1) cudaCheck(cudaStreamWaitEvent(stream, input_grad_done));
+    }
 
     // Losses of the vocabulary-parallel LM head: logits (N, Vl) hold this rank's columns
     // [rank * Vl, (rank + 1) * Vl) of the padded vocabulary Vp = tp * Vl; losses (N) come out the same on every
@@ -88,6 +114,7 @@ struct TensorParallel {
     // in chunks of at most 64 MB per rank, so that no GPU ever holds the whole model; each chunk is waited for
     // within pg's deadline. A collective of the group.
     std::vector<std::vector<float>> all_gather_host(const std::vector<float>& local, cudaStream_t stream, const ProcessGroup& pg) const {
+        if (group.size == 1) return {local};
         const size_t n = local.size(), chunk = std::max<size_t>(1, std::min(n, (size_t)1 << 24));
         const int ranks = group.size;
         std::vector<std::vector<float>> all(ranks, std::vector<float>(n));

@@ -1,6 +1,7 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
 // the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernel.
-// defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward,
+// defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward
+//          (matmul_backward_input, matmul_backward_weights),
 //          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, matmul_compute_type
 #pragma once
 #include <map>
@@ -261,13 +262,25 @@ void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int
 // C must be a multiple of 8; the model uses it where matmul_gelu_epilogues<floatX>(). (The next bias gradient,
 // column sums of this dinp, stays with bias_backward: DGELU_BGRAD would write it in floatX, cublasLt.h's bias
 // gradient type, where our gradients accumulate from fp32 partials.)
+// Its two halves are also callable alone, so that a collective on dinp can run while the weight gradients compute
+// (tensor parallelism): matmul_backward_input and matmul_backward_weights.
+template <typename floatX>
+void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
+                           const floatX* gelu_inp = nullptr) {
+    // the DGELU epilogue only reads aux
+    matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream, 1.0f,
+                    gelu_inp != nullptr ? MatmulGelu::kBackward : MatmulGelu::kNone, const_cast<floatX*>(gelu_inp));
+}
+template <typename floatX>
+void matmul_backward_weights(floatX* dweight, floatX* dbias, float* scratch, const floatX* dout, const floatX* inp, int N,
+                             int C, int OC, cudaStream_t stream) {
+    if (dweight != nullptr) matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream);
+    if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
+}
 template <typename floatX>
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                      const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
                      const floatX* gelu_inp = nullptr) {
-    // the DGELU epilogue only reads aux
-    matmul_cublaslt(dinp, weight, dout, (const floatX*)nullptr, C, N, OC, false, false, false, stream, 1.0f,
-                    gelu_inp != nullptr ? MatmulGelu::kBackward : MatmulGelu::kNone, const_cast<floatX*>(gelu_inp));
-    if (dweight != nullptr) matmul_cublaslt(dweight, inp, dout, (const floatX*)nullptr, C, OC, N, false, true, true, stream);
-    if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
+    matmul_backward_input(dinp, dout, weight, N, C, OC, stream, gelu_inp);
+    matmul_backward_weights(dweight, dbias, scratch, dout, inp, N, C, OC, stream);
 }

@@ -1,6 +1,6 @@
 // Tensor parallelism against the dense model, in fp32 on real ranks (test/test_tensor_parallel_layers.sh runs it
 // under scripts/launch.sh --one-gpu N, N = 1, 2, 4: the tensor-parallel degree is the world size, dp = 1):
-//   - the whole model (2 layers, 4 heads, C = 256): every rank's gradients, reassembled with
+//   - the whole model (2 layers, 4 heads, C = 256; with tp > 1 also under sequence parallelism): every rank's gradients, reassembled with
 //     tensor_parallel_assemble, against a tp = 1 model of the same initialisation and batch, tensor by tensor
 //     (relative L2 <= 1e-4: only the order of the sums differs); each rank's own gradient buffer against its
 //     slices of tp 1's; the loss (1e-5 relative) and each rank's logits columns (1e-5 relative L2);
@@ -77,8 +77,10 @@ template <typename F> void for_each_tensor(const ParameterLayout& layout, F visi
     visit(std::string("lnfb"), layout.lnfb, C);
 }
 
-// Part 1: the whole model at tp = world against tp = 1.
-void model_checks(const ModelConfig& config, const ProcessGroup& pg, const ProcessMesh& mesh, cudaStream_t stream, Report& report) {
+// Part 1: the whole model at tp = world (with or without sequence parallelism) against tp = 1.
+void model_checks(const ModelConfig& config, const ProcessGroup& pg, const ProcessMesh& mesh, cudaStream_t stream, Report& report,
+                  bool sequence_parallel) {
+    const std::string sp = sequence_parallel ? "sequence parallel: " : "";
     const int B = 2, T = config.max_seq_len, N = B * T, Vp = config.padded_vocab_size;
     std::mt19937 rng(1234);  // the same batch on every rank
     std::uniform_int_distribution<int> token(0, config.vocab_size - 1);
@@ -87,6 +89,7 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     ProcessGroup single;  // the reference: one process, no communicator
     const ProcessMesh none;
     GPT2<float> model(config, pg, mesh, 0, stream), reference(config, single, none, 0, stream);
+    model.sequence_parallel = sequence_parallel;
     for (GPT2<float>* m : {&model, &reference}) {
         m->deterministic_attention = true;
         m->allocate(B, T);
@@ -103,7 +106,7 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     std::vector<float> columns((size_t)N * Vl);
     for (size_t n = 0; n < (size_t)N; n++)
         std::copy_n(all_columns.begin() + n * Vp + (size_t)r * Vl, Vl, columns.begin() + n * Vl);
-    report.add("logits: each rank's vocabulary columns = tp 1's", 1e-5, logits, columns);
+    report.add(sp + "logits: each rank's vocabulary columns = tp 1's", 1e-5, logits, columns);
 
     float loss[2];
     int i = 0;
@@ -114,14 +117,14 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
         loss[i++] = m->take_mean_loss();
         m->backward();
     }
-    report.add_error(fmt("loss %.7f = tp 1's %.7f", loss[0], loss[1]), 1e-5, fabs(loss[0] - loss[1]) / fabs(loss[1]), fabs(loss[1]));
+    report.add_error(sp + fmt("loss %.7f = tp 1's %.7f", loss[0], loss[1]), 1e-5, fabs(loss[0] - loss[1]) / fabs(loss[1]), fabs(loss[1]));
 
     const std::vector<float> local = model.zero->gradients_host();        // this rank's slices (model.layout)
     const std::vector<float> whole = model.tensor_parallel_assemble(local);  // all ranks' (full_layout)
     const std::vector<float> expected = reference.zero->gradients_host();
-    if (whole.size() != expected.size()) report.add("reassembled gradients: size", 0, whole, expected);
+    if (whole.size() != expected.size()) report.add(sp + "reassembled gradients: size", 0, whole, expected);
     else for_each_tensor(model.full_layout, [&](const std::string& name, size_t offset, size_t count) {
-        report.add("grad " + name + " (reassembled) = tp 1's", 1e-4, &whole[offset], &expected[offset], count);
+        report.add(sp + "grad " + name + " (reassembled) = tp 1's", 1e-4, &whole[offset], &expected[offset], count);
     });
     // each rank's own buffer, replicated tensors included (the reassembly takes those of one rank only)
     const std::vector<float> slices = model.tensor_parallel_slice(expected);
@@ -131,7 +134,7 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
         if (std::isnan(e) || e > worst) worst = e;
         norm = std::min(norm, sqrt(std::inner_product(&slices[offset], &slices[offset] + count, &slices[offset], 0.0)));
     });
-    report.add_error("grad: each rank's tensors = its slices of tp 1's (worst tensor)", 1e-4, worst, norm);
+    report.add_error(sp + "grad: each rank's tensors = its slices of tp 1's (worst tensor)", 1e-4, worst, norm);
 }
 
 // fp32 device copy of a host vector (or `count` zeros).
@@ -199,6 +202,7 @@ void layer_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     const ParameterLayout full(config, 8), local(config, 8, tp);
     TensorParallel<float> ops;  // f and g over the tensor-parallel communicator
     ops.group = mesh.tensor;
+    ops.allocate((size_t)N);  // f's backward runs on the group's own stream
     std::mt19937 rng(99);  // the same on every rank
     std::normal_distribution<float> normal;
     auto random = [&](size_t n) { std::vector<float> v(n); for (float& x : v) x = normal(rng); return v; };
@@ -219,7 +223,10 @@ void layer_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
             const std::vector<size_t> cols = tp_slice(full, local, rank, s.b, iota(s.out));
             const std::vector<float> b_r = tp_slice(full, local, rank, s.b, bias);
             const Product p = product(x, W_r, &b_r, columns(dy, s.out, cols), N, s.in, (int)cols.size(), scratch, pg, stream,
-                                      [&](float*, float* dx) { ops.f_backward(dx, (size_t)N * s.in, stream); });
+                                      [&](float*, float* dx) {
+                                          ops.begin_f_backward(dx, (size_t)N * s.in, false, stream);
+                                          ops.end_f_backward(stream);
+                                      });
             report.add(name + "forward X W_r^T + b_r = dense Y's columns", 1e-6, p.y, columns(d.y, s.out, cols));
             if (tp > 1 && s.w == QKVW) {  // the same comparison against the next rank's columns must fail
                 const std::vector<float> other = columns(d.y, s.out, tp_slice(full, local, (rank + 1) % tp, s.b, iota(s.out)));
@@ -263,7 +270,8 @@ int main(int argc, char** argv) {
     const std::string problem = config_problem(config) + tensor_parallel_problem(config, pg.world);
     if (!problem.empty()) die(problem);
     Report report;
-    model_checks(config, pg, mesh, stream, report);
+    model_checks(config, pg, mesh, stream, report, false);
+    if (pg.world > 1) model_checks(config, pg, mesh, stream, report, true);
     layer_checks(config, pg, mesh, stream, report);
     report.finish("tensor parallel tp " + std::to_string(pg.world) + ": ", mesh, pg, stream);
     cudaCheck(cudaStreamDestroy(stream));
