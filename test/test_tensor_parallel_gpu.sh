@@ -81,11 +81,14 @@ run sp2_recompute 2 --precision fp32 --batch-size 4 --tensor-parallel 2 --sequen
 compare sp2_recompute single_fp32 1e-5 0 10 "tp 2 sequence parallel with --recompute 3 fp32: 10 losses match one rank"
 run sp2dp2_s3 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --sequence-parallel 1 --zero-stage 3
 compare sp2dp2_s3 single_fp32 1e-5 0 10 "tp 2 x dp 2 sequence parallel ZeRO-3 fp32: 10 losses match one rank"
-read -r with without < <(sed -nE 's/^sequence parallel: activations ([0-9.]+) GiB per GPU, against ([0-9.]+) GiB.*/\1 \2/p' "$W/sp4_bf16.out")
+# the plan of GPT-2 124M (d12) at B = 8, T = 1024, tp 4 (--steps 0: start-up only): the activations must shrink
+scripts/launch.sh --one-gpu 4 ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 \
+    --train-data "$TRAIN" --tensor-parallel 4 --sequence-parallel 1 > "$W/sp_plan.out" 2>&1
+read -r with without < <(sed -nE 's/^sequence parallel: activations ([0-9.]+) GiB per GPU, against ([0-9.]+) GiB.*/\1 \2/p' "$W/sp_plan.out")
 if [ -n "${with:-}" ] && awk -v a="$with" -v b="$without" 'BEGIN { exit !(a < b) }'; then
-    echo "PASS tensor parallel tp 4 sequence parallel plan: activations $with GiB per GPU against $without GiB without"
+    echo "PASS tensor parallel d12 tp 4 sequence parallel plan: activations $with GiB per GPU against $without GiB without"
 else
-    echo "FAIL tensor parallel sequence parallel plan: no saving shown: $(grep -m1 'sequence parallel' "$W/sp4_bf16.out")"
+    echo "FAIL tensor parallel sequence parallel plan: no saving shown: $(grep -m1 -E 'sequence parallel|error' "$W/sp_plan.out")"
 fi
 
 # a sample (fp32) continues the prompt with the same tokens at tp 2 (with and without sequence parallelism,
