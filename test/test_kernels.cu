@@ -233,6 +233,22 @@ void test_matmul_gelu(int N, int C, int OC, const std::string& tag, cudaStream_t
     compare(tag + " matmul_backward with gelu_inp dbias" + shape, db_d.download(), db_ref, tolerance<floatX>().simple);
 }
 
+// The dense softmax cross-entropy of (N, Vp) logits (real columns < V) on the CPU: losses and the logits gradient
+// for dloss; and the targets on the device.
+struct ClassifierReference {
+    std::vector<float> losses, dlogits;
+    int* targets_d = nullptr;
+    ClassifierReference(const std::vector<float>& logits, const std::vector<int>& targets, float dloss, int N, int V, int Vp)
+        : losses(N), dlogits((size_t)N * Vp, 0.0f) {
+        std::vector<float> probs((size_t)N * Vp);
+        cpuref::softmax_crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), N, V, Vp);
+        cpuref::softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(), dloss, N, V, Vp);
+        cudaCheck(cudaMalloc(&targets_d, N * sizeof(int)));
+        cudaCheck(cudaMemcpy(targets_d, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    ~ClassifierReference() { cudaFree(targets_d); }
+};
+
 template <typename floatX>
 void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) {
     const int Vp = (V + 127) / 128 * 128;
@@ -241,12 +257,10 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
     std::vector<int> targets(N);
     for (auto& t : targets) t = token(rng);
     const float dloss = 1.0f / N;
-    std::vector<float> probs((size_t)N * Vp), losses_ref(N), dlogits_ref((size_t)N * Vp, 0.0f);
-    cpuref::softmax_crossentropy_forward(probs.data(), losses_ref.data(), logits.data(), targets.data(), N, V, Vp);
-    cpuref::softmax_crossentropy_backward(dlogits_ref.data(), probs.data(), targets.data(), dloss, N, V, Vp);
-    int* targets_d;
-    cudaCheck(cudaMalloc(&targets_d, N * sizeof(int)));
-    cudaCheck(cudaMemcpy(targets_d, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    const ClassifierReference ref(logits, targets, dloss, N, V, Vp);
+    const std::vector<float>& losses_ref = ref.losses;
+    const std::vector<float>& dlogits_ref = ref.dlogits;
+    const int* targets_d = ref.targets_d;
     DeviceBuffer<floatX> logits_d(logits);
     DeviceBuffer<float> losses_d(N);
     fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, 0.0f, N, V, Vp, stream);
@@ -257,7 +271,6 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
     fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, dloss, N, V, Vp, stream);
     compare(tag + " fused_classifier losses (with gradient)" + shape, losses_d.download(), losses_ref, 1e-5);
     compare(tag + " fused_classifier dlogits" + shape, logits_d.download(), dlogits_ref, tolerance<floatX>().simple);
-    cudaCheck(cudaFree(targets_d));
 }
 
 // Vocabulary-parallel cross-entropy against the dense reference: the (N, Vp) logits split by columns into tp ranges
@@ -279,12 +292,10 @@ void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::str
     targets[N - 1] = V - 1;
     targets[N - 2] = 0;
     const float dloss = 1.0f / N;
-    std::vector<float> probs((size_t)N * Vp), losses_ref(N), dlogits_ref((size_t)N * Vp, 0.0f);
-    cpuref::softmax_crossentropy_forward(probs.data(), losses_ref.data(), logits.data(), targets.data(), N, V, Vp);
-    cpuref::softmax_crossentropy_backward(dlogits_ref.data(), probs.data(), targets.data(), dloss, N, V, Vp);
-    int* targets_d;
-    cudaCheck(cudaMalloc(&targets_d, N * sizeof(int)));
-    cudaCheck(cudaMemcpy(targets_d, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    const ClassifierReference ref(logits, targets, dloss, N, V, Vp);
+    const std::vector<float>& losses_ref = ref.losses;
+    const std::vector<float>& dlogits_ref = ref.dlogits;
+    const int* targets_d = ref.targets_d;
 
     // rank r's logits: columns [r * Vl, (r + 1) * Vl) of every row
     std::vector<std::vector<float>> local_logits(tp, std::vector<float>((size_t)N * Vl));
@@ -378,7 +389,6 @@ void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::str
         for (int j = V; j < Vp; j++) nonzero_padding += dlogits[(size_t)i * Vp + j] != 0.0f;  // NaN counts too
     expect(nonzero_padding == 0, tag + " vocab_parallel_loss dlogits padded columns are 0" + name,
            fmt("%.0f padded gradient entries not 0", (double)nonzero_padding));
-    cudaCheck(cudaFree(targets_d));
 }
 
 template <typename floatX>
