@@ -35,6 +35,11 @@
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+inline void die(const std::string& message) {
+    fprintf(stderr, "error: %s\n", message.c_str());
+    exit(EXIT_FAILURE);
+}
+
 constexpr int kModelMagic = 20240326;
 constexpr int kModelVersionFP32 = 3, kModelVersionBF16 = 5;
 
@@ -124,10 +129,6 @@ inline const char* block_tensor_name(int t) {
                                   "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
     return names[t];
 }
-// The tensors that tensor parallelism splits; the others are replicated on every tensor-parallel rank.
-inline bool tensor_parallel_split(BlockTensor t) {
-    return t == QKVW || t == QKVB || t == ATTPROJW || t == FCW || t == FCB || t == FCPROJW;
-}
 
 struct ParameterLayout {
     ModelConfig config;
@@ -174,7 +175,7 @@ struct ParameterLayout {
     // The llm.c file order (of the whole model: tp = 1): 16 tensors, the 12 block tensors each spanning all
     // layers. Calls visit(file_offset, device_offset, count) for every contiguous run.
     template <typename F> void for_each_file_run(F visit) const {
-        if (tp != 1) die_internal("for_each_file_run on a tensor-parallel slice");
+        if (tp != 1) die("internal: for_each_file_run on a tensor-parallel slice");
         size_t file_offset = 0;
         auto run = [&](size_t device_offset, size_t count) { visit(file_offset, device_offset, count); file_offset += count; };
         run(wte, wpe - wte);
@@ -245,10 +246,6 @@ private:
             mask.num_ranges++;
         }
         return mask;
-    }
-    [[noreturn]] static void die_internal(const char* what) {
-        fprintf(stderr, "error: internal: %s\n", what);
-        exit(EXIT_FAILURE);
     }
 };
 
@@ -343,11 +340,6 @@ private:
 
 // ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.
-
-inline void die(const std::string& message) {
-    fprintf(stderr, "error: %s\n", message.c_str());
-    exit(EXIT_FAILURE);
-}
 
 inline uint16_t float_to_bf16_bits(float x) {  // round to nearest even
     uint32_t bits;
@@ -699,17 +691,16 @@ struct GPT2 {
     static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
                            const LoraSpec& lora = LoraSpec()) {
         MemoryPlan p;
-        const int world = dp;  // ZeRO shards over the data-parallel group
-        const ParameterLayout l(c, 8 * world, tp);
-        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, world, zero_stage, !lora.enabled());
+        const ParameterLayout l(c, 8 * dp, tp);  // ZeRO shards over the data-parallel group
+        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, dp, zero_stage, !lora.enabled());
         p.parameters = z.parameters;
         p.gradients = z.gradients;
         p.master_weights = z.master_weights;
         p.adam_state = z.adam_state;
         p.working = z.working;
         if (lora.enabled()) {
-            const AdapterLayout a(c, lora, 8 * world);
-            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.total, world, zero_stage);
+            const AdapterLayout a(c, lora, 8 * dp);
+            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.total, dp, zero_stage);
             p.parameters += za.parameters;
             p.gradients += za.gradients;
             p.master_weights += za.master_weights;
@@ -722,7 +713,7 @@ struct GPT2 {
         activation_counts(c, B, T, tp, split, recompute, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
         // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
-        const std::vector<size_t> sizes = unit_sizes(ParameterLayout(c, 8 * world));  // init_parameters makes whole units
+        const std::vector<size_t> sizes = unit_sizes(ParameterLayout(c, 8 * dp));  // init_parameters makes whole units
         const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
                     (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
