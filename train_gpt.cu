@@ -1477,7 +1477,7 @@ inline void write_file_atomically(const std::string& path, const std::vector<std
 
 struct StateHeader {
     int step, precision;
-    int data_parallel, tensor_parallel, data_rank, tensor_rank;  // the writer's mesh and its place in it
+    int data_parallel, tensor_parallel, pipeline_parallel, data_rank, tensor_rank;  // the writer's mesh and its place in it
     int stage, has_master, clean_steps;
     float loss_scale;
     long long skipped_steps, optimizer_elements;
@@ -1526,6 +1526,8 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
     saved.header = read_state_header(f, first);
     fclose(f);
     const StateHeader& s = saved.header;
+    if (s.pipeline_parallel != 1)
+        die(first + ": written by " + std::to_string(s.pipeline_parallel) + " pipeline stages; this train_gpt reads checkpoints of one stage");
     MeshShape writer;
     writer.tp = s.tensor_parallel;
     writer.dp = s.data_parallel;
@@ -1583,7 +1585,7 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     if (pg.is_main()) make_directories(dir);
     std::vector<float> params = model.full_parameters_host();  // a collective (ZeRO-3, tensor parallelism): every rank takes part
     if (zero.stage() >= 1 || mesh.data.rank == 0) {
-        StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.data.rank, mesh.tensor.rank,
+        StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
                       zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,
                       zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
         std::vector<float> master, m, v;

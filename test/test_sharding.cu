@@ -139,7 +139,7 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
             ShardPlan plan(GPT2<float>::unit_offsets(slices), GPT2<float>::unit_sizes(slices), world, d);
             auto part = [&](const std::vector<float>& a) { return stage >= 1 ? local_slices(plan, a) : a; };
             const std::vector<float> master = has_master ? part(local[0]) : std::vector<float>();
-            StateHeader h{3, 1, world, tp, d, t, stage, has_master, 0, 1.0f, 0, (long long)part(local[1]).size()};
+            StateHeader h{3, 1, world, tp, 1, d, t, stage, has_master, 0, 1.0f, 0, (long long)part(local[1]).size()};
             MeshCoord coord;
             coord.tp = t;
             coord.dp = d;

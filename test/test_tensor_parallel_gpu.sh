@@ -2,7 +2,7 @@
 # Tensor parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu, each
 # rank its own NCCL_HOSTID, loopback sockets). A 2-layer model with 4 heads of 64, 10 steps, the same global
 # batch as one rank:
-#   - tp 2 and 4 give the losses of tp 1 (fp32 within 1e-5, bf16 within 2e-2), the tensors that tensor
+#   - tp 2 and 4 give the losses of tp 1 (fp32 within 1e-5, bf16 and fp16 within 2e-2), the tensors that tensor
 #     parallelism replicates end bitwise identical on every rank, and a sample continues the same way;
 #   - tp 2 x dp 2 with ZeRO 1 and 3 (4 ranks) give the losses of one rank;
 #   - checkpoints resume across tensor- and data-parallel sizes (2 -> 1, 1 -> 2, 2 -> 2 x dp 2, 2 -> 4);
@@ -57,7 +57,7 @@ replicated_identical() {
     fi
 }
 
-for p in fp32 bf16; do
+for p in fp32 bf16 fp16; do
     tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
     run single_$p 1 --precision $p --batch-size 4 --checkpoint-every 5 \
         || { echo "FAIL tensor parallel $p one-rank baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
