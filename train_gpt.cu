@@ -825,11 +825,14 @@ struct GPT2 {
         }
     }
 
-    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its slices.
-    void set_parameters(const std::vector<float>& values) { zero->set_parameters(tensor_parallel_slice(values)); }
+    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its slices. At tp = 1
+    // the layouts are the same and `values` goes on as it is (no copy of the whole model).
+    void set_parameters(const std::vector<float>& values) {
+        if (layout.tp == 1) zero->set_parameters(values);
+        else zero->set_parameters(tensor_parallel_slice(values));
+    }
     // This rank's tensor-parallel slices (layout) of a whole-model array (full_layout).
     std::vector<float> tensor_parallel_slice(const std::vector<float>& full) const {
-        if (layout.tp == 1) return full;
         std::vector<float> local(layout.total, 0.0f);
         layout.for_each_tp_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
             std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
@@ -837,8 +840,9 @@ struct GPT2 {
         return local;
     }
     // The inverse, over the whole tensor-parallel group: every rank's slices (gathered, fp32 host) put back
-    // into the whole model. A collective of the tensor-parallel group.
-    std::vector<float> tensor_parallel_assemble(const std::vector<float>& local) const {
+    // into the whole model. A collective of the tensor-parallel group. At tp = 1 `local` is the whole model and
+    // is returned as it is (moved when the caller passes a temporary).
+    std::vector<float> tensor_parallel_assemble(std::vector<float> local) const {
         if (layout.tp == 1) return local;
         const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg);
         std::vector<float> full(full_layout.total, 0.0f);
@@ -969,14 +973,15 @@ struct GPT2 {
         tensor_parallel.all_gather_rows(x, gathered, (size_t)region_rows() * config.channels, stream);
         return gathered;
     }
-    // g forward: the partial sums in `partial` (B*T rows) summed into this rank's rows (in place: a pointer into it).
-    const floatX* row_output(floatX* partial) {
+    // g forward: the partial sums in `partial` (B*T rows) summed into this rank's rows: into `rows` when given
+    // under sequence parallelism, else in place (the result is `partial`, or a pointer into it).
+    const floatX* row_output(floatX* partial, floatX* rows = nullptr) {
         const size_t n = (size_t)region_rows() * config.channels;
         if (sequence_split() == 1) {
             tensor_parallel.g_forward(partial, n, stream);
             return partial;
         }
-        floatX* mine = partial + tensor_parallel.rank() * n;
+        floatX* mine = rows != nullptr ? rows : partial + tensor_parallel.rank() * n;
         tensor_parallel.reduce_scatter_rows(partial, mine, n, stream);
         return mine;
     }
@@ -1051,9 +1056,7 @@ struct GPT2 {
         const floatX* wpe = tensor_parallel.rank() == 0 ? embedding_params() + layout.wpe : nullptr;
         floatX* lookup = sequence_split() > 1 ? proj_out : encoded;
         encoder_forward(lookup, inputs, wte, wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
-        const floatX* embedded = row_output(lookup);
-        if (embedded != encoded)
-            cudaCheck(cudaMemcpyAsync(encoded, embedded, (size_t)Nr * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+        row_output(lookup, encoded);
         // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
         floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
         for (int l = 0; l < L; l++) {
@@ -1611,7 +1614,9 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
     model.set_parameters(values);
     const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
     if (saved.header.precision != (int)PrecisionOf<floatX>::value) die(state_path(dir, step, 0) + ": saved in another --precision");
-    auto mine = [&](const std::vector<float>& whole) { return zero.optimizer_part(model.tensor_parallel_slice(whole)); };
+    auto mine = [&](const std::vector<float>& whole) {  // at tp = 1 the whole model is this rank's layout: no slicing copy
+        return model.layout.tp == 1 ? zero.optimizer_part(whole) : zero.optimizer_part(model.tensor_parallel_slice(whole));
+    };
     zero.optimizer_state_from_host(saved.master.empty() ? saved.master : mine(saved.master), mine(saved.m), mine(saved.v));
     zero.scaler.scale = saved.header.loss_scale;
     zero.scaler.clean_steps = saved.header.clean_steps;

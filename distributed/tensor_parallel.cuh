@@ -30,7 +30,6 @@ struct TensorParallel {
     cudaStream_t comm = nullptr;  // f's backward, overlapped with the weight gradients
     cudaEvent_t input_grad_ready = nullptr, input_grad_done = nullptr;
 
-    int size() const { return group.size; }
     int rank() const { return group.rank; }
 
     void allocate(size_t rows) {

@@ -20,10 +20,7 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
     || { echo "FAIL tensor parallel training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
 SHAPE=(--layers 2 --heads 4 --channels 256 --max-seq-len 64)
 RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10)
-losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
-# largest loss difference between run $1 (from step ${3:-0} on) and run $2
-maxdiff() { paste <(losses "$1" | awk -v from="${3:-0}" '$1 >= from') <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
-within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
+source test/loss_logs.sh  # losses, maxdiff, within
 # run NAME RANKS ARGS...: train_gpt on RANKS ranks sharing GPU 0, log and checkpoints in $W/NAME (the model
 # shape unless ARGS name a --model file)
 run() {

@@ -18,10 +18,7 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
-losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
-# largest loss difference between run $1 (from step ${3:-0} on) and run $2
-maxdiff() { paste <(losses "$1" | awk -v from="${3:-0}" '$1 >= from') <(losses "$2") | awk 'BEGIN{m=0} {d=$2-$4; if (d<0) d=-d; if (d>m) m=d} END {print m}'; }
-within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d <= t) }'; }
+source test/loss_logs.sh  # losses, maxdiff, within
 
 for p in fp32 bf16; do
     tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
