@@ -15,13 +15,13 @@ ifeq ($(USE_MPI),1)
 endif
 BUILD = build
 
-KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h
+KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
-            $(BUILD)/test_mesh
+            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/bench_attention $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
 
@@ -56,6 +56,10 @@ $(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER
 # The mesh's rank arithmetic is inline in distributed/mesh.h and needs no CUDA or NCCL: a plain g++ test.
 $(BUILD)/test_mesh: test/test_mesh.cpp distributed/mesh.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_mesh.cpp -o $@
+
+# The pipeline schedules are header-only too (distributed/pipeline_schedule.h): a plain g++ test.
+$(BUILD)/test_pipeline_schedule: test/test_pipeline_schedule.cpp distributed/pipeline_schedule.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_pipeline_schedule.cpp -o $@
 
 $(BUILD)/test_mesh_gpu: test/test_mesh_gpu.cu distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_mesh_gpu.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

@@ -19,7 +19,7 @@
 #include "kernels/common.cuh"
 #include "kernels/init.cuh"
 #include "kernels/encoder.cuh"            // defines: encoder_forward, encoder_backward, EncoderBuckets
-#include "kernels/layernorm.cuh"          // defines: layernorm_forward, residual_layernorm_forward, layernorm_backward
+#include "kernels/layernorm.cuh"          // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward
 #include "kernels/matmul.cuh"             // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "kernels/flash_attention.cuh"    // defines: flash_attention_forward, flash_attention_backward
 #include "kernels/gelu.cuh"               // defines: gelu_forward, gelu_backward
@@ -31,6 +31,8 @@
 #include "distributed/mesh.h"             // defines: MeshShape, ProcessMesh (rank arithmetic; tp, pp, dp communicators)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
 #include "distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
+#include "distributed/pipeline_schedule.h"  // defines: make_pipeline_schedule (1F1B, interleaved), pipeline_layer_split
+#include "distributed/pipeline_parallel.cuh"  // defines: PipelineParallel (runs a stage's schedule: compute and transfers)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -119,9 +121,11 @@ inline std::string tensor_parallel_problem(const ModelConfig& c, int tp) {
 // structure with its slices in place of the split tensors: wte holds a contiguous range of Vp/tp vocabulary
 // rows; qkvw/qkvb the q, k and v rows of NH/tp whole heads; fcw/fcb 4C/tp rows (column-parallel); attprojw and
 // fcprojw C/tp and 4C/tp input columns (row-parallel). The LayerNorms, wpe and the row-parallel biases are
-// replicated. for_each_tp_run maps a rank's buffer onto the whole model's (tp = 1) layout, and
-// for_each_file_run the whole model's layout onto the file: together, the one mapping from model-file runs to
-// what a rank owns, used by model files, initialisation and checkpoints.
+// replicated. Under pipeline parallelism (distributed/pipeline_parallel.cuh) a stage's buffer holds only its
+// part of the model (StageModel): its blocks, the embeddings on the first stage, the final LayerNorm and a copy
+// of the tied wte on the last. for_each_full_run maps a rank's buffer onto the whole model's (tp = 1, one
+// stage) layout, and for_each_file_run the whole model's layout onto the file: together, the one mapping from
+// model-file runs to what a rank owns, used by model files, initialisation and checkpoints.
 
 enum BlockTensor { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, kBlockTensors };
 inline const char* block_tensor_name(int t) {
@@ -130,18 +134,57 @@ inline const char* block_tensor_name(int t) {
     return names[t];
 }
 
+// What one pipeline stage holds of the model: its blocks (global layer indices, ascending; under the
+// interleaved schedule several runs of them), the embeddings (first stage), the final LayerNorm and the LM head
+// (last stage). The LM head is the tied token embedding: the first and the last stage each hold a copy.
+struct StageModel {
+    std::vector<int> layers;
+    bool first = true, last = true;
+    static StageModel whole(const ModelConfig& c) {
+        StageModel m;
+        for (int l = 0; l < c.num_layers; l++) m.layers.push_back(l);
+        return m;
+    }
+    bool has_wte() const { return first || last; }
+    bool tied_copy() const { return last && !first; }  // the last stage's copy of wte (pipeline parallelism)
+};
+
+// Pipeline stage s's part of the model, from the layers of each of the P x v virtual stages (virtual stage
+// k = chunk x P + stage), and the blocks of each of its chunks.
+inline StageModel pipeline_stage_model(const std::vector<int>& per_virtual_stage, int P, int s, std::vector<int>* chunk_blocks) {
+    StageModel m;
+    m.first = s == 0;
+    m.last = s == P - 1;
+    chunk_blocks->clear();
+    int layer = 0;
+    for (size_t k = 0; k < per_virtual_stage.size(); k++) {
+        if ((int)k % P == s) {
+            for (int i = 0; i < per_virtual_stage[k]; i++) m.layers.push_back(layer + i);
+            chunk_blocks->push_back(per_virtual_stage[k]);
+        }
+        layer += per_virtual_stage[k];
+    }
+    return m;
+}
+
 struct ParameterLayout {
     ModelConfig config;
     int tp = 1;  // tensor-parallel degree: this layout holds one rank's slices
+    StageModel part;
     size_t wte = 0, wpe = 0, blocks_begin = 0, block_size = 0, block_stride = 0, lnfw = 0, lnfb = 0, total = 0;
-    size_t count = 0;  // parameters of this layout (one rank's under tensor parallelism); `total` adds the padding between units
+    size_t count = 0;  // parameters of this layout (one rank's); `total` adds the padding between units
     size_t block_offset[kBlockTensors] = {}, block_tensor_size[kBlockTensors] = {};
+    // Units are what data parallelism shards and gathers one at a time: wte, wpe, each block, the final
+    // LayerNorm (those this stage holds, in that order). Each is padded to a multiple of `unit_multiple`
+    // elements (8 x the data-parallel degree: equal 16-byte-aligned shards per rank).
+    std::vector<size_t> unit_offsets, unit_sizes, unit_real_sizes;
+    std::vector<UnitKind> unit_kinds;
+    int wte_unit = -1, wpe_unit = -1, first_block_unit = -1, lnf_unit = -1;
 
-    // Units are what data parallelism shards and gathers one at a time: unit 0 = the embeddings (wte, wpe),
-    // units 1..L = the blocks, unit L+1 = the final LayerNorm. Each is padded to a multiple of
-    // `unit_multiple` elements (8 x the data-parallel degree: equal 16-byte-aligned shards per rank).
-    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8, int tensor_parallel = 1)
-        : config(c), tp(tensor_parallel) {
+    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8, int tensor_parallel = 1,
+                             const StageModel& stage_model = StageModel())
+        : config(c), tp(tensor_parallel), part(stage_model) {
+        if (part.layers.empty() && part.first && part.last) part = StageModel::whole(c);  // the default: the whole model
         const size_t C = c.channels, Cs = C / tp;  // Cs: one rank's share of C (heads x head size)
         const size_t sizes[kBlockTensors] = {C, C, 3 * Cs * C, 3 * Cs, C * Cs, C, C, C, 4 * Cs * C, 4 * Cs, C * 4 * Cs, C};
         for (int t = 0; t < kBlockTensors; t++) {
@@ -150,35 +193,55 @@ struct ParameterLayout {
             block_size += sizes[t];
         }
         auto pad = [&](size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
-        wte = 0;
-        wpe = (size_t)vocab_rows() * C;
-        blocks_begin = pad(wpe + (size_t)c.max_seq_len * C);
+        auto add_unit = [&](size_t real, UnitKind kind) {
+            unit_offsets.push_back(total);
+            unit_sizes.push_back(pad(real));
+            unit_real_sizes.push_back(real);
+            unit_kinds.push_back(kind);
+            total += pad(real);
+            count += real;
+            return (int)unit_offsets.size() - 1;
+        };
+        if (part.has_wte()) {
+            wte = total;
+            wte_unit = add_unit((size_t)vocab_rows() * C,
+                                part.first && part.last ? UnitKind::kPersistent : part.first ? UnitKind::kTied : UnitKind::kTiedCopy);
+        }
+        if (part.first) {
+            wpe = total;
+            wpe_unit = add_unit((size_t)c.max_seq_len * C, UnitKind::kPersistent);
+        }
+        blocks_begin = total;
         block_stride = pad(block_size);
-        lnfw = blocks_begin + block_stride * c.num_layers;
-        lnfb = lnfw + C;
-        total = lnfw + pad(2 * C);
-        count = wpe + (size_t)c.max_seq_len * C + block_size * c.num_layers + 2 * C;
+        first_block_unit = (int)unit_offsets.size();
+        for (size_t i = 0; i < part.layers.size(); i++) add_unit(block_size, UnitKind::kGathered);
+        if (part.last) {
+            lnfw = total;
+            lnfb = lnfw + C;
+            lnf_unit = add_unit(2 * C, UnitKind::kPersistent);
+        }
     }
     int vocab_rows() const { return config.padded_vocab_size / tp; }  // rows of wte (and logits columns) per rank
-    size_t tensor(int layer, BlockTensor t) const { return blocks_begin + layer * block_stride + block_offset[t]; }
-
-    int num_units() const { return config.num_layers + 2; }
-    size_t unit_offset(int u) const { return u == 0 ? 0 : u <= config.num_layers ? blocks_begin + (u - 1) * block_stride : lnfw; }
-    size_t unit_real_size(int u) const {  // without the padding
-        return u == 0 ? wpe + (size_t)config.max_seq_len * config.channels
-             : u <= config.num_layers ? block_size : 2 * (size_t)config.channels;
-    }
-    size_t unit_size(int u) const {  // padded
-        return u == 0 ? blocks_begin : u <= config.num_layers ? block_stride : total - lnfw;
+    int num_blocks() const { return (int)part.layers.size(); }
+    size_t tensor(int block, BlockTensor t) const { return blocks_begin + block * block_stride + block_offset[t]; }  // local block index
+    size_t wte_end() const { return part.has_wte() ? wte + (size_t)vocab_rows() * config.channels : 0; }  // without padding
+    int block_unit(int block) const { return first_block_unit + block; }
+    int local_block(int layer) const {  // of a layer this part holds
+        return (int)(std::lower_bound(part.layers.begin(), part.layers.end(), layer) - part.layers.begin());
     }
 
-    // The llm.c file order (of the whole model: tp = 1): 16 tensors, the 12 block tensors each spanning all
-    // layers. Calls visit(file_offset, device_offset, count) for every contiguous run.
+    int num_units() const { return (int)unit_offsets.size(); }
+    size_t unit_offset(int u) const { return unit_offsets[u]; }
+    size_t unit_real_size(int u) const { return unit_real_sizes[u]; }  // without the padding
+    size_t unit_size(int u) const { return unit_sizes[u]; }            // padded
+
+    // The llm.c file order (of the whole model: tp = 1, one stage): 16 tensors, the 12 block tensors each
+    // spanning all layers. Calls visit(file_offset, device_offset, count) for every contiguous run.
     template <typename F> void for_each_file_run(F visit) const {
-        if (tp != 1) die("internal: for_each_file_run on a tensor-parallel slice");
+        if (tp != 1 || !part.first || !part.last) die("internal: for_each_file_run on a part of the model");
         size_t file_offset = 0;
         auto run = [&](size_t device_offset, size_t count) { visit(file_offset, device_offset, count); file_offset += count; };
-        run(wte, wpe - wte);
+        run(wte, (size_t)vocab_rows() * config.channels);
         run(wpe, (size_t)config.max_seq_len * config.channels);
         for (int t = 0; t < kBlockTensors; t++)
             for (int l = 0; l < config.num_layers; l++) run(tensor(l, (BlockTensor)t), block_tensor_size[t]);
@@ -186,15 +249,17 @@ struct ParameterLayout {
         run(lnfb, config.channels);
     }
 
-    // Tensor-parallel rank `rank`'s slices in the whole model's layout `full` (tp = 1, any padding): calls
-    // visit(full_offset, local_offset, count) for every contiguous run, unit by unit (the units correspond).
-    template <typename F> void for_each_tp_run(const ParameterLayout& full, int rank, F visit) const {
+    // Tensor-parallel rank `rank`'s slices of this stage's part in the layout `full` (tp = 1, any padding) of the
+    // whole model or of a part that holds this one: calls visit(full_offset, local_offset, count) for every
+    // contiguous run, in local order.
+    template <typename F> void for_each_full_run(const ParameterLayout& full, int rank, F visit) const {
         const size_t C = config.channels, Cs = C / tp, T = config.max_seq_len, V = vocab_rows();
-        visit(full.wte + rank * V * C, wte, V * C);
-        visit(full.wpe, wpe, T * C);
-        for (int l = 0; l < config.num_layers; l++) {
+        if (part.has_wte()) visit(full.wte + rank * V * C, wte, V * C);
+        if (part.first) visit(full.wpe, wpe, T * C);
+        for (int i = 0; i < num_blocks(); i++) {
+            const int l = full.local_block(part.layers[i]);
             auto at = [&](BlockTensor t, size_t full_offset, size_t local_offset, size_t n) {
-                visit(full.tensor(l, t) + full_offset, tensor(l, t) + local_offset, n);
+                visit(full.tensor(l, t) + full_offset, tensor(i, t) + local_offset, n);
             };
             for (int t = 0; t < kBlockTensors; t++) {
                 const BlockTensor b = (BlockTensor)t;
@@ -209,16 +274,18 @@ struct ParameterLayout {
                     case FCB: at(b, rank * 4 * Cs, 0, 4 * Cs); break;
                     case ATTPROJW:  // row-parallel: this rank's input columns of every output row
                     case FCPROJW: {
-                        const size_t in = b == ATTPROJW ? C : 4 * C, part = in / tp;
-                        for (size_t o = 0; o < C; o++) at(b, o * in + rank * part, o * part, part);
+                        const size_t in = b == ATTPROJW ? C : 4 * C, part_in = in / tp;
+                        for (size_t o = 0; o < C; o++) at(b, o * in + rank * part_in, o * part_in, part_in);
                         break;
                     }
                     default: at(b, 0, 0, block_tensor_size[t]);  // replicated
                 }
             }
         }
-        visit(full.lnfw, lnfw, C);
-        visit(full.lnfb, lnfb, C);
+        if (part.last) {
+            visit(full.lnfw, lnfw, C);
+            visit(full.lnfb, lnfb, C);
+        }
     }
 
     // Weight decay on embeddings and the four matrices of each block (tensors with 2+ dimensions).
@@ -230,7 +297,7 @@ struct ParameterLayout {
     // The tensor-parallel slices (wte and the split block tensors); the rest is replicated.
     LayoutMask split_mask() const {
         LayoutMask mask = blocks_mask({QKVW, QKVB, ATTPROJW, FCW, FCB, FCPROJW});
-        mask.head_end = wpe;
+        mask.head_end = wte_end();
         return mask;
     }
 
@@ -239,7 +306,7 @@ private:
         LayoutMask mask;
         mask.blocks_begin = blocks_begin;
         mask.block_size = block_stride;
-        mask.blocks_end = lnfw;
+        mask.blocks_end = blocks_begin + block_stride * num_blocks();
         for (BlockTensor t : tensors) {
             mask.range_begin[mask.num_ranges] = block_offset[t];
             mask.range_end[mask.num_ranges] = block_offset[t] + block_tensor_size[t];
@@ -326,6 +393,11 @@ struct AdapterLayout {
         std::vector<size_t> v = {edge_};
         for (int l = 0; l < config.num_layers; l++) v.push_back(unit_stride);
         v.push_back(edge_);
+        return v;
+    }
+    std::vector<UnitKind> unit_kinds() const {  // the layers gathered on use (ZeRO-3), the edges persistent
+        std::vector<UnitKind> v(config.num_layers + 2, UnitKind::kGathered);
+        v.front() = v.back() = UnitKind::kPersistent;
         return v;
     }
     LayoutMask decay_mask() const {  // A and B are 2-D: all of them decay (with the LoRA weight decay)
@@ -530,6 +602,31 @@ struct LayerActivations {
     float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
 };
 
+// One micro-batch's activations on one chunk of blocks (all of them, without pipeline parallelism): what its
+// backward needs, kept from its forward. A pipeline stage has one set per micro-batch in flight on each chunk.
+template <typename floatX>
+struct ActivationSet {
+    std::vector<LayerActivations<floatX>> layers;  // the chunk's blocks
+    floatX* input = nullptr;      // the residual stream entering the chunk: the embeddings' output, or received
+    floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
+    int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
+    int num_buckets = 0;
+};
+
+// The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
+// flight), and whether the stage ends the model (final LayerNorm, LM head, loss).
+struct ActivationPlan {
+    std::vector<int> chunk_blocks;
+    std::vector<int> slots;
+    bool head = true;
+    static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
+    int sets() const {
+        int n = 0;
+        for (int k : slots) n += k;
+        return n;
+    }
+};
+
 inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 inline size_t device_memory_in_use() {
     size_t free_bytes, total_bytes;
@@ -546,6 +643,7 @@ struct MemoryPlan {
 
 template <typename floatX>
 struct GPT2 {
+    using Float = floatX;
     ModelConfig config;
     ParameterLayout layout;       // this rank's parameters (its tensor-parallel slices)
     ParameterLayout full_layout;  // the whole model (tp = 1), same padding: model files, initialisation, checkpoints
@@ -566,14 +664,15 @@ struct GPT2 {
     uint64_t lora_dropout_seed = 0;  // set per micro-step; the backward regenerates the same masks
     bool training = false;           // LoRA dropout only while training, not in evaluation or sampling
 
-    // activations
+    // activations: sets[k][slot] holds one micro-batch's on chunk k (one set without pipeline parallelism)
     floatX* activation_memory = nullptr;
     float* statistics_memory = nullptr;
-    floatX *encoded = nullptr, *lnf = nullptr, *logits = nullptr;
+    std::vector<std::vector<ActivationSet<floatX>>> sets;
+    // the model's end (last stage): the final LayerNorm's output, the logits (or their gradient), per-row losses
+    floatX *lnf = nullptr, *logits = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
-    std::vector<LayerActivations<floatX>> layers;
-    // scratch shared by all layers
-    floatX *proj_out = nullptr, *dresidual = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    // scratch shared by all layers and sets
+    floatX *proj_out = nullptr, *dbtc = nullptr, *dbig = nullptr;
     floatX* gathered = nullptr;  // sequence parallelism: a LayerNorm output made whole for a column-parallel product
     // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the LayerNorm and residual regions hold 1/tp of
     // the rows on each rank (set before allocate()).
@@ -598,44 +697,53 @@ struct GPT2 {
     float* loss_sums_host = nullptr;
     bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
     int forwards_summed = 0;
-    // Batches go through two pinned staging buffers (inputs, targets, encoder buckets), so the host
-    // prepares the next micro-batch while the GPU still works on the current one.
-    int* tokens_device = nullptr;
+    // Batches go through two pinned staging buffers (inputs, targets, encoder buckets) into an activation set's
+    // tokens, so the host prepares the next micro-batch while the GPU still works on the current one.
+    int* tokens_memory = nullptr;  // every set's tokens
     int* staging[2] = {nullptr, nullptr};
     cudaEvent_t staging_free[2] = {nullptr, nullptr};
     int staging_index = 0;
-    int num_buckets = 0;
     std::vector<int> bucket_counts;
     size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
 
     // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
+    // `part`: what this pipeline stage holds (the whole model by default), in chunks of `chunk_blocks` blocks.
     GPT2(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
-         const LoraSpec& lora_spec = LoraSpec())
-        : config(c), layout(c, 8 * process_mesh.data.size, process_mesh.tensor.size), full_layout(c, 8 * process_mesh.data.size),
+         const LoraSpec& lora_spec = LoraSpec(), const StageModel& part = StageModel(), std::vector<int> chunk_blocks = {})
+        : config(c), layout(c, 8 * process_mesh.data.size, process_mesh.tensor.size, part), full_layout(c, 8 * process_mesh.data.size),
           pg(process_group), mesh(process_mesh), stream(s),
-          zero(new ZeroOptimizer<floatX>(unit_offsets(layout), unit_sizes(layout), layout.total, layout.decay_mask(),
+          zero(new ZeroOptimizer<floatX>(layout.unit_offsets, layout.unit_sizes, layout.unit_kinds, layout.total, layout.decay_mask(),
                                          process_group, process_mesh, zero_stage, s, !lora_spec.enabled(), layout.split_mask())),
           lora(lora_spec) {
         tensor_parallel.group = mesh.tensor;
+        if (chunk_blocks.empty()) chunk_blocks = {layout.num_blocks()};
+        chunk_begin = {0};
+        for (int k : chunk_blocks) chunk_begin.push_back(chunk_begin.back() + k);
+        if (chunk_begin.back() != layout.num_blocks()) die("internal: the chunks do not cover the stage's blocks");
         if (lora.enabled()) {
             adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size));
-            adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->total,
-                                                     adapter_layout->decay_mask(), process_group, process_mesh, zero_stage, s));
+            adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->unit_kinds(),
+                                                     adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
+                                                     zero_stage, s));
         }
+    }
+    // Chunks of blocks (pipeline parallelism's model chunks; one without it): chunk k holds the local blocks
+    // [chunk_begin[k], chunk_begin[k+1]). The model's first chunk starts with the embeddings, its last ends with
+    // the final LayerNorm and the LM head.
+    std::vector<int> chunk_begin;
+    int num_chunks() const { return (int)chunk_begin.size() - 1; }
+    bool model_begins(int k) const { return layout.part.first && k == 0; }
+    bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
+    ActivationPlan activation_plan(std::vector<int> slots = {}) const {
+        ActivationPlan p;
+        for (int k = 0; k < num_chunks(); k++) p.chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
+        p.slots = slots.empty() ? std::vector<int>(num_chunks(), 1) : slots;
+        p.head = layout.part.last;
+        return p;
     }
     // The optimizer of what trains: the adapters under LoRA, else the model.
     ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
     size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : full_layout.count; }
-    static std::vector<size_t> unit_offsets(const ParameterLayout& l) {
-        std::vector<size_t> v;
-        for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_offset(u));
-        return v;
-    }
-    static std::vector<size_t> unit_sizes(const ParameterLayout& l) {
-        std::vector<size_t> v;
-        for (int u = 0; u < l.num_units(); u++) v.push_back(l.unit_size(u));
-        return v;
-    }
 
     size_t num_parameters() const { return full_layout.count; }  // of the whole model
 
@@ -674,25 +782,32 @@ struct GPT2 {
 
     // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
     // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
-    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, size_t* x_elements,
-                                  size_t* stat_elements) {
-        const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp, L = c.num_layers;
+    // Each activation set keeps its blocks' activations, its input and its dresidual; the recomputed buffers,
+    // the head's (lnf, logits) and the scratch are shared by all sets.
+    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
+                                  size_t* x_elements, size_t* stat_elements) {
+        const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp;
         size_t kept, shared;
         activation_widths(c, tp, split, recompute, &kept, &shared);
-        const size_t global = Nr * C + N * C + N * (c.padded_vocab_size / tp);  // encoded, lnf, logits (this rank's columns)
-        // proj_out, dresidual, dbtc, dbig, and under sequence parallelism `gathered`
-        const size_t scratch = N * C + Nr * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-        *x_elements = N * (kept * L + shared) + global + scratch;
         const size_t lse = (size_t)B * NH * T;
-        *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * L + (recompute >= kRecomputeBlock ? lse : 0) + Nr * 2 + N;
+        size_t set_blocks = 0;  // blocks over all sets
+        for (size_t k = 0; k < ap.slots.size(); k++) set_blocks += (size_t)ap.slots[k] * ap.chunk_blocks[k];
+        const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
+        // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
+        const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
+        *x_elements = N * (kept * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+        *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
+                         (ap.head ? Nr * 2 : 0) + N;
     }
 
-    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1).
+    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
+    // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default).
     static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
-                           const LoraSpec& lora = LoraSpec()) {
+                           const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
         MemoryPlan p;
-        const ParameterLayout l(c, 8 * dp, tp);  // ZeRO shards over the data-parallel group
-        const ZeroMemory z = ZeroOptimizer<floatX>::memory(unit_sizes(l), l.total, dp, zero_stage, !lora.enabled());
+        if (ap.slots.empty()) ap = ActivationPlan::whole(c);
+        const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
+        const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled());
         p.parameters = z.parameters;
         p.gradients = z.gradients;
         p.master_weights = z.master_weights;
@@ -700,7 +815,7 @@ struct GPT2 {
         p.working = z.working;
         if (lora.enabled()) {
             const AdapterLayout a(c, lora, 8 * dp);
-            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.total, dp, zero_stage);
+            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
             p.parameters += za.parameters;
             p.gradients += za.gradients;
             p.master_weights += za.master_weights;
@@ -710,18 +825,20 @@ struct GPT2 {
                               (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
         }
         size_t x_elements, stat_elements;
-        activation_counts(c, B, T, tp, split, recompute, &x_elements, &stat_elements);
+        activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
         // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
-        const std::vector<size_t> sizes = unit_sizes(ParameterLayout(c, 8 * dp));  // init_parameters makes whole units
+        const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters makes whole units
         const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
-                    (size_t)B * T * 5 * sizeof(int) + flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
+                    (size_t)B * T * 5 * sizeof(int) * ap.sets() +
+                    flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
                     (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
         return p;
     }
 
-    void allocate(int batch, int seq_len, int recompute_level = kKeepAll) {
+    // `slots`: activation sets per chunk (pipeline parallelism: one per micro-batch in flight); one by default.
+    void allocate(int batch, int seq_len, int recompute_level = kKeepAll, const std::vector<int>& slots = {}) {
         B = batch;
         T = seq_len;
         recompute = recompute_level;
@@ -736,8 +853,9 @@ struct GPT2 {
             if (lora.dropout > 0.0f) cudaCheck(cudaMalloc(&lora_dropped, N * 4 * config.channels * sizeof(floatX)));
         }
 
+        const ActivationPlan ap = activation_plan(slots);
         size_t x_elements, stat_elements;
-        activation_counts(config, B, T, layout.tp, sequence_split(), recompute, &x_elements, &stat_elements);
+        activation_counts(config, B, T, layout.tp, sequence_split(), recompute, ap, &x_elements, &stat_elements);
         cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
         cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
         const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads / layout.tp;  // this rank's heads
@@ -752,17 +870,33 @@ struct GPT2 {
         for (int i = 0; i < 8; i++)
             if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
         float* shared_lse = recompute >= kRecomputeBlock ? take_f((size_t)B * NH * T) : nullptr;
-        layers.resize(config.num_layers);
-        for (auto& a : layers) {
-            floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
-            for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
-            a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
-            a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
+        cudaCheck(cudaMalloc(&tokens_memory, tokens_buffer_ints() * ap.sets() * sizeof(int)));
+        sets.assign(num_chunks(), {});
+        int* tokens = tokens_memory;
+        for (int k = 0; k < num_chunks(); k++) {
+            sets[k].resize(ap.slots[k]);
+            for (ActivationSet<floatX>& set : sets[k]) {
+                set.layers.resize(ap.chunk_blocks[k]);
+                for (auto& a : set.layers) {
+                    floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
+                    for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
+                    a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
+                    a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
+                }
+                set.input = take(Nr * C);
+                set.dresidual = take(Nr * C);
+                set.tokens = tokens;
+                tokens += tokens_buffer_ints();
+            }
         }
-        encoded = take(Nr * C); lnf = take(N * C); logits = take(N * layout.vocab_rows());
-        proj_out = take(N * C); dresidual = take(Nr * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
+        if (ap.head) {
+            lnf = take(N * C);
+            logits = take(N * layout.vocab_rows());
+        }
+        proj_out = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
         if (sequence_split() > 1) gathered = take(N * C);
-        lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); losses = take_f(N);
+        if (ap.head) { lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); }
+        losses = take_f(N);
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
@@ -775,7 +909,6 @@ struct GPT2 {
         loss_sums = all_loss_sums + mesh.data.rank * N;
         cudaCheck(cudaMallocHost(&loss_sums_host, dp * N * sizeof(float)));
         tensor_parallel.allocate(N);
-        cudaCheck(cudaMalloc(&tokens_device, tokens_buffer_ints() * sizeof(int)));
         for (int i = 0; i < 2; i++) {
             cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
             cudaCheck(cudaEventCreateWithFlags(&staging_free[i], cudaEventDisableTiming));
@@ -784,7 +917,7 @@ struct GPT2 {
 
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_device,
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory,
                         (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
         if (loss_sums_host != nullptr) cudaFreeHost(loss_sums_host);
@@ -794,7 +927,7 @@ struct GPT2 {
         }
     }
 
-    // GPT-2 initialisation of unit u (0: embeddings, 1..L: blocks, L+1: final LayerNorm) into `unit_device`
+    // GPT-2 initialisation of unit u of the whole model (wte, wpe, the blocks, the final LayerNorm) into `unit_device`
     // (fp32, the unit's padded size): N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
     // biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
     // index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
@@ -805,15 +938,16 @@ struct GPT2 {
         const ParameterLayout& layout = full_layout;
         const size_t C = config.channels, V = config.vocab_size, L = config.num_layers;
         const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * L);
-        const size_t begin = unit_offsets(layout)[u];
+        const size_t begin = layout.unit_offset(u);
         auto at = [&](size_t offset) { return unit_device + (offset - begin); };
         auto seed_of = [&](uint64_t tensor_id) { return splitmix64(seed * 1000003ull + tensor_id); };
-        cudaCheck(cudaMemsetAsync(unit_device, 0, unit_sizes(layout)[u] * sizeof(float), stream));
-        if (u == 0) {
+        cudaCheck(cudaMemsetAsync(unit_device, 0, layout.unit_size(u) * sizeof(float), stream));
+        if (u == layout.wte_unit) {
             fill_normal(at(layout.wte), V * C, std, seed_of(0), stream);
+        } else if (u == layout.wpe_unit) {
             fill_normal(at(layout.wpe), (size_t)config.max_seq_len * C, std, seed_of(1), stream);
-        } else if ((size_t)u <= L) {
-            const int l = u - 1;
+        } else if (u != layout.lnf_unit) {
+            const int l = u - layout.first_block_unit;
             fill_constant(at(layout.tensor(l, LN1W)), C, 1.0f, stream);
             fill_normal(at(layout.tensor(l, QKVW)), 3 * C * C, std, seed_of(2 + 4 * l), stream);
             fill_normal(at(layout.tensor(l, ATTPROJW)), C * C, residual_std, seed_of(3 + 4 * l), stream);
@@ -825,38 +959,61 @@ struct GPT2 {
         }
     }
 
-    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its slices. At tp = 1
-    // the layouts are the same and `values` goes on as it is (no copy of the whole model).
+    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its part. With one
+    // rank per layer the layouts are the same and `values` goes on as it is (no copy of the whole model).
     void set_parameters(const std::vector<float>& values) {
-        if (layout.tp == 1) zero->set_parameters(values);
-        else zero->set_parameters(tensor_parallel_slice(values));
+        if (holds_whole_model()) zero->set_parameters(values);
+        else zero->set_parameters(local_part(values));
     }
-    // This rank's tensor-parallel slices (layout) of a whole-model array (full_layout).
-    std::vector<float> tensor_parallel_slice(const std::vector<float>& full) const {
+    bool holds_whole_model() const { return layout.tp == 1 && layout.part.first && layout.part.last; }
+    // This rank's part (layout: its pipeline stage's tensor-parallel slices) of a whole-model array (full_layout).
+    std::vector<float> local_part(const std::vector<float>& full) const {
         std::vector<float> local(layout.total, 0.0f);
-        layout.for_each_tp_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
+        layout.for_each_full_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
             std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
         });
         return local;
     }
-    // The inverse, over the whole tensor-parallel group: every rank's slices (gathered, fp32 host) put back
-    // into the whole model. A collective of the tensor-parallel group. At tp = 1 `local` is the whole model and
-    // is returned as it is (moved when the caller passes a temporary).
-    std::vector<float> tensor_parallel_assemble(std::vector<float> local) const {
-        if (layout.tp == 1) return local;
+    // The inverse, over the tensor-parallel and pipeline groups: every rank's part (gathered, fp32 host) put back
+    // into the whole model. A collective of both groups. With one rank per layer `local` is the whole model and
+    // is returned as it is (moved when the caller passes a temporary). The pipeline stages' layouts are made from
+    // `stage_parts` (every stage's StageModel).
+    std::vector<float> assemble_whole_model(std::vector<float> local, const std::vector<StageModel>& stage_parts) const {
+        if (holds_whole_model()) return local;
         const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg);
-        std::vector<float> full(full_layout.total, 0.0f);
+        const ParameterLayout whole_stage(config, 8 * mesh.data.size, 1, layout.part);
+        std::vector<float> stage(whole_stage.total, 0.0f);  // this stage's tensor-parallel slices in a tp = 1 layout of its part
         for (int q = 0; q < layout.tp; q++)
-            layout.for_each_tp_run(full_layout, q, [&](size_t to, size_t from, size_t n) {
-                std::copy(slices[q].begin() + from, slices[q].begin() + from + n, full.begin() + to);
+            layout.for_each_full_run(whole_stage, q, [&](size_t to, size_t from, size_t n) {
+                std::copy(slices[q].begin() + from, slices[q].begin() + from + n, stage.begin() + to);
             });
+        std::vector<float> full(full_layout.total, 0.0f);
+        // the stages' parts, padded to one length for the gather; the tied wte is taken from the first stage
+        size_t longest = 0;
+        for (const StageModel& m : stage_parts) longest = std::max(longest, ParameterLayout(config, 8 * mesh.data.size, 1, m).total);
+        stage.resize(longest, 0.0f);
+        const std::vector<std::vector<float>> parts = gather_over_pipeline(stage);
+        for (int s = (int)parts.size() - 1; s >= 0; s--) {
+            const ParameterLayout l(config, 8 * mesh.data.size, 1, stage_parts[s]);
+            l.for_each_full_run(full_layout, 0, [&](size_t to, size_t from, size_t n) {
+                std::copy(parts[s].begin() + from, parts[s].begin() + from + n, full.begin() + to);
+            });
+        }
         return full;
     }
+    std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local) const {
+        TensorParallel<floatX> over_stages;  // its host gather, on the pipeline group
+        over_stages.group = mesh.pipeline;
+        return over_stages.all_gather_host(local, stream, pg);
+    }
+    // Every stage's part of the model (set by the pipeline; the whole model by default).
+    std::vector<StageModel> stage_parts = {StageModel()};
     // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank.
-    std::vector<float> full_parameters_host() { return tensor_parallel_assemble(zero->parameters_host()); }
+    std::vector<float> full_parameters_host() { return assemble_whole_model(zero->parameters_host(), stage_parts); }
     // Made unit by unit through one unit-sized device buffer: a model too large for one GPU still initialises.
     void init_parameters(uint64_t seed) {
-        const std::vector<size_t> offsets = unit_offsets(full_layout), sizes = unit_sizes(full_layout);
+        const std::vector<size_t>& offsets = full_layout.unit_offsets;
+        const std::vector<size_t>& sizes = full_layout.unit_sizes;
         float* staging;
         cudaCheck(cudaMalloc(&staging, *std::max_element(sizes.begin(), sizes.end()) * sizeof(float)));
         std::vector<float> values(full_layout.total, 0.0f);
@@ -876,20 +1033,29 @@ struct GPT2 {
         return host_floats(raw);
     }
 
-    // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy).
-    floatX* param(int l, BlockTensor t) const { return zero->unit_params(l + 1) + layout.block_offset[t]; }
+    // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy); l is a local block.
+    floatX* param(int l, BlockTensor t) const { return zero->unit_params(layout.block_unit(l)) + layout.block_offset[t]; }
     floatX* grad(int l, BlockTensor t) const {  // null when frozen
-        floatX* unit = zero->unit_grads(l + 1);
+        floatX* unit = zero->unit_grads(layout.block_unit(l));
         return unit ? unit + layout.block_offset[t] : nullptr;
     }
-    floatX* embedding_params() const { return zero->unit_params(0); }  // wte at 0, wpe at layout.wpe
-    floatX* embedding_grads() const { return zero->unit_grads(0); }
-    floatX* final_norm_params() const { return zero->unit_params(config.num_layers + 1); }  // lnfw, then lnfb
-    floatX* final_norm_grads() const { return zero->unit_grads(config.num_layers + 1); }
+    floatX* wte_params() const { return zero->unit_params(layout.wte_unit); }
+    floatX* wte_grads() const { return zero->unit_grads(layout.wte_unit); }
+    floatX* wpe_params() const { return zero->unit_params(layout.wpe_unit); }
+    floatX* wpe_grads() const { return zero->unit_grads(layout.wpe_unit); }
+    floatX* final_norm_params() const { return zero->unit_params(layout.lnf_unit); }  // lnfw, then lnfb
+    floatX* final_norm_grads() const { return zero->unit_grads(layout.lnf_unit); }
 
-    // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping.
+    // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping into the
+    // tokens of activation set `slot` of chunk k (the only one without pipeline parallelism).
     // Does not wait for the GPU, only for the copy that last used this staging buffer.
-    void upload_batch(const int* inputs, const int* targets) {
+    // k = -1: the sets that forward_all_stages reads tokens from (set 0 of the first and of the last chunk).
+    void upload_batch(const int* inputs, const int* targets, int k = -1, int slot = 0) {
+        if (k < 0) {
+            upload_batch(inputs, targets, 0, 0);
+            if (num_chunks() > 1) upload_batch(inputs, targets, num_chunks() - 1, 0);
+            return;
+        }
         const size_t N = (size_t)B * T;
         for (size_t i = 0; i < N; i++)
             if (inputs[i] < 0 || inputs[i] >= config.vocab_size || (targets && (targets[i] < 0 || targets[i] >= config.vocab_size)))
@@ -899,9 +1065,10 @@ struct GPT2 {
         memcpy(s, inputs, N * sizeof(int));
         if (targets) memcpy(s + N, targets, N * sizeof(int));
         else memset(s + N, 0, N * sizeof(int));
-        num_buckets = encoder_buckets(inputs, (int)N, config.vocab_size, s + 2 * N, bucket_counts);
-        const size_t ints = 2 * N + 2 * num_buckets + 1 + N;
-        cudaCheck(cudaMemcpyAsync(tokens_device, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
+        ActivationSet<floatX>& set = sets[k][slot];
+        set.num_buckets = encoder_buckets(inputs, (int)N, config.vocab_size, s + 2 * N, bucket_counts);
+        const size_t ints = 2 * N + 2 * set.num_buckets + 1 + N;
+        cudaCheck(cudaMemcpyAsync(set.tokens, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaEventRecord(staging_free[staging_index], stream));
         staging_index ^= 1;
     }
@@ -987,7 +1154,7 @@ struct GPT2 {
     }
     // g backward: the gradient of a row-parallel product's output (dresidual), whole; under sequence parallelism
     // gathered into proj_out, which the backward does not otherwise use.
-    const floatX* row_output_grad() {
+    const floatX* row_output_grad(const floatX* dresidual) {
         if (sequence_split() == 1) return dresidual;
         tensor_parallel.all_gather_rows(dresidual, proj_out, (size_t)region_rows() * config.channels, stream);
         return proj_out;
@@ -1012,10 +1179,9 @@ struct GPT2 {
         if (sequence_split() > 1 && grads != nullptr && trained().reduces_this_micro_step()) tensor_parallel.sum_over_ranks(grads, n, stream);
     }
 
-    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of block l (this rank's hidden units).
-    void fc_gelu_forward(int l) {
+    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of local block l (this rank's hidden units).
+    void fc_gelu_forward(int l, LayerActivations<floatX>& a) {
         const int N = B * T, C = config.channels;
-        LayerActivations<floatX>& a = layers[l];
         const floatX* x = column_input(a.ln2);
         if (fc_gelu_fused()) {
             matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
@@ -1027,9 +1193,8 @@ struct GPT2 {
     }
     // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
     // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU.
-    void attention_and_fc_forward(int l, const floatX* residual_in) {
+    void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
         const int N = B * T, C = config.channels, Cs = heads() * head_size();
-        LayerActivations<floatX>& a = layers[l];
         const floatX* x = column_input(a.ln1);
         matmul_forward(a.qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
         adapt_forward(l, kLoraQkv, a.qkv, x);
@@ -1038,62 +1203,109 @@ struct GPT2 {
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
         residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
                                    param(l, LN2W), param(l, LN2B), region_rows(), C, stream);
-        fc_gelu_forward(l);
+        fc_gelu_forward(l, a);
     }
 
-    // Forward over the uploaded batch. With dloss != 0 the classifier also leaves the logits gradient in
-    // `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits (this rank's vocabulary columns).
-    // Per-row losses in `losses` when `with_loss`.
+    // Forward over the uploaded batch (activation set 0 of the whole model). With dloss != 0 the classifier also
+    // leaves the logits gradient in `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits
+    // (this rank's vocabulary columns). Per-row losses in `losses` when `with_loss`.
     void forward(bool with_loss, float dloss) {
-        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows(), Nr = region_rows();
-        const int* inputs = tokens_device;
-        const int* targets = tokens_device + (size_t)B * T;
+        forward_chunk(0, sets[0][0]);
+        head_forward(sets[0][0], with_loss, dloss);
+    }
+
+    // The forward of chunk k on activation set `set`: the embeddings first when the chunk begins the model (the
+    // set's input otherwise holds the residual stream, received from the previous stage), then its blocks. The
+    // chunk's output is its last block's residual3, which is the residual stream that goes on to the next chunk, or
+    // when the chunk ends the model, the input of the final LayerNorm, whose output (lnf) it also computes.
+    void forward_chunk(int k, ActivationSet<floatX>& set) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        const int begin = chunk_begin[k], end = chunk_begin[k + 1];
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
-        const floatX* wte = embedding_params() + layout.wte;
-        // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
-        // the positions; g sums them (into this rank's rows under sequence parallelism)
-        const floatX* wpe = tensor_parallel.rank() == 0 ? embedding_params() + layout.wpe : nullptr;
-        floatX* lookup = sequence_split() > 1 ? proj_out : encoded;
-        encoder_forward(lookup, inputs, wte, wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
-        row_output(lookup, encoded);
+        if (model_begins(k)) {
+            // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
+            // the positions; g sums them (into this rank's rows under sequence parallelism)
+            const floatX* wpe = tensor_parallel.rank() == 0 ? wpe_params() : nullptr;
+            floatX* lookup = sequence_split() > 1 ? proj_out : set.input;
+            encoder_forward(lookup, set.tokens, wte_params(), wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
+            row_output(lookup, set.input);
+        }
         // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
         floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
-        for (int l = 0; l < L; l++) {
-            LayerActivations<floatX>& a = layers[l];
-            zero->before_block_forward(l);
-            // the first LayerNorm of block l > 0 was fused into block l-1's closing residual add
-            if (l == 0) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, encoded, param(0, LN1W), param(0, LN1B), Nr, C, stream);
-            const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
-            attention_and_fc_forward(l, residual_in);
-            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N, hidden(), C, stream);
+        for (int l = begin; l < end; l++) {
+            LayerActivations<floatX>& a = set.layers[l - begin];
+            zero->before_unit_forward(layout.block_unit(l));
+            // the first LayerNorm of a block was fused into the previous block's closing residual add, except in
+            // the chunk's first block
+            if (l == begin) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, set.input, param(l, LN1W), param(l, LN1B), Nr, C, stream);
+            const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
+            attention_and_fc_forward(l, a, residual_in);
+            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), hidden(), C, stream);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
-            // residual3 = residual2 + mlp, normalised by the next layer's first LayerNorm (or the final one);
-            // under ZeRO-3 the next block's LayerNorm parameters are its gathered copy
-            const bool last = l == L - 1;
+            // residual3 = residual2 + mlp, normalised by the next block's first LayerNorm (or the final one); under
+            // ZeRO-3 the next block's LayerNorm parameters are its gathered copy. At the end of a chunk that does
+            // not end the model the next block is on another stage (or chunk): the residual add alone.
             const floatX* mlp = row_output(proj_out);
-            zero->before_block_forward(l + 1);  // l + 1 = L: the final LayerNorm
-            residual_layernorm_forward(a.residual3, last ? lnf_rows : layers[l + 1].ln1,
-                                       last ? lnf_mean : layers[l + 1].ln1_mean, last ? lnf_rstd : layers[l + 1].ln1_rstd,
-                                       a.residual2, mlp, last ? final_norm_params() : param(l + 1, LN1W),
-                                       last ? final_norm_params() + C : param(l + 1, LN1B), Nr, C, stream);
-            zero->after_block_forward(l);
+            if (l + 1 < end) {
+                zero->before_unit_forward(layout.block_unit(l + 1));
+                LayerActivations<floatX>& next = set.layers[l + 1 - begin];
+                residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, mlp,
+                                           param(l + 1, LN1W), param(l + 1, LN1B), Nr, C, stream);
+            } else if (model_ends(k)) {
+                zero->before_unit_forward(layout.lnf_unit);
+                residual_layernorm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
+                                           final_norm_params() + C, Nr, C, stream);
+            } else {
+                residual_forward(a.residual3, a.residual2, mlp, (long)Nr * C, stream);
+            }
+            zero->after_unit_forward(layout.block_unit(l));
         }
-        if (sequence_split() > 1) tensor_parallel.all_gather_rows(lnf_rows, lnf, (size_t)Nr * C, stream);
-        matmul_forward(logits, lnf, wte, (const floatX*)nullptr, N, C, Vl, stream);  // f: lnf enters the LM head
-        if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N, config.vocab_size, Vl, stream);
+    }
+    // A forward of the uploaded batch through every stage (evaluation and sampling): the chunks in the order of
+    // their virtual stages (chunk k of stage s is virtual stage k x P + s), each stage receiving the residual
+    // stream from the one before and sending its chunk's output on, on the compute stream: one micro-batch flows
+    // along a chain, which cannot deadlock. The loss (with_loss) and the logits end on the last stage.
+    void forward_all_stages(bool with_loss) {
+        const int P = mesh.pipeline.size, stage = mesh.pipeline.rank;
+        if (P == 1) {
+            forward(with_loss, 0.0f);
+            return;
+        }
+        const size_t n = (size_t)region_rows() * config.channels;
+        for (int k = 0; k < num_chunks(); k++) {
+            ActivationSet<floatX>& set = sets[k][0];
+            const int virtual_stage = k * P + stage;
+            if (!model_begins(k))
+                ncclCheck(ncclRecv(set.input, n, nccl_type<floatX>(), (virtual_stage - 1) % P, mesh.pipeline.comm, stream));
+            forward_chunk(k, set);
+            if (model_ends(k)) head_forward(set, with_loss, 0.0f);
+            else ncclCheck(ncclSend(chunk_output(k, set), n, nccl_type<floatX>(), (virtual_stage + 1) % P, mesh.pipeline.comm, stream));
+        }
+    }
+    // The chunk's output: the residual stream that the next chunk (on the next stage) receives.
+    floatX* chunk_output(int k, ActivationSet<floatX>& set) const { return set.layers[chunk_begin[k + 1] - chunk_begin[k] - 1].residual3; }
+    int N() const { return B * T; }
+
+    // The LM head and the loss, after the model's last chunk ran on `set`: logits = lnf wte^T (this rank's
+    // vocabulary columns; f: lnf enters the LM head) and the vocabulary-parallel cross-entropy.
+    void head_forward(ActivationSet<floatX>& set, bool with_loss, float dloss) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        if (sequence_split() > 1) tensor_parallel.all_gather_rows(lnf + (size_t)tensor_parallel.rank() * Nr * C, lnf, (size_t)Nr * C, stream);
+        matmul_forward(logits, lnf, wte_params(), (const floatX*)nullptr, N(), C, Vl, stream);
+        const int* targets = set.tokens + (size_t)B * T;
+        if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N(), config.vocab_size, Vl, stream);
     }
 
-    // Refills the activations of block l that --recompute did not keep, with the forward's own kernels: the
-    // kernels are deterministic, so the backward sees exactly the values the forward computed.
-    void recompute_activations(int l, const floatX* residual_in) {
+    // Refills the activations of local block l that --recompute did not keep, with the forward's own kernels:
+    // the kernels are deterministic, so the backward sees exactly the values the forward computed.
+    void recompute_activations(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
         if (recompute == kKeepAll) return;
         const int N = B * T, C = config.channels, Nr = region_rows();
-        LayerActivations<floatX>& a = layers[l];
         if (recompute >= kRecomputeGeluLayerNorm)
             layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), Nr, C, stream);
         if (recompute >= kRecomputeBlock) {
-            attention_and_fc_forward(l, residual_in);
+            attention_and_fc_forward(l, a, residual_in);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
@@ -1103,7 +1315,7 @@ struct GPT2 {
 
     // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
     void accumulate_loss() {
-        accumulate_losses(loss_sums, losses, B * T, stream);
+        if (layout.part.last) accumulate_losses(loss_sums, losses, B * T, stream);  // the other stages' sums stay zero
         forwards_summed++;
     }
 
@@ -1113,27 +1325,48 @@ struct GPT2 {
     // the LM head, fc and qkv); the row-parallel products need no collective (g's backward is the identity), except
     // under sequence parallelism, whose f and g swap all-reduces for reduce-scatters and all-gathers.
     void backward(bool last_micro_step = true) {
-        const int N = B * T, C = config.channels, L = config.num_layers, Vl = layout.vocab_rows(), Nr = region_rows();
-        const int Cs = heads() * head_size();
-        const floatX* wte = embedding_params() + layout.wte;
         trained().begin_backward(last_micro_step);
-        cudaCheck(cudaMemsetAsync(dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
-        const floatX* dlnf = column_parallel_backward(embedding_grads() + layout.wte, nullptr, wte, logits, lnf, Vl, -1, -1);
-        layernorm_backward(dresidual, final_norm_grads(), reduce_scratch, dlnf, layers[L - 1].residual3,
+        head_backward(sets[0][0]);
+        backward_chunk(0, sets[0][0]);
+        trained().end_backward();
+    }
+
+    // The LM head's and the final LayerNorm's backward, after head_forward with dloss != 0 left the logits'
+    // gradient in `logits`: set.dresidual becomes d(loss)/d(the last block's residual3).
+    void head_backward(ActivationSet<floatX>& set) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        cudaCheck(cudaMemsetAsync(set.dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
+        const floatX* dlnf = column_parallel_backward(wte_grads(), nullptr, wte_params(), logits, lnf, Vl, -1, -1);
+        layernorm_backward(set.dresidual, final_norm_grads(), reduce_scratch, dlnf, set.layers.back().residual3,
                            final_norm_params(), lnf_mean, lnf_rstd, Nr, C, stream);
         sum_layernorm_grads(final_norm_grads(), 2 * (size_t)C);
-        trained().after_unit_backward(L + 1);
-        for (int l = L - 1; l >= 0; l--) {
-            LayerActivations<floatX>& a = layers[l];
-            const floatX* residual_in = l == 0 ? encoded : layers[l - 1].residual3;
-            zero->before_block_backward(l);
-            if (adapters) adapters->before_block_backward(l);
-            recompute_activations(l, residual_in);
+        if (adapters) {
+            adapters->after_unit_backward(config.num_layers + 1);
+            return;
+        }
+        zero->after_unit_backward(layout.lnf_unit);
+        if (layout.part.tied_copy()) zero->after_unit_backward(layout.wte_unit);  // the LM head's copy of wte is complete
+    }
+
+    // The backward of chunk k on `set`, whose dresidual holds d(loss)/d(the chunk's output): from the head
+    // (head_backward), or received from the next stage. Leaves d(loss)/d(the chunk's input) in set.dresidual
+    // (sent to the previous stage) or, when the chunk begins the model, adds it into the embeddings' gradients.
+    void backward_chunk(int k, ActivationSet<floatX>& set) {
+        const int N = B * T, C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        const int Cs = heads() * head_size();
+        const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        floatX* dresidual = set.dresidual;
+        for (int l = end - 1; l >= begin; l--) {
+            LayerActivations<floatX>& a = set.layers[l - begin];
+            const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
+            zero->before_unit_backward(layout.block_unit(l));
+            if (adapters) adapters->before_unit_backward(l + 1);
+            recompute_activations(l, a, residual_in);
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dbig
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
-            const floatX* dmlp = row_output_grad();
+            const floatX* dmlp = row_output_grad(dresidual);
             matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dmlp, a.fch_gelu,
                             param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
@@ -1146,7 +1379,7 @@ struct GPT2 {
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
                                a.ln2_mean, a.ln2_rstd, Nr, C, stream);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
-            const floatX* dattention = row_output_grad();
+            const floatX* dattention = row_output_grad(dresidual);
             matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dattention, a.atty,
                             param(l, ATTPROJW), N, Cs, C, stream);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
@@ -1158,14 +1391,20 @@ struct GPT2 {
                                a.ln1_mean, a.ln1_rstd, Nr, C, stream);
             sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
             sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
-            trained().after_unit_backward(l + 1);
+            if (adapters) adapters->after_unit_backward(l + 1);
+            else zero->after_unit_backward(layout.block_unit(l));
         }
-        const int* bucket_data = tokens_device + 2 * (size_t)B * T;
-        if (embedding_grads() != nullptr)  // not frozen
-            encoder_backward(embedding_grads() + layout.wte, embedding_grads() + layout.wpe, row_output_grad(), bucket_data,
-                             num_buckets, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
-        trained().after_unit_backward(0);
-        trained().end_backward();
+        if (!model_begins(k)) return;
+        const int* bucket_data = set.tokens + 2 * (size_t)B * T;
+        if (wte_grads() != nullptr)  // not frozen
+            encoder_backward(wte_grads(), wpe_grads(), row_output_grad(dresidual), bucket_data, set.num_buckets, B, T, C, stream,
+                             tensor_parallel.rank() * Vl, Vl);
+        if (adapters) {
+            adapters->after_unit_backward(0);
+            return;
+        }
+        zero->after_unit_backward(layout.wpe_unit);
+        zero->after_unit_backward(layout.wte_unit);
     }
 
     void zero_grad() { trained().zero_grad(); }
@@ -1176,6 +1415,8 @@ struct GPT2 {
     // The data-parallel group's rows: a tensor-parallel group computes the same losses on every one of its ranks.
     void request_losses() {
         const size_t N = (size_t)B * T;
+        // the last pipeline stage computed the losses: summed over the stages, whose other sums are zero
+        if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(loss_sums, loss_sums, N, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
         if (mesh.data.size > 1) ncclCheck(ncclAllGather(loss_sums, all_loss_sums, N, ncclFloat32, mesh.data.comm, stream));
         cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, mesh.data.size * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
@@ -1272,6 +1513,10 @@ struct Options {
     int zero_stage = 1;
     int tensor_parallel = 1;
     int sequence_parallel = 0;
+    int pipeline_parallel = 1;
+    std::string pipeline_schedule = "1f1b";
+    int virtual_stages = 0;  // 0: 2 for the interleaved schedule, 1 for 1f1b
+    std::string pipeline_layers = "";
     int lora_rank = 0;
     float lora_alpha = -1.0f;  // -1: the rank
     std::string lora_targets = "qkv";
@@ -1350,6 +1595,10 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
+        {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
+        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, "1f1b | interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
+        {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
+        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, "layers per (virtual) stage, e.g. 3,3,2,4 (empty: an even split, the remainder to the last stages)"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
     };
@@ -1431,7 +1680,7 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
 // is reassembled into the whole model (unit by unit from the shards, slice by slice from the tensor-parallel
 // ranks) and cut into the new ranks' pieces.
 
-constexpr int kStateMagic = 20261126, kStateVersion = 3;  // 3: the writer's mesh (tensor parallelism)
+constexpr int kStateMagic = 20261126, kStateVersion = 4;  // 3: the writer's mesh (tensor parallelism); 4: its pipeline stage's part
 
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
     char name[64];
@@ -1480,14 +1729,17 @@ inline void write_file_atomically(const std::string& path, const std::vector<std
 
 struct StateHeader {
     int step, precision;
-    int data_parallel, tensor_parallel, pipeline_parallel, data_rank, tensor_rank;  // the writer's mesh and its place in it
+    int data_parallel, tensor_parallel, pipeline_parallel, data_rank, tensor_rank, pipeline_rank;  // the writer's mesh and its place in it
     int stage, has_master, clean_steps;
     float loss_scale;
     long long skipped_steps, optimizer_elements;
 };
+// The header's second half holds the writer's pipeline stage's part of the model (StageModel): first, last, the
+// number of blocks and their layer indices.
+constexpr int kStatePartOffset = 128, kStateMaxLayers = 256 - kStatePartOffset - 3;
 
 // One rank's state file: header, then its master weights (if kept), Adam m and v, and the data position.
-inline void write_state_file(const std::string& path, const StateHeader& h, const std::vector<float>& master,
+inline void write_state_file(const std::string& path, const StateHeader& h, const StageModel& part, const std::vector<float>& master,
                              const std::vector<float>& m, const std::vector<float>& v, const DataLoaderState& data_state) {
     int header[256] = {};
     header[0] = kStateMagic;
@@ -1495,6 +1747,13 @@ inline void write_state_file(const std::string& path, const StateHeader& h, cons
     header[2] = (int)sizeof(StateHeader);
     header[3] = (int)sizeof(DataLoaderState);
     memcpy(&header[4], &h, sizeof(h));
+    if ((int)part.layers.size() > kStateMaxLayers)
+        die(path + ": a state file records at most " + std::to_string(kStateMaxLayers) + " blocks per pipeline stage, this stage holds " +
+            std::to_string(part.layers.size()));
+    header[kStatePartOffset] = part.first;
+    header[kStatePartOffset + 1] = part.last;
+    header[kStatePartOffset + 2] = (int)part.layers.size();
+    std::copy(part.layers.begin(), part.layers.end(), header + kStatePartOffset + 3);
     write_file_atomically(path, {{header, sizeof(header)},
                                  {master.data(), master.size() * sizeof(float)},
                                  {m.data(), m.size() * sizeof(float)},
@@ -1502,7 +1761,7 @@ inline void write_state_file(const std::string& path, const StateHeader& h, cons
                                  {&data_state, sizeof(data_state)}});
 }
 
-inline StateHeader read_state_header(FILE* f, const std::string& path) {
+inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
     int header[256];
     if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic)
         die(path + ": not a train_gpt state file (bad magic)");
@@ -1510,6 +1769,13 @@ inline StateHeader read_state_header(FILE* f, const std::string& path) {
         die(path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion));
     StateHeader h;
     memcpy(&h, &header[4], sizeof(h));
+    const int blocks = header[kStatePartOffset + 2];
+    if (blocks < 1 || blocks > kStateMaxLayers) die(path + ": corrupt header (" + std::to_string(blocks) + " blocks)");
+    if (part != nullptr) {
+        part->first = header[kStatePartOffset] != 0;
+        part->last = header[kStatePartOffset + 1] != 0;
+        part->layers.assign(header + kStatePartOffset + 3, header + kStatePartOffset + 3 + blocks);
+    }
     return h;
 }
 
@@ -1529,51 +1795,61 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
     saved.header = read_state_header(f, first);
     fclose(f);
     const StateHeader& s = saved.header;
-    if (s.pipeline_parallel != 1)
-        die(first + ": written by " + std::to_string(s.pipeline_parallel) + " pipeline stages; this train_gpt reads checkpoints of one stage");
     MeshShape writer;
     writer.tp = s.tensor_parallel;
+    writer.pp = s.pipeline_parallel;
     writer.dp = s.data_parallel;
-    const ParameterLayout slices(full.config, 8 * s.data_parallel, s.tensor_parallel);  // one writer rank's layout
     const int files = s.stage >= 1 ? s.data_parallel : 1;  // at stage 0 data rank 0's file holds everything
     std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
     if (s.has_master) arrays.insert(arrays.begin(), &saved.master);
     for (auto* a : arrays) a->assign(full.total, 0.0f);
-    std::vector<float> buffer(s.optimizer_elements);
     std::vector<std::vector<float>> local(arrays.size());
-    for (int t = 0; t < s.tensor_parallel; t++) {
-        for (auto& a : local) a.assign(slices.total, 0.0f);
-        for (int d = 0; d < files; d++) {
-            MeshCoord coord;
-            coord.tp = t;
-            coord.dp = d;
-            const int rank = mesh_rank(writer, coord);
-            const std::string path = state_path(dir, step, rank);
-            FILE* g = fopen(path.c_str(), "rb");
-            if (g == nullptr)
-                die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
-            const StateHeader h = read_state_header(g, path);
-            if (h.data_parallel != s.data_parallel || h.tensor_parallel != s.tensor_parallel || h.stage != s.stage ||
-                h.data_rank != d || h.tensor_rank != t || h.optimizer_elements != s.optimizer_elements)
-                die(path + ": does not belong with " + first);
-            for (size_t k = 0; k < arrays.size(); k++) {
-                if (fread(buffer.data(), sizeof(float), h.optimizer_elements, g) != (size_t)h.optimizer_elements)
-                    die(path + ": truncated");
-                size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
-                for (int u = 0; u < slices.num_units(); u++) {
-                    const size_t slice = s.stage >= 1 ? slices.unit_size(u) / s.data_parallel : slices.unit_size(u);
-                    const size_t begin = s.stage >= 1 ? d * slice : 0;
-                    std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices.unit_offset(u) + begin);
-                    next += slice;
+    // from the last stage to the first: the first stage's tied wte (the same values) overwrites the last's copy
+    for (int p = writer.pp - 1; p >= 0; p--) {
+        for (int t = 0; t < s.tensor_parallel; t++) {
+            StageModel part;
+            std::unique_ptr<ParameterLayout> slices;  // one writer rank's layout, from its header
+            for (int d = 0; d < files; d++) {
+                MeshCoord coord;
+                coord.tp = t;
+                coord.pp = p;
+                coord.dp = d;
+                const int rank = mesh_rank(writer, coord);
+                const std::string path = state_path(dir, step, rank);
+                FILE* g = fopen(path.c_str(), "rb");
+                if (g == nullptr)
+                    die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
+                StageModel file_part;
+                const StateHeader h = read_state_header(g, path, &file_part);
+                if (d == 0) {
+                    part = file_part;
+                    slices.reset(new ParameterLayout(full.config, 8 * s.data_parallel, s.tensor_parallel, part));
+                    for (auto& a : local) a.assign(slices->total, 0.0f);
                 }
+                const size_t expected = s.stage >= 1 ? slices->total / s.data_parallel : slices->total;
+                if (h.data_parallel != s.data_parallel || h.tensor_parallel != s.tensor_parallel || h.pipeline_parallel != s.pipeline_parallel ||
+                    h.stage != s.stage || h.data_rank != d || h.tensor_rank != t || h.pipeline_rank != p || file_part.layers != part.layers ||
+                    h.optimizer_elements != (long long)expected)
+                    die(path + ": does not belong with " + first);
+                std::vector<float> buffer(expected);
+                for (size_t k = 0; k < arrays.size(); k++) {
+                    if (fread(buffer.data(), sizeof(float), expected, g) != expected) die(path + ": truncated");
+                    size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
+                    for (int u = 0; u < slices->num_units(); u++) {
+                        const size_t slice = s.stage >= 1 ? slices->unit_size(u) / s.data_parallel : slices->unit_size(u);
+                        const size_t begin = s.stage >= 1 ? d * slice : 0;
+                        std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices->unit_offset(u) + begin);
+                        next += slice;
+                    }
+                }
+                if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
+                    die(path + ": truncated while reading the data position");
+                fclose(g);
             }
-            if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
-                die(path + ": truncated while reading the data position");
-            fclose(g);
+            slices->for_each_full_run(full, t, [&](size_t to, size_t from, size_t n) {
+                for (size_t k = 0; k < arrays.size(); k++) std::copy(local[k].begin() + from, local[k].begin() + from + n, arrays[k]->begin() + to);
+            });
         }
-        slices.for_each_tp_run(full, t, [&](size_t to, size_t from, size_t n) {
-            for (size_t k = 0; k < arrays.size(); k++) std::copy(local[k].begin() + from, local[k].begin() + from + n, arrays[k]->begin() + to);
-        });
     }
     return saved;
 }
@@ -1589,12 +1865,12 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     std::vector<float> params = model.full_parameters_host();  // a collective (ZeRO-3, tensor parallelism): every rank takes part
     if (zero.stage() >= 1 || mesh.data.rank == 0) {
         StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
-                      zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,
+                      mesh.pipeline.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,
                       zero.scaler.skipped_steps, (long long)zero.optimizer_elements()};
         std::vector<float> master, m, v;
         zero.optimizer_state_to_host(master, m, v);
         make_directories(dir);  // other nodes may not share rank 0's file system view yet
-        write_state_file(state_path(dir, step, pg.rank), h, master, m, v, data_state);
+        write_state_file(state_path(dir, step, pg.rank), h, model.layout.part, master, m, v, data_state);
     }
     // barrier: every state file is complete before the model file marks the checkpoint as usable
     model.barrier();
@@ -1615,7 +1891,7 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
     const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
     if (saved.header.precision != (int)PrecisionOf<floatX>::value) die(state_path(dir, step, 0) + ": saved in another --precision");
     auto mine = [&](const std::vector<float>& whole) {  // at tp = 1 the whole model is this rank's layout: no slicing copy
-        return model.layout.tp == 1 ? zero.optimizer_part(whole) : zero.optimizer_part(model.tensor_parallel_slice(whole));
+        return model.holds_whole_model() ? zero.optimizer_part(whole) : zero.optimizer_part(model.local_part(whole));
     };
     zero.optimizer_state_from_host(saved.master.empty() ? saved.master : mine(saved.master), mine(saved.m), mine(saved.v));
     zero.scaler.scale = saved.header.loss_scale;
@@ -1651,8 +1927,11 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
         model.B = 1;
         model.T = (int)window.size();
         model.upload_batch(window.data(), nullptr);
-        model.forward(false, 0.0f);
-        model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
+        model.forward_all_stages(false);
+        // the logits are on the last pipeline stage, which sends the row to the others: every rank draws the same token
+        if (model.layout.part.last) model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
+        const Communicator& stages = model.mesh.pipeline;
+        if (stages.size > 1) ncclCheck(ncclBroadcast(row, row, Vp, nccl_type<floatX>(), stages.size - 1, stages.comm, model.stream));
         model.pg.synchronize(model.stream);
         logits = GPT2<floatX>::to_host(row, V);
         for (int j = 0; j < V; j++) candidates[j] = {logits[j] / std::max(temperature, 1e-6f), j};
@@ -1778,9 +2057,16 @@ HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSw
 // ---------------------------------------------------------------------------------------------
 // The training loop
 
+// The pipeline's shape from the flags: schedule, chunks per stage and layers per virtual stage.
+struct PipelineOptions {
+    PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
+    int virtual_stages = 1;
+    std::vector<int> per_virtual_stage;
+};
+
 template <typename floatX>
 int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::vector<float>* initial_values,
-          const LoraSpec& lora, const std::vector<float>* initial_adapters) {
+          const LoraSpec& lora, const std::vector<float>* initial_adapters, const PipelineOptions& po) {
     const int B = o.batch_size, T = o.seq_len;  // per data-parallel rank (its tensor-parallel ranks share the rows)
     const MeshCoord coord = mesh_coord(shape, pg.rank);
     const long tokens_per_micro = (long)B * T * shape.dp;
@@ -1789,6 +2075,14 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len" +
             (shape.dp > 1 ? " x data-parallel ranks (" + std::to_string(shape.dp) + ")" : std::string()) + " = " + std::to_string(tokens_per_micro));
     const int grad_accum = (int)(total_batch_tokens / tokens_per_micro);
+    // pipeline parallelism: the gradient-accumulation steps are the micro-batches
+    const std::string schedule_problem = pipeline_schedule_problem(po.kind, shape.pp, grad_accum, po.virtual_stages, config.num_layers);
+    if (!schedule_problem.empty()) die(schedule_problem);
+    std::vector<StageModel> stage_parts;
+    std::vector<std::vector<int>> stage_chunks(shape.pp);
+    for (int s = 0; s < shape.pp; s++) stage_parts.push_back(pipeline_stage_model(po.per_virtual_stage, shape.pp, s, &stage_chunks[s]));
+    std::unique_ptr<PipelineSchedule> schedule;
+    if (shape.pp > 1) schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, shape.pp, grad_accum, po.virtual_stages)));
     FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");  // rank 0 reports
 
     // data first: a bad shard is reported before anything else can fail (also on a machine without a GPU)
@@ -1829,10 +2123,16 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     // memory plan, predicted before allocating
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    GPT2<floatX> model(config, pg, mesh, o.zero_stage, stream, lora);
+    GPT2<floatX> model(config, pg, mesh, o.zero_stage, stream, lora, stage_parts[coord.pp], stage_chunks[coord.pp]);
+    model.stage_parts = stage_parts;
     const int stage = model.trained().stage();
     const int split = o.sequence_parallel ? shape.tp : 1;
-    const MemoryPlan plan = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, split, stage, o.recompute, lora);
+    // pipeline stage s's plan: its part of the model and one activation set per micro-batch in flight on each chunk
+    auto stage_plan = [&](int s, int with_split) {
+        const ActivationPlan sets{stage_chunks[s], schedule ? schedule->stages[s].slots : std::vector<int>{1}, stage_parts[s].last};
+        return GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, with_split, stage, o.recompute, lora, stage_parts[s], sets);
+    };
+    const MemoryPlan plan = stage_plan(coord.pp, split);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
@@ -1844,9 +2144,25 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     const double P = (double)model.layout.count, N = shape.dp;
     const double zero_formula = std::vector<double>{16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N}[stage];
     if (pg.world > 1)
-        fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by the formula %.2f GiB "
-                     "for %zu parameters per tensor-parallel rank (bf16 parameters and gradients, fp32 master + Adam)\n",
-                pg.world, pg.launcher.c_str(), shape.dp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
+        fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x pipeline parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by "
+                     "the formula %.2f GiB for %zu parameters per rank (bf16 parameters and gradients, fp32 master + Adam)\n",
+                pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
+    if (schedule) {
+        fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula; per stage:\n",
+                shape.pp, pipeline_schedule_name(po.kind), po.virtual_stages, po.virtual_stages > 1 ? "s" : "", grad_accum,
+                100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages));
+        for (int s = 0; s < shape.pp; s++) {
+            const MemoryPlan p = stage_plan(s, split);
+            std::string chunks, slots;
+            for (size_t k = 0; k < stage_chunks[s].size(); k++) {
+                chunks += (k ? "+" : "") + std::to_string(stage_chunks[s][k]);
+                slots += (k ? "+" : "") + std::to_string(schedule->stages[s].slots[k]);
+            }
+            fprintf(out, "  stage %d: %s blocks%s%s, %s micro-batches in flight: parameters+gradients+optimizer %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+                    s, chunks.c_str(), stage_parts[s].first ? " + embeddings" : "", stage_parts[s].last ? " + final LayerNorm and LM head" : "",
+                    slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state), gib(p.activations), gib(p.total()));
+        }
+    }
     if (lora.enabled()) {
         const MemoryPlan full = GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, split, stage, o.recompute);
         const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
@@ -1860,7 +2176,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
             gib(plan.scratch), gib(plan.total()), gib(free_bytes));
     if (split > 1)
         fprintf(out, "sequence parallel: activations %.2f GiB per GPU, against %.2f GiB without it (the LayerNorm and residual regions hold 1/%d of the rows)\n",
-                gib(plan.activations), gib(GPT2<floatX>::plan(config, B, T, shape.dp, shape.tp, 1, stage, o.recompute).activations), split);
+                gib(plan.activations), gib(stage_plan(coord.pp, 1).activations), split);
     if (plan.total() > free_bytes)
         die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
             std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)" +
@@ -1869,7 +2185,12 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     model.deterministic_attention = o.deterministic != 0;
     model.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
-    model.allocate(B, T, o.recompute);
+    model.allocate(B, T, o.recompute, schedule ? schedule->stages[coord.pp].slots : std::vector<int>());
+    std::unique_ptr<PipelineParallel<GPT2<floatX>>> pipeline;
+    if (schedule) {
+        pipeline.reset(new PipelineParallel<GPT2<floatX>>(*schedule, mesh.pipeline));
+        pipeline->allocate();
+    }
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
     if (pg.world > 1 && !lora.enabled()) {
@@ -1940,7 +2261,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
             for (int i = 0; i < val_batches; i++) {
                 Batch batch = val_loader->next();
                 model.upload_batch(batch.inputs, batch.targets);
-                model.forward(true, 0.0f);
+                model.forward_all_stages(true);
                 model.accumulate_loss();
             }
             const float val_loss = model.take_mean_loss();
@@ -1962,7 +2283,18 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         double data_seconds = 0.0;
         model.zero_grad();
         model.training = true;
-        for (int micro = 0; micro < grad_accum; micro++) {
+        if (pipeline) {  // the micro-batches go through the pipeline's schedule
+            std::vector<std::vector<int>> inputs(grad_accum), targets(grad_accum);
+            for (int micro = 0; micro < grad_accum; micro++) {
+                Batch batch;
+                try { batch = train_loader->next(); } catch (const std::exception& e) { die(e.what()); }
+                data_seconds += batch.wait_seconds;
+                inputs[micro].assign(batch.inputs, batch.inputs + (size_t)B * T);
+                targets[micro].assign(batch.targets, batch.targets + (size_t)B * T);
+            }
+            pipeline->run_step(model, inputs, targets, model.dloss(grad_accum));
+        }
+        for (int micro = 0; micro < grad_accum && !pipeline; micro++) {
             model.lora_dropout_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
             Batch batch;
             try { batch = train_loader->next(); } catch (const std::exception& e) { die(e.what()); }
@@ -1988,6 +2320,9 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
         if (std::is_same<floatX, __half>::value)
             fprintf(out, " | scale %g | skipped %ld%s", model.trained().scaler.scale, model.trained().scaler.skipped_steps, result.skipped ? " (this step)" : "");
+        if (pipeline)  // rank 0's stage: the first
+            fprintf(out, " | bubble %.1f%% (theory %.1f%%)", 100.0 * pipeline->measured_bubble(),
+                    100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages));
         fprintf(out, "\n");
         fflush(out);
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
@@ -2028,6 +2363,16 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         }
         fprintf(stderr, "rank %d parameter checksum %016llx tensor-parallel rank %d replicated checksum %016llx\n", pg.rank,
                 (unsigned long long)hash, mesh.tensor.rank, (unsigned long long)replicated);
+        if (shape.pp > 1 && model.layout.part.has_wte()) {  // the two copies of the tied token embedding must agree
+            uint64_t wte = 0;
+            for (size_t i = model.layout.wte; i < model.layout.wte + (size_t)model.layout.vocab_rows() * config.channels; i++) {
+                uint32_t bits;
+                memcpy(&bits, &params[i], 4);
+                wte = splitmix64(wte ^ bits);
+            }
+            fprintf(stderr, "rank %d pipeline stage %d tensor-parallel rank %d data-parallel rank %d wte checksum %016llx\n", pg.rank, mesh.pipeline.rank,
+                    mesh.tensor.rank, mesh.data.rank, (unsigned long long)wte);
+        }
     }
     if (log) fclose(log);
     if (out != stdout) fclose(out);
@@ -2040,12 +2385,18 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
 int main(int argc, char** argv) {
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     Options o = parse_options(argc, argv);
-    // the process mesh: data parallel x tensor parallel
-    const std::string mesh_problem = mesh_shape_problem(pg.world, o.tensor_parallel, 1);
+    // the process mesh: data parallel x pipeline parallel x tensor parallel
+    const std::string mesh_problem = mesh_shape_problem(pg.world, o.tensor_parallel, o.pipeline_parallel);
     if (!mesh_problem.empty()) die(mesh_problem);
     MeshShape shape;
     shape.tp = o.tensor_parallel;
-    shape.dp = pg.world / o.tensor_parallel;
+    shape.pp = o.pipeline_parallel;
+    shape.dp = pg.world / (o.tensor_parallel * o.pipeline_parallel);
+    PipelineOptions pipeline;
+    if (!parse_pipeline_schedule(o.pipeline_schedule, &pipeline.kind))
+        die("--pipeline-schedule must be 1f1b or interleaved, got '" + o.pipeline_schedule + "'");
+    if (o.virtual_stages < 0) die("--virtual-stages must be at least 1 (or 0: the schedule's default), got " + std::to_string(o.virtual_stages));
+    pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages : pipeline.kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
     // model shape: a dN descriptor (plus overrides), or a model file
     ModelConfig config;
     std::vector<float> initial_values;
@@ -2064,6 +2415,14 @@ int main(int argc, char** argv) {
     }
     const std::string split_problem = tensor_parallel_problem(config, shape.tp);
     if (!split_problem.empty()) die(split_problem);
+    const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages, o.pipeline_layers,
+                                                            &pipeline.per_virtual_stage);
+    if (!layers_problem.empty()) die(layers_problem);
+    if (shape.pp > 1 && o.zero_stage >= 2)
+        die("--pipeline-parallel " + std::to_string(shape.pp) + " runs with --zero-stage 0 or 1 (got " + std::to_string(o.zero_stage) +
+            "): stages 2-3 would reduce-scatter every micro-batch's gradients, which a pipeline's interleaved micro-batches make a "
+            "reduction per micro-batch instead of one per step");
+    if (shape.pp > 1 && o.hellaswag) die("--hellaswag runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + ")");
     if (o.sequence_parallel != 0 && o.sequence_parallel != 1) die("--sequence-parallel must be 0 or 1, got " + std::to_string(o.sequence_parallel));
     if (o.sequence_parallel && o.seq_len % shape.tp != 0)
         die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
@@ -2099,6 +2458,8 @@ int main(int argc, char** argv) {
     if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
     if (lora.enabled() && shape.tp > 1)
         die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
+    if (lora.enabled() && shape.pp > 1)
+        die("LoRA runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
     if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
         die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
@@ -2111,9 +2472,9 @@ int main(int argc, char** argv) {
                                    : generate_only<__nv_bfloat16>(o, pg, config, initial);
     else {
         const std::vector<float>* adapters = initial_adapters.empty() ? nullptr : &initial_adapters;
-        rc = o.precision == "fp32" ? train<float>(o, pg, shape, config, initial, lora, adapters)
-           : o.precision == "fp16" ? train<__half>(o, pg, shape, config, initial, lora, adapters)
-                                   : train<__nv_bfloat16>(o, pg, shape, config, initial, lora, adapters);
+        rc = o.precision == "fp32" ? train<float>(o, pg, shape, config, initial, lora, adapters, pipeline)
+           : o.precision == "fp16" ? train<__half>(o, pg, shape, config, initial, lora, adapters, pipeline)
+                                   : train<__nv_bfloat16>(o, pg, shape, config, initial, lora, adapters, pipeline);
     }
     pg.destroy();
     return rc;

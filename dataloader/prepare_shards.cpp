@@ -7,18 +7,28 @@
 // Input "-" is stdin, so a script can stream documents in (scripts/prepare_fineweb.py does).
 // Documents are read in batches and encoded in parallel on all cores; the output is assembled in document
 // order, so it does not depend on the thread count. Output: PREFIX_val_000000.bin, ... and
-// PREFIX_train_000000.bin, ... Shards left over from an earlier run with the same prefix and a higher
-// index are removed, so the prefix's shard set is exactly this run's.
+// PREFIX_train_000000.bin, ...
+//
+// The prefix's shard set is replaced only by a run that succeeded, and then as a whole (see OutputSet
+// below): the new shards are written into a staging folder next to them and renamed into place at the end,
+// shards of the earlier set that the new one lacks are deleted, so the prefix's set is exactly this run's.
+// A run that fails (bad input, an empty train or validation split, a signal) leaves the earlier set as it
+// was. Long documents are encoded in parts of at most 1 MiB (see find_cut), so memory stays bounded.
 //
 // `--count FILE...` instead prints each file's plain token count (tiktoken's encode_ordinary, no EOTs) and
 // the single-thread encode speed.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,12 +36,14 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "shards.h"
 #include "text_reader.h"
 #include "tokenizer.h"
+#include "unicode_tables.h"
 
 namespace {
 
@@ -147,11 +159,125 @@ Options parse_args(int argc, char** argv) {
     return o;
 }
 
+// ---- cutting long documents into parts ---------------------------------------------------------------------
+//
+// A document longer than kMaxPart bytes is read and encoded in parts of at most kMaxPart bytes, so memory
+// stays bounded however long a document or a run without spaces is. (It was not: 100 MB of "a" is one
+// pre-token piece, whose BPE needs ~25 bytes per byte -- 2.5 GB -- and indexes it with int, which overflows
+// past 2 GiB.) Parts end at safe cuts: positions p where encoding text[0,p) and text[p,n) separately gives
+// exactly the tokens of the whole text, so the shards do not change. A character boundary p is a safe cut
+// when the character X before it is not white space, the character Y at p is white space or of another
+// class (letter / number / other) than X, and not X = ' with Y one of s t m d r v l. Why: with the GPT-2
+// pre-tokenizer pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// the piece holding X is a run of X's class or a contraction ending in X (white space appears only at a
+// piece's start), so a piece ends at p; the scan of text[0,p) looks past p only to learn that Y does not
+// continue X's run or complete a contraction, which it also learns when the text ends at p; and the scan
+// from p depends on text[p..] alone.
+// Only when kMaxPart bytes in a row hold no safe cut -- a white-space run, maybe an apostrophe, then a run
+// of one class, so a pre-token piece of about kMaxPart/2 bytes or more -- is the part cut at the last
+// character boundary before kMaxPart instead; that changes the tokens of that pathological piece only (it
+// is encoded as two pieces). kMaxPart = 1 MiB: ordinary pieces are words, numbers, punctuation and
+// white-space runs, far below half a megabyte, and the BPE of a 1 MiB piece needs ~25 MB per thread.
+constexpr size_t kMaxPart = size_t(1) << 20;
+// find_cut decodes the character at the cut, up to 4 bytes: the text must extend this far past the limit.
+constexpr size_t kCutMargin = 16;
+
+using unicode_tables::CharClass;
+
+// The tokenizer's character segmentation (tokenizer.cpp): a well-formed UTF-8 sequence is one character,
+// any other byte is a one-byte character of class "other".
+int utf8_length(const unsigned char* s, size_t n, size_t i, uint32_t& cp) {
+    const unsigned char b0 = s[i];
+    auto cont = [&](size_t k) { return i + k < n && (s[i + k] & 0xC0) == 0x80; };
+    if (b0 < 0x80) {
+        cp = b0;
+        return 1;
+    }
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+        if (!cont(1)) return 0;
+        cp = (b0 & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu);
+        return 2;
+    }
+    if (b0 >= 0xE0 && b0 <= 0xEF) {
+        if (!cont(1) || !cont(2)) return 0;
+        const unsigned char b1 = s[i + 1];
+        if ((b0 == 0xE0 && b1 < 0xA0) || (b0 == 0xED && b1 > 0x9F)) return 0;
+        cp = (b0 & 0x0Fu) << 12 | (b1 & 0x3Fu) << 6 | (s[i + 2] & 0x3Fu);
+        return 3;
+    }
+    if (b0 >= 0xF0 && b0 <= 0xF4) {
+        if (!cont(1) || !cont(2) || !cont(3)) return 0;
+        const unsigned char b1 = s[i + 1];
+        if ((b0 == 0xF0 && b1 < 0x90) || (b0 == 0xF4 && b1 > 0x8F)) return 0;
+        cp = (b0 & 0x07u) << 18 | (b1 & 0x3Fu) << 12 | (s[i + 2] & 0x3Fu) << 6 | (s[i + 3] & 0x3Fu);
+        return 4;
+    }
+    return 0;
+}
+
+CharClass class_of(uint32_t cp) {
+    const auto* lo = std::begin(unicode_tables::kRanges);
+    const auto* hi = std::end(unicode_tables::kRanges);
+    while (lo < hi) {  // first range whose last >= cp
+        const auto* mid = lo + (hi - lo) / 2;
+        if (mid->last < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    return (lo != std::end(unicode_tables::kRanges) && lo->first <= cp) ? lo->cls : unicode_tables::kOther;
+}
+
+struct AsciiClasses {
+    CharClass cls[128];
+    AsciiClasses() {
+        for (uint32_t c = 0; c < 128; ++c) cls[c] = class_of(c);
+    }
+};
+const AsciiClasses kAscii;
+
+// Class and length of the character at s[i].
+CharClass char_at(const unsigned char* s, size_t n, size_t i, size_t& len) {
+    if (s[i] < 0x80) {
+        len = 1;
+        return kAscii.cls[s[i]];
+    }
+    uint32_t cp;
+    const int l = utf8_length(s, n, i, cp);
+    len = l == 0 ? 1 : static_cast<size_t>(l);
+    return l == 0 ? unicode_tables::kOther : class_of(cp);
+}
+
+bool starts_contraction(unsigned char c) {  // 's 't 'm 'd, and 're 've 'll
+    return c == 's' || c == 't' || c == 'm' || c == 'd' || c == 'r' || c == 'v' || c == 'l';
+}
+
+// The length (0 < length <= limit) of the first part of `text`, which starts at a character boundary and
+// holds at least limit + kCutMargin bytes: the last safe cut at or before `limit`, else (a pathological
+// piece) the last character boundary there.
+size_t find_cut(std::string_view text, size_t limit) {
+    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    size_t len;
+    CharClass prev = char_at(s, n, 0, len);
+    bool prev_apostrophe = s[0] == '\'';
+    size_t safe = 0, boundary = 0;
+    for (size_t i = len; i <= limit; i += len) {
+        const CharClass cls = char_at(s, n, i, len);
+        if (prev != unicode_tables::kSpace && cls != prev && !(prev_apostrophe && starts_contraction(s[i]))) safe = i;
+        boundary = i;
+        prev = cls;
+        prev_apostrophe = s[i] == '\'';
+    }
+    return safe > 0 ? safe : boundary;
+}
+
 // ---- reading documents ------------------------------------------------------------------------------------
 
+// A document, or a part of one (see find_cut): the parts of a long document follow each other.
 struct Document {
     std::string text;
-    size_t file;  // index of the input it came from
+    size_t file;        // index of the input it came from
+    bool continuation;  // the next part of the previous Document (no EOT before it)
 };
 
 class DocumentSource {
@@ -167,13 +293,17 @@ public:
         }
     }
 
-    // Appends whole documents to `docs` until they hold at least `min_bytes` of text or the input ends.
+    // Appends documents (or parts of long ones) to `docs` until they hold at least `min_bytes` of text or the
+    // input ends.
     void next_batch(size_t min_bytes, std::vector<Document>& docs) {
         size_t bytes = 0;
-        auto emit = [&](size_t begin, size_t end) {
-            if (end == begin) return;  // empty documents (e.g. after a trailing separator) are skipped
-            docs.push_back({buffer_.substr(begin, end - begin), next_file_ - 1});
-            bytes += end - begin;
+        auto emit = [&](size_t begin, size_t end, bool document_ends) {
+            if (end > begin) {  // empty documents (e.g. after a trailing separator) are skipped
+                docs.push_back({buffer_.substr(begin, end - begin), next_file_ - 1, in_document_});
+                bytes += end - begin;
+                in_document_ = true;
+            }
+            if (document_ends) in_document_ = false;
         };
         while (bytes < min_bytes) {
             if (!reader_) {
@@ -181,16 +311,25 @@ public:
                 reader_ = std::make_unique<TextFileReader>(inputs_[next_file_++]);
                 buffer_.clear();
                 begin_ = search_ = 0;
+                in_document_ = false;
             }
             if (!doc_per_file_) {
-                size_t at = buffer_.find(kSeparator, search_);
+                const size_t at = buffer_.find(kSeparator, search_);
                 if (at != std::string::npos) {
-                    emit(begin_, at);
+                    emit(begin_, at, true);
                     begin_ = search_ = at + kSeparatorLength;
                     continue;
                 }
                 // A separator may straddle the next read: resume the search just before the end.
                 search_ = std::max(begin_, buffer_.size() - std::min(buffer_.size(), kSeparatorLength - 1));
+            }
+            if (buffer_.size() - begin_ >= kMaxPart + kCutMargin) {
+                // A long document: emit a part. No separator starts before search_ >= the cut.
+                const size_t cut = begin_ + find_cut(std::string_view(buffer_).substr(begin_), kMaxPart);
+                emit(begin_, cut, false);
+                begin_ = cut;
+                search_ = std::max(search_, begin_);
+                continue;
             }
             buffer_.erase(0, begin_);
             search_ -= begin_;
@@ -200,7 +339,7 @@ public:
             const size_t got = reader_->read(&buffer_[old_size], kChunk);
             buffer_.resize(old_size + got);
             if (got == 0) {  // end of file: the rest is the last document
-                emit(0, buffer_.size());
+                emit(0, buffer_.size(), true);
                 done_bytes_ += reader_->file_position();
                 reader_.reset();
             }
@@ -222,12 +361,14 @@ private:
     std::unique_ptr<TextFileReader> reader_;
     std::string buffer_;  // unconsumed text of the current file starts at begin_
     size_t begin_ = 0, search_ = 0;
+    bool in_document_ = false;  // a part of the current document was emitted already
     uint64_t total_bytes_ = 0, done_bytes_ = 0;
 };
 
 // ---- encoding -------------------------------------------------------------------------------------------
 
-// EOT + tokens of every document, encoded on `threads` threads; result i belongs to docs[i].
+// EOT (unless a continuation part) + tokens of every document, encoded on `threads` threads; result i
+// belongs to docs[i].
 std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, const std::vector<Document>& docs,
                                                     int threads) {
     std::vector<std::vector<uint16_t>> out(docs.size());
@@ -247,7 +388,7 @@ std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, co
                 ids.clear();
                 tok.encode_append(docs[i].text, ids);
                 out[i].reserve(ids.size() + 1);
-                out[i].push_back(static_cast<uint16_t>(tok.eot()));
+                if (!docs[i].continuation) out[i].push_back(static_cast<uint16_t>(tok.eot()));
                 for (int id : ids) out[i].push_back(static_cast<uint16_t>(id));  // GPT-2 ids fit in uint16
             } catch (...) {
                 if (!failed.exchange(true)) error = std::current_exception();
@@ -262,6 +403,321 @@ std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, co
     return out;
 }
 
+// ---- signals ------------------------------------------------------------------------------------------------
+
+// SIGINT / SIGTERM / SIGHUP stop the run after the current batch, through the ordinary error path, so the
+// staging folder is removed and the earlier shard set stays as it was. A second signal has its default
+// effect (SA_RESETHAND), stopping at once; the next run then removes the staging folder.
+volatile sig_atomic_t g_signal = 0;
+
+extern "C" void on_signal(int sig) {
+    g_signal = sig;
+    static const char message[] =
+        "\nprepare_shards: stopping after the current batch; the earlier shards stay as they are "
+        "(signal again to stop at once)\n";
+    ssize_t ignored = ::write(STDERR_FILENO, message, sizeof message - 1);
+    (void)ignored;
+}
+
+void install_signal_handlers() {
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+struct Interrupted : std::runtime_error {
+    explicit Interrupted(int sig)
+        : std::runtime_error("stopped by signal " + std::to_string(sig) + " (" + strsignal(sig) +
+                             ") before the shards were complete; the earlier shards were left as they were"),
+          signal(sig) {}
+    int signal;
+};
+
+void check_interrupted() {
+    if (g_signal) throw Interrupted(g_signal);
+}
+
+// ---- the output set: staging, then replacing the earlier set ------------------------------------------------
+//
+// A failed or killed run must not leave a mix of old and new shards under the final names, which the
+// training glob PREFIX_train_*.bin would read without complaint. So:
+//  - The new set is written into a staging folder DIR/.prepare_BASE.PID/ (PREFIX = DIR/BASE) under the
+//    final file names. It is inside DIR, so the same file system (rename works), and the glob, which does
+//    not descend into folders, never matches it or the temporary files write_shard makes there.
+//  - Only when every shard is complete (each fsynced by write_shard) is the set replaced: a small marker
+//    PREFIX.replacing, naming the staging folder and the new set's shard counts, is put in place; the
+//    earlier set's shards that the new set lacks are deleted; each new shard is renamed into place (rename
+//    is atomic per file, so no file is ever partial); the marker is removed, then the staging folder. This
+//    step is only unlinks and renames, milliseconds even for thousands of shards; the shards are written
+//    and fsynced before it begins.
+//  - The residual window: a SIGKILL or power cut inside that step leaves a mix under the final names, but
+//    also the marker, whose text says so; the next prepare_shards run with this prefix (any arguments)
+//    completes the replacement from the complete staging folder before it starts. A training run started
+//    in between would read the mix; nothing but the marker flags it.
+//  - Staging folders of runs that died earlier (their pid is not alive on this machine) are removed by the
+//    next run with a message; one of a live process is an error (two runs must not write one prefix).
+//    Temporary files BASE_*_NNNNNN.bin.tmp.PID that older versions left in DIR are removed likewise.
+//  - The folder's writability is checked before tokenizing, by creating the staging folder and a probe
+//    file in it.
+
+// Splits PREFIX into its folder and base name.
+void split_prefix(const std::string& prefix, std::string& dir, std::string& base) {
+    const size_t slash = prefix.rfind('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : prefix.substr(0, slash);
+    base = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+    return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+bool all_digits(std::string_view s) {
+    return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::string> list_folder(const std::string& dir) {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) throw std::runtime_error(dir + ": cannot list the folder: " + std::strerror(errno));
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+// If `name` is BASE_SPLIT_DIGITS.binREST with SPLIT train or val, stores the split, the index and REST.
+bool parse_shard_name(const std::string& name, const std::string& base, std::string& split, long long& index,
+                      std::string& rest) {
+    for (const char* s : {"train", "val"}) {
+        const std::string head = base + "_" + s + "_";
+        if (name.compare(0, head.size(), head) != 0) continue;
+        const size_t dot = name.find(".bin", head.size());
+        if (dot == std::string::npos) return false;
+        const std::string_view digits(name.data() + head.size(), dot - head.size());
+        if (!all_digits(digits)) return false;
+        split = s;
+        index = std::stoll(std::string(digits));
+        rest = name.substr(dot + 4);
+        return true;
+    }
+    return false;
+}
+
+// If `name` is .prepare_BASE.PID, stores PID.
+bool parse_staging_name(const std::string& name, const std::string& base, long& pid) {
+    const std::string head = ".prepare_" + base + ".";
+    if (name.compare(0, head.size(), head) != 0 || !all_digits(std::string_view(name).substr(head.size())))
+        return false;
+    pid = std::stol(name.substr(head.size()));
+    return true;
+}
+
+std::string staging_name(const std::string& base, long pid) { return ".prepare_" + base + "." + std::to_string(pid); }
+
+bool other_process_alive(long pid) {
+    if (pid == static_cast<long>(::getpid())) return false;  // a dead run's folder whose pid we now have
+    return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+void fsync_folder(const std::string& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    ::fsync(fd);  // best effort: some file systems refuse fsync on a folder
+    ::close(fd);
+}
+
+// Removes a staging folder and the plain files in it (it holds nothing else).
+void remove_staging_folder(const std::string& path) {
+    for (const std::string& name : list_folder(path))
+        if (::unlink(join(path, name).c_str()) != 0 && errno != ENOENT)
+            throw std::runtime_error(join(path, name) + ": cannot remove: " + std::strerror(errno));
+    if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
+        throw std::runtime_error(path + ": cannot remove the folder: " + std::strerror(errno));
+}
+
+struct Replacement {
+    std::string staging;  // the staging folder's name in DIR
+    long long shards_train = -1, shards_val = -1;
+};
+
+void write_text_file(const std::string& path, const std::string& text) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error(path + ": cannot create: " + std::strerror(errno));
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+    const int err = errno;
+    if (::close(fd) != 0 || !ok) throw std::runtime_error(path + ": write error: " + std::strerror(ok ? errno : err));
+}
+
+Replacement read_marker(const std::string& path, const std::string& base) {
+    const std::string text = read_text_file(path);
+    Replacement r;
+    size_t pos = 0;
+    while (pos < text.size()) {
+        size_t eol = text.find('\n', pos);
+        if (eol == std::string::npos) eol = text.size();
+        const std::string line = text.substr(pos, eol - pos);
+        pos = eol + 1;
+        const size_t space = line.find(' ');
+        if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
+        const std::string key = line.substr(0, space), value = line.substr(space + 1);
+        if (key == "staging") r.staging = value;
+        if (key == "train" && all_digits(value)) r.shards_train = std::stoll(value);
+        if (key == "val" && all_digits(value)) r.shards_val = std::stoll(value);
+    }
+    long pid;
+    if (r.shards_train < 0 || r.shards_val < 0 || !parse_staging_name(r.staging, base, pid))
+        throw std::runtime_error(path + ": unreadable replacement marker (expected lines 'staging .prepare_BASE.PID', "
+                                 "'train N', 'val N'); the shard set may be a mix of two runs: delete the shards "
+                                 "and this file, then prepare them again");
+    return r;
+}
+
+// The replacement step (see above), also used to complete one that was interrupted. Returns how many shards
+// of the earlier set were deleted.
+int replace_set(const std::string& dir, const std::string& base, const Replacement& r, const std::string& marker) {
+    int deleted = 0;
+    std::string split, rest;
+    long long index;
+    for (const std::string& name : list_folder(dir)) {
+        if (!parse_shard_name(name, base, split, index, rest) || !rest.empty()) continue;
+        if (index < (split == "train" ? r.shards_train : r.shards_val)) continue;  // to be overwritten
+        if (::unlink(join(dir, name).c_str()) != 0 && errno != ENOENT)
+            throw std::runtime_error(join(dir, name) + ": cannot delete this shard of the earlier set: " +
+                                     std::strerror(errno));
+        ++deleted;
+    }
+    const std::string staging = join(dir, r.staging);
+    struct stat st;
+    if (::stat(staging.c_str(), &st) == 0) {  // absent when an interrupted replacement had got this far
+        for (const std::string& name : list_folder(staging)) {
+            if (!parse_shard_name(name, base, split, index, rest) || !rest.empty()) continue;
+            if (::rename(join(staging, name).c_str(), join(dir, name).c_str()) != 0)
+                throw std::runtime_error(join(dir, name) + ": cannot rename the new shard into place: " +
+                                         std::strerror(errno) + " (rerun to complete the replacement)");
+        }
+    }
+    fsync_folder(dir);
+    if (::unlink(marker.c_str()) != 0 && errno != ENOENT)
+        throw std::runtime_error(marker + ": cannot delete: " + std::strerror(errno));
+    fsync_folder(dir);
+    if (::stat(staging.c_str(), &st) == 0) remove_staging_folder(staging);
+    return deleted;
+}
+
+class OutputSet {
+public:
+    explicit OutputSet(const std::string& prefix) : prefix_(prefix), marker_(prefix + ".replacing") {
+        split_prefix(prefix, dir_, base_);
+        if (base_.empty() || base_ == "." || base_ == "..")
+            throw std::runtime_error("--out " + prefix + " needs a file name prefix after the folder (e.g. " +
+                                     join(dir_, "corpus") + ")");
+        struct stat st;
+        if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+            throw std::runtime_error("output folder " + dir_ + " does not exist (from --out " + prefix + ")");
+        // Writable? Create the staging folder and a probe file in it, before any tokenizing.
+        staging_dir_ = join(dir_, staging_name(base_, ::getpid()));
+        if (::mkdir(staging_dir_.c_str(), 0755) != 0) {
+            const int err = errno;
+            if (err == EEXIST) remove_staging_folder(staging_dir_);  // a dead run's, whose pid we now have
+            if (err != EEXIST || ::mkdir(staging_dir_.c_str(), 0755) != 0)
+                throw std::runtime_error("output folder " + dir_ + " is not writable (from --out " + prefix +
+                                         "): cannot create " + staging_dir_ + ": " + std::strerror(errno));
+        }
+        created_ = true;
+        const std::string probe = join(staging_dir_, "probe");
+        const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0)
+            throw std::runtime_error("output folder " + dir_ + " is not writable (from --out " + prefix +
+                                     "): cannot create " + probe + ": " + std::strerror(errno));
+        ::close(fd);
+        ::unlink(probe.c_str());
+        clean_up_earlier_runs();
+    }
+
+    ~OutputSet() {
+        if (!created_ || committed_) return;
+        try {
+            remove_staging_folder(staging_dir_);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "prepare_shards: %s\n", e.what());
+        }
+    }
+    OutputSet(const OutputSet&) = delete;
+    OutputSet& operator=(const OutputSet&) = delete;
+
+    // Where the new shards are written: the staging folder, under their final names.
+    std::string staging_prefix() const { return join(staging_dir_, base_); }
+
+    // Replaces the prefix's shard set by the staged one (all its shards complete).
+    void commit(int train_shards, int val_shards) {
+        fsync_folder(staging_dir_);
+        Replacement r{staging_name(base_, ::getpid()), train_shards, val_shards};
+        const std::string text =
+            "# prepare_shards (pid " + std::to_string(::getpid()) + ") is replacing the shards " + prefix_ +
+            "_{train,val}_*.bin by the complete set in " + staging_dir_ + "/.\n"
+            "# If this file is still here, that was interrupted and the shards may be a mix of two runs: the next\n"
+            "# prepare_shards --out " + prefix_ + " (any inputs) completes the replacement before it starts.\n"
+            "staging " + r.staging + "\ntrain " + std::to_string(train_shards) + "\nval " +
+            std::to_string(val_shards) + "\n";
+        const std::string tmp = join(staging_dir_, "replacing");  // written in full, then renamed into place
+        write_text_file(tmp, text);
+        if (::rename(tmp.c_str(), marker_.c_str()) != 0)
+            throw std::runtime_error(marker_ + ": cannot create: " + std::strerror(errno));
+        fsync_folder(dir_);
+        committed_ = true;  // from here on the staging folder is the marker's, not ours to remove
+        const int deleted = replace_set(dir_, base_, r, marker_);
+        if (deleted > 0)
+            std::fprintf(stderr, "prepare_shards: deleted %d shard(s) of the earlier set %s_{train,val}_*.bin that "
+                         "the new set does not have\n", deleted, prefix_.c_str());
+    }
+
+private:
+    void clean_up_earlier_runs() {
+        struct stat st;
+        if (::stat(marker_.c_str(), &st) == 0) {  // a replacement that did not finish
+            const Replacement r = read_marker(marker_, base_);
+            long pid = 0;
+            parse_staging_name(r.staging, base_, pid);
+            if (other_process_alive(pid))
+                throw std::runtime_error("another prepare_shards (pid " + std::to_string(pid) +
+                                         ") is replacing the shards of " + prefix_ + " now (" + marker_ + ")");
+            std::fprintf(stderr, "prepare_shards: completing the replacement of %s_{train,val}_*.bin that process "
+                         "%ld began and did not finish (%s)\n", prefix_.c_str(), pid, marker_.c_str());
+            replace_set(dir_, base_, r, marker_);
+        }
+        const std::string mine = staging_name(base_, ::getpid());
+        std::string split, rest;
+        long long index;
+        for (const std::string& name : list_folder(dir_)) {
+            long pid;
+            if (name != mine && parse_staging_name(name, base_, pid)) {
+                const std::string path = join(dir_, name);
+                if (other_process_alive(pid))
+                    throw std::runtime_error("another prepare_shards (pid " + std::to_string(pid) +
+                                             ") is writing shards for " + prefix_ + " (staging folder " + path +
+                                             "); wait for it, or delete the folder if that process is not one");
+                remove_staging_folder(path);
+                std::fprintf(stderr, "prepare_shards: removed the staging folder %s of a run (pid %ld) that did "
+                             "not finish\n", path.c_str(), pid);
+            } else if (parse_shard_name(name, base_, split, index, rest) && rest.compare(0, 5, ".tmp.") == 0 &&
+                       all_digits(std::string_view(rest).substr(5)) && !other_process_alive(std::stol(rest.substr(5)))) {
+                const std::string path = join(dir_, name);  // an older prepare_shards wrote these in place
+                if (::unlink(path.c_str()) == 0)
+                    std::fprintf(stderr, "prepare_shards: removed %s, a temporary file of a run that did not "
+                                 "finish\n", path.c_str());
+            }
+        }
+    }
+
+    std::string prefix_, marker_, dir_, base_, staging_dir_;
+    bool created_ = false, committed_ = false;
+};
+
 // ---- writing ----------------------------------------------------------------------------------------------
 
 std::string shard_path(const std::string& prefix, const std::string& split, int index) {
@@ -270,7 +726,8 @@ std::string shard_path(const std::string& prefix, const std::string& split, int 
     return prefix + "_" + split + "_" + number + ".bin";
 }
 
-// One split's shard sequence: full shards are written as they fill, the remainder by finish().
+// One split's shard sequence, written under `prefix` (the staging folder): full shards are written as they
+// fill, the remainder by finish().
 class SplitWriter {
 public:
     SplitWriter(std::string prefix, std::string split, uint64_t shard_size)
@@ -287,14 +744,10 @@ public:
 
     void finish() {
         if (!buffer_.empty()) flush();
-        int stale = 0;  // shards of an earlier, longer run with this prefix
-        while (::unlink(shard_path(prefix_, split_, shards_ + stale).c_str()) == 0) ++stale;
-        if (stale > 0) std::fprintf(stderr, "removed %d stale shard(s) %s from an earlier run\n", stale, pattern().c_str());
     }
 
-    uint64_t tokens() const { return tokens_; }
+    uint64_t tokens() const { return tokens_ + buffer_.size(); }
     int shards() const { return shards_; }
-    std::string pattern() const { return prefix_ + "_" + split_ + "_*.bin"; }
 
 private:
     void flush() {
@@ -346,79 +799,150 @@ private:
 int run_count(const Options& o, const GPT2Tokenizer& tok) {
     uint64_t total = 0;
     for (const std::string& path : o.inputs) {
-        const std::string text = read_text_file(path);
-        const auto t0 = std::chrono::steady_clock::now();
-        const size_t n = tok.encode(text).size();
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("%zu\t%s\n", n, path.c_str());
-        std::fprintf(stderr, "%s: %zu bytes, %zu tokens, encoded in %.3f s (%.1f MB/s, one thread)\n", path.c_str(),
-                     text.size(), n, secs, secs > 0 ? text.size() / secs / 1e6 : 0.0);
+        // Streamed in parts cut by find_cut, so memory stays bounded; the count is that of the whole text
+        // unless the text holds a pathological pre-token piece (see find_cut).
+        TextFileReader reader(path);
+        std::string buffer;
+        std::vector<int> ids;
+        uint64_t n = 0, bytes = 0;
+        double secs = 0;
+        for (bool end = false; !end || !buffer.empty();) {
+            if (!end && buffer.size() < kMaxPart + kCutMargin) {
+                const size_t old_size = buffer.size(), chunk = size_t(1) << 20;
+                buffer.resize(old_size + chunk);
+                const size_t got = reader.read(&buffer[old_size], chunk);
+                buffer.resize(old_size + got);
+                end = got == 0;
+                continue;
+            }
+            const size_t cut = buffer.size() >= kMaxPart + kCutMargin ? find_cut(buffer, kMaxPart) : buffer.size();
+            ids.clear();
+            const auto t0 = std::chrono::steady_clock::now();
+            tok.encode_append(std::string_view(buffer).substr(0, cut), ids);
+            secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            n += ids.size();
+            bytes += cut;
+            buffer.erase(0, cut);
+        }
+        std::printf("%llu\t%s\n", static_cast<unsigned long long>(n), path.c_str());
+        std::fprintf(stderr, "%s: %llu bytes, %llu tokens, encoded in %.3f s (%.1f MB/s, one thread)\n", path.c_str(),
+                     static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(n), secs,
+                     secs > 0 ? bytes / secs / 1e6 : 0.0);
         total += n;
     }
     if (o.inputs.size() > 1) std::printf("%llu\ttotal\n", static_cast<unsigned long long>(total));
     return 0;
 }
 
-void check_output_directory(const std::string& prefix) {
-    const size_t slash = prefix.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : prefix.substr(0, slash);
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        throw std::runtime_error("output directory " + dir + " does not exist (from --out " + prefix + ")");
+std::string describe_inputs(const std::vector<std::string>& paths) {
+    std::string s = paths.empty() ? "none" : paths[0] == "-" ? "stdin" : paths[0];
+    if (paths.size() > 1) s += " and " + std::to_string(paths.size() - 1) + " more";
+    return s;
+}
+
+std::string format_number(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
 }
 
 int run_shards(const Options& o, const GPT2Tokenizer& tok) {
-    check_output_directory(o.out_prefix);
+    install_signal_handlers();
     std::vector<std::string> inputs = o.val_inputs;  // validation-only inputs first
     inputs.insert(inputs.end(), o.inputs.begin(), o.inputs.end());
-    DocumentSource source(inputs, o.doc_per_file);
-    SplitWriter train(o.out_prefix, "train", o.shard_size), val(o.out_prefix, "val", o.shard_size);
+    DocumentSource source(inputs, o.doc_per_file);  // checks that the inputs exist
+    OutputSet output(o.out_prefix);                  // checks that the folder is writable; cleans up dead runs
+    SplitWriter train(output.staging_prefix(), "train", o.shard_size);
+    SplitWriter val(output.staging_prefix(), "val", o.shard_size);
     std::vector<uint16_t> tail;  // --val-last-fraction only: every INPUT token, split at the end
     Progress progress(source.total_bytes());
-    uint64_t docs_total = 0, doc_index = 0, tokens = 0;  // doc_index counts INPUT documents only
+    // doc_index counts INPUT documents only; val_input_docs those of --val-input files.
+    uint64_t docs_total = 0, doc_index = 0, val_input_docs = 0, tokens = 0;
+    enum class Destination { kTrain, kVal, kTail } destination = Destination::kTrain;  // the current document's
     // Enough text per batch to keep every thread busy, small enough for a lively progress bar.
     const size_t batch_bytes = std::max<size_t>(size_t(8) << 20, size_t(o.threads) << 20);
     std::vector<Document> docs;
     while (!source.finished()) {
+        check_interrupted();
         docs.clear();
         source.next_batch(batch_bytes, docs);
         const std::vector<std::vector<uint16_t>> encoded = encode_documents(tok, docs, o.threads);
         for (size_t d = 0; d < docs.size(); ++d) {
             const std::vector<uint16_t>& doc = encoded[d];
             tokens += doc.size();
-            ++docs_total;
-            if (docs[d].file < o.val_inputs.size()) {
-                val.append(doc.data(), doc.size());
-                continue;
+            if (!docs[d].continuation) {  // a new document: choose its split (its later parts follow it)
+                ++docs_total;
+                if (docs[d].file < o.val_inputs.size()) {
+                    destination = Destination::kVal;
+                    ++val_input_docs;
+                } else {
+                    bool is_val = false;
+                    switch (o.val_split) {
+                        case Options::ValSplit::kNone: break;
+                        case Options::ValSplit::kFirstDocs: is_val = doc_index < o.val_docs; break;
+                        case Options::ValSplit::kDocFraction:
+                            is_val = std::floor((doc_index + 1) * o.val_fraction) > std::floor(doc_index * o.val_fraction);
+                            break;
+                        case Options::ValSplit::kLastTokens: break;
+                    }
+                    destination = o.val_split == Options::ValSplit::kLastTokens ? Destination::kTail
+                                  : is_val                                      ? Destination::kVal
+                                                                                : Destination::kTrain;
+                    ++doc_index;
+                }
             }
-            bool is_val = false;
-            switch (o.val_split) {
-                case Options::ValSplit::kNone: break;
-                case Options::ValSplit::kFirstDocs: is_val = doc_index < o.val_docs; break;
-                case Options::ValSplit::kDocFraction:
-                    is_val = std::floor((doc_index + 1) * o.val_fraction) > std::floor(doc_index * o.val_fraction);
-                    break;
-                case Options::ValSplit::kLastTokens: tail.insert(tail.end(), doc.begin(), doc.end()); break;
+            switch (destination) {
+                case Destination::kTrain: train.append(doc.data(), doc.size()); break;
+                case Destination::kVal: val.append(doc.data(), doc.size()); break;
+                case Destination::kTail: tail.insert(tail.end(), doc.begin(), doc.end()); break;
             }
-            if (o.val_split != Options::ValSplit::kLastTokens) (is_val ? val : train).append(doc.data(), doc.size());
-            ++doc_index;
         }
         progress.update(source.bytes_read(), tokens);
     }
     progress.update(source.bytes_read(), tokens, true);
-    if (docs_total == 0) throw std::runtime_error("the input holds no documents");
+    check_interrupted();
+    if (docs_total == 0) throw std::runtime_error("the input (" + describe_inputs(inputs) + ") holds no documents");
     if (o.val_split == Options::ValSplit::kLastTokens) {
         // Like nanoGPT's split: the first floor((1-F) n) tokens train, the rest validate.
         const size_t cut = static_cast<size_t>(std::floor(tail.size() * (1.0 - o.val_fraction)));
         train.append(tail.data(), cut);
         val.append(tail.data() + cut, tail.size() - cut);
     }
+    // An empty split is an error, not a set without training (or requested validation) data.
+    const std::string from_inputs = " of the INPUTs (" + describe_inputs(o.inputs) + ")";
+    if (train.tokens() == 0) {
+        std::string why;
+        if (o.inputs.empty()) why = "there are only --val-input files (" + describe_inputs(o.val_inputs) + ")";
+        else if (doc_index == 0) why = "the INPUTs (" + describe_inputs(o.inputs) + ") hold no documents";
+        else if (o.val_split == Options::ValSplit::kFirstDocs)
+            why = "--val-docs " + std::to_string(o.val_docs) + " takes all " + std::to_string(doc_index) +
+                  " documents" + from_inputs;
+        else if (o.val_split == Options::ValSplit::kLastTokens)
+            why = "--val-last-fraction " + format_number(o.val_fraction) + " of the " + std::to_string(tail.size()) +
+                  " tokens" + from_inputs + " leaves none for training";
+        else why = "no tokens" + from_inputs;
+        throw std::runtime_error("the train split is empty: " + why + "; nothing was replaced");
+    }
+    const bool val_requested = o.val_split != Options::ValSplit::kNone || !o.val_inputs.empty();
+    if (val_requested && val.tokens() == 0) {
+        std::string why = "no tokens";
+        if (o.val_split == Options::ValSplit::kNone)
+            why = "the --val-input files (" + describe_inputs(o.val_inputs) + ") hold no documents";
+        else if (o.val_split == Options::ValSplit::kDocFraction)
+            why = "--val-fraction " + format_number(o.val_fraction) + " chooses none of the " +
+                  std::to_string(doc_index) + " documents" + from_inputs;
+        if (o.val_split != Options::ValSplit::kNone && !o.val_inputs.empty())
+            why += ", and the --val-input files (" + describe_inputs(o.val_inputs) + ") hold none";
+        throw std::runtime_error("the validation split is empty: " + why + "; nothing was replaced");
+    }
     train.finish();
     val.finish();
-    std::fprintf(stderr, "%llu documents: %llu train tokens in %d shard(s) %s, %llu val tokens in %d shard(s) %s\n",
-                 static_cast<unsigned long long>(docs_total), static_cast<unsigned long long>(train.tokens()),
-                 train.shards(), train.pattern().c_str(), static_cast<unsigned long long>(val.tokens()), val.shards(),
-                 val.pattern().c_str());
+    check_interrupted();
+    output.commit(train.shards(), val.shards());
+    std::fprintf(stderr, "%llu documents: %llu train tokens in %d shard(s) %s_train_*.bin, %llu val tokens in %d "
+                 "shard(s) %s_val_*.bin\n", static_cast<unsigned long long>(docs_total),
+                 static_cast<unsigned long long>(train.tokens()), train.shards(), o.out_prefix.c_str(),
+                 static_cast<unsigned long long>(val.tokens()), val.shards(), o.out_prefix.c_str());
     return 0;
 }
 
@@ -431,6 +955,9 @@ int main(int argc, char** argv) {
         return o.count ? run_count(o, tok) : run_shards(o, tok);
     } catch (const UsageError& e) {
         std::fprintf(stderr, "prepare_shards: %s (see --help)\n", e.what());
+    } catch (const Interrupted& e) {
+        std::fprintf(stderr, "prepare_shards: %s\n", e.what());
+        return 128 + e.signal;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "prepare_shards: %s\n", e.what());
     }

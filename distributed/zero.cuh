@@ -12,10 +12,11 @@
 //            the current one computes) and its full copy dropped after use.            16Ψ/N
 // N is the data-parallel degree: the ranks of one data-parallel group of the process mesh (distributed/mesh.h),
 // which under tensor parallelism hold the same tensor-parallel slice.
-// Units (ParameterLayout): the embeddings, each block, the final LayerNorm. Rank r owns the r-th of N equal
-// slices of every unit (units are padded, so any parameter count works); its slices of all units are
-// stored back to back. The embeddings (needed at both ends of forward and backward) and the final
-// LayerNorm keep full buffers; the blocks go through rings of two.
+// Units (ParameterLayout): the token embedding, the position embedding, each block, the final LayerNorm (a
+// pipeline stage has the ones it holds). Rank r owns the r-th of N equal slices of every unit (units are padded,
+// so any parameter count works); its slices of all units are stored back to back. Each unit has a kind
+// (UnitKind): the blocks are gathered on use through rings of two; the embeddings (needed at both ends of
+// forward and backward) and the final LayerNorm are persistent, with full buffers.
 // Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
 #pragma once
@@ -62,6 +63,15 @@ inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<
     return out;
 }
 
+// What ZeRO stages 2-3 do with a unit's full copy, and what the step does with its gradient.
+//   kGathered:   a block; its full parameters (stage 3) and gradients (stages 2-3) go through rings of two buffers.
+//   kPersistent: full buffers for the whole step (the embeddings and the final LayerNorm).
+//   kTied:       persistent, and the gradient is summed over the embedding group after the data-parallel
+//                reduction: the token embedding on the first pipeline stage, whose copy the last stage holds.
+//   kTiedCopy:   the last stage's copy of it: summed the same way, and left out of the gradient norm (the
+//                first stage counts it), so every element counts once.
+enum class UnitKind { kGathered, kPersistent, kTied, kTiedCopy };
+
 struct ZeroMemory {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;
     size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
@@ -88,25 +98,40 @@ public:
         long skipped_steps = 0;
     } scaler;
 
-    // offsets/sizes: the padded units of the parameter layout (their sizes divisible by 8 x the data-parallel
+    // offsets/sizes/kinds: the padded units of the parameter layout (their sizes divisible by 8 x the data-parallel
     // degree). Sharding and its collectives run over mesh.data; pg bounds every wait. Under tensor parallelism
     // the gradient norm is summed over mesh.tensor too, and `split` says which elements are this rank's own
     // slices: the other tensors are replicated over the tensor-parallel group, and only its rank 0 counts them.
+    // Under pipeline parallelism the norm is summed over mesh.pipeline, and the tied units over mesh.embedding.
     // trainable = false: frozen parameters (the base model under LoRA), stored whole: no gradients, no optimizer
     // state, no communication (stages 0-2; a frozen copy is the same on every rank).
-    ZeroOptimizer(const std::vector<size_t>& unit_offsets, const std::vector<size_t>& unit_sizes, size_t total,
-                  const LayoutMask& decay, const ProcessGroup& pg, const ProcessMesh& mesh, int stage, cudaStream_t compute,
+    ZeroOptimizer(const std::vector<size_t>& unit_offsets, const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& unit_kinds,
+                  size_t total, const LayoutMask& decay, const ProcessGroup& pg, const ProcessMesh& mesh, int stage, cudaStream_t compute,
                   bool trainable = true, const LayoutMask& split = LayoutMask())
-        : plan_(unit_offsets, unit_sizes, mesh.data.size, mesh.data.rank), total_(total), decay_(decay), pg_(pg),
-          data_(mesh.data), tensor_(mesh.tensor), split_(split), count_split_only_(mesh.tensor.size > 1 && mesh.tensor.rank != 0),
-          stage_(mesh.data.size == 1 || !trainable ? 0 : stage), compute_(compute), trainable_(trainable) {}
+        : plan_(unit_offsets, unit_sizes, mesh.data.size, mesh.data.rank), kinds_(unit_kinds), total_(total), decay_(decay), pg_(pg),
+          data_(mesh.data), tensor_(mesh.tensor), pipeline_(mesh.pipeline), embedding_(mesh.embedding), split_(split),
+          count_split_only_(mesh.tensor.size > 1 && mesh.tensor.rank != 0),
+          stage_(mesh.data.size == 1 || !trainable ? 0 : stage), compute_(compute), trainable_(trainable) {
+        for (UnitKind k : kinds_) {
+            ordinal_.push_back(k == UnitKind::kGathered ? (int)gathered_units_.size() : -1);
+            if (k == UnitKind::kGathered) gathered_units_.push_back((int)ordinal_.size() - 1);
+            has_tied_ = has_tied_ || k == UnitKind::kTied || k == UnitKind::kTiedCopy;
+            has_tied_copy_ = has_tied_copy_ || k == UnitKind::kTiedCopy;
+        }
+        if (has_tied_ && stage_ >= 2) die_internal("tied units (pipeline parallelism) at ZeRO stage 2 or 3");
+    }
 
     // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
-    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, size_t total, int world, int stage, bool trainable = true) {
+    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
+                             bool trainable = true) {
         if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
-        const size_t local = total / world, L = unit_sizes.size() - 2;
-        const size_t persistent = unit_sizes.front() + unit_sizes.back(), ring = L > 0 ? 2 * unit_sizes[1] : 0;
+        const size_t local = total / world;
+        size_t persistent = 0, largest_gathered = 0;
+        for (size_t u = 0; u < unit_sizes.size(); u++)
+            if (kinds[u] == UnitKind::kGathered) largest_gathered = std::max(largest_gathered, unit_sizes[u]);
+            else persistent += unit_sizes[u];
+        const size_t ring = 2 * largest_gathered;
         ZeroMemory m;
         m.parameters = (stage == 3 ? local + persistent + ring : total) * sizeof(floatX);
         m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
@@ -121,19 +146,22 @@ public:
     const ShardPlan& plan() const { return plan_; }
 
     void allocate() {
-        const int U = plan_.num_units(), L = U - 2;
+        const int U = plan_.num_units();
         const size_t local = plan_.local_total;
         if (!trainable_) {
             alloc(&params_, total_);
             return;
         }
         // a sharded buffer (stage 3 parameters, stage 2-3 gradients): this rank's shards, full buffers of the
-        // embeddings and the final LayerNorm, and the two-block ring
-        auto alloc_sharded = [&](floatX** shards, floatX* (&persistent)[2], floatX* (&ring)[2]) {
+        // persistent units, and the two-slot ring of the gathered ones
+        size_t largest_gathered = 0;
+        for (int u : gathered_units_) largest_gathered = std::max(largest_gathered, plan_.unit_size[u]);
+        auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2]) {
             alloc(shards, local);
-            alloc(&persistent[0], plan_.unit_size[0]);
-            alloc(&persistent[1], plan_.unit_size[U - 1]);
-            for (int i = 0; i < 2 && i < L; i++) alloc(&ring[i], plan_.unit_size[1]);
+            persistent.assign(U, nullptr);
+            for (int u = 0; u < U; u++)
+                if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
+            for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
         };
         if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_);
         else alloc(&params_, total_);
@@ -159,12 +187,13 @@ public:
     }
 
     ~ZeroOptimizer() {
-        for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_,
-                        (void*)persistent_params_[0], (void*)persistent_params_[1], (void*)ring_params_[0],
-                        (void*)ring_params_[1], (void*)persistent_grads_[0], (void*)persistent_grads_[1],
-                        (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_, (void*)adam_v_,
-                        (void*)norm_, (void*)norm_scratch_})
+        for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_, (void*)ring_params_[0],
+                        (void*)ring_params_[1], (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_,
+                        (void*)adam_v_, (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
+        for (const std::vector<floatX*>* buffers : {&persistent_params_, &persistent_grads_})
+            for (floatX* p : *buffers)
+                if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
         for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
             for (cudaEvent_t e : *events) cudaEventDestroy(e);
@@ -178,29 +207,26 @@ public:
     // Where the compute kernels find a unit's parameters and gradients (valid inside the hooks below).
     floatX* unit_params(int u) const {
         if (stage_ < 3) return params_ + plan_.unit_offset[u];
-        if (u == 0) return persistent_params_[0];
-        if (u == plan_.num_units() - 1) return persistent_params_[1];
-        return ring_params_[(u - 1) % 2];
+        return ordinal_[u] < 0 ? persistent_params_[u] : ring_params_[ordinal_[u] % 2];
     }
     floatX* unit_grads(int u) const {  // null for frozen parameters
         if (!trainable_) return nullptr;
         if (stage_ < 2) return grads_ + plan_.unit_offset[u];
-        if (u == 0) return persistent_grads_[0];
-        if (u == plan_.num_units() - 1) return persistent_grads_[1];
-        return ring_grads_[(u - 1) % 2];
+        return ordinal_[u] < 0 ? persistent_grads_[u] : ring_grads_[ordinal_[u] % 2];
     }
 
     // ------------------------------------------------------------------------------------------
-    // Hooks, called by the model in this order for each micro-step:
-    // begin_forward, (before_block_forward(l), after_block_forward(l)) for l = 0..L-1 (before_block_forward(l+1)
-    // may come early: block l's closing LayerNorm uses block l+1's first; before_block_forward(L) comes before the
-    // final LayerNorm), begin_backward(last),
-    // after_unit_backward(L+1) (final LayerNorm), (before_block_backward(l), after_unit_backward(l+1)) for
-    // l = L-1..0, after_unit_backward(0) (embeddings), end_backward.
-    // Under ZeRO-3 block l lives in parameter ring slot l % 2; a slot is refilled (on the communication
-    // stream) as soon as the compute stream is done with the block it held, so the gather of block l+2
-    // (forward) or l-2 (backward) overlaps the computation of block l+1 or l-1. Under ZeRO-1/2 the forward hooks
-    // wait for each unit's gather after the last step(), which so overlaps the forward's first blocks.
+    // Hooks, called by the model with unit indices, in this order for each micro-step:
+    // begin_forward, (before_unit_forward(u), after_unit_forward(u)) for the blocks in order (before_unit_forward
+    // of the next block or of the final LayerNorm may come early: a block's closing LayerNorm uses the next one's
+    // parameters), begin_backward(last), after_unit_backward of the final LayerNorm, (before_unit_backward(u),
+    // after_unit_backward(u)) for the blocks in reverse, after_unit_backward of the embeddings, end_backward.
+    // Under ZeRO-3 the i-th gathered unit lives in parameter ring slot i % 2; a slot is refilled (on the
+    // communication stream) as soon as the compute stream is done with the unit it held, so the gather of unit
+    // i+2 (forward) or i-2 (backward) overlaps the computation of unit i+1 or i-1. Under ZeRO-1/2 the forward
+    // hooks wait for each unit's gather after the last step(), which so overlaps the forward's first blocks.
+    // Under pipeline parallelism (stages 0-1) a stage calls them for its own units, micro-batch by micro-batch
+    // in its schedule's order, and end_backward once after its last backward.
 
     void zero_grad() {
         if (!trainable_) return;
@@ -209,28 +235,29 @@ public:
     }
 
     void begin_forward() {
-        wait_for_unit(0);
+        for (int u = 0; u < plan_.num_units(); u++)
+            if (ordinal_[u] < 0) wait_for_unit(u);
         if (stage_ != 3) return;
-        const int U = plan_.num_units(), L = U - 2;
         if (!persistent_gathered_) {  // parameters change only in step(): gather the persistent units once per step
-            cudaCheck(cudaEventRecord(unit_events_[0], compute_));
-            cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[0]));
-            gather(0, persistent_params_[0]);
-            gather(U - 1, persistent_params_[1]);
-            cudaCheck(cudaEventRecord(unit_events_[0], comm_));
-            cudaCheck(cudaStreamWaitEvent(compute_, unit_events_[0]));
+            cudaCheck(cudaEventRecord(comm_done_, compute_));
+            cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
+            for (int u = 0; u < plan_.num_units(); u++)
+                if (ordinal_[u] < 0) gather(u, persistent_params_[u]);
+            cudaCheck(cudaEventRecord(comm_done_, comm_));
+            cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
             persistent_gathered_ = true;
         }
-        for (int l = 0; l < 2 && l < L; l++) ensure_block(l);
+        for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) ensure_gathered(i);
     }
-    void before_block_forward(int l) {
-        wait_for_unit(l + 1);
-        if (stage_ == 3 && l < plan_.num_units() - 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
+    void before_unit_forward(int u) {
+        wait_for_unit(u);
+        if (stage_ == 3 && ordinal_[u] >= 0) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[ordinal_[u] % 2]));
     }
-    void after_block_forward(int l) {
-        if (stage_ != 3) return;
-        cudaCheck(cudaEventRecord(ring_params_free_[l % 2], compute_));
-        if (l + 2 < plan_.num_units() - 2) ensure_block(l + 2);
+    void after_unit_forward(int u) {
+        if (stage_ != 3 || ordinal_[u] < 0) return;
+        const int i = ordinal_[u];
+        cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
+        if (i + 2 < (int)gathered_units_.size()) ensure_gathered(i + 2);
     }
 
     void begin_backward(bool last_micro_step) {
@@ -238,20 +265,21 @@ public:
         last_micro_step_ = last_micro_step;
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
     }
-    void before_block_backward(int l) {
-        if (!trainable_) return;
-        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[l % 2]));
+    void before_unit_backward(int u) {
+        if (!trainable_ || ordinal_[u] < 0) return;
+        const int i = ordinal_[u];
+        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[i % 2]));
         if (stage_ != 3) return;
-        ensure_block(l);
-        cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[l % 2]));
+        ensure_gathered(i);
+        cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[i % 2]));
     }
     // Unit u's gradients are complete for this micro-step: reduce them (stages 0/1: only after the last
     // micro-step; stages 2/3: every micro-step, into the gradient shard).
     void after_unit_backward(int u) {
-        const int U = plan_.num_units();
-        if (stage_ == 3 && u >= 1 && u <= U - 2) {  // block u-1 is done: its slot can take block u-3
-            cudaCheck(cudaEventRecord(ring_params_free_[(u - 1) % 2], compute_));
-            if (u - 3 >= 0) ensure_block(u - 3);
+        const int i = ordinal_[u];
+        if (stage_ == 3 && i >= 0) {  // its slot can take the gathered unit two before it
+            cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
+            if (i - 2 >= 0) ensure_gathered(i - 2);
         }
         if (!trainable_ || data_.size == 1 || (stage_ < 2 && !last_micro_step_)) return;
         cudaCheck(cudaEventRecord(unit_events_[u], compute_));
@@ -268,14 +296,29 @@ public:
         if (stage_ >= 2) {
             accumulate_into(grad_shards_ + plan_.local_offset[u], slice, (long)shard, comm_);
             cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), comm_));  // ready for the next micro-step
-            if (u >= 1 && u <= U - 2) cudaCheck(cudaEventRecord(ring_grads_free_[(u - 1) % 2], comm_));
-            if (u == 0) cudaCheck(cudaEventRecord(persistent_grads_free_, comm_));
+            // the latest record is what the next wait sees: the comm stream runs in order
+            cudaCheck(cudaEventRecord(i >= 0 ? ring_grads_free_[i % 2] : persistent_grads_free_, comm_));
         }
     }
     // Whether the gradients of this micro-step are reduced now (stages 2/3: every micro-step; 0/1: the last one).
     bool reduces_this_micro_step() const { return stage_ >= 2 || last_micro_step_; }
     void end_backward() {
-        if (!trainable_ || data_.size == 1) return;
+        if (!trainable_) return;
+        if (last_micro_step_ && has_tied_ && embedding_.size > 1) {
+            // the two copies of the tied token embedding get the sum of both stages' (reduced) gradients: the
+            // whole unit at stage 0, this data-parallel rank's slice at stage 1 (the same slice on both stages)
+            cudaCheck(cudaEventRecord(comm_done_, compute_));
+            cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
+            for (int u = 0; u < plan_.num_units(); u++) {
+                if (kinds_[u] != UnitKind::kTied && kinds_[u] != UnitKind::kTiedCopy) continue;
+                const bool sliced = stage_ == 1 && data_.size > 1;
+                floatX* g = grads_ + (sliced ? plan_.global_begin(u) : plan_.unit_offset[u]);
+                const size_t n = sliced ? plan_.shard_size[u] : plan_.unit_size[u];
+                ncclCheck(ncclAllReduce(g, g, n, nccl_type<floatX>(), ncclSum, embedding_.comm, comm_));
+            }
+        } else if (data_.size == 1) {
+            return;
+        }
         // Stages 2/3 between micro-steps: the next forward needs none of this micro-step's reductions (the next
         // backward waits for its gradient buffers through the *_grads_free_ events), so the last units'
         // reduce-scatters overlap the next forward instead of delaying it.
@@ -299,21 +342,27 @@ public:
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
-        if (stage_ == 0) {
+        if (stage_ == 0 && !has_tied_copy_) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
-        } else if (stage_ == 1 || counted != nullptr) {  // unit by unit: each slice's elements have their own indices
+        } else if (stage_ <= 1 || counted != nullptr) {  // unit by unit: each slice's elements have their own indices
+            bool first = true;
             for (int u = 0; u < U; u++) {
-                const floatX* g = stage_ == 1 ? grads_ + plan_.global_begin(u) : grad_shards_ + plan_.local_offset[u];
-                global_norm_squared(norm_, g, (long)plan_.shard_size[u], norm_scratch_, compute_, u > 0, counted,
-                                    (long)plan_.global_begin(u));
+                if (kinds_[u] == UnitKind::kTiedCopy) continue;  // the first pipeline stage counts the tied embedding
+                const bool whole = stage_ == 0;
+                const floatX* g = whole ? grads_ + plan_.unit_offset[u] : stage_ == 1 ? grads_ + plan_.global_begin(u) : grad_shards_ + plan_.local_offset[u];
+                global_norm_squared(norm_, g, (long)(whole ? plan_.unit_size[u] : plan_.shard_size[u]), norm_scratch_, compute_, !first, counted,
+                                    (long)(whole ? plan_.unit_offset[u] : plan_.global_begin(u)));
+                first = false;
             }
+            if (first) cudaCheck(cudaMemsetAsync(norm_, 0, sizeof(float), compute_));
         } else {
             global_norm_squared(norm_, grad_shards_, (long)plan_.local_total, norm_scratch_, compute_);
         }
-        // the squares summed over the data-parallel shards, then over the tensor-parallel slices: every rank
-        // gets the same sum, so every rank takes the same clipping and skip decisions
+        // the squares summed over the data-parallel shards, then over the tensor-parallel slices and the pipeline
+        // stages: every rank gets the same sum, so every rank takes the same clipping and skip decisions
         if (stage_ >= 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, data_.comm, compute_));
         if (tensor_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, tensor_.comm, compute_));
+        if (pipeline_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, pipeline_.comm, compute_));
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
@@ -340,7 +389,7 @@ public:
             }
             if (stage_ == 3) {
                 persistent_gathered_ = false;
-                ring_block_[0] = ring_block_[1] = -1;
+                ring_unit_[0] = ring_unit_[1] = -1;
             }
         }
         step_hyper_ = h;
@@ -385,7 +434,7 @@ public:
         cudaCheck(cudaFree(staging));
         if (kHasMaster && trainable_) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
         persistent_gathered_ = false;
-        ring_block_[0] = ring_block_[1] = -1;
+        ring_unit_[0] = ring_unit_[1] = -1;
     }
 
     // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
@@ -459,34 +508,42 @@ private:
     void wait_for_unit(int u) {
         if (stage_ == 1 || stage_ == 2) cudaCheck(cudaStreamWaitEvent(compute_, gathered_[u]));
     }
-    // Stage 3: unless block l already sits in its ring slot, gather it there once the compute stream is done
-    // with the slot's previous block.
-    void ensure_block(int l) {
-        const int slot = l % 2;
-        if (ring_block_[slot] == l) return;
+    // Stage 3: unless the i-th gathered unit already sits in its ring slot, gather it there once the compute
+    // stream is done with the slot's previous unit.
+    void ensure_gathered(int i) {
+        const int slot = i % 2;
+        if (ring_unit_[slot] == i) return;
         cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
-        gather(l + 1, ring_params_[slot]);
+        gather(gathered_units_[i], ring_params_[slot]);
         cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
-        ring_block_[slot] = l;
+        ring_unit_[slot] = i;
+    }
+    static void die_internal(const char* what) {
+        fprintf(stderr, "error: internal: %s\n", what);
+        exit(EXIT_FAILURE);
     }
 
     ShardPlan plan_;
+    std::vector<UnitKind> kinds_;
+    std::vector<int> ordinal_;         // of each unit among the gathered ones, -1 for the others
+    std::vector<int> gathered_units_;  // the gathered units in order
+    bool has_tied_ = false, has_tied_copy_ = false;
     size_t total_;
     LayoutMask decay_;
     const ProcessGroup& pg_;
-    Communicator data_, tensor_;
+    Communicator data_, tensor_, pipeline_, embedding_;
     LayoutMask split_;
     bool count_split_only_;  // a tensor-parallel rank other than 0: the norm counts only its own slices
     int stage_;
     cudaStream_t compute_, comm_ = nullptr;
     bool trainable_ = true;
     bool last_micro_step_ = true, persistent_gathered_ = false;
-    int ring_block_[2] = {-1, -1};  // stage 3: which block each parameter ring slot holds
+    int ring_unit_[2] = {-1, -1};  // stage 3: which gathered unit (its ordinal) each parameter ring slot holds
 
     floatX *params_ = nullptr, *grads_ = nullptr;                // full (stages < 3 / < 2)
     floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
-    floatX *persistent_params_[2] = {}, *ring_params_[2] = {};   // stage 3: embeddings + final LayerNorm, blocks
-    floatX *persistent_grads_[2] = {}, *ring_grads_[2] = {};     // stages 2/3
+    std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
+    floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones
     float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
     float* norm_host_ = nullptr;  // pinned
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()

@@ -1,6 +1,6 @@
 // LayerNorm (eps 1e-5, fp32 statistics): forward, forward fused with the residual add that precedes it,
 // and a deterministic backward.
-// defines: layernorm_forward, residual_layernorm_forward, layernorm_backward, layernorm_backward_scratch_floats
+// defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats
 #pragma once
 #include "common.cuh"
 
@@ -66,6 +66,19 @@ void residual_layernorm_forward(floatX* residual, floatX* out, float* mean, floa
     const int block = 256, rows_per_block = block / 32;
     layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(out, mean, rstd, residual, a, b,
                                                                                weight, bias, N, C);
+    cudaCheckLaunch();
+}
+
+// residual = a + b alone, rounded as residual_layernorm_forward rounds it: where a pipeline stage's last block
+// hands the residual stream to the next stage, whose first block normalises it (layernorm_forward).
+template <typename floatX>
+__global__ void residual_forward_kernel(floatX* residual, const floatX* a, const floatX* b, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        residual[i] = from_float<floatX>(to_float(a[i]) + to_float(b[i]));
+}
+template <typename floatX>
+void residual_forward(floatX* residual, const floatX* a, const floatX* b, long n, cudaStream_t stream) {
+    residual_forward_kernel<<<std::max(1, std::min(ceil_div(n, 256), 4 * device_sm_count())), 256, 0, stream>>>(residual, a, b, n);
     cudaCheckLaunch();
 }
 

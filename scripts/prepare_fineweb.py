@@ -7,7 +7,9 @@ Documents come from local files given with --input (.jsonl, .jsonl.gz, .jsonl.xz
 `prepare_shards ... -` on stdin, joined by the literal separator <|endoftext|>, so nothing is staged on
 disk and the sharding (EOT before each document, parallel encoding, shard naming) is prepare_shards'.
 The first --val-docs documents form the validation split, like llm.c's fineweb.py, whose first shard is
-validation.
+validation. An empty train or validation split (e.g. --val-docs at least the number of documents) is an
+error, and a failed run (of prepare_shards, or reading the documents) exits non-zero and leaves the
+earlier shards under --out as they were: prepare_shards replaces a shard set only when it succeeded.
 
 One difference from llm.c: a document that itself contains the text <|endoftext|> is split there (the
 separator cannot be escaped), where llm.c would encode it as ordinary text. The script counts such
@@ -104,8 +106,10 @@ def main():
 
     docs = local_documents(args.input, args.field) if args.input else hub_documents(args.dataset, args.config,
                                                                                   args.field)
+    source = " ".join(args.input) if args.input else f"{args.dataset} ({args.config})"
     n_docs = n_split = 0
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE)
+    streamed = False  # every document was written: only then may prepare_shards see the end of its input
     try:
         with open(proc.stdin.fileno(), "w", encoding="utf-8", closefd=False, buffering=1 << 20) as pipe:
             for text in docs:
@@ -116,12 +120,25 @@ def main():
                 pipe.write(text)
                 pipe.write(SEPARATOR)
                 n_docs += 1
-        proc.stdin.close()
+        streamed = True
     except BrokenPipeError:
-        pass  # prepare_shards stopped early; its exit status and message say why
-    rc = proc.wait()
+        streamed = True  # prepare_shards stopped early; its exit status and message say why
+    finally:
+        if not streamed:
+            # Reading the documents failed (a bad record, the network, Ctrl-C). Stop prepare_shards before
+            # its input ends: it would take the end for the whole corpus and replace the earlier shards by a
+            # partial set. On SIGTERM it removes its staging folder and leaves the earlier shards as they were.
+            proc.terminate()
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        rc = proc.wait()
     if rc != 0:
-        sys.exit(f"prepare_fineweb.py: prepare_shards failed (exit {rc})")
+        how = f"was killed by signal {-rc}" if rc < 0 else f"failed with exit status {rc}"
+        # prepare_shards printed the reason on stderr just above (e.g. an empty train split).
+        sys.exit(f"prepare_fineweb.py: prepare_shards {how} after {n_docs} documents from {source}; "
+                 "its message is above")
     print(f"prepare_fineweb.py: {n_docs} documents streamed; {n_split} contained {SEPARATOR} and were split there",
           file=sys.stderr)
 

@@ -29,6 +29,7 @@ run tokenizer build/test_tokenizer
 run dataloader build/test_dataloader
 run hellaswag build/test_hellaswag
 run mesh build/test_mesh
+run pipeline_schedule build/test_pipeline_schedule
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run prepare bash test/test_prepare.sh
@@ -62,15 +63,17 @@ if [ "$gpu_count" -ge 1 ]; then
     run attention build/test_attention $sdpa
     run model bash test/test_model_gpu.sh
     run training bash test/test_training_gpu.sh
+    run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
     run mesh_gpu bash test/test_mesh_gpu.sh  # several ranks on one GPU
     run tensor_parallel bash test/test_tensor_parallel_gpu.sh  # tp ranks sharing one GPU
     run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (1, 2, 4 ranks on one GPU)
+    run pipeline bash test/test_pipeline_gpu.sh  # pipeline stages (and 3D) as ranks sharing one GPU
     for n in 2 4; do
         if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
     done
 else
-    for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" \
-             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
+    for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" "Hugging Face export and import" \
+             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "pipeline parallelism and 3D (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
         skip "$t" "no GPU"
     done
 fi

@@ -36,3 +36,191 @@ count() { python3 -c "import struct,sys; print(struct.unpack('<3i', open(sys.arg
 train=$(count data/tinyshakespeare/tinyshakespeare_train_000000.bin); val=$(count data/tinyshakespeare/tinyshakespeare_val_000000.bin)
 if [ "$train" = 304225 ] && [ "$val" = 33803 ]; then echo "PASS tinyshakespeare shards: 304225 train + 33803 val tokens"
 else echo "FAIL tinyshakespeare shards: train $train val $val (expected 304225 + 33803)"; fi
+
+# ---- replacing a shard set only when a run succeeded (issue #18) ------------------------------------------------
+# sums DIR BASE: name and checksum of every file the training globs BASE_{train,val}_*.bin match, plus every other
+# entry of DIR (so leftovers such as *.tmp.PID or a staging folder show up as a difference).
+sums() { (cd "$1" && for f in $(ls -A); do if [ -f "$f" ]; then echo "$f $(md5sum < "$f" | cut -c1-32)"; else echo "$f (folder)"; fi; done); }
+python3 - "$W" <<'PY'
+import sys
+d = sys.argv[1]
+text = open("data/tinyshakespeare/input.txt", encoding="utf-8").read()
+sections = text.replace("\n\n", "\n\n<|endoftext|>")
+open(f"{d}/sections.txt", "w", encoding="utf-8").write(sections)
+# 13 MB, so the first 8 MiB batch is encoded and its shards written before a failure or kill later on.
+open(f"{d}/big.txt", "w", encoding="utf-8").write((sections + "<|endoftext|>") * 12)
+open(f"{d}/three.txt", "w", encoding="utf-8").write(text * 3)
+PY
+
+# A second run failing on a truncated .xz (after writing shards) leaves the first run's complete set untouched.
+if command -v xz > /dev/null; then
+    mkdir -p "$W/xz"
+    xz -c "$W/big.txt" > "$W/big.txt.xz"
+    head -c $(( $(stat -c %s "$W/big.txt.xz") * 4 / 5 )) "$W/big.txt.xz" > "$W/truncated.txt.xz"
+    $BIN --out "$W/xz/ts" --shard-size 50000 --val-fraction 0.1 "$W/sections.txt" > "$W/xz1.out" 2>&1
+    before=$(sums "$W/xz"); n=$(ls "$W/xz" | wc -l)
+    $BIN --out "$W/xz/ts" --shard-size 2000 --val-fraction 0.1 "$W/truncated.txt.xz" > "$W/xz2.out" 2>&1; rc=$?
+    if [ "$n" -ge 5 ] && [ $rc -ne 0 ] && grep -q "Unexpected end of input" "$W/xz2.out" && [ "$(sums "$W/xz")" = "$before" ]; then
+        echo "PASS prepare truncated .xz: exit $rc, the earlier $n shards unchanged (checksums), no staging or temporary files left"
+    else
+        echo "FAIL prepare truncated .xz: exit $rc, $n shards before; $(tail -n 1 "$W/xz2.out"); changes: $(diff <(echo "$before") <(sums "$W/xz") | tr '\n' ' ')"
+    fi
+else
+    echo "SKIP prepare truncated .xz: no xz tool (apt-get install -y xz-utils)"
+fi
+
+# A run killed (SIGKILL) mid-way leaves the earlier set intact and nothing the training glob matches; the next run
+# removes its staging folder. Its input comes through a FIFO held open, so it cannot finish before the kill.
+mkdir -p "$W/kill"
+$BIN --out "$W/kill/k" --shard-size 100000 --val-docs 10 "$W/sections.txt" > /dev/null 2>&1
+before=$(sums "$W/kill")
+globbed() { ls "$W"/kill/k_train_*.bin "$W"/kill/k_val_*.bin 2> /dev/null | tr '\n' ' '; }
+globbed_before=$(globbed)
+kill_run() {  # kill_run SIGNAL: starts a run, waits for its first staged shard, sends SIGNAL; sets pid, staged, rc
+    rm -f "$W/fifo"; mkfifo "$W/fifo"
+    $BIN --out "$W/kill/k" --shard-size 2000 --val-docs 10 - < "$W/fifo" > "$W/kill.out" 2>&1 &
+    pid=$!
+    exec 3> "$W/fifo"
+    cat "$W/big.txt" >&3
+    staged=0
+    for _ in $(seq 300); do
+        [ -f "$W/kill/.prepare_k.$pid/k_train_000000.bin" ] && { staged=$(ls "$W/kill/.prepare_k.$pid" | wc -l); break; }
+        sleep 0.1
+    done
+    kill -"$1" "$pid"
+    wait "$pid"; rc=$?
+    exec 3>&-
+}
+kill_run KILL
+if [ "$staged" -gt 0 ] && [ "$(globbed)" = "$globbed_before" ] && [ -d "$W/kill/.prepare_k.$pid" ] &&
+   [ "$(sums "$W/kill" | grep -v '^\.prepare_k\.')" = "$before" ] && ! ls -A "$W/kill" | grep -q tmp; then
+    echo "PASS prepare SIGKILL mid-way: killed with $staged files staged; the earlier set unchanged (checksums), the glob matches only it, no *.tmp* files"
+else
+    echo "FAIL prepare SIGKILL mid-way: staged $staged, rc $rc; glob before: $globbed_before; after: $(globbed); folder: $(ls -A "$W/kill" | tr '\n' ' ')"
+fi
+$BIN --out "$W/kill/k" --shard-size 100000 --val-docs 10 "$W/sections.txt" > "$W/kill2.out" 2>&1
+if grep -q "removed the staging folder $W/kill/.prepare_k.$pid of a run (pid $pid) that did not finish" "$W/kill2.out" &&
+   [ "$(sums "$W/kill")" = "$before" ]; then
+    echo "PASS prepare after a kill: the next run removed the stale staging folder .prepare_k.$pid, the set is complete"
+else
+    echo "FAIL prepare after a kill: $(head -n 1 "$W/kill2.out"); folder: $(ls -A "$W/kill" | tr '\n' ' ')"
+fi
+# SIGTERM (and SIGINT, Ctrl-C) stop after the current batch and remove the staging folder themselves.
+kill_run TERM
+if [ "$staged" -gt 0 ] && [ "$rc" = 143 ] && [ "$(sums "$W/kill")" = "$before" ] && grep -q "stopped by signal 15" "$W/kill.out"; then
+    echo "PASS prepare SIGTERM mid-way: exit 143, staging folder removed, the earlier set unchanged"
+else
+    echo "FAIL prepare SIGTERM mid-way: staged $staged, rc $rc, $(tail -n 1 "$W/kill.out"); folder: $(ls -A "$W/kill" | tr '\n' ' ')"
+fi
+
+# A kill during the replacement itself (simulated: a dead run's marker, its staging folder, 3 of its 8 shards
+# already renamed into place) is completed by the next run, before anything else (here a run that then fails).
+mkdir -p "$W/roll/new"
+$BIN --out "$W/roll/k" --shard-size 100000 --val-docs 10 "$W/sections.txt" > /dev/null 2>&1
+$BIN --out "$W/roll/new/k" --shard-size 50000 --val-docs 10 "$W/sections.txt" > /dev/null 2>&1
+expected=$(sums "$W/roll/new")
+sh -c 'exit 0' & dead=$!; wait $dead
+mkdir "$W/roll/.prepare_k.$dead" && mv "$W"/roll/new/k_* "$W/roll/.prepare_k.$dead/" && rmdir "$W/roll/new"
+for i in 0 1 2; do mv "$W/roll/.prepare_k.$dead/k_train_00000$i.bin" "$W/roll/"; done
+printf '# test\nstaging .prepare_k.%s\ntrain 7\nval 1\n' "$dead" > "$W/roll/k.replacing"
+$BIN --out "$W/roll/k" --val-docs 100000 "$W/sections.txt" > "$W/roll.out" 2>&1; rc=$?
+if [ $rc = 1 ] && grep -q "completing the replacement of $W/roll/k_{train,val}_\*.bin that process $dead began" "$W/roll.out" &&
+   [ "$(sums "$W/roll")" = "$expected" ]; then
+    echo "PASS prepare interrupted replacement: the next run completed it (marker and staging folder gone, the set is the new one)"
+else
+    echo "FAIL prepare interrupted replacement: rc $rc, $(head -n 1 "$W/roll.out"); $(diff <(echo "$expected") <(sums "$W/roll") | tr '\n' ' ')"
+fi
+# A staging folder of a live process: another run is writing this prefix.
+mkdir "$W/roll/.prepare_k.$$"
+$BIN --out "$W/roll/k" "$W/sections.txt" > "$W/live.out" 2>&1; rc=$?
+rmdir "$W/roll/.prepare_k.$$"
+if [ $rc = 1 ] && [ "$(wc -l < "$W/live.out")" = 1 ] && grep -q "another prepare_shards (pid $$) is writing shards for $W/roll/k" "$W/live.out" &&
+   [ "$(sums "$W/roll")" = "$expected" ]; then
+    echo "PASS prepare refuses a prefix another live run is writing"
+else
+    echo "FAIL prepare live staging folder: rc $rc, $(cat "$W/live.out")"
+fi
+
+# Unwritable output folder: a one-line error naming it, before tokenizing. root ignores chmod 555, so as root the
+# run is made as user nobody through setpriv (SKIP when that is impossible).
+mkdir -p "$W/ro"; chmod 555 "$W/ro"
+as_user=()
+if [ "$(id -u)" = 0 ]; then
+    if command -v setpriv > /dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups true 2> /dev/null &&
+       ! setpriv --reuid=65534 --regid=65534 --clear-groups touch "$W/ro/probe" 2> /dev/null; then
+        as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    else
+        as_user=(skip)
+    fi
+fi
+if [ "${as_user[0]:-}" = skip ]; then
+    echo "SKIP prepare unwritable folder: running as root (chmod 555 has no effect) and cannot run as nobody"
+else
+    "${as_user[@]}" $BIN --out "$W/ro/x" "$W/big.txt" > "$W/ro.out" 2>&1; rc=$?
+    if [ $rc = 1 ] && [ "$(wc -l < "$W/ro.out")" = 1 ] && grep -q "^prepare_shards: output folder $W/ro is not writable (from --out $W/ro/x)" "$W/ro.out" &&
+       [ -z "$(ls -A "$W/ro")" ]; then
+        echo "PASS prepare unwritable folder${as_user:+ (as nobody)}: $(cat "$W/ro.out")"
+    else
+        echo "FAIL prepare unwritable folder: rc $rc, $(cat "$W/ro.out" | tr '\n' ' ')"
+    fi
+fi
+chmod 755 "$W/ro"
+
+# Empty splits are errors naming the split and the input, and replace nothing.
+mkdir -p "$W/empty"
+$BIN --out "$W/empty/e" --val-docs 5 "$W/sample.txt" > /dev/null 2>&1
+before=$(sums "$W/empty")
+$BIN --out "$W/empty/e" --val-fraction 0.01 "$W/sample.txt" > "$W/empty1.out" 2>&1; rc1=$?
+$BIN --out "$W/empty/e" --val-docs 40 "$W/sample.txt" > "$W/empty2.out" 2>&1; rc2=$?
+if [ $rc1 = 1 ] && grep -q "^prepare_shards: the validation split is empty: --val-fraction 0.01 chooses none of the 40 documents of the INPUTs ($W/sample.txt)" "$W/empty1.out" &&
+   [ $rc2 = 1 ] && grep -q "^prepare_shards: the train split is empty: --val-docs 40 takes all 40 documents of the INPUTs ($W/sample.txt)" "$W/empty2.out" &&
+   [ "$(sums "$W/empty")" = "$before" ]; then
+    echo "PASS prepare empty splits: empty validation and empty train splits exit 1 and replace nothing"
+else
+    echo "FAIL prepare empty splits: rc $rc1 $rc2: $(tail -n 1 "$W/empty1.out") / $(tail -n 1 "$W/empty2.out")"
+fi
+before=$(sums "$W/fw")
+python3 scripts/prepare_fineweb.py --input "$W/sample.jsonl" --out "$W/fw/fineweb" --val-docs 100 --shard-size 2000 \
+    --prepare-shards "$BIN" > "$W/fwempty.out" 2>&1; rc=$?
+if [ $rc != 0 ] && grep -q "the train split is empty: --val-docs 100 takes all 40 documents of the INPUTs (stdin)" "$W/fwempty.out" &&
+   grep -q "^prepare_fineweb.py: prepare_shards failed with exit status 1" "$W/fwempty.out" && [ "$(sums "$W/fw")" = "$before" ]; then
+    echo "PASS prepare_fineweb empty train split: exit $rc, the earlier set unchanged"
+else
+    echo "FAIL prepare_fineweb empty train split: exit $rc: $(tr '\n' ' ' < "$W/fwempty.out")"
+fi
+# A bad record after some documents: prepare_fineweb stops prepare_shards before its input ends (else it would
+# take the partial input for the corpus and replace the set).
+{ head -n 30 "$W/sample.jsonl"; echo '{"id": 1}'; } > "$W/bad.jsonl"
+python3 scripts/prepare_fineweb.py --input "$W/bad.jsonl" --out "$W/fw/fineweb" --val-docs 5 --shard-size 2000 \
+    --prepare-shards "$BIN" > "$W/fwbad.out" 2>&1; rc=$?
+if [ $rc != 0 ] && grep -q 'bad.jsonl:31: no "text" string' "$W/fwbad.out" && [ "$(sums "$W/fw")" = "$before" ]; then
+    echo "PASS prepare_fineweb bad record: exit $rc, prepare_shards stopped, the earlier set unchanged"
+else
+    echo "FAIL prepare_fineweb bad record: exit $rc: $(tr '\n' ' ' < "$W/fwbad.out"); folder: $(ls -A "$W/fw" | tr '\n' ' ')"
+fi
+
+# Long documents are encoded in parts cut where the tokens do not change: three tinyshakespeares as one document
+# count 3 x 338,025 tokens (tiktoken's count of one), as --count and as one --doc-per-file document.
+mkdir -p "$W/long"
+count3=$($BIN --count "$W/three.txt" 2> /dev/null | cut -f1)
+$BIN --out "$W/long/t" --doc-per-file "$W/three.txt" > /dev/null 2>&1
+long=$(count "$W/long/t_train_000000.bin")
+if [ "$count3" = 1014075 ] && [ "$long" = 1014076 ]; then echo "PASS prepare long document in parts: 1014075 tokens (+ EOT), as whole"
+else echo "FAIL prepare long document in parts: --count $count3, shard $long (expected 1014075 and 1014076)"; fi
+
+# Memory stays bounded on a long run without spaces (100 MB of 'a' took 2.5 GB: one 100 MB pre-token piece).
+head -c 100000000 /dev/zero | tr '\0' a > "$W/a.txt"
+if [ -x /usr/bin/time ]; then
+    peak=$(/usr/bin/time -f "%M" $BIN --out "$W/long/a" "$W/a.txt" 2>&1 > /dev/null | tail -n 1)
+else  # the largest child's peak RSS in KB, from getrusage
+    peak=$(python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' $BIN --out "$W/long/a" "$W/a.txt")
+fi
+tokens=$(count "$W/long/a_train_000000.bin")
+rm -f "$W/a.txt" "$W"/long/a_*
+if [ -n "$peak" ] && [ "$peak" -lt 300000 ] && [ "$tokens" = 25000001 ]; then
+    echo "PASS prepare 100 MB without spaces: peak RSS $((peak / 1024)) MB (< 300 MB), $tokens tokens"
+else
+    echo "FAIL prepare 100 MB without spaces: peak RSS ${peak:-?} KB (bound 300000), $tokens tokens"
+fi

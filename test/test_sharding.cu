@@ -22,7 +22,7 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
         }
         tiled = tiled && layout.unit_offset(layout.num_units() - 1) + layout.unit_size(layout.num_units() - 1) == layout.total;
         for (int r = 0; r < N; r++) {
-            ShardPlan plan(GPT2<float>::unit_offsets(layout), GPT2<float>::unit_sizes(layout), N, r);
+            ShardPlan plan(layout.unit_offsets, layout.unit_sizes, N, r);
             local = local && plan.local_total * N == layout.total;
             for (int u = 0; u < plan.num_units(); u++)
                 for (size_t i = 0; i < plan.shard_size[u]; i++) owner[plan.global_begin(u) + i]++;
@@ -55,7 +55,7 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
     }
 }
 
-// Tensor parallelism: every rank's slices (for_each_tp_run) tile the whole model's real parameters exactly once;
+// Tensor parallelism: every rank's slices (for_each_full_run) tile the whole model's real parameters exactly once;
 // each rank's runs fill its own layout's real parameters exactly once; the split mask covers exactly the split
 // tensors; and qkv is split by whole heads (a rank's first q row is the full model's row r * C / tp, its first k
 // row the full row C + r * C / tp), not into chunks of the fused matrix.
@@ -71,7 +71,7 @@ static void check_tensor_parallel_layout(const ModelConfig& config, const std::s
             const ParameterLayout local(config, 8 * 3, tp);  // any data-parallel padding
             std::vector<int> used(local.total, 0);
             size_t mapped = 0;
-            local.for_each_tp_run(full, r, [&](size_t from, size_t to, size_t n) {
+            local.for_each_full_run(full, r, [&](size_t from, size_t to, size_t n) {
                 for (size_t i = 0; i < n; i++) { owners[from + i]++; used[to + i]++; }
                 mapped += n;
             });
@@ -87,7 +87,7 @@ static void check_tensor_parallel_layout(const ModelConfig& config, const std::s
             const size_t split_count = Vl * C + (size_t)config.num_layers * (3 * Cs * C + 3 * Cs + Cs * C + 4 * Cs * C + 4 * Cs + 4 * Cs * C);
             mask_exact = mask_exact && in_split == split_count;
             // where the first q and the first k row of rank r come from
-            local.for_each_tp_run(full, r, [&](size_t from, size_t to, size_t) {
+            local.for_each_full_run(full, r, [&](size_t from, size_t to, size_t) {
                 if (to == local.tensor(0, QKVW)) heads_whole = heads_whole && from == full.tensor(0, QKVW) + r * Cs * C;
                 if (to == local.tensor(0, QKVW) + Cs * C) heads_whole = heads_whole && from == full.tensor(0, QKVW) + (C + r * Cs) * C;
                 if (to == local.tensor(0, ATTPROJW) + Cs) heads_whole = heads_whole && from == full.tensor(0, ATTPROJW) + C + r * Cs;
@@ -112,13 +112,54 @@ static void check_tensor_parallel_layout(const ModelConfig& config, const std::s
     }
 }
 
-// Writes the state files that a mesh of tp x world ranks at `stage` would write for whole-model optimizer arrays,
-// reads them back for `new_world` data-parallel ranks (whole-model arrays in their padding), and compares every
-// real element (padding must read 0).
-static void check_resharding(const ModelConfig& config, int world, int stage, int new_world, bool has_master, int tp = 1) {
+// Pipeline parallelism: the stages' parts (for_each_full_run) cover the whole model's real parameters exactly once,
+// except the tied wte, which the first and the last stage both hold (kinds kTied and kTiedCopy).
+static void check_pipeline_layout(const ModelConfig& config, const std::string& name) {
+    for (int tp : {1, 2})
+        for (int pp = 2; pp <= 4; pp++)
+            for (int v : {1, 2}) {
+                std::vector<int> per_virtual_stage;
+                if (!pipeline_layer_split(config.num_layers, pp, v, "", &per_virtual_stage).empty()) continue;
+                const ParameterLayout full(config, 8);
+                std::vector<int> owners(full.total, 0);
+                bool kinds = true;
+                for (int p = 0; p < pp; p++) {
+                    std::vector<int> chunks;
+                    const ParameterLayout stage(config, 8, tp, pipeline_stage_model(per_virtual_stage, pp, p, &chunks));
+                    kinds = kinds && (stage.wte_unit < 0) == (p != 0 && p != pp - 1) &&
+                            (p == 0 ? stage.unit_kinds[stage.wte_unit] == UnitKind::kTied
+                                    : p == pp - 1 ? stage.unit_kinds[stage.wte_unit] == UnitKind::kTiedCopy : true);
+                    for (int r = 0; r < tp; r++)
+                        stage.for_each_full_run(full, r, [&](size_t from, size_t, size_t n) {
+                            for (size_t i = 0; i < n; i++) owners[from + i]++;
+                        });
+                }
+                bool exact = true;
+                const size_t wte_end = (size_t)config.padded_vocab_size * config.channels;
+                for (int u = 0; u < full.num_units(); u++)
+                    for (size_t i = 0; i < full.unit_size(u); i++) {
+                        const size_t at = full.unit_offset(u) + i;
+                        const bool real = i < full.unit_real_size(u);
+                        const bool split = full.split_mask().contains((long)at);
+                        const int expected = !real ? 0 : (split ? 1 : tp) * (at < wte_end ? 2 : 1);
+                        exact = exact && owners[at] == expected;
+                    }
+                check(exact && kinds, "pipeline layout " + name + " tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " v " + std::to_string(v) +
+                                      ": the stages' parts cover the model once, wte on the first and the last stage", "");
+            }
+}
+
+// Writes the state files that a mesh of world (data) x pp (pipeline, v chunks per stage) x tp ranks at `stage`
+// would write for whole-model optimizer arrays, reads them back for `new_world` data-parallel ranks (whole-model
+// arrays in their padding), and compares every real element (padding must read 0).
+static void check_resharding(const ModelConfig& config, int world, int stage, int new_world, bool has_master, int tp = 1, int pp = 1,
+                             int v = 1) {
     const std::string dir = "build/test_work/sharding";
     make_directories(dir);
-    const ParameterLayout old_full(config, 8 * world), slices(config, 8 * world, tp), new_layout(config, 8 * new_world);
+    const ParameterLayout old_full(config, 8 * world), new_layout(config, 8 * new_world);
+    std::vector<int> per_virtual_stage;
+    const std::string problem = pipeline_layer_split(config.num_layers, pp, v, "", &per_virtual_stage);
+    if (!problem.empty()) die(problem);
     std::mt19937 rng(world * 100 + stage * 10 + new_world + 1000 * tp);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     std::vector<std::vector<float>> full(3, std::vector<float>(old_full.total, 0.0f));
@@ -129,21 +170,27 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
     data.epoch = 7;
     MeshShape shape;
     shape.tp = tp;
+    shape.pp = pp;
     shape.dp = world;
-    for (int t = 0; t < tp; t++) {
+    for (int t = 0; t < tp; t++)
+    for (int p = 0; p < pp; p++) {
+        std::vector<int> chunks;
+        const StageModel stage_part = pipeline_stage_model(per_virtual_stage, pp, p, &chunks);
+        const ParameterLayout slices(config, 8 * world, tp, stage_part);
         std::vector<std::vector<float>> local(3, std::vector<float>(slices.total, 0.0f));
-        slices.for_each_tp_run(old_full, t, [&](size_t from, size_t to, size_t n) {
+        slices.for_each_full_run(old_full, t, [&](size_t from, size_t to, size_t n) {
             for (int a = 0; a < 3; a++) std::copy(full[a].begin() + from, full[a].begin() + from + n, local[a].begin() + to);
         });
         for (int d = 0; d < (stage >= 1 ? world : 1); d++) {
-            ShardPlan plan(GPT2<float>::unit_offsets(slices), GPT2<float>::unit_sizes(slices), world, d);
+            ShardPlan plan(slices.unit_offsets, slices.unit_sizes, world, d);
             auto part = [&](const std::vector<float>& a) { return stage >= 1 ? local_slices(plan, a) : a; };
             const std::vector<float> master = has_master ? part(local[0]) : std::vector<float>();
-            StateHeader h{3, 1, world, tp, 1, d, t, stage, has_master, 0, 1.0f, 0, (long long)part(local[1]).size()};
+            StateHeader h{3, 1, world, tp, pp, d, t, p, stage, has_master, 0, 1.0f, 0, (long long)part(local[1]).size()};
             MeshCoord coord;
             coord.tp = t;
+            coord.pp = p;
             coord.dp = d;
-            write_state_file(state_path(dir, 3, mesh_rank(shape, coord)), h, master, part(local[1]), part(local[2]), data);
+            write_state_file(state_path(dir, 3, mesh_rank(shape, coord)), h, stage_part, master, part(local[1]), part(local[2]), data);
         }
     }
     const SavedOptimizerState saved = read_optimizer_state(dir, 3, new_layout);
@@ -157,6 +204,7 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
             }
     }
     check(same, "checkpoint written by " + std::to_string(world) + " ranks" + (tp > 1 ? " x tensor parallel " + std::to_string(tp) : "") +
+                    (pp > 1 ? " x pipeline parallel " + std::to_string(pp) + (v > 1 ? " (" + std::to_string(v) + " chunks per stage)" : "") : "") +
                     " at stage " + std::to_string(stage) + (has_master ? " (with master weights)" : "") + " reads back exactly on " +
                     std::to_string(new_world) + " ranks", "");
 }
@@ -178,8 +226,15 @@ int main() {
     split.num_heads = 4; split.channels = 256;
     check_tensor_parallel_layout(d12, "d12");
     check_tensor_parallel_layout(split, "4 heads");
+    check_pipeline_layout(toy, "toy");
+    check_pipeline_layout(split, "4 heads");
     for (const auto& c : {std::make_tuple(2, 1, 1, 1), std::make_tuple(2, 3, 2, 1), std::make_tuple(4, 1, 0, 2), std::make_tuple(2, 2, 2, 2),
                           std::make_tuple(4, 2, 3, 3), std::make_tuple(2, 2, 0, 1)})
         check_resharding(split, std::get<1>(c), std::get<2>(c), std::get<3>(c), true, std::get<0>(c));
+    // pipeline stages (tp, pp, v, world, stage, new world): each stage's part of the blocks, the embeddings on the
+    // first, the final LayerNorm and a copy of wte on the last
+    for (const auto& c : {std::make_tuple(1, 2, 1, 1, 0, 1), std::make_tuple(1, 3, 1, 2, 1, 1), std::make_tuple(2, 2, 1, 2, 1, 3),
+                          std::make_tuple(1, 2, 2, 1, 0, 2), std::make_tuple(2, 3, 1, 1, 0, 1)})
+        check_resharding(split, std::get<3>(c), std::get<4>(c), std::get<5>(c), true, std::get<0>(c), std::get<1>(c), std::get<2>(c));
     return check_failures() == 0 ? 0 : 1;
 }

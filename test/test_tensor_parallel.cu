@@ -1,11 +1,11 @@
 // Tensor parallelism against the dense model, in fp32 on real ranks (test/test_tensor_parallel_layers.sh runs it
 // under scripts/launch.sh --one-gpu N, N = 1, 2, 4: the tensor-parallel degree is the world size, dp = 1):
 //   - the whole model (2 layers, 4 heads, C = 256; with tp > 1 also under sequence parallelism): every rank's gradients, reassembled with
-//     tensor_parallel_assemble, against a tp = 1 model of the same initialisation and batch, tensor by tensor
+//     assemble_whole_model, against a tp = 1 model of the same initialisation and batch, tensor by tensor
 //     (relative L2 <= 1e-4: only the order of the sums differs); each rank's own gradient buffer against its
 //     slices of tp 1's; the loss (1e-5 relative) and each rank's logits columns (1e-5 relative L2);
 //   - each split product of block 0 against the dense one (relative L2 <= 1e-6), the slices cut by
-//     ParameterLayout::for_each_tp_run from a whole-model vector and the ranks' sums taken by TensorParallel's f
+//     ParameterLayout::for_each_full_run from a whole-model vector and the ranks' sums taken by TensorParallel's f
 //     and g (ncclAllReduce on the tensor-parallel communicator). Column-parallel (qkv by whole heads, fc):
 //     Y_r = X W_r^T + b_r is dense Y's columns, the sum of the dX_r is dense dX, dW_r and db_r dense slices.
 //     Row-parallel (attn-proj, fc-proj): the sum of X_r W_r^T (+ b on rank 0) is dense Y, dX_r is dense dX's
@@ -120,14 +120,14 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     report.add_error(sp + fmt("loss %.7f = tp 1's %.7f", loss[0], loss[1]), 1e-5, fabs(loss[0] - loss[1]) / fabs(loss[1]), fabs(loss[1]));
 
     const std::vector<float> local = model.zero->gradients_host();        // this rank's slices (model.layout)
-    const std::vector<float> whole = model.tensor_parallel_assemble(local);  // all ranks' (full_layout)
+    const std::vector<float> whole = model.assemble_whole_model(local, model.stage_parts);  // all ranks' (full_layout)
     const std::vector<float> expected = reference.zero->gradients_host();
     if (whole.size() != expected.size()) report.add(sp + "reassembled gradients: size", 0, whole, expected);
     else for_each_tensor(model.full_layout, [&](const std::string& name, size_t offset, size_t count) {
         report.add(sp + "grad " + name + " (reassembled) = tp 1's", 1e-4, &whole[offset], &expected[offset], count);
     });
     // each rank's own buffer, replicated tensors included (the reassembly takes those of one rank only)
-    const std::vector<float> slices = model.tensor_parallel_slice(expected);
+    const std::vector<float> slices = model.local_part(expected);
     double worst = 0.0, norm = INFINITY;
     for_each_tensor(model.layout, [&](const std::string&, size_t offset, size_t count) {
         const double e = relative_l2(&local[offset], &slices[offset], count);
@@ -153,17 +153,17 @@ struct Device {
     std::vector<float> host() const { return GPT2<float>::to_host(p, n); }
 };
 
-// Rank `rank`'s slice of block 0's tensor t, cut from the dense tensor by for_each_tp_run.
+// Rank `rank`'s slice of block 0's tensor t, cut from the dense tensor by for_each_full_run.
 template <typename V> V tp_slice(const ParameterLayout& full, const ParameterLayout& local, int rank, BlockTensor t, const V& dense) {
     V out(local.block_tensor_size[t]);
     const size_t begin = full.tensor(0, t), end = begin + full.block_tensor_size[t];
     size_t covered = 0;
-    local.for_each_tp_run(full, rank, [&](size_t from, size_t to, size_t n) {
+    local.for_each_full_run(full, rank, [&](size_t from, size_t to, size_t n) {
         if (from < begin || from >= end) return;
         std::copy_n(dense.begin() + (from - begin), n, out.begin() + (to - local.tensor(0, t)));
         covered += n;
     });
-    if (covered != out.size()) die("internal: for_each_tp_run does not cover " + std::string(block_tensor_name(t)));
+    if (covered != out.size()) die("internal: for_each_full_run does not cover " + std::string(block_tensor_name(t)));
     return out;
 }
 std::vector<size_t> iota(size_t n) {

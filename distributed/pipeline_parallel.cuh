@@ -1,0 +1,179 @@
+// Pipeline parallelism (Huang et al. 2019; Narayanan et al. 2021, Megatron-LM's `schedules.py`): the layers are
+// split into stages, one per rank of a pipeline group, and a step's micro-batches flow through them.
+//
+// The schedule (distributed/pipeline_schedule.h) gives each stage its compute actions (forward or backward of a
+// micro-batch on one of its model chunks, and the activation set that holds it) and its transfers (activations
+// forward, their gradients backward), each transfer keyed by its simulated send time. This file runs them:
+//   - compute on the model's stream, in the schedule's order;
+//   - transfers by ncclSend/ncclRecv on a communication stream, in key order, transfers of equal key in one
+//     ncclGroupStart/End, so they overlap the compute. The keys are the same on both sides of every transfer,
+//     every action's inputs have a smaller key than its start, and a receive into an activation set comes after
+//     the set's previous backward: so every rank issues its transfers in an order that cannot deadlock (the
+//     schedule's tests check this on the CPU);
+//   - events join the two streams: a send waits for the action that produced its data, an action for the
+//     receive of its input, a receive into a set for the set's previous backward.
+// The host enqueues both streams in one merged order (transfers of key k before actions that start at k or
+// later), so that every event is recorded before it is waited for.
+//
+// Gradients: the last stage runs the LM head's backward right after its forward (so the logits need no copy
+// per micro-batch in flight); ZeRO (stages 0-1 with pipelines) reduces each unit after its last micro-batch's
+// backward, and the tied token embedding is summed over the embedding group at the end (ZeroOptimizer).
+// defines: PipelineParallel
+#pragma once
+#include <vector>
+#include <string>
+#include <algorithm>
+#include "../kernels/common.cuh"
+#include "pipeline_schedule.h"
+#include "process_group.h"
+#include "mesh.h"
+#include "zero.cuh"
+
+template <typename Model>
+class PipelineParallel {
+public:
+    PipelineParallel(const PipelineSchedule& schedule, const Communicator& pipeline) : schedule_(schedule), group_(pipeline) {}
+    PipelineParallel(const PipelineParallel&) = delete;
+    PipelineParallel& operator=(const PipelineParallel&) = delete;
+
+    const StageSchedule& mine() const { return schedule_.stages[group_.rank]; }
+    int micro_batches() const { return schedule_.m; }
+
+    // After model.allocate(..., mine().slots).
+    void allocate() {
+        cudaCheck(cudaStreamCreateWithFlags(&transfers_, cudaStreamNonBlocking));
+        const StageSchedule& s = mine();
+        for (size_t k = 0; k < s.slots.size(); k++) {
+            events_.emplace_back(s.slots[k]);
+            for (SetEvents& e : events_.back())
+                for (cudaEvent_t& ev : e.all) cudaCheck(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        }
+        cudaCheck(cudaEventCreateWithFlags(&transfers_done_, cudaEventDisableTiming));
+        timing_.resize(2 * s.actions.size());
+        for (cudaEvent_t& e : timing_) cudaCheck(cudaEventCreate(&e));
+    }
+    ~PipelineParallel() {
+        for (auto& chunk : events_)
+            for (SetEvents& e : chunk)
+                for (cudaEvent_t ev : e.all) cudaEventDestroy(ev);
+        for (cudaEvent_t e : timing_) cudaEventDestroy(e);
+        if (transfers_done_) cudaEventDestroy(transfers_done_);
+        if (transfers_) cudaStreamDestroy(transfers_);
+    }
+
+    // One training step's forwards and backwards: micro-batch i's tokens are inputs[i] and targets[i] (B*T each,
+    // host). Gradients accumulate into the model's; the losses are summed for take_mean_loss(). Enqueued only.
+    void run_step(Model& model, const std::vector<std::vector<int>>& inputs, const std::vector<std::vector<int>>& targets, float dloss) {
+        const StageSchedule& s = mine();
+        const int m = schedule_.m;
+        const size_t n = (size_t)model.region_rows() * model.config.channels;  // a residual stream's elements on this rank
+        auto& trained = model.trained();
+        // the merged host order: a transfer group of key k before the actions that start at k or later
+        size_t next_transfer = 0;
+        auto enqueue_transfers_before = [&](double time) {
+            while (next_transfer < s.transfers.size() && s.transfers[next_transfer].key <= time) {
+                size_t end = next_transfer;
+                while (end < s.transfers.size() && s.transfers[end].key == s.transfers[next_transfer].key) end++;
+                enqueue_group(model, next_transfer, end, n);
+                next_transfer = end;
+            }
+        };
+        cudaCheck(cudaEventRecord(transfers_done_, model.stream));  // the transfers start after what the stream did before
+        cudaCheck(cudaStreamWaitEvent(transfers_, transfers_done_));
+        for (size_t i = 0; i < s.actions.size(); i++) {
+            const PipelineAction& a = s.actions[i];
+            enqueue_transfers_before(a.start);
+            auto& set = model.sets[a.chunk][a.slot];
+            SetEvents& e = events_[a.chunk][a.slot];
+            const bool last_micro_batch = a.micro_batch == m - 1;
+            cudaCheck(cudaEventRecord(timing_[2 * i], model.stream));
+            if (a.type == PipelineAction::kForward) {
+                if (model.model_begins(a.chunk) || model.model_ends(a.chunk))
+                    model.upload_batch(inputs[a.micro_batch].data(), targets[a.micro_batch].data(), a.chunk, a.slot);
+                if (!model.model_begins(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.input_ready));
+                cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_sent));  // the set's previous dresidual has left
+                model.forward_chunk(a.chunk, set);
+                if (model.model_ends(a.chunk)) {
+                    model.head_forward(set, true, dloss);
+                    model.accumulate_loss();
+                    trained.begin_backward(last_micro_batch);
+                    model.head_backward(set);
+                }
+                cudaCheck(cudaEventRecord(e.forward_done, model.stream));
+            } else {
+                if (!model.model_ends(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_ready));
+                trained.begin_backward(last_micro_batch);  // again: another chunk's actions may have come in between
+                model.backward_chunk(a.chunk, set);
+                cudaCheck(cudaEventRecord(e.backward_done, model.stream));
+            }
+            cudaCheck(cudaEventRecord(timing_[2 * i + 1], model.stream));
+        }
+        enqueue_transfers_before(1e300);
+        // the compute stream waits for the last transfer (the pipeline communicator is used on it next) and ends
+        // the backward: ZeRO's reductions and the tied embedding's sum
+        cudaCheck(cudaEventRecord(transfers_done_, transfers_));
+        cudaCheck(cudaStreamWaitEvent(model.stream, transfers_done_));
+        if (!model.layout.part.last) model.forwards_summed += m;  // the losses are the last stage's
+        trained.end_backward();
+    }
+
+    // After the step has been waited for: this stage's idle share of the step, from the compute stream's timing
+    // of its actions: (span - busy) / span.
+    double measured_bubble() const {
+        const size_t actions = timing_.size() / 2;
+        if (actions == 0) return 0.0;
+        float span = 0.0f, busy = 0.0f, ms;
+        cudaCheck(cudaEventElapsedTime(&span, timing_.front(), timing_.back()));
+        for (size_t i = 0; i < actions; i++) {
+            cudaCheck(cudaEventElapsedTime(&ms, timing_[2 * i], timing_[2 * i + 1]));
+            busy += ms;
+        }
+        return span > 0.0f ? std::max(0.0, (double)(span - busy) / span) : 0.0;
+    }
+
+private:
+    struct SetEvents {  // of one activation set
+        cudaEvent_t all[5] = {};
+        cudaEvent_t& forward_done = all[0];
+        cudaEvent_t& backward_done = all[1];
+        cudaEvent_t& input_ready = all[2];     // its input received
+        cudaEvent_t& gradient_ready = all[3];  // its output's gradient received
+        cudaEvent_t& gradient_sent = all[4];   // its input's gradient (dresidual) sent
+        SetEvents() = default;
+        SetEvents(const SetEvents&) : SetEvents() {}  // the references must point into the copy
+    };
+
+    // Transfers [begin, end) of this stage's list, all of one key, as one NCCL group on the transfer stream.
+    void enqueue_group(Model& model, size_t begin, size_t end, size_t n) {
+        const StageSchedule& s = mine();
+        using floatX = typename Model::Float;
+        for (size_t i = begin; i < end; i++) {
+            const PipelineTransfer& t = s.transfers[i];
+            SetEvents& e = events_[t.chunk][t.slot];
+            if (t.send) cudaCheck(cudaStreamWaitEvent(transfers_, t.gradient ? e.backward_done : e.forward_done));
+            else if (!t.gradient) cudaCheck(cudaStreamWaitEvent(transfers_, e.backward_done));  // the set's previous micro-batch is done
+        }
+        ncclCheck(ncclGroupStart());
+        for (size_t i = begin; i < end; i++) {
+            const PipelineTransfer& t = s.transfers[i];
+            auto& set = model.sets[t.chunk][t.slot];
+            floatX* buffer = t.gradient ? set.dresidual : t.send ? model.chunk_output(t.chunk, set) : set.input;
+            if (t.send) ncclCheck(ncclSend(buffer, n, nccl_type<floatX>(), t.peer, group_.comm, transfers_));
+            else ncclCheck(ncclRecv(buffer, n, nccl_type<floatX>(), t.peer, group_.comm, transfers_));
+        }
+        ncclCheck(ncclGroupEnd());
+        for (size_t i = begin; i < end; i++) {
+            const PipelineTransfer& t = s.transfers[i];
+            SetEvents& e = events_[t.chunk][t.slot];
+            if (!t.send) cudaCheck(cudaEventRecord(t.gradient ? e.gradient_ready : e.input_ready, transfers_));
+            else if (t.gradient) cudaCheck(cudaEventRecord(e.gradient_sent, transfers_));
+        }
+    }
+
+    PipelineSchedule schedule_;
+    Communicator group_;
+    cudaStream_t transfers_ = nullptr;
+    cudaEvent_t transfers_done_ = nullptr;
+    std::vector<std::vector<SetEvents>> events_;  // [chunk][slot]
+    std::vector<cudaEvent_t> timing_;             // start and end of each action on the compute stream
+};

@@ -1,0 +1,308 @@
+// Pipeline-parallel schedules: which forward and backward each pipeline stage (rank) runs in which order, and
+// the point-to-point messages between them, for the 1F1B and the interleaved 1F1B schedules of Narayanan et
+// al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM").
+//
+// make_pipeline_schedule builds each rank's order, then simulates it with fixed forward and backward times.
+// The simulated times are not a prediction the driver relies on; they give every message a key (its send
+// time) that both sides agree on, so that sorting each rank's messages by key orders them the same way on
+// every rank (no deadlock), and they decide which activation set ("slot") each micro-batch uses.
+//
+// Model chunks and virtual stages: with v chunks per rank, the model's layers form P*v virtual stages;
+// virtual stage k = chunk * P + stage runs on rank k % P. 1F1B is the case v = 1.
+//
+// Header-only with no CUDA or NCCL (test/test_pipeline_schedule.cpp compiles it with g++).
+#pragma once
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+enum class PipelineScheduleKind { kOneFOneB, kInterleaved };
+
+// "1f1b" / "interleaved"; false for anything else.
+inline bool parse_pipeline_schedule(const std::string& name, PipelineScheduleKind* kind) {
+    if (name == "1f1b") *kind = PipelineScheduleKind::kOneFOneB;
+    else if (name == "interleaved") *kind = PipelineScheduleKind::kInterleaved;
+    else return false;
+    return true;
+}
+
+inline const char* pipeline_schedule_name(PipelineScheduleKind kind) {
+    return kind == PipelineScheduleKind::kOneFOneB ? "1f1b" : "interleaved";
+}
+
+namespace pipeline_detail {
+
+inline std::string stages_flags(int P, int v) {
+    return "--pipeline-parallel " + std::to_string(P) + (v > 1 ? " x --virtual-stages " + std::to_string(v) : "");
+}
+// "" when every one of the P*v virtual stages can get a layer.
+inline std::string layers_problem(int layers, int P, int v) {
+    if (layers >= P * v) return "";
+    return stages_flags(P, v) + ": the " + std::to_string(layers) + (layers == 1 ? " layer" : " layers") + " cannot fill " +
+           std::to_string(P * v) + (v > 1 ? " virtual stages" : " stages") + " (each needs at least one layer)";
+}
+
+}  // namespace pipeline_detail
+
+// "" when the schedule can run P stages, m micro-batches, v model chunks per rank and `layers` transformer
+// layers; otherwise one line naming the flags and values. 1F1B runs any m >= 1 (m < P is allowed but leaves
+// each stage idle for most of the step: the bubble is (P-1)/(m+P-1)). The interleaved schedule hands out
+// micro-batches in groups of P per chunk, so it needs m to be a multiple of P.
+inline std::string pipeline_schedule_problem(PipelineScheduleKind kind, int P, int m, int v, int layers) {
+    if (P < 1) return "--pipeline-parallel " + std::to_string(P) + " must be at least 1";
+    if (v < 1) return "--virtual-stages " + std::to_string(v) + " must be at least 1";
+    if (m < 1)
+        return "--pipeline-parallel " + std::to_string(P) + " needs at least 1 micro-batch (gradient-accumulation step), not " +
+               std::to_string(m);
+    if (kind == PipelineScheduleKind::kOneFOneB && v != 1)
+        return "--virtual-stages " + std::to_string(v) + " needs --pipeline-schedule interleaved (1f1b runs one model chunk per stage)";
+    if (kind == PipelineScheduleKind::kInterleaved) {
+        if (v < 2) return "--pipeline-schedule interleaved needs --virtual-stages of at least 2, not " + std::to_string(v);
+        if (P < 2) return "--pipeline-schedule interleaved needs --pipeline-parallel of at least 2, not " + std::to_string(P);
+        if (m % P != 0)
+            return "--pipeline-schedule interleaved needs the " + std::to_string(m) +
+                   " micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel " + std::to_string(P);
+    }
+    return pipeline_detail::layers_problem(layers, P, v);
+}
+
+// Layers per virtual stage (P*v entries, virtual stage k = chunk * P + stage). `counts` empty: an even split,
+// the remainder going one each to the LAST virtual stages, so that the first stage, which also holds the
+// embeddings, is never the heaviest. Otherwise `counts` is --pipeline-layers' comma list ("3,3,2,4") of P*v
+// positive entries summing to `layers`. Returns "" or a one-line problem.
+inline std::string pipeline_layer_split(int layers, int P, int v, const std::string& counts, std::vector<int>* per_virtual_stage) {
+    per_virtual_stage->clear();
+    const int stages = P * v;
+    if (counts.empty()) {
+        const std::string problem = pipeline_detail::layers_problem(layers, P, v);
+        if (!problem.empty()) return problem;
+        for (int k = 0; k < stages; k++) per_virtual_stage->push_back(layers / stages + (k >= stages - layers % stages));
+        return "";
+    }
+    const std::string flag = "--pipeline-layers " + counts;
+    std::vector<int> parsed;
+    long long sum = 0;
+    size_t begin = 0;
+    while (true) {
+        const size_t comma = std::min(counts.find(',', begin), counts.size());
+        const std::string entry = counts.substr(begin, comma - begin);
+        // Digits only (no sign, space or exponent), and few enough of them for an int.
+        if (entry.empty() || entry.size() > 9 || entry.find_first_not_of("0123456789") != std::string::npos)
+            return flag + ": \"" + entry + "\" is not a whole number of layers";
+        parsed.push_back(std::stoi(entry));
+        if (parsed.back() == 0)
+            return flag + ": entry " + std::to_string(parsed.size()) + " is 0, but every virtual stage needs at least one layer";
+        sum += parsed.back();
+        if (comma == counts.size()) break;
+        begin = comma + 1;
+    }
+    if ((int)parsed.size() != stages)
+        return flag + ": " + std::to_string(parsed.size()) + " entries, but " + pipeline_detail::stages_flags(P, v) + " makes " +
+               std::to_string(stages) + (v > 1 ? " virtual stages" : " stages");
+    if (sum != layers)
+        return flag + ": the entries sum to " + std::to_string(sum) + ", but the model has " + std::to_string(layers) + " layers";
+    *per_virtual_stage = parsed;
+    return "";
+}
+
+struct PipelineAction {              // one compute action of one rank, in execution order
+    enum Type { kForward, kBackward } type;
+    int micro_batch;                 // 0..m-1
+    int chunk;                       // this rank's model chunk 0..v-1; virtual stage = chunk * P + stage
+    int slot;                        // the activation set of this chunk that holds the micro-batch
+    double start, end;               // simulated times
+};
+struct PipelineTransfer {            // one point-to-point message as seen by one rank
+    bool send;                       // true: this rank sends; false: receives
+    bool gradient;                   // false: an activation (forward direction), true: its gradient (backward)
+    int peer;                        // the other stage (rank in the pipeline group)
+    int micro_batch;
+    int chunk;                       // THIS rank's chunk whose buffer is read (send) or written (receive)
+    int slot;                        // and that chunk's activation set
+    double key;                      // simulated send time = end of the producing action (the same on both sides)
+};
+struct StageSchedule {
+    std::vector<PipelineAction> actions;       // execution order (sorted by start)
+    std::vector<PipelineTransfer> transfers;   // sorted by key; transfers of equal key form one group (ncclGroupStart/End)
+    std::vector<int> slots;                    // activation sets needed per chunk (v entries)
+    int max_in_flight = 0;                     // most micro-batches (over all chunks) whose forward began and backward has not ended
+    double busy = 0;                           // sum of action durations
+};
+struct PipelineSchedule {
+    PipelineScheduleKind kind;
+    int P, m, v;
+    std::vector<StageSchedule> stages;         // one per rank of the pipeline group
+    double makespan = 0;
+    // Mean over stages of the idle fraction (makespan - busy) / makespan.
+    double bubble() const {
+        double sum = 0;
+        for (const StageSchedule& s : stages) sum += (makespan - s.busy) / makespan;
+        return sum / stages.size();
+    }
+};
+
+namespace pipeline_detail {
+
+struct Step {
+    bool backward;
+    int micro_batch, chunk;
+};
+
+// 1F1B on stage s: P-1-s forwards fill the pipeline (the later stages then get work without waiting), then
+// each forward is followed by the oldest outstanding backward, which caps the micro-batches in flight at
+// P - s; the last backwards drain it.
+inline std::vector<Step> one_f_one_b_order(int P, int m, int s) {
+    const int warmup = std::min(P - 1 - s, m);
+    std::vector<Step> order;
+    for (int i = 0; i < warmup; i++) order.push_back({false, i, 0});
+    for (int i = warmup; i < m; i++) {
+        order.push_back({false, i, 0});
+        order.push_back({true, i - warmup, 0});
+    }
+    for (int i = m - warmup; i < m; i++) order.push_back({true, i, 0});
+    return order;
+}
+
+// Megatron-LM's depth-first interleaved order on stage s. The m*v forwards of a rank run in groups of P
+// micro-batches per chunk: micro-batches 0..P-1 through chunk 0, then the same ones through chunk 1, ...,
+// then micro-batches P..2P-1 through chunk 0, and so on; backwards go the same way through the chunks in
+// reverse. The warm-up is Megatron's: (v-1)*P forwards, which reach the last chunk, whose backwards come
+// first, plus 2 for each later stage, which the first micro-batch's round trip through them takes. (Megatron
+// runs all forwards first when m == P; the general rule gives the same bubble there with fewer micro-batches
+// in flight on the later stages.)
+inline std::vector<Step> interleaved_order(int P, int m, int v, int s) {
+    const int total = m * v;
+    const int warmup = std::min((P - 1 - s) * 2 + (v - 1) * P, total);
+    auto step = [&](int i, bool backward) {
+        const int chunk_in_group = i % (P * v) / P;
+        return Step{backward, i / (P * v) * P + i % P, backward ? v - 1 - chunk_in_group : chunk_in_group};
+    };
+    std::vector<Step> order;
+    for (int i = 0; i < warmup; i++) order.push_back(step(i, false));
+    for (int i = warmup; i < total; i++) {
+        order.push_back(step(i, false));
+        order.push_back(step(i - warmup, true));
+    }
+    for (int i = total - warmup; i < total; i++) order.push_back(step(i, true));
+    return order;
+}
+
+}  // namespace pipeline_detail
+
+// Builds each rank's order and simulates it: an action starts at max(end of this rank's previous action, end
+// of the producing action of each input); a forward takes forward_time / v and a backward backward_time / v.
+// A forward of virtual stage k > 0 needs the activation of virtual stage k-1, a backward of virtual stage
+// k < P*v-1 the gradient of virtual stage k+1; the backward of the last virtual stage needs only its own
+// forward. Then it lays out each rank's messages and activation sets (slots): a slot of a chunk is taken when
+// the micro-batch's activation arrives (at its forward's start for virtual stage 0) and freed at the end of
+// its backward; the lowest free slot is taken, and at equal times frees come first. Integer forward_time and
+// backward_time keep the times exact, so that messages sent at the same moment share one key (one group).
+// Throws std::invalid_argument for a shape that pipeline_schedule_problem rejects.
+inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P, int m, int v, double forward_time = 1.0,
+                                               double backward_time = 2.0) {
+    using namespace pipeline_detail;
+    const std::string problem = pipeline_schedule_problem(kind, P, m, v, P * v);
+    if (!problem.empty()) throw std::invalid_argument(problem);
+    const int K = P * v;  // virtual stages
+
+    // Simulate in units of 1/v of the final times (a chunk's forward takes forward_time), so that integer
+    // times stay exact sums; they are divided by v at the end.
+    std::vector<std::vector<Step>> orders(P);
+    for (int s = 0; s < P; s++)
+        orders[s] = kind == PipelineScheduleKind::kOneFOneB ? one_f_one_b_order(P, m, s) : interleaved_order(P, m, v, s);
+    struct Times {
+        double start = -1, end = -1;
+        bool done() const { return end >= 0; }
+    };
+    std::vector<Times> forward(K * m), backward(K * m);  // indexed by virtual stage * m + micro-batch
+    // The action whose output a step of virtual stage k consumes; null for virtual stage 0's forward.
+    auto input_of = [&](const Step& step, int k) -> Times* {
+        const int i = step.micro_batch;
+        if (!step.backward) return k > 0 ? &forward[(k - 1) * m + i] : nullptr;
+        return k < K - 1 ? &backward[(k + 1) * m + i] : &forward[k * m + i];
+    };
+    // Runs each rank's next actions as far as their inputs exist, until all have run.
+    std::vector<size_t> next(P, 0);
+    std::vector<double> rank_free(P, 0.0);
+    for (size_t remaining = 2 * (size_t)K * m; remaining > 0;) {
+        bool progressed = false;
+        for (int s = 0; s < P; s++) {
+            while (next[s] < orders[s].size()) {
+                const Step& step = orders[s][next[s]];
+                const int k = step.chunk * P + s;
+                const Times* input = input_of(step, k);
+                if (input && !input->done()) break;
+                Times& t = (step.backward ? backward : forward)[k * m + step.micro_batch];
+                t.start = std::max(rank_free[s], input ? input->end : 0.0);
+                t.end = rank_free[s] = t.start + (step.backward ? backward_time : forward_time);
+                next[s]++;
+                remaining--;
+                progressed = true;
+            }
+        }
+        if (!progressed) throw std::logic_error("pipeline schedule: the stages' orders wait on each other");
+    }
+
+    // Slots of each virtual stage, handed out in time order of the takes and frees.
+    std::vector<int> slot_of(K * m), slots_needed(K);
+    for (int k = 0; k < K; k++) {
+        struct Event {
+            double time;
+            bool take;
+            int micro_batch;
+        };
+        std::vector<Event> events;
+        for (int i = 0; i < m; i++) {
+            events.push_back({k == 0 ? forward[i].start : forward[(k - 1) * m + i].end, true, i});
+            events.push_back({backward[k * m + i].end, false, i});
+        }
+        std::sort(events.begin(), events.end(),
+                  [](const Event& a, const Event& b) { return a.time != b.time ? a.time < b.time : !a.take && b.take; });
+        std::vector<bool> in_use;
+        for (const Event& e : events) {
+            int& slot = slot_of[k * m + e.micro_batch];
+            if (!e.take) {
+                in_use[slot] = false;
+                continue;
+            }
+            slot = std::find(in_use.begin(), in_use.end(), false) - in_use.begin();
+            if (slot == (int)in_use.size()) in_use.push_back(false);
+            in_use[slot] = true;
+        }
+        slots_needed[k] = in_use.size();
+    }
+
+    PipelineSchedule schedule{kind, P, m, v, std::vector<StageSchedule>(P)};
+    for (int s = 0; s < P; s++) {
+        StageSchedule& stage = schedule.stages[s];
+        for (int c = 0; c < v; c++) stage.slots.push_back(slots_needed[c * P + s]);
+        std::vector<std::pair<double, int>> in_flight_changes;  // +1 at a forward's start, -1 at a backward's end
+        for (const Step& step : orders[s]) {
+            const int k = step.chunk * P + s, i = step.micro_batch, slot = slot_of[k * m + i];
+            const Times& t = (step.backward ? backward : forward)[k * m + i];
+            stage.actions.push_back({step.backward ? PipelineAction::kBackward : PipelineAction::kForward, i, step.chunk, slot, t.start / v, t.end / v});
+            stage.busy += (t.end - t.start) / v;
+            schedule.makespan = std::max(schedule.makespan, t.end / v);
+            in_flight_changes.push_back(step.backward ? std::make_pair(t.end, -1) : std::make_pair(t.start, +1));
+            // The message this action sends to the neighbouring virtual stage, and the one it received from it.
+            const int to = step.backward ? k - 1 : k + 1, from = step.backward ? k + 1 : k - 1;
+            if (to >= 0 && to < K) stage.transfers.push_back({true, step.backward, to % P, i, step.chunk, slot, t.end / v});
+            if (from >= 0 && from < K) stage.transfers.push_back({false, step.backward, from % P, i, step.chunk, slot, input_of(step, k)->end / v});
+        }
+        std::stable_sort(stage.transfers.begin(), stage.transfers.end(),
+                         [](const PipelineTransfer& a, const PipelineTransfer& b) { return a.key < b.key; });
+        std::sort(in_flight_changes.begin(), in_flight_changes.end());  // at equal times the -1 comes first
+        int in_flight = 0;
+        for (const auto& change : in_flight_changes) stage.max_in_flight = std::max(stage.max_in_flight, in_flight += change.second);
+    }
+    return schedule;
+}
+
+// The bubble fraction the schedule should have, makespan idle over makespan: 1F1B (P-1)/(m+P-1), interleaved
+// (P-1)/(v*m+P-1).
+inline double pipeline_bubble_theory(PipelineScheduleKind kind, int P, int m, int v) {
+    const int chunks = kind == PipelineScheduleKind::kOneFOneB ? 1 : v;
+    return double(P - 1) / (chunks * m + P - 1);
+}

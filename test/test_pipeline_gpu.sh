@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Pipeline parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu). An
+# 8-layer model with 4 heads of 64, 8 micro-batches of 2 x 64 tokens per step, 10 steps, against one rank with the
+# same global batch:
+#   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within 1e-5, bf16 within 2e-2;
+#   - uneven splits: --pipeline-layers 3,5 and a 6-layer model on 4 stages;
+#   - the first and the last stage's copies of the tied wte bitwise identical after the steps;
+#   - 3D: tp 2 x pp 2 x dp 2 (8 ranks; ZeRO-1) and pp 2 x dp 2 with ZeRO-0 against one rank;
+#   - checkpoints resume across pipeline sizes (2 -> 1, 1 -> 4, 2 -> interleaved 2 x tp 2); the exported model file
+#     equals the whole model the pp 2 run loaded; the evaluation and a sample go through all stages;
+#   - the step log shows the measured bubble next to the schedule's theory; the memory plan shows each stage.
+# fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
+set -u
+cd "$(dirname "$0")/.."
+W=build/test_work/pipeline
+rm -rf "$W"; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+VAL="data/tinyshakespeare/tinyshakespeare_val_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL pipeline training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
+SHAPE=(--layers 8 --heads 4 --channels 256 --max-seq-len 64)
+RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10
+     --batch-size 2 --total-batch-tokens 1024)
+source test/loss_logs.sh  # losses, maxdiff, within
+# run NAME RANKS ARGS...: train_gpt on RANKS ranks sharing GPU 0, log and checkpoints in $W/NAME
+run() {
+    local name=$1 ranks=$2; shift 2
+    local model=("${SHAPE[@]}")
+    case " $* " in *" --model "*|*" --layers "*) model=();; esac
+    if [ "$ranks" -eq 1 ]; then ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1
+    else scripts/launch.sh --one-gpu "$ranks" ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1; fi
+}
+# compare NAME REFERENCE TOL FROM_STEP STEPS WHAT
+compare() {
+    local name=$1 ref=$2 tol=$3 from=$4 steps=$5 what=$6
+    local d; d=$(maxdiff "$W/$ref" "$W/$name" "$from")
+    if [ -f "$W/$name/log.txt" ] && [ "$(losses "$W/$name" | wc -l)" -eq "$steps" ] && within "$d" "$tol"; then
+        echo "PASS pipeline $what: max loss diff $d (tol $tol)"
+    else
+        echo "FAIL pipeline $what: max loss diff ${d:-none} (tol $tol) $(grep -m1 -iE 'error|abort' "$W/$name.out")"
+    fi
+}
+# the first and last stage of every (tp, dp) coordinate report the same wte checksum
+tied_identical() {
+    local name=$1 what=$2
+    local lines pairs
+    lines=$(grep -c 'wte checksum' "$W/$name.out")
+    pairs=$(sed -nE 's/.*tensor-parallel rank ([0-9]+) data-parallel rank ([0-9]+) wte checksum ([0-9a-f]+)/\1 \2 \3/p' "$W/$name.out" | sort -u |
+            awk '{print $1, $2}' | uniq -d | wc -l)
+    if [ "$lines" -ge 2 ] && [ "$pairs" -eq 0 ]; then echo "PASS pipeline $what: the first and last stage's wte bitwise identical ($lines copies)"
+    else echo "FAIL pipeline $what: $lines wte checksums, $pairs coordinates whose two copies differ"; fi
+}
+
+for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
+    run single_$p 1 --precision $p --checkpoint-every 5 || { echo "FAIL pipeline $p one-rank baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
+    for pp in 2 4; do
+        run pp${pp}_$p $pp --precision $p --pipeline-parallel $pp --checkpoint-every 5
+        compare pp${pp}_$p single_$p $tol 0 10 "pp $pp 1f1b $p: 10 losses match pp 1"
+        tied_identical pp${pp}_$p "pp $pp 1f1b $p"
+        run pp${pp}i_$p $pp --precision $p --pipeline-parallel $pp --pipeline-schedule interleaved --virtual-stages 2
+        compare pp${pp}i_$p single_$p $tol 0 10 "pp $pp interleaved (2 chunks per stage) $p: 10 losses match pp 1"
+        tied_identical pp${pp}i_$p "pp $pp interleaved $p"
+    done
+done
+
+# uneven splits
+run uneven 2 --precision fp32 --pipeline-parallel 2 --pipeline-layers 3,5
+compare uneven single_fp32 1e-5 0 10 "pp 2 with --pipeline-layers 3,5 fp32"
+SHAPE=(--layers 6 --heads 4 --channels 256 --max-seq-len 64)
+run six_single 1 --precision fp32
+run six_pp4 4 --precision fp32 --pipeline-parallel 4
+compare six_pp4 six_single 1e-5 0 10 "6 layers on 4 stages (1, 1, 2, 2) fp32"
+SHAPE=(--layers 8 --heads 4 --channels 256 --max-seq-len 64)
+
+# 3D and ZeRO over the data-parallel group: the same global batch (dp 2 x 2 rows x 4 micro-batches)
+run 3d 8 --precision fp32 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1
+compare 3d single_fp32 1e-5 0 10 "3D tp 2 x pp 2 x dp 2 ZeRO-1 fp32 (8 ranks): 10 losses match one rank"
+tied_identical 3d "3D tp 2 x pp 2 x dp 2"
+run pp2dp2_s0 4 --precision fp32 --pipeline-parallel 2 --zero-stage 0
+compare pp2dp2_s0 single_fp32 1e-5 0 10 "pp 2 x dp 2 ZeRO-0 fp32: 10 losses match one rank"
+
+# the memory plan shows every stage; the step log the measured bubble next to the theory
+if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%)' "$W/pp4_fp32.out"; then
+    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11)"
+else
+    echo "FAIL pipeline pp 4 log: no per-stage plan or bubble: $(grep -m1 -E 'bubble|error' "$W/pp4_fp32.out")"
+fi
+
+# resume across pipeline sizes: the step-5 checkpoint of one mesh continues on another (fp32, steps 5-9)
+resume() {
+    local from=$1 name=$2 ranks=$3; shift 3
+    mkdir -p "$W/$name"; cp "$W/$from"/*_00000005* "$W/$name/"
+    run "$name" "$ranks" --precision fp32 --resume 1 "$@"
+    compare "$name" "$from" 1e-5 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
+}
+resume pp2_fp32 pp2_to_1 1
+resume single_fp32 pp1_to_4 4 --pipeline-parallel 4
+resume pp2_fp32 pp2_to_interleaved_tp2 4 --pipeline-parallel 2 --pipeline-schedule interleaved --tensor-parallel 2
+
+# export: one step at learning rate 0 from a model file leaves every parameter as it was, so the model file the
+# pp 2 run assembles from its stages must equal its input bit for bit
+run export 2 --precision fp32 --pipeline-parallel 2 --model "$W/single_fp32/model_00000005.bin" --steps 1 --lr 0 --checkpoint-every 1
+if [ -f "$W/export/model_00000001.bin" ] && cmp -s "$W/export/model_00000001.bin" "$W/single_fp32/model_00000005.bin"; then
+    echo "PASS pipeline pp 2 export equals the whole model it loaded (bitwise)"
+else
+    echo "FAIL pipeline pp 2 export differs from the model it loaded: $(grep -m1 -iE 'error|abort' "$W/export.out")"
+fi
+
+# evaluation and sampling through the stages: the validation loss and a greedy sample of pp 2 equal pp 1's
+EVAL=(--precision fp32 --steps 2 --val-data "$VAL" --val-every 2 --val-batches 2 --sample-every 2 --sample-tokens 16 --top-k 1)
+run eval1 1 "${EVAL[@]}"; run eval2 2 "${EVAL[@]}" --pipeline-parallel 2
+v1=$(sed -nE 's/^step 2: val loss ([0-9.]+)/\1/p' "$W/eval1.out"); v2=$(sed -nE 's/^step 2: val loss ([0-9.]+)/\1/p' "$W/eval2.out")
+if [ -n "$v1" ] && [ -n "$v2" ] && within "$(awk -v a="$v1" -v b="$v2" 'BEGIN { d = a - b; print d < 0 ? -d : d }')" 1e-5; then
+    echo "PASS pipeline pp 2 validation loss $v2 equals pp 1's $v1 (within 1e-5)"
+else
+    echo "FAIL pipeline pp 2 validation loss '${v2}' vs pp 1's '${v1}' $(grep -m1 -iE 'error|abort' "$W/eval2.out")"
+fi
+s1=$(grep -A1 'sample:' "$W/eval1.out"); s2=$(grep -A1 'sample:' "$W/eval2.out")
+if [ -n "$s1" ] && [ "$s1" == "$s2" ]; then echo "PASS pipeline pp 2 sample equals pp 1's (greedy, 16 tokens)"
+else echo "FAIL pipeline pp 2 sample differs: '$s2' vs '$s1'"; fi

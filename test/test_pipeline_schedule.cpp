@@ -1,0 +1,512 @@
+// Tests for the pipeline schedules (distributed/pipeline_schedule.h) over every shape with P 1..8 stages,
+// m 1..32 micro-batches and v 1..4 chunks per stage that a schedule accepts: each stage runs each forward and
+// backward once, in Megatron-LM's order and after its inputs; the micro-batches in flight and the activation
+// sets stay within what the memory plan assumes; every message has one partner on a neighbouring stage, with
+// the key conditions the driver's two streams need, and the stages' message groups complete without
+// deadlock; the bubble equals its formula. Also the flag checks and the layer split.
+//
+// Needs no GPU, CUDA or NCCL. Prints one PASS/FAIL line per check group (test/check.h); exits 1 on any FAIL.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <iterator>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../distributed/pipeline_schedule.h"
+#include "check.h"
+
+namespace {
+
+// Records the first failure of a check group that runs over many shapes; report() prints its one line (the
+// destructor does, if an exception came first).
+struct Verdict {
+    explicit Verdict(std::string check_name) : name(std::move(check_name)) {}
+    std::string name, where, first_failure;
+    std::string detail;  // printed after PASS
+    bool reported = false;
+    void fail(const std::string& why) {
+        if (first_failure.empty()) first_failure = where + ": " + why;
+    }
+    void expect(bool ok, const char* why) {
+        if (!ok) fail(why);
+    }
+    void report() {
+        if (!reported) check(first_failure.empty(), name, first_failure.empty() ? detail : first_failure);
+        reported = true;
+    }
+    ~Verdict() { report(); }
+};
+
+struct Shape {
+    PipelineScheduleKind kind;
+    int P, m, v;
+};
+std::string shape_name(const Shape& s) {
+    return std::string(pipeline_schedule_name(s.kind)) + " P " + std::to_string(s.P) + ", m " + std::to_string(s.m) + ", v " + std::to_string(s.v);
+}
+
+// What the schedules promise to run (pipeline_schedule_problem's rules, restated).
+bool runs(PipelineScheduleKind kind, int P, int m, int v) {
+    if (P < 1 || m < 1) return false;
+    if (kind == PipelineScheduleKind::kOneFOneB) return v == 1;
+    return v >= 2 && P >= 2 && m % P == 0;
+}
+
+std::vector<Shape> accepted_shapes(PipelineScheduleKind kind) {
+    std::vector<Shape> shapes;
+    for (int P = 1; P <= 8; P++)
+        for (int m = 1; m <= 32; m++)
+            for (int v = 1; v <= 4; v++)
+                if (pipeline_schedule_problem(kind, P, m, v, P * v).empty()) shapes.push_back({kind, P, m, v});
+    return shapes;
+}
+
+bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == std::string::npos; }
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+void test_names() {
+    PipelineScheduleKind kind = PipelineScheduleKind::kInterleaved;
+    bool ok = parse_pipeline_schedule("1f1b", &kind) && kind == PipelineScheduleKind::kOneFOneB;
+    ok = ok && parse_pipeline_schedule("interleaved", &kind) && kind == PipelineScheduleKind::kInterleaved;
+    for (const char* bad : {"", "1F1B", "gpipe", "interleaved ", "1f1b,interleaved"}) ok = ok && !parse_pipeline_schedule(bad, &kind);
+    ok = ok && std::string(pipeline_schedule_name(PipelineScheduleKind::kOneFOneB)) == "1f1b" &&
+         std::string(pipeline_schedule_name(PipelineScheduleKind::kInterleaved)) == "interleaved";
+    expect(ok, "pipeline schedule names: 1f1b and interleaved parse and print, others are refused", "a name is mishandled");
+}
+
+void test_problems() {
+    Verdict v{"pipeline_schedule_problem: accepts exactly 1f1b at v 1 and interleaved at v >= 2, P >= 2, m % P == 0"};
+    Verdict layers{"pipeline_schedule_problem: fewer layers than virtual stages are refused"};
+    int accepted = 0, rejected = 0;
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+        for (int P = 0; P <= 8; P++)
+            for (int m = 0; m <= 32; m++)
+                for (int chunks = 0; chunks <= 4; chunks++) {
+                    v.where = layers.where = shape_name({kind, P, m, chunks});
+                    const std::string problem = pipeline_schedule_problem(kind, P, m, chunks, P * chunks);
+                    if (!runs(kind, P, m, chunks)) {
+                        rejected++;
+                        v.expect(one_line(problem) && problem.compare(0, 2, "--") == 0, "not refused in one line that starts with a flag");
+                        bool threw = false;
+                        try {
+                            make_pipeline_schedule(kind, P, m, chunks);
+                        } catch (const std::invalid_argument&) {
+                            threw = true;
+                        }
+                        v.expect(threw, "make_pipeline_schedule does not throw std::invalid_argument");
+                        continue;
+                    }
+                    accepted++;
+                    if (!problem.empty()) v.fail("refused: " + problem);
+                    const std::string short_of_layers = pipeline_schedule_problem(kind, P, m, chunks, P * chunks - 1);
+                    layers.expect(one_line(short_of_layers) && contains(short_of_layers, "--pipeline-parallel") &&
+                                      contains(short_of_layers, "cannot fill"),
+                                  ("P*v - 1 layers give \"" + short_of_layers + "\"").c_str());
+                }
+    v.detail = std::to_string(accepted) + " accepted, " + std::to_string(rejected) + " refused";
+    layers.detail = std::to_string(accepted) + " shapes";
+    v.report();
+    layers.report();
+
+    const std::string few_layers = pipeline_schedule_problem(PipelineScheduleKind::kOneFOneB, 4, 8, 1, 3);
+    const std::string few_micro_batches = pipeline_schedule_problem(PipelineScheduleKind::kInterleaved, 4, 6, 2, 24);
+    check(few_layers == "--pipeline-parallel 4: the 3 layers cannot fill 4 stages (each needs at least one layer)" &&
+              few_micro_batches ==
+                  "--pipeline-schedule interleaved needs the 6 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 4",
+          "pipeline_schedule_problem messages", "\"" + few_layers + "\", \"" + few_micro_batches + "\"");
+}
+
+void test_layer_split() {
+    {
+        Verdict v{"pipeline_layer_split: even split, remainder on the last virtual stages"};
+        int cases = 0;
+        for (int layers = 1; layers <= 64; layers++)
+            for (int P = 1; P <= 8; P++)
+                for (int chunks = 1; chunks <= 4; chunks++) {
+                    v.where = std::to_string(layers) + " layers, P " + std::to_string(P) + ", v " + std::to_string(chunks);
+                    std::vector<int> split{-1};
+                    const std::string problem = pipeline_layer_split(layers, P, chunks, "", &split);
+                    cases++;
+                    if (layers < P * chunks) {
+                        v.expect(one_line(problem) && contains(problem, "cannot fill") && split.empty(), "too few layers not refused");
+                        continue;
+                    }
+                    const int K = P * chunks, base = layers / K;
+                    v.expect(problem.empty() && (int)split.size() == K, "refused or wrong size");
+                    if ((int)split.size() != K) continue;
+                    int sum = 0;
+                    for (int k = 0; k < K; k++) {
+                        sum += split[k];
+                        v.expect(split[k] == base + (k >= K - layers % K), "not base layers with the remainder on the last stages");
+                    }
+                    v.expect(sum == layers, "the split does not sum to the layers");
+                }
+        v.detail = std::to_string(cases) + " cases";
+    }
+    {
+        Verdict v{"pipeline_layer_split: --pipeline-layers lists"};
+        std::vector<int> split;
+        v.where = "3,3,2,4 as P 4";
+        v.expect(pipeline_layer_split(12, 4, 1, "3,3,2,4", &split).empty() && split == std::vector<int>{3, 3, 2, 4}, "not taken as given");
+        v.where = "3,3,2,4 as P 2 x v 2";
+        v.expect(pipeline_layer_split(12, 2, 2, "3,3,2,4", &split).empty() && split == std::vector<int>{3, 3, 2, 4}, "not taken as given");
+        struct Bad {
+            const char* counts;
+            const char* why;  // a part of the expected problem
+        };
+        const Bad bad[] = {{"3,x,3,3", "not a whole number"}, {"3,,3,6", "not a whole number"}, {"3,3,3,3,", "not a whole number"},
+                           {" 3,3,3,3", "not a whole number"}, {"-3,3,6,6", "not a whole number"}, {"+3,3,3,3", "not a whole number"},
+                           {"3.0,3,3,3", "not a whole number"}, {"3000000000,1,1,1", "not a whole number"}, {"3,3,3", "3 entries"},
+                           {"3,3,3,1,2", "5 entries"}, {"3,0,5,4", "entry 2 is 0"}, {"3,3,3,4", "sum to 13"}};
+        std::string example;
+        for (const Bad& b : bad) {
+            v.where = b.counts;
+            split = {-1};
+            const std::string problem = pipeline_layer_split(12, 4, 1, b.counts, &split);
+            if (!(one_line(problem) && contains(problem, "--pipeline-layers") && contains(problem, b.why) && split.empty()))
+                v.fail("gives \"" + problem + "\"");
+            if (example.empty()) example = problem;
+        }
+        v.detail = std::to_string(std::size(bad)) + " bad lists refused, e.g. \"" + example + "\"";
+    }
+}
+
+// The actions of a schedule by virtual stage and micro-batch (index k * m + i).
+struct ActionIndex {
+    std::vector<const PipelineAction*> forward, backward;
+    std::vector<int> stage_of;  // of each entry, the stage that ran it
+};
+
+// The stage's (type, micro-batch, chunk) sequence Megatron-LM runs: `warmup` forwards, then one forward and
+// one backward `total - warmup` times, then the remaining backwards; micro_batch_chunk maps the n-th forward
+// or backward to its (micro-batch, chunk).
+template <class MicroBatchChunk>
+std::vector<std::tuple<bool, int, int>> megatron_order(int warmup, int total, MicroBatchChunk micro_batch_chunk) {
+    std::vector<std::tuple<bool, int, int>> order;
+    int forwards = 0, backwards = 0;
+    auto forward = [&] { order.push_back(std::tuple_cat(std::make_tuple(false), micro_batch_chunk(forwards++, false))); };
+    auto backward = [&] { order.push_back(std::tuple_cat(std::make_tuple(true), micro_batch_chunk(backwards++, true))); };
+    for (int n = 0; n < warmup; n++) forward();
+    for (int n = warmup; n < total; n++) forward(), backward();
+    for (int n = 0; n < warmup; n++) backward();
+    return order;
+}
+
+// Each action once, non-overlapping, after its inputs; the order Megatron-LM runs; busy and makespan.
+void check_actions(const PipelineSchedule& sched, Verdict& v, Verdict& order, ActionIndex* index) {
+    const int P = sched.P, m = sched.m, K = P * sched.v;
+    index->forward.assign(K * m, nullptr);
+    index->backward.assign(K * m, nullptr);
+    index->stage_of.assign(K * m, -1);
+    v.expect((int)sched.stages.size() == P, "not one stage schedule per stage");
+    if ((int)sched.stages.size() != P) return;
+    double makespan = 0;
+    for (int s = 0; s < P; s++) {
+        const StageSchedule& stage = sched.stages[s];
+        v.expect((int)stage.actions.size() == 2 * m * sched.v, "a stage does not have 2 m v actions");
+        double busy = 0, free_at = 0;
+        std::vector<std::tuple<bool, int, int>> ran;
+        for (const PipelineAction& a : stage.actions) {
+            const bool in_range = a.micro_batch >= 0 && a.micro_batch < m && a.chunk >= 0 && a.chunk < sched.v;
+            v.expect(in_range, "micro-batch or chunk out of range");
+            if (!in_range) return;
+            const bool backward = a.type == PipelineAction::kBackward;
+            const double duration = (backward ? 2.0 : 1.0) / sched.v;
+            v.expect(std::fabs(a.end - a.start - duration) < 1e-12, "an action does not last forward_time / v or backward_time / v");
+            v.expect(a.start >= free_at, "an action starts before the previous one on its stage ends");
+            free_at = a.end;
+            busy += a.end - a.start;
+            makespan = std::max(makespan, a.end);
+            const int entry = (a.chunk * P + s) * m + a.micro_batch;
+            const PipelineAction*& seen = (backward ? index->backward : index->forward)[entry];
+            v.expect(seen == nullptr, "an action runs twice");
+            seen = &a;
+            index->stage_of[entry] = s;
+            ran.emplace_back(backward, a.micro_batch, a.chunk);
+        }
+        v.expect(std::fabs(stage.busy - busy) < 1e-9, "busy is not the sum of the action durations");
+
+        // Megatron-LM's order; the interleaved one goes through the chunks in groups of P micro-batches.
+        std::vector<std::tuple<bool, int, int>> expected;
+        if (sched.kind == PipelineScheduleKind::kOneFOneB) {
+            expected = megatron_order(std::min(P - 1 - s, m), m, [](int n, bool) { return std::make_tuple(n, 0); });
+        } else {
+            const int total = m * sched.v, warmup = std::min(2 * (P - 1 - s) + (sched.v - 1) * P, total);
+            expected = megatron_order(warmup, total, [&](int n, bool backward) {
+                const int chunk = n % (P * sched.v) / P;
+                return std::make_tuple(n / (P * sched.v) * P + n % P, backward ? sched.v - 1 - chunk : chunk);
+            });
+        }
+        order.expect(ran == expected, "the stage's order is not Megatron-LM's");
+    }
+    v.expect(std::fabs(sched.makespan - makespan) < 1e-9, "makespan is not the last action's end");
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < m; i++) {
+            const PipelineAction *f = index->forward[k * m + i], *b = index->backward[k * m + i];
+            v.expect(f && b, "a forward or backward never runs");
+            if (!f || !b) return;
+            v.expect(index->stage_of[k * m + i] == k % P, "a virtual stage runs on the wrong stage");
+            v.expect(b->start >= f->end, "a backward starts before its forward ends");
+            if (k > 0 && index->forward[(k - 1) * m + i])
+                v.expect(f->start >= index->forward[(k - 1) * m + i]->end, "a forward starts before the previous virtual stage's");
+            if (k < K - 1 && index->backward[(k + 1) * m + i])
+                v.expect(b->start >= index->backward[(k + 1) * m + i]->end, "a backward starts before the next virtual stage's");
+        }
+}
+
+// What the memory plan assumes each chunk's activation sets and the micro-batches in flight stay within
+// (1F1B's slots reach the bound).
+int slots_bound(const PipelineSchedule& sched, int s, int chunk) {
+    if (sched.kind == PipelineScheduleKind::kOneFOneB) return std::min(sched.m, s == 0 ? sched.P : sched.P - s + 1);
+    return std::min(sched.m, chunk < (sched.v + 1) / 2 ? 2 * sched.P : sched.P);
+}
+int in_flight_bound(const PipelineSchedule& sched, int s) {
+    if (sched.kind == PipelineScheduleKind::kOneFOneB) return std::min(sched.m, sched.P - s);
+    return std::min(sched.m * sched.v, 2 * (sched.P - 1 - s) + (sched.v - 1) * sched.P + 1);
+}
+
+// The receive of a stage that brings (gradient, chunk, micro-batch), or null.
+const PipelineTransfer* find_receive(const StageSchedule& stage, bool gradient, int chunk, int micro_batch) {
+    for (const PipelineTransfer& t : stage.transfers)
+        if (!t.send && t.gradient == gradient && t.chunk == chunk && t.micro_batch == micro_batch) return &t;
+    return nullptr;
+}
+
+// Each micro-batch keeps one slot of its chunk from its take (the activation's arrival, or virtual stage 0's
+// forward start) to its backward's end; no slot holds two at once, so an activation arrives into a slot no
+// earlier than the end of the backward of the slot's previous micro-batch (condition (c)); slots[c] is the
+// most held at once; the
+// micro-batches in flight are counted right; both stay within the memory plan's bounds. Records the most
+// slots seen per (P, v, stage, chunk) in `most_slots`.
+using MostSlots = std::map<std::array<int, 4>, int>;
+void check_memory(const PipelineSchedule& sched, const ActionIndex& index, Verdict& v, MostSlots* most_slots) {
+    const int P = sched.P, m = sched.m;
+    for (int s = 0; s < P; s++) {
+        const StageSchedule& stage = sched.stages[s];
+        v.expect((int)stage.slots.size() == sched.v, "slots does not have v entries");
+        if ((int)stage.slots.size() != sched.v) return;
+        std::vector<std::pair<double, int>> in_flight_changes;
+        for (int c = 0; c < sched.v; c++) {
+            const int k = c * P + s;
+            std::vector<std::pair<double, int>> occupancy_changes;
+            std::map<int, std::vector<std::pair<double, double>>> held;  // slot -> (take, free) of its micro-batches
+            for (int i = 0; i < m; i++) {
+                const PipelineAction *f = index.forward[k * m + i], *b = index.backward[k * m + i];
+                const PipelineTransfer* arrival = k > 0 ? find_receive(stage, false, c, i) : nullptr;
+                v.expect(k == 0 || arrival, "an activation never arrives");
+                if (k > 0 && !arrival) return;
+                const double take = k == 0 ? f->start : arrival->key;
+                v.expect(f->slot == b->slot && f->slot >= 0 && f->slot < stage.slots[c], "forward and backward use different or bad slots");
+                for (const PipelineTransfer& t : stage.transfers)
+                    if (t.chunk == c && t.micro_batch == i) v.expect(t.slot == f->slot, "a transfer uses another slot than its actions");
+                held[f->slot].emplace_back(take, b->end);
+                occupancy_changes.emplace_back(take, +1);
+                occupancy_changes.emplace_back(b->end, -1);
+                in_flight_changes.emplace_back(f->start, +1);
+                in_flight_changes.emplace_back(b->end, -1);
+            }
+            for (auto& [slot, intervals] : held) {
+                std::sort(intervals.begin(), intervals.end());
+                for (size_t j = 1; j < intervals.size(); j++)
+                    v.expect(intervals[j].first >= intervals[j - 1].second, "a slot is taken before its previous micro-batch's backward ends");
+            }
+            std::sort(occupancy_changes.begin(), occupancy_changes.end());  // at equal times frees (-1) first
+            int held_now = 0, most_held = 0;
+            for (const auto& change : occupancy_changes) most_held = std::max(most_held, held_now += change.second);
+            v.expect(stage.slots[c] == most_held, "slots is not the most micro-batches the chunk holds at once");
+            if (sched.kind == PipelineScheduleKind::kOneFOneB) v.expect(stage.slots[c] == slots_bound(sched, s, c), "slots are not the bound");
+            else v.expect(stage.slots[c] <= slots_bound(sched, s, c), "slots exceed the memory plan's bound");
+            int& most = (*most_slots)[{P, sched.v, s, c}];
+            most = std::max(most, stage.slots[c]);
+        }
+        std::sort(in_flight_changes.begin(), in_flight_changes.end());
+        int in_flight = 0, most_in_flight = 0;
+        for (const auto& change : in_flight_changes) most_in_flight = std::max(most_in_flight, in_flight += change.second);
+        v.expect(stage.max_in_flight == most_in_flight, "max_in_flight is not the most micro-batches in flight");
+        v.expect(stage.max_in_flight <= in_flight_bound(sched, s), "more micro-batches in flight than the bound");
+    }
+}
+
+// (a) every send has one receive on its peer with the same key, micro-batch and direction, between
+// neighbouring virtual stages, keyed at the producing action's end; (b) every input arrives at or before its
+// consumer's start; transfers sorted by key. (Condition (c) is checked with the slots, in check_memory.)
+void check_transfers(const PipelineSchedule& sched, const ActionIndex& index, Verdict& v) {
+    const int P = sched.P, m = sched.m, K = P * sched.v;
+    struct Ends {
+        int sends = 0, receives = 0, sender_chunk = -1, receiver_chunk = -1;
+    };
+    std::map<std::tuple<int, int, bool, int, double>, Ends> messages;  // (sender, receiver, gradient, micro-batch, key)
+    for (int s = 0; s < P; s++) {
+        const std::vector<PipelineTransfer>& transfers = sched.stages[s].transfers;
+        for (size_t j = 0; j < transfers.size(); j++) {
+            const PipelineTransfer& t = transfers[j];
+            v.expect(j == 0 || transfers[j - 1].key <= t.key, "transfers are not sorted by key");
+            const bool in_range = t.peer >= 0 && t.peer < P && t.micro_batch >= 0 && t.micro_batch < m && t.chunk >= 0 && t.chunk < sched.v;
+            v.expect(in_range, "a transfer's peer, micro-batch or chunk is out of range");
+            if (!in_range) return;
+            Ends& ends = messages[{t.send ? s : t.peer, t.send ? t.peer : s, t.gradient, t.micro_batch, t.key}];
+            (t.send ? ends.sends : ends.receives)++;
+            (t.send ? ends.sender_chunk : ends.receiver_chunk) = t.chunk;
+            // The action that produced the message (send) or consumes it (receive), on this stage.
+            const int entry = (t.chunk * P + s) * m + t.micro_batch;
+            const PipelineAction* action = (t.gradient ? index.backward : index.forward)[entry];
+            if (t.send) v.expect(t.key == action->end, "a send's key is not its producing action's end");
+            else v.expect(t.key <= action->start, "a message arrives after its consumer starts");
+        }
+    }
+    for (const auto& [message, ends] : messages) {
+        v.expect(ends.sends == 1 && ends.receives == 1, "a message is not one send and one receive with the same key");
+        const int sender_stage = ends.sender_chunk * P + std::get<0>(message), receiver_stage = ends.receiver_chunk * P + std::get<1>(message);
+        v.expect(receiver_stage == sender_stage + (std::get<2>(message) ? -1 : 1), "a message skips a virtual stage or goes the wrong way");
+    }
+    v.expect((int)messages.size() == 2 * m * (K - 1), "not one activation and one gradient per micro-batch between virtual stages");
+}
+
+// Each stage posts its transfer groups (equal keys) one after another, as the driver's communication stream
+// does; a message completes once both its send and its receive are posted, and a stage moves on when its
+// group's messages are all complete. True when every group completes.
+bool groups_complete(const PipelineSchedule& sched) {
+    const int P = sched.P;
+    std::vector<std::vector<std::vector<int>>> groups(P);  // per stage: groups of transfer indices
+    std::vector<std::vector<bool>> done(P);
+    for (int s = 0; s < P; s++) {
+        const std::vector<PipelineTransfer>& transfers = sched.stages[s].transfers;
+        done[s].assign(transfers.size(), false);
+        for (size_t j = 0; j < transfers.size(); j++) {
+            if (j == 0 || transfers[j].key != transfers[j - 1].key) groups[s].emplace_back();
+            groups[s].back().push_back(j);
+        }
+    }
+    std::vector<size_t> head(P, 0);
+    // The index of t's partner in the group its peer has posted now, or -1.
+    auto posted_partner = [&](int s, const PipelineTransfer& t) {
+        if (head[t.peer] == groups[t.peer].size()) return -1;
+        for (int j : groups[t.peer][head[t.peer]]) {
+            const PipelineTransfer& u = sched.stages[t.peer].transfers[j];
+            if (u.peer == s && u.send != t.send && u.gradient == t.gradient && u.micro_batch == t.micro_batch && u.key == t.key) return j;
+        }
+        return -1;
+    };
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int s = 0; s < P; s++) {
+            if (head[s] == groups[s].size()) continue;
+            bool all_done = true;
+            for (int j : groups[s][head[s]]) {
+                const PipelineTransfer& t = sched.stages[s].transfers[j];
+                const int partner = done[s][j] ? -1 : posted_partner(s, t);
+                if (partner >= 0) done[s][j] = done[t.peer][partner] = true;
+                all_done = all_done && done[s][j];
+            }
+            if (all_done) head[s]++, progressed = true;
+        }
+    }
+    for (int s = 0; s < P; s++)
+        if (head[s] != groups[s].size()) return false;
+    return true;
+}
+
+// The most slots seen at P stages and v chunks: the chunks' counts joined by commas, stage after stage.
+std::string slots_by_stage(const MostSlots& most_slots, int P, int v) {
+    std::string text;
+    for (int s = 0; s < P; s++)
+        for (int c = 0; c < v; c++) {
+            auto it = most_slots.find({P, v, s, c});
+            text += (c ? "," : s ? " " : "") + (it == most_slots.end() ? "?" : std::to_string(it->second));
+        }
+    return text;
+}
+
+void test_schedules(PipelineScheduleKind kind) {
+    const std::string name = pipeline_schedule_name(kind);
+    const std::vector<Shape> shapes = accepted_shapes(kind);
+    const std::string count = std::to_string(shapes.size()) + " shapes";
+    Verdict actions{name + " actions: each forward and backward once per stage, in order, after their inputs"};
+    Verdict order{name + " order: Megatron-LM's warm-up, one forward one backward, cool-down" +
+                  (kind == PipelineScheduleKind::kInterleaved ? ", chunks in groups of P micro-batches" : "")};
+    Verdict memory{name + " memory: slots held from arrival to backward, never shared (c), within the memory plan's bounds"};
+    Verdict transfers{name + " transfers: matched pairs between neighbours, keyed at the producer's end (a), before the consumer (b)"};
+    Verdict deadlock{name + " transfers: every stage's groups complete (no deadlock)"};
+    Verdict bubble{name + " bubble() equals pipeline_bubble_theory (forward:backward 1:2, 1:1, 1:3)"};
+    MostSlots most_slots;
+    for (const Shape& shape : shapes) {
+        actions.where = order.where = memory.where = transfers.where = deadlock.where = bubble.where = shape_name(shape);
+        try {
+            const PipelineSchedule sched = make_pipeline_schedule(kind, shape.P, shape.m, shape.v);
+            ActionIndex index;
+            const std::string before = actions.first_failure;
+            check_actions(sched, actions, order, &index);
+            if (actions.first_failure != before) continue;  // the later checks need every action once
+            check_memory(sched, index, memory, &most_slots);
+            check_transfers(sched, index, transfers);
+            deadlock.expect(groups_complete(sched), "the transfer groups deadlock");
+            const double theory = pipeline_bubble_theory(kind, shape.P, shape.m, shape.v);
+            const std::pair<double, double> times[] = {{1.0, 2.0}, {1.0, 1.0}, {1.0, 3.0}};
+            for (const auto& [forward_time, backward_time] : times) {
+                const double simulated = make_pipeline_schedule(kind, shape.P, shape.m, shape.v, forward_time, backward_time).bubble();
+                if (std::fabs(simulated - theory) > 1e-9)
+                    bubble.fail(fmt("bubble %.9f, theory %.9f at forward:backward 1:%g", simulated, theory, backward_time / forward_time));
+            }
+        } catch (const std::exception& e) {
+            actions.fail(std::string("exception: ") + e.what());
+        }
+    }
+    actions.detail = order.detail = transfers.detail = deadlock.detail = bubble.detail = count;
+    actions.report();
+    order.report();
+    if (kind == PipelineScheduleKind::kOneFOneB)
+        memory.detail = count + "; slots min(m, P) on stage 0, min(m, P-s+1) on stage s > 0 (at P 8: " + slots_by_stage(most_slots, 8, 1) +
+                        "); in flight <= P-s";
+    else
+        memory.detail = count + "; slots <= min(m, 2P) for chunks below v/2 rounded up, min(m, P) above (most at P 8, v 4, per stage: " +
+                        slots_by_stage(most_slots, 8, 4) + "); in flight <= min(m v, (v-1)P + 2(P-1-s) + 1)";
+    memory.report();
+    transfers.report();
+    deadlock.report();
+    bubble.report();
+}
+
+// The deadlock check itself: stage 0 receives a gradient before it sends the activation that stage 1 waits
+// for before sending that gradient; with stage 0's two transfers the other way round, both complete.
+void test_deadlock_check() {
+    PipelineSchedule crossed{PipelineScheduleKind::kOneFOneB, 2, 2, 1, std::vector<StageSchedule>(2)};
+    //                              send   gradient peer micro-batch chunk slot key
+    crossed.stages[0].transfers = {{false, true, 1, 1, 0, 0, 2.0}, {true, false, 1, 0, 0, 0, 1.0}};
+    crossed.stages[1].transfers = {{false, false, 0, 0, 0, 0, 1.0}, {true, true, 0, 1, 0, 0, 2.0}};
+    PipelineSchedule ordered = crossed;
+    std::swap(ordered.stages[0].transfers[0], ordered.stages[0].transfers[1]);
+    expect(!groups_complete(crossed) && groups_complete(ordered), "deadlock check: finds two stages that both receive first",
+           "crossed transfers " + std::string(groups_complete(crossed) ? "complete" : "deadlock") + ", ordered ones " +
+               (groups_complete(ordered) ? "complete" : "deadlock"));
+}
+
+void test_interleaved_beats_1f1b() {
+    Verdict v{"interleaved bubble < 1f1b bubble (same P > 1 and m)"};
+    int cases = 0;
+    for (const Shape& shape : accepted_shapes(PipelineScheduleKind::kInterleaved)) {
+        v.where = shape_name(shape);
+        const double interleaved = make_pipeline_schedule(PipelineScheduleKind::kInterleaved, shape.P, shape.m, shape.v).bubble();
+        const double one_f_one_b = make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, shape.P, shape.m, 1).bubble();
+        v.expect(interleaved < one_f_one_b, "not smaller");
+        cases++;
+    }
+    v.detail = std::to_string(cases) + " shapes";
+}
+
+}  // namespace
+
+int main() {
+    test_names();
+    test_problems();
+    test_layer_split();
+    test_deadlock_check();
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+        guarded(std::string(pipeline_schedule_name(kind)) + " schedules", [&] { test_schedules(kind); });
+    guarded("interleaved bubble < 1f1b bubble", test_interleaved_beats_1f1b);
+    return check_failures() ? 1 : 0;
+}
