@@ -2,7 +2,7 @@
 # Pipeline parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu). An
 # 8-layer model with 4 heads of 64, 8 micro-batches of 2 x 64 tokens per step, 10 steps, against one rank with the
 # same global batch:
-#   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within 1e-5, bf16 within 2e-2;
+#   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within 1e-5, bf16 (and pp 2 fp16) within 2e-2;
 #   - uneven splits: --pipeline-layers 3,5 and a 6-layer model on 4 stages;
 #   - the first and the last stage's copies of the tied wte bitwise identical after the steps;
 #   - 3D: tp 2 x pp 2 x dp 2 (8 ranks; ZeRO-1) and pp 2 x dp 2 with ZeRO-0 against one rank;
@@ -64,6 +64,11 @@ for p in fp32 bf16; do
         tied_identical pp${pp}i_$p "pp $pp interleaved $p"
     done
 done
+
+# fp16: the dynamic loss scale and its skip decided from the norm over all stages
+run single_fp16 1 --precision fp16
+run pp2_fp16 2 --precision fp16 --pipeline-parallel 2
+compare pp2_fp16 single_fp16 2e-2 0 10 "pp 2 1f1b fp16: 10 losses match pp 1"
 
 # uneven splits
 run uneven 2 --precision fp32 --pipeline-parallel 2 --pipeline-layers 3,5

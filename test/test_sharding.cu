@@ -3,7 +3,8 @@
 // a multiple of 8N; the slices of all ranks tile every unit exactly once; each rank stores total/N elements;
 // the llm.c file order maps onto the layout without overlaps and covers exactly the model's parameters;
 // weight decay covers exactly the matrices and embeddings. Checkpoints: optimizer state written by N ranks at
-// any stage reads back, unit by unit, into the layout of any other number of ranks.
+// any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
+// pipeline-parallel sizes. The pipeline stages' parts cover the model once (the tied wte twice).
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -228,13 +229,18 @@ int main() {
     check_tensor_parallel_layout(split, "4 heads");
     check_pipeline_layout(toy, "toy");
     check_pipeline_layout(split, "4 heads");
+    ModelConfig eight = split;
+    eight.num_layers = 8;
+    check_pipeline_layout(eight, "8 layers");
     for (const auto& c : {std::make_tuple(2, 1, 1, 1), std::make_tuple(2, 3, 2, 1), std::make_tuple(4, 1, 0, 2), std::make_tuple(2, 2, 2, 2),
                           std::make_tuple(4, 2, 3, 3), std::make_tuple(2, 2, 0, 1)})
         check_resharding(split, std::get<1>(c), std::get<2>(c), std::get<3>(c), true, std::get<0>(c));
     // pipeline stages (tp, pp, v, world, stage, new world): each stage's part of the blocks, the embeddings on the
     // first, the final LayerNorm and a copy of wte on the last
+    ModelConfig deep = split;  // 4 layers: 2 stages of 2 chunks
+    deep.num_layers = 4;
     for (const auto& c : {std::make_tuple(1, 2, 1, 1, 0, 1), std::make_tuple(1, 3, 1, 2, 1, 1), std::make_tuple(2, 2, 1, 2, 1, 3),
-                          std::make_tuple(1, 2, 2, 1, 0, 2), std::make_tuple(2, 3, 1, 1, 0, 1)})
-        check_resharding(split, std::get<3>(c), std::get<4>(c), std::get<5>(c), true, std::get<0>(c), std::get<1>(c), std::get<2>(c));
+                          std::make_tuple(1, 2, 2, 1, 0, 2), std::make_tuple(2, 3, 1, 1, 0, 1), std::make_tuple(2, 2, 2, 2, 1, 1)})
+        check_resharding(deep, std::get<3>(c), std::get<4>(c), std::get<5>(c), true, std::get<0>(c), std::get<1>(c), std::get<2>(c));
     return check_failures() == 0 ? 0 : 1;
 }
