@@ -86,12 +86,17 @@ public:
             auto& set = model.sets[a.chunk][a.slot];
             SetEvents& e = events_[a.chunk][a.slot];
             const bool last_micro_batch = a.micro_batch == m - 1;
+            // the action's inputs first: the time spent waiting for them is the stage's idle time, outside the timing
+            if (a.type == PipelineAction::kForward) {
+                if (!model.model_begins(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.input_ready));
+                cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_sent));  // the set's previous dresidual has left
+            } else if (!model.model_ends(a.chunk)) {
+                cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_ready));
+            }
             cudaCheck(cudaEventRecord(timing_[2 * i], model.stream));
             if (a.type == PipelineAction::kForward) {
                 if (model.model_begins(a.chunk) || model.model_ends(a.chunk))
                     model.upload_batch(inputs[a.micro_batch].data(), targets[a.micro_batch].data(), a.chunk, a.slot);
-                if (!model.model_begins(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.input_ready));
-                cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_sent));  // the set's previous dresidual has left
                 model.forward_chunk(a.chunk, set);
                 if (model.model_ends(a.chunk)) {
                     model.head_forward(set, true, dloss);
@@ -101,7 +106,6 @@ public:
                 }
                 cudaCheck(cudaEventRecord(e.forward_done, model.stream));
             } else {
-                if (!model.model_ends(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_ready));
                 trained.begin_backward(last_micro_batch);  // again: another chunk's actions may have come in between
                 model.backward_chunk(a.chunk, set);
                 cudaCheck(cudaEventRecord(e.backward_done, model.stream));
