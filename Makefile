@@ -15,7 +15,8 @@ ifeq ($(USE_MPI),1)
 endif
 BUILD = build
 
-KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h
+KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
+          $(wildcard model/*.h) $(wildcard model/*.cuh)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp

@@ -13,7 +13,7 @@
 // below): the new shards are written into a staging folder next to them and renamed into place at the end,
 // shards of the earlier set that the new one lacks are deleted, so the prefix's set is exactly this run's.
 // A run that fails (bad input, an empty train or validation split, a signal) leaves the earlier set as it
-// was. Long documents are encoded in parts of at most 1 MiB (see find_cut), so memory stays bounded.
+// was. Long documents are encoded in parts of at most 1 MiB (see next_parts), so memory stays bounded.
 //
 // `--count FILE...` instead prints each file's plain token count (tiktoken's encode_ordinary, no EOTs) and
 // the single-thread encode speed.
@@ -51,7 +51,9 @@ const char* kUsage = R"(usage: prepare_shards [options] --out PREFIX INPUT...
        prepare_shards --count FILE...
 
 Tokenizes text (plain or .xz; "-" is stdin) into llm.c token shards PREFIX_val_NNNNNN.bin and
-PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token.
+PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token. The prefix's earlier shards
+are replaced only when the run succeeds (the new ones go to DIR/.prepare_BASE.PID/ first); an empty train
+split, or an empty validation split that was asked for, is an error.
 
   --out PREFIX           output path prefix, e.g. data/gutenberg/gutenberg
   --tokenizer DIR        directory holding encoder.json and vocab.bpe (default: data/gpt2)
@@ -175,12 +177,16 @@ Options parse_args(int argc, char** argv) {
 // continue X's run or complete a contraction, which it also learns when the text ends at p; and the scan
 // from p depends on text[p..] alone.
 // Only when kMaxPart bytes in a row hold no safe cut -- a white-space run, maybe an apostrophe, then a run
-// of one class, so a pre-token piece of about kMaxPart/2 bytes or more -- is the part cut at the last
-// character boundary before kMaxPart instead; that changes the tokens of that pathological piece only (it
-// is encoded as two pieces). kMaxPart = 1 MiB: ordinary pieces are words, numbers, punctuation and
-// white-space runs, far below half a megabyte, and the BPE of a 1 MiB piece needs ~25 MB per thread.
+// of one class, so a pre-token piece of about kMaxPart/2 bytes or more -- is that stretch cut into parts of
+// kPathologicalChunk bytes (at character boundaries) instead; that changes the tokens of that pathological
+// piece only (a token or so per chunk). kMaxPart = 1 MiB: ordinary pieces are words, numbers, punctuation
+// and white-space runs, far below half a megabyte, so ordinary text is tokenized exactly as a whole.
+// kPathologicalChunk = 64 bytes rather than 1 MiB because the tokenizer caches the tokens of every distinct
+// piece, up to 2^18 pieces per thread: 64-byte chunks bound that cache to ~64 MB per thread, where 1 MiB
+// chunks of, say, 100 MB of random letters would hold 3-4 bytes per input byte (415 MB measured).
 constexpr size_t kMaxPart = size_t(1) << 20;
-// find_cut decodes the character at the cut, up to 4 bytes: the text must extend this far past the limit.
+constexpr size_t kPathologicalChunk = 64;
+// next_parts decodes the character at a cut, up to 4 bytes: the text must extend this far past the limit.
 constexpr size_t kCutMargin = 16;
 
 using unicode_tables::CharClass;
@@ -251,29 +257,35 @@ bool starts_contraction(unsigned char c) {  // 's 't 'm 'd, and 're 've 'll
     return c == 's' || c == 't' || c == 'm' || c == 'd' || c == 'r' || c == 'v' || c == 'l';
 }
 
-// The length (0 < length <= limit) of the first part of `text`, which starts at a character boundary and
-// holds at least limit + kCutMargin bytes: the last safe cut at or before `limit`, else (a pathological
-// piece) the last character boundary there.
-size_t find_cut(std::string_view text, size_t limit) {
+// The ends of the next parts of `text`, which starts at a character boundary and holds at least
+// limit + kCutMargin bytes: one part, up to the last safe cut at or before `limit`; or, if there is none
+// (a pathological piece), parts of about kPathologicalChunk bytes up to the last character boundary there.
+void next_parts(std::string_view text, size_t limit, std::vector<size_t>& ends) {
     const auto* s = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
     size_t len;
     CharClass prev = char_at(s, n, 0, len);
     bool prev_apostrophe = s[0] == '\'';
     size_t safe = 0, boundary = 0;
+    ends.clear();
     for (size_t i = len; i <= limit; i += len) {
         const CharClass cls = char_at(s, n, i, len);
         if (prev != unicode_tables::kSpace && cls != prev && !(prev_apostrophe && starts_contraction(s[i]))) safe = i;
+        if (safe == 0 && i - (ends.empty() ? 0 : ends.back()) >= kPathologicalChunk) ends.push_back(i);
         boundary = i;
         prev = cls;
         prev_apostrophe = s[i] == '\'';
     }
-    return safe > 0 ? safe : boundary;
+    if (safe > 0) {
+        ends.assign(1, safe);
+    } else if (ends.empty() || ends.back() < boundary) {
+        ends.push_back(boundary);
+    }
 }
 
 // ---- reading documents ------------------------------------------------------------------------------------
 
-// A document, or a part of one (see find_cut): the parts of a long document follow each other.
+// A document, or a part of one (see next_parts): the parts of a long document follow each other.
 struct Document {
     std::string text;
     size_t file;        // index of the input it came from
@@ -324,10 +336,13 @@ public:
                 search_ = std::max(begin_, buffer_.size() - std::min(buffer_.size(), kSeparatorLength - 1));
             }
             if (buffer_.size() - begin_ >= kMaxPart + kCutMargin) {
-                // A long document: emit a part. No separator starts before search_ >= the cut.
-                const size_t cut = begin_ + find_cut(std::string_view(buffer_).substr(begin_), kMaxPart);
-                emit(begin_, cut, false);
-                begin_ = cut;
+                // A long document: emit parts of it. No separator starts before search_, after the cuts.
+                next_parts(std::string_view(buffer_).substr(begin_), kMaxPart, ends_);
+                const size_t start = begin_;
+                for (size_t end : ends_) {
+                    emit(begin_, start + end, false);
+                    begin_ = start + end;
+                }
                 search_ = std::max(search_, begin_);
                 continue;
             }
@@ -362,6 +377,7 @@ private:
     std::string buffer_;  // unconsumed text of the current file starts at begin_
     size_t begin_ = 0, search_ = 0;
     bool in_document_ = false;  // a part of the current document was emitted already
+    std::vector<size_t> ends_;  // next_parts' result
     uint64_t total_bytes_ = 0, done_bytes_ = 0;
 };
 
@@ -407,7 +423,9 @@ std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, co
 
 // SIGINT / SIGTERM / SIGHUP stop the run after the current batch, through the ordinary error path, so the
 // staging folder is removed and the earlier shard set stays as it was. A second signal has its default
-// effect (SA_RESETHAND), stopping at once; the next run then removes the staging folder.
+// effect (SA_RESETHAND), stopping at once; the next run then removes the staging folder. Reads are restarted
+// (SA_RESTART): a run blocked reading stdin stops once input arrives or ends (prepare_fineweb.py signals it
+// before it closes the pipe, so the end of input is never taken for a complete corpus).
 volatile sig_atomic_t g_signal = 0;
 
 extern "C" void on_signal(int sig) {
@@ -461,6 +479,12 @@ void check_interrupted() {
 //    Temporary files BASE_*_NNNNNN.bin.tmp.PID that older versions left in DIR are removed likewise.
 //  - The folder's writability is checked before tokenizing, by creating the staging folder and a probe
 //    file in it.
+
+std::string shard_path(const std::string& prefix, const std::string& split, int index) {
+    char number[16];
+    std::snprintf(number, sizeof number, "%06d", index);
+    return prefix + "_" + split + "_" + number + ".bin";
+}
 
 // Splits PREFIX into its folder and base name.
 void split_prefix(const std::string& prefix, std::string& dir, std::string& base) {
@@ -521,7 +545,7 @@ std::string staging_name(const std::string& base, long pid) { return ".prepare_"
 
 bool other_process_alive(long pid) {
     if (pid == static_cast<long>(::getpid())) return false;  // a dead run's folder whose pid we now have
-    return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    return pid > 0 && pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
 void fsync_folder(const std::string& dir) {
@@ -585,7 +609,9 @@ int replace_set(const std::string& dir, const std::string& base, const Replaceme
     long long index;
     for (const std::string& name : list_folder(dir)) {
         if (!parse_shard_name(name, base, split, index, rest) || !rest.empty()) continue;
-        if (index < (split == "train" ? r.shards_train : r.shards_val)) continue;  // to be overwritten
+        if (index < (split == "train" ? r.shards_train : r.shards_val) &&
+            name == shard_path(base, split, static_cast<int>(index)))
+            continue;  // to be overwritten by the new shard
         if (::unlink(join(dir, name).c_str()) != 0 && errno != ENOENT)
             throw std::runtime_error(join(dir, name) + ": cannot delete this shard of the earlier set: " +
                                      std::strerror(errno));
@@ -619,6 +645,7 @@ public:
         struct stat st;
         if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
             throw std::runtime_error("output folder " + dir_ + " does not exist (from --out " + prefix + ")");
+        complete_interrupted_replacement();
         // Writable? Create the staging folder and a probe file in it, before any tokenizing.
         staging_dir_ = join(dir_, staging_name(base_, ::getpid()));
         if (::mkdir(staging_dir_.c_str(), 0755) != 0) {
@@ -629,14 +656,22 @@ public:
                                          "): cannot create " + staging_dir_ + ": " + std::strerror(errno));
         }
         created_ = true;
-        const std::string probe = join(staging_dir_, "probe");
-        const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0)
-            throw std::runtime_error("output folder " + dir_ + " is not writable (from --out " + prefix +
-                                     "): cannot create " + probe + ": " + std::strerror(errno));
-        ::close(fd);
-        ::unlink(probe.c_str());
-        clean_up_earlier_runs();
+        try {  // a constructor that throws runs no destructor: remove the staging folder here
+            const std::string probe = join(staging_dir_, "probe");
+            const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            if (fd < 0)
+                throw std::runtime_error("output folder " + dir_ + " is not writable (from --out " + prefix +
+                                         "): cannot create " + probe + ": " + std::strerror(errno));
+            ::close(fd);
+            ::unlink(probe.c_str());
+            remove_stale_files();
+        } catch (...) {
+            try {
+                remove_staging_folder(staging_dir_);
+            } catch (...) {
+            }
+            throw;
+        }
     }
 
     ~OutputSet() {
@@ -677,19 +712,22 @@ public:
     }
 
 private:
-    void clean_up_earlier_runs() {
+    void complete_interrupted_replacement() {
         struct stat st;
-        if (::stat(marker_.c_str(), &st) == 0) {  // a replacement that did not finish
-            const Replacement r = read_marker(marker_, base_);
-            long pid = 0;
-            parse_staging_name(r.staging, base_, pid);
-            if (other_process_alive(pid))
-                throw std::runtime_error("another prepare_shards (pid " + std::to_string(pid) +
-                                         ") is replacing the shards of " + prefix_ + " now (" + marker_ + ")");
-            std::fprintf(stderr, "prepare_shards: completing the replacement of %s_{train,val}_*.bin that process "
-                         "%ld began and did not finish (%s)\n", prefix_.c_str(), pid, marker_.c_str());
-            replace_set(dir_, base_, r, marker_);
-        }
+        if (::stat(marker_.c_str(), &st) != 0) return;
+        const Replacement r = read_marker(marker_, base_);
+        long pid = 0;
+        parse_staging_name(r.staging, base_, pid);
+        if (other_process_alive(pid))
+            throw std::runtime_error("another prepare_shards (pid " + std::to_string(pid) +
+                                     ") is replacing the shards of " + prefix_ + " now (" + marker_ + ")");
+        std::fprintf(stderr, "prepare_shards: completing the replacement of %s_{train,val}_*.bin that process "
+                     "%ld began and did not finish (%s)\n", prefix_.c_str(), pid, marker_.c_str());
+        replace_set(dir_, base_, r, marker_);
+    }
+
+    // Staging folders and old-style temporary files of runs that died.
+    void remove_stale_files() {
         const std::string mine = staging_name(base_, ::getpid());
         std::string split, rest;
         long long index;
@@ -720,12 +758,6 @@ private:
 
 // ---- writing ----------------------------------------------------------------------------------------------
 
-std::string shard_path(const std::string& prefix, const std::string& split, int index) {
-    char number[16];
-    std::snprintf(number, sizeof number, "%06d", index);
-    return prefix + "_" + split + "_" + number + ".bin";
-}
-
 // One split's shard sequence, written under `prefix` (the staging folder): full shards are written as they
 // fill, the remainder by finish().
 class SplitWriter {
@@ -734,6 +766,9 @@ public:
         : prefix_(std::move(prefix)), split_(std::move(split)), shard_size_(shard_size) {}
 
     void append(const uint16_t* tokens, size_t n) {
+        // Reserved whole at once (only the pages written count): growing by doubling would copy the shard
+        // and briefly hold 1.5 times it.
+        if (n > 0 && buffer_.capacity() < shard_size_) buffer_.reserve(shard_size_);
         while (n > 0) {
             const size_t take = std::min<size_t>(n, shard_size_ - buffer_.size());
             buffer_.insert(buffer_.end(), tokens, tokens + take);
@@ -799,11 +834,12 @@ private:
 int run_count(const Options& o, const GPT2Tokenizer& tok) {
     uint64_t total = 0;
     for (const std::string& path : o.inputs) {
-        // Streamed in parts cut by find_cut, so memory stays bounded; the count is that of the whole text
-        // unless the text holds a pathological pre-token piece (see find_cut).
+        // Streamed in parts cut by next_parts, so memory stays bounded; the count is that of the whole text
+        // unless the text holds a pathological pre-token piece (see next_parts).
         TextFileReader reader(path);
         std::string buffer;
         std::vector<int> ids;
+        std::vector<size_t> ends;
         uint64_t n = 0, bytes = 0;
         double secs = 0;
         for (bool end = false; !end || !buffer.empty();) {
@@ -815,14 +851,18 @@ int run_count(const Options& o, const GPT2Tokenizer& tok) {
                 end = got == 0;
                 continue;
             }
-            const size_t cut = buffer.size() >= kMaxPart + kCutMargin ? find_cut(buffer, kMaxPart) : buffer.size();
-            ids.clear();
+            if (buffer.size() >= kMaxPart + kCutMargin) next_parts(buffer, kMaxPart, ends);
+            else ends.assign(1, buffer.size());
             const auto t0 = std::chrono::steady_clock::now();
-            tok.encode_append(std::string_view(buffer).substr(0, cut), ids);
+            for (size_t k = 0; k < ends.size(); ++k) {
+                const size_t begin = k == 0 ? 0 : ends[k - 1];
+                ids.clear();
+                tok.encode_append(std::string_view(buffer).substr(begin, ends[k] - begin), ids);
+                n += ids.size();
+            }
             secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            n += ids.size();
-            bytes += cut;
-            buffer.erase(0, cut);
+            bytes += ends.back();
+            buffer.erase(0, ends.back());
         }
         std::printf("%llu\t%s\n", static_cast<unsigned long long>(n), path.c_str());
         std::fprintf(stderr, "%s: %llu bytes, %llu tokens, encoded in %.3f s (%.1f MB/s, one thread)\n", path.c_str(),

@@ -56,7 +56,7 @@ def pad_vocab(vocab_size):
 
 
 def config_problem(c):
-    """train_gpt.cu's config_problem(): '' when train_gpt can run the shape, else why not."""
+    """model/config.h's config_problem(): '' when train_gpt can run the shape, else why not."""
     if min(c["layers"], c["heads"], c["channels"], c["max_seq_len"], c["vocab"]) <= 0:
         return "layers, heads, channels, max sequence length and vocabulary must be positive"
     if c["channels"] % c["heads"]:

@@ -1,0 +1,294 @@
+// The model's configuration and the block-major layout of its parameters: the shapes (ModelConfig, from a
+// "dN" descriptor or a model file's header) and their checks, and where every parameter lives in the flat
+// device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
+// defines: die, ModelConfig, pad_vocab, config_from_descriptor, config_problem, tensor_parallel_problem, BlockTensor,
+//          block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout
+#pragma once
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"    // LayoutMask
+#include "../distributed/zero.cuh"  // UnitKind
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+inline void die(const std::string& message) {
+    fprintf(stderr, "error: %s\n", message.c_str());
+    exit(EXIT_FAILURE);
+}
+
+struct ModelConfig {
+    int max_seq_len = 1024;
+    int vocab_size = 50257;
+    int padded_vocab_size = 50304;
+    int num_layers = 12;
+    int num_heads = 12;
+    int channels = 768;
+};
+
+inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+// "dN": GPT-2's published shapes for 12/24/36/48 layers (and llm.c's d6, d60); any other depth N gets
+// C = 64 N and N heads (the aspect ratio and head size of GPT-2 124M).
+inline bool config_from_descriptor(const std::string& descriptor, ModelConfig& config) {
+    if (descriptor.size() < 2 || descriptor[0] != 'd') return false;
+    for (size_t i = 1; i < descriptor.size(); i++)
+        if (!isdigit((unsigned char)descriptor[i])) return false;
+    const int depth = atoi(descriptor.c_str() + 1);
+    if (depth <= 0) return false;
+    const int known[][3] = {{6, 384, 6},    {12, 768, 12},  {24, 1024, 16}, {36, 1280, 20},
+                            {48, 1600, 25}, {60, 1920, 30}};
+    config = ModelConfig();
+    config.num_layers = depth;
+    config.channels = 64 * depth;
+    config.num_heads = depth;
+    for (auto& k : known)
+        if (k[0] == depth) { config.channels = k[1]; config.num_heads = k[2]; }
+    return true;
+}
+
+// Returns an empty string when the configuration is usable, else why not.
+inline std::string config_problem(const ModelConfig& c) {
+    char buf[256];
+    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
+        return "layers, heads, channels, max sequence length and vocabulary must be positive";
+    if (c.channels % c.num_heads != 0) {
+        snprintf(buf, sizeof(buf), "channels (%d) must be divisible by heads (%d)", c.channels, c.num_heads);
+        return buf;
+    }
+    if (c.channels / c.num_heads != 64 && c.channels / c.num_heads != 128) {
+        snprintf(buf, sizeof(buf), "head size channels/heads = %d/%d must be 64 (all GPT-2 sizes) or 128 (the flash attention kernels)",
+                 c.channels, c.num_heads);
+        return buf;
+    }
+    if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0) {
+        snprintf(buf, sizeof(buf), "padded vocabulary (%d) must be >= vocabulary (%d) and a multiple of 128",
+                 c.padded_vocab_size, c.vocab_size);
+        return buf;
+    }
+    return "";
+}
+
+// Returns an empty string when tensor parallelism of degree tp can split the model, else why not (the flag and
+// the values): whole heads per rank, and equal vocabulary ranges whose rows keep 16-byte alignment.
+inline std::string tensor_parallel_problem(const ModelConfig& c, int tp) {
+    const std::string flag = "--tensor-parallel " + std::to_string(tp) + ": ";
+    if (tp < 1) return flag + "must be at least 1";
+    if (c.num_heads % tp != 0)
+        return flag + "the " + std::to_string(c.num_heads) + " attention heads do not split into " + std::to_string(tp) + " equal groups";
+    if (c.padded_vocab_size % (8 * tp) != 0)
+        return flag + "the padded vocabulary " + std::to_string(c.padded_vocab_size) + " does not split into " + std::to_string(tp) +
+               " equal ranges of a multiple of 8 rows";
+    return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout. On the device the parameters are one flat buffer, block-major:
+//   [wte (Vp,C)][wpe (T,C)][block 0][block 1]...[block L-1][lnfw (C)][lnfb (C)]
+// with each block's 12 tensors contiguous, so that one layer can be gathered (ZeRO-3), owned by a
+// pipeline stage, or split for tensor parallelism as one piece. Gradients, master weights and Adam
+// moments use the same layout. The llm.c file order (tensor-major) is converted only at file I/O.
+//
+// Under tensor parallelism of degree tp (distributed/tensor_parallel.cuh) a rank's buffer has the same
+// structure with its slices in place of the split tensors: wte holds a contiguous range of Vp/tp vocabulary
+// rows; qkvw/qkvb the q, k and v rows of NH/tp whole heads; fcw/fcb 4C/tp rows (column-parallel); attprojw and
+// fcprojw C/tp and 4C/tp input columns (row-parallel). The LayerNorms, wpe and the row-parallel biases are
+// replicated. Under pipeline parallelism (distributed/pipeline_parallel.cuh) a stage's buffer holds only its
+// part of the model (StageModel): its blocks, the embeddings on the first stage, the final LayerNorm and a copy
+// of the tied wte on the last. for_each_full_run maps a rank's buffer onto the whole model's (tp = 1, one
+// stage) layout, and for_each_file_run the whole model's layout onto the file: together, the one mapping from
+// model-file runs to what a rank owns, used by model files, initialisation and checkpoints.
+
+enum BlockTensor { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, kBlockTensors };
+inline const char* block_tensor_name(int t) {
+    static const char* names[] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                  "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
+    return names[t];
+}
+
+// What one pipeline stage holds of the model: its blocks (global layer indices, ascending; under the
+// interleaved schedule several runs of them), the embeddings (first stage), the final LayerNorm and the LM head
+// (last stage). The LM head is the tied token embedding: the first and the last stage each hold a copy.
+struct StageModel {
+    std::vector<int> layers;
+    bool first = true, last = true;
+    static StageModel whole(const ModelConfig& c) {
+        StageModel m;
+        for (int l = 0; l < c.num_layers; l++) m.layers.push_back(l);
+        return m;
+    }
+    bool has_wte() const { return first || last; }
+    bool tied_copy() const { return last && !first; }  // the last stage's copy of wte (pipeline parallelism)
+};
+
+// Pipeline stage s's part of the model, from the layers of each of the P x v virtual stages (virtual stage
+// k = chunk x P + stage), and the blocks of each of its chunks.
+inline StageModel pipeline_stage_model(const std::vector<int>& per_virtual_stage, int P, int s, std::vector<int>* chunk_blocks) {
+    StageModel m;
+    m.first = s == 0;
+    m.last = s == P - 1;
+    chunk_blocks->clear();
+    int layer = 0;
+    for (size_t k = 0; k < per_virtual_stage.size(); k++) {
+        if ((int)k % P == s) {
+            for (int i = 0; i < per_virtual_stage[k]; i++) m.layers.push_back(layer + i);
+            chunk_blocks->push_back(per_virtual_stage[k]);
+        }
+        layer += per_virtual_stage[k];
+    }
+    return m;
+}
+
+struct ParameterLayout {
+    ModelConfig config;
+    int tp = 1;  // tensor-parallel degree: this layout holds one rank's slices
+    StageModel part;
+    size_t wte = 0, wpe = 0, blocks_begin = 0, block_size = 0, block_stride = 0, lnfw = 0, lnfb = 0, total = 0;
+    size_t count = 0;  // parameters of this layout (one rank's); `total` adds the padding between units
+    size_t block_offset[kBlockTensors] = {}, block_tensor_size[kBlockTensors] = {};
+    // Units are what data parallelism shards and gathers one at a time: wte, wpe, each block, the final
+    // LayerNorm (those this stage holds, in that order). Each is padded to a multiple of `unit_multiple`
+    // elements (8 x the data-parallel degree: equal 16-byte-aligned shards per rank).
+    std::vector<size_t> unit_offsets, unit_sizes, unit_real_sizes;
+    std::vector<UnitKind> unit_kinds;
+    int wte_unit = -1, wpe_unit = -1, first_block_unit = -1, lnf_unit = -1;
+
+    explicit ParameterLayout(const ModelConfig& c = ModelConfig(), size_t unit_multiple = 8, int tensor_parallel = 1,
+                             const StageModel& stage_model = StageModel())
+        : config(c), tp(tensor_parallel), part(stage_model) {
+        if (part.layers.empty() && part.first && part.last) part = StageModel::whole(c);  // the default: the whole model
+        const size_t C = c.channels, Cs = C / tp;  // Cs: one rank's share of C (heads x head size)
+        const size_t sizes[kBlockTensors] = {C, C, 3 * Cs * C, 3 * Cs, C * Cs, C, C, C, 4 * Cs * C, 4 * Cs, C * 4 * Cs, C};
+        for (int t = 0; t < kBlockTensors; t++) {
+            block_offset[t] = block_size;
+            block_tensor_size[t] = sizes[t];
+            block_size += sizes[t];
+        }
+        auto pad = [&](size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
+        auto add_unit = [&](size_t real, UnitKind kind) {
+            unit_offsets.push_back(total);
+            unit_sizes.push_back(pad(real));
+            unit_real_sizes.push_back(real);
+            unit_kinds.push_back(kind);
+            total += pad(real);
+            count += real;
+            return (int)unit_offsets.size() - 1;
+        };
+        if (part.has_wte()) {
+            wte = total;
+            wte_unit = add_unit((size_t)vocab_rows() * C,
+                                part.first && part.last ? UnitKind::kPersistent : part.first ? UnitKind::kTied : UnitKind::kTiedCopy);
+        }
+        if (part.first) {
+            wpe = total;
+            wpe_unit = add_unit((size_t)c.max_seq_len * C, UnitKind::kPersistent);
+        }
+        blocks_begin = total;
+        block_stride = pad(block_size);
+        first_block_unit = (int)unit_offsets.size();
+        for (size_t i = 0; i < part.layers.size(); i++) add_unit(block_size, UnitKind::kGathered);
+        if (part.last) {
+            lnfw = total;
+            lnfb = lnfw + C;
+            lnf_unit = add_unit(2 * C, UnitKind::kPersistent);
+        }
+    }
+    int vocab_rows() const { return config.padded_vocab_size / tp; }  // rows of wte (and logits columns) per rank
+    int num_blocks() const { return (int)part.layers.size(); }
+    size_t tensor(int block, BlockTensor t) const { return blocks_begin + block * block_stride + block_offset[t]; }  // local block index
+    size_t wte_end() const { return part.has_wte() ? wte + (size_t)vocab_rows() * config.channels : 0; }  // without padding
+    int block_unit(int block) const { return first_block_unit + block; }
+    int local_block(int layer) const {  // of a layer this part holds
+        return (int)(std::lower_bound(part.layers.begin(), part.layers.end(), layer) - part.layers.begin());
+    }
+
+    int num_units() const { return (int)unit_offsets.size(); }
+    size_t unit_offset(int u) const { return unit_offsets[u]; }
+    size_t unit_real_size(int u) const { return unit_real_sizes[u]; }  // without the padding
+    size_t unit_size(int u) const { return unit_sizes[u]; }            // padded
+
+    // The llm.c file order (of the whole model: tp = 1, one stage): 16 tensors, the 12 block tensors each
+    // spanning all layers. Calls visit(file_offset, device_offset, count) for every contiguous run.
+    template <typename F> void for_each_file_run(F visit) const {
+        if (tp != 1 || !part.first || !part.last) die("internal: for_each_file_run on a part of the model");
+        size_t file_offset = 0;
+        auto run = [&](size_t device_offset, size_t count) { visit(file_offset, device_offset, count); file_offset += count; };
+        run(wte, (size_t)vocab_rows() * config.channels);
+        run(wpe, (size_t)config.max_seq_len * config.channels);
+        for (int t = 0; t < kBlockTensors; t++)
+            for (int l = 0; l < config.num_layers; l++) run(tensor(l, (BlockTensor)t), block_tensor_size[t]);
+        run(lnfw, config.channels);
+        run(lnfb, config.channels);
+    }
+
+    // Tensor-parallel rank `rank`'s slices of this stage's part in the layout `full` (tp = 1, any padding) of the
+    // whole model or of a part that holds this one: calls visit(full_offset, local_offset, count) for every
+    // contiguous run, in local order.
+    template <typename F> void for_each_full_run(const ParameterLayout& full, int rank, F visit) const {
+        const size_t C = config.channels, Cs = C / tp, T = config.max_seq_len, V = vocab_rows();
+        if (part.has_wte()) visit(full.wte + rank * V * C, wte, V * C);
+        if (part.first) visit(full.wpe, wpe, T * C);
+        for (int i = 0; i < num_blocks(); i++) {
+            const int l = full.local_block(part.layers[i]);
+            auto at = [&](BlockTensor t, size_t full_offset, size_t local_offset, size_t n) {
+                visit(full.tensor(l, t) + full_offset, tensor(i, t) + local_offset, n);
+            };
+            for (int t = 0; t < kBlockTensors; t++) {
+                const BlockTensor b = (BlockTensor)t;
+                switch (b) {
+                    case QKVW:  // q, k and v rows of this rank's heads
+                        for (size_t p = 0; p < 3; p++) at(b, (p * C + rank * Cs) * C, p * Cs * C, Cs * C);
+                        break;
+                    case QKVB:
+                        for (size_t p = 0; p < 3; p++) at(b, p * C + rank * Cs, p * Cs, Cs);
+                        break;
+                    case FCW: at(b, rank * 4 * Cs * C, 0, 4 * Cs * C); break;
+                    case FCB: at(b, rank * 4 * Cs, 0, 4 * Cs); break;
+                    case ATTPROJW:  // row-parallel: this rank's input columns of every output row
+                    case FCPROJW: {
+                        const size_t in = b == ATTPROJW ? C : 4 * C, part_in = in / tp;
+                        for (size_t o = 0; o < C; o++) at(b, o * in + rank * part_in, o * part_in, part_in);
+                        break;
+                    }
+                    default: at(b, 0, 0, block_tensor_size[t]);  // replicated
+                }
+            }
+        }
+        if (part.last) {
+            visit(full.lnfw, lnfw, C);
+            visit(full.lnfb, lnfb, C);
+        }
+    }
+
+    // Weight decay on embeddings and the four matrices of each block (tensors with 2+ dimensions).
+    LayoutMask decay_mask() const {
+        LayoutMask mask = blocks_mask({QKVW, ATTPROJW, FCW, FCPROJW});
+        mask.head_end = blocks_begin;
+        return mask;
+    }
+    // The tensor-parallel slices (wte and the split block tensors); the rest is replicated.
+    LayoutMask split_mask() const {
+        LayoutMask mask = blocks_mask({QKVW, QKVB, ATTPROJW, FCW, FCB, FCPROJW});
+        mask.head_end = wte_end();
+        return mask;
+    }
+
+private:
+    LayoutMask blocks_mask(std::initializer_list<BlockTensor> tensors) const {
+        LayoutMask mask;
+        mask.blocks_begin = blocks_begin;
+        mask.block_size = block_stride;
+        mask.blocks_end = blocks_begin + block_stride * num_blocks();
+        for (BlockTensor t : tensors) {
+            mask.range_begin[mask.num_ranges] = block_offset[t];
+            mask.range_end[mask.num_ranges] = block_offset[t] + block_tensor_size[t];
+            mask.num_ranges++;
+        }
+        return mask;
+    }
+};

@@ -1,0 +1,908 @@
+// The model: GPT-2 on one rank -- its parameters (sharded by ZeRO, split by tensor parallelism, a pipeline
+// stage's part), LoRA adapters, activation sets, the start-up memory plan, initialisation, forward, backward
+// and the losses, one kernel call per operation.
+// defines: LayerActivations, ActivationSet, ActivationPlan, gib, device_memory_in_use, MemoryPlan, GPT2
+#pragma once
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant
+#include "../kernels/encoder.cuh"              // defines: encoder_forward, encoder_backward, EncoderBuckets
+#include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward
+#include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
+#include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
+#include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
+#include "../kernels/classifier.cuh"           // defines: accumulate_losses
+#include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats
+#include "../kernels/lora.cuh"                 // defines: lora_forward, lora_backward, lora_dropout
+#include "../distributed/process_group.h"      // defines: ProcessGroup
+#include "../distributed/mesh.h"               // defines: ProcessMesh
+#include "../distributed/zero.cuh"             // defines: ZeroOptimizer, ZeroMemory
+#include "../distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
+#include "config.h"                            // defines: die, ModelConfig, StageModel, ParameterLayout
+#include "lora.h"                              // defines: LoraSpec, AdapterLayout
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+template <typename floatX>
+struct LayerActivations {
+    floatX *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
+};
+
+// One micro-batch's activations on one chunk of blocks (all of them, without pipeline parallelism): what its
+// backward needs, kept from its forward. A pipeline stage has one set per micro-batch in flight on each chunk.
+template <typename floatX>
+struct ActivationSet {
+    std::vector<LayerActivations<floatX>> layers;  // the chunk's blocks
+    floatX* input = nullptr;      // the residual stream entering the chunk: the embeddings' output, or received
+    floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
+    int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
+    int num_buckets = 0;
+};
+
+// The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
+// flight), and whether the stage ends the model (final LayerNorm, LM head, loss).
+struct ActivationPlan {
+    std::vector<int> chunk_blocks;
+    std::vector<int> slots;
+    bool head = true;
+    static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
+    int sets() const {
+        int n = 0;
+        for (int k : slots) n += k;
+        return n;
+    }
+};
+
+inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+inline size_t device_memory_in_use() {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
+// Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
+struct MemoryPlan {
+    size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
+    size_t working = 0;  // of parameters and gradients: the unsharded unit buffers of ZeRO stages 2-3 (ZeroMemory)
+    size_t total() const { return parameters + gradients + master_weights + adam_state + activations + scratch; }
+};
+
+template <typename floatX>
+struct GPT2 {
+    using Float = floatX;
+    ModelConfig config;
+    ParameterLayout layout;       // this rank's parameters (its tensor-parallel slices)
+    ParameterLayout full_layout;  // the whole model (tp = 1), same padding: model files, initialisation, checkpoints
+    const ProcessGroup& pg;
+    const ProcessMesh& mesh;
+    TensorParallel<floatX> tensor_parallel;
+    int B = 0, T = 0;  // activation shape (per rank)
+    cudaStream_t stream = nullptr;
+    // Parameters, gradients and optimizer state: stored, sharded and communicated as the ZeRO stage says.
+    // Under LoRA `zero` holds the frozen base model (parameters only) and `adapters` the trained A and B.
+    std::unique_ptr<ZeroOptimizer<floatX>> zero;
+    LoraSpec lora;
+    std::unique_ptr<AdapterLayout> adapter_layout;
+    std::unique_ptr<ZeroOptimizer<floatX>> adapters;
+    floatX* lora_u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
+    floatX* lora_du = nullptr;       // (N, r) scratch of the backward
+    floatX* lora_dropped = nullptr;  // dropout(x), (N, 4C) scratch, only with dropout
+    uint64_t lora_dropout_seed = 0;  // set per micro-step; the backward regenerates the same masks
+    bool training = false;           // LoRA dropout only while training, not in evaluation or sampling
+
+    // activations: sets[k][slot] holds one micro-batch's on chunk k (one set without pipeline parallelism)
+    floatX* activation_memory = nullptr;
+    float* statistics_memory = nullptr;
+    std::vector<std::vector<ActivationSet<floatX>>> sets;
+    // the model's end (last stage): the final LayerNorm's output, the logits (or their gradient), per-row losses
+    floatX *lnf = nullptr, *logits = nullptr;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
+    // scratch shared by all layers and sets
+    floatX *proj_out = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    floatX* gathered = nullptr;  // sequence parallelism: a LayerNorm output made whole for a column-parallel product
+    // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the LayerNorm and residual regions hold 1/tp of
+    // the rows on each rank (set before allocate()).
+    bool sequence_parallel = false;
+    int sequence_split() const { return sequence_parallel ? layout.tp : 1; }
+    void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
+    bool deterministic_attention = true;
+    int recompute = 0;  // Recompute level
+    // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
+    // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
+    // fc-proj in the backward). false: separate GELU kernels everywhere (test_gpt2's base model, which must
+    // match a model with an fc adapter bit for bit).
+    bool gelu_fusion = true;
+    size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
+    float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
+    float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
+    // Per-row losses summed by accumulate_loss() until take_mean_loss(): this rank's rows are loss_sums, slice
+    // `rank` of all_loss_sums, which holds every rank's rows once request_losses() has gathered them.
+    float *all_loss_sums = nullptr, *loss_sums = nullptr;
+    // pinned host copy of all_loss_sums: a copy into pageable memory blocks until the stream drains, which a
+    // stuck collective would make an unbounded wait
+    float* loss_sums_host = nullptr;
+    bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
+    int forwards_summed = 0;
+    // Batches go through two pinned staging buffers (inputs, targets, encoder buckets) into an activation set's
+    // tokens, so the host prepares the next micro-batch while the GPU still works on the current one.
+    int* tokens_memory = nullptr;  // every set's tokens
+    int* staging[2] = {nullptr, nullptr};
+    cudaEvent_t staging_free[2] = {nullptr, nullptr};
+    int staging_index = 0;
+    std::vector<int> bucket_counts;
+    size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
+
+    // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
+    // `part`: what this pipeline stage holds (the whole model by default), in chunks of `chunk_blocks` blocks.
+    GPT2(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
+         const LoraSpec& lora_spec = LoraSpec(), const StageModel& part = StageModel(), std::vector<int> chunk_blocks = {})
+        : config(c), layout(c, 8 * process_mesh.data.size, process_mesh.tensor.size, part), full_layout(c, 8 * process_mesh.data.size),
+          pg(process_group), mesh(process_mesh), stream(s),
+          zero(new ZeroOptimizer<floatX>(layout.unit_offsets, layout.unit_sizes, layout.unit_kinds, layout.total, layout.decay_mask(),
+                                         process_group, process_mesh, zero_stage, s, !lora_spec.enabled(), layout.split_mask())),
+          lora(lora_spec) {
+        tensor_parallel.group = mesh.tensor;
+        if (chunk_blocks.empty()) chunk_blocks = {layout.num_blocks()};
+        chunk_begin = {0};
+        for (int k : chunk_blocks) chunk_begin.push_back(chunk_begin.back() + k);
+        if (chunk_begin.back() != layout.num_blocks()) die("internal: the chunks do not cover the stage's blocks");
+        if (lora.enabled()) {
+            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size));
+            adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->unit_kinds(),
+                                                     adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
+                                                     zero_stage, s));
+        }
+    }
+    // Chunks of blocks (pipeline parallelism's model chunks; one without it): chunk k holds the local blocks
+    // [chunk_begin[k], chunk_begin[k+1]). The model's first chunk starts with the embeddings, its last ends with
+    // the final LayerNorm and the LM head.
+    std::vector<int> chunk_begin;
+    int num_chunks() const { return (int)chunk_begin.size() - 1; }
+    bool model_begins(int k) const { return layout.part.first && k == 0; }
+    bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
+    ActivationPlan activation_plan(std::vector<int> slots = {}) const {
+        ActivationPlan p;
+        for (int k = 0; k < num_chunks(); k++) p.chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
+        p.slots = slots.empty() ? std::vector<int>(num_chunks(), 1) : slots;
+        p.head = layout.part.last;
+        return p;
+    }
+    // The optimizer of what trains: the adapters under LoRA, else the model.
+    ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
+    size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : full_layout.count; }
+
+    size_t num_parameters() const { return full_layout.count; }  // of the whole model
+
+    static size_t reduce_scratch_floats(const ModelConfig& c) {
+        const int C = c.channels;
+        return std::max({layernorm_backward_scratch_floats(C), bias_backward_scratch_floats<floatX>(4 * C),
+                         bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
+    }
+
+    // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
+    // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
+    enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
+    // The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
+    // parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units; under
+    // sequence parallelism (split = tp) the LayerNorm and residual activations hold this rank's 1/tp of the rows,
+    // which is a width of C / tp per row of the batch.
+    static std::array<size_t, 8> activation_width(const ModelConfig& c, int tp, int split) {
+        const size_t C = c.channels, Cs = C / tp, Cr = C / split;
+        return {Cr, 3 * Cs, Cs, Cr, Cr, 4 * Cs, 4 * Cs, Cr};
+    }
+    // Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
+    // recompute level.
+    static void activation_widths(const ModelConfig& c, int tp, int split, int recompute, size_t* kept, size_t* shared) {
+        const std::array<size_t, 8> width = activation_width(c, tp, split);
+        *kept = *shared = 0;
+        for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
+    }
+    static bool activation_shared(int recompute, int buffer) {
+        switch (buffer) {
+            case 6: return recompute >= kRecomputeGelu;                      // fch_gelu
+            case 0: case 4: return recompute >= kRecomputeGeluLayerNorm;     // ln1, ln2
+            case 7: return false;                                            // residual3: the next block's input
+            default: return recompute >= kRecomputeBlock;                    // qkv, atty, residual2, fch
+        }
+    }
+
+    // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
+    // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
+    // Each activation set keeps its blocks' activations, its input and its dresidual; the recomputed buffers,
+    // the head's (lnf, logits) and the scratch are shared by all sets.
+    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
+                                  size_t* x_elements, size_t* stat_elements) {
+        const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp;
+        size_t kept, shared;
+        activation_widths(c, tp, split, recompute, &kept, &shared);
+        const size_t lse = (size_t)B * NH * T;
+        size_t set_blocks = 0;  // blocks over all sets
+        for (size_t k = 0; k < ap.slots.size(); k++) set_blocks += (size_t)ap.slots[k] * ap.chunk_blocks[k];
+        const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
+        // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
+        const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
+        *x_elements = N * (kept * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+        *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
+                         (ap.head ? Nr * 2 : 0) + N;
+    }
+
+    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
+    // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default).
+    static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
+                           const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
+        MemoryPlan p;
+        if (ap.slots.empty()) ap = ActivationPlan::whole(c);
+        const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
+        const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled());
+        p.parameters = z.parameters;
+        p.gradients = z.gradients;
+        p.master_weights = z.master_weights;
+        p.adam_state = z.adam_state;
+        p.working = z.working;
+        if (lora.enabled()) {
+            const AdapterLayout a(c, lora, 8 * dp);
+            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
+            p.parameters += za.parameters;
+            p.gradients += za.gradients;
+            p.master_weights += za.master_weights;
+            p.adam_state += za.adam_state;
+            const size_t N = (size_t)B * T;
+            p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
+                              (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
+        }
+        size_t x_elements, stat_elements;
+        activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
+        p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
+        // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
+        const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters makes whole units
+        const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
+        p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
+                    (size_t)B * T * 5 * sizeof(int) * ap.sets() +
+                    flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
+                    (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
+        return p;
+    }
+
+    // `slots`: activation sets per chunk (pipeline parallelism: one per micro-batch in flight); one by default.
+    void allocate(int batch, int seq_len, int recompute_level = kKeepAll, const std::vector<int>& slots = {}) {
+        B = batch;
+        T = seq_len;
+        recompute = recompute_level;
+        const size_t in_use_before_states = device_memory_in_use();
+        zero->allocate();
+        if (lora.enabled()) adapters->allocate();
+        model_state_bytes = device_memory_in_use() - in_use_before_states;
+        if (lora.enabled()) {
+            const size_t N = (size_t)B * T;
+            cudaCheck(cudaMalloc(&lora_u, N * lora.rank * __builtin_popcount(lora.targets) * config.num_layers * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&lora_du, N * lora.rank * sizeof(floatX)));
+            if (lora.dropout > 0.0f) cudaCheck(cudaMalloc(&lora_dropped, N * 4 * config.channels * sizeof(floatX)));
+        }
+
+        const ActivationPlan ap = activation_plan(slots);
+        size_t x_elements, stat_elements;
+        activation_counts(config, B, T, layout.tp, sequence_split(), recompute, ap, &x_elements, &stat_elements);
+        cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
+        const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads / layout.tp;  // this rank's heads
+        const size_t Nr = N / sequence_split();  // rows of the LayerNorm and residual regions on this rank
+        floatX* x = activation_memory;
+        auto take = [&](size_t n) { floatX* p = x; x += n; return p; };
+        float* f = statistics_memory;
+        auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
+        // recomputed activations: one buffer for all layers, which the backward refills layer by layer
+        const std::array<size_t, 8> width = activation_width(config, layout.tp, sequence_split());
+        floatX* shared[8] = {};
+        for (int i = 0; i < 8; i++)
+            if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
+        float* shared_lse = recompute >= kRecomputeBlock ? take_f((size_t)B * NH * T) : nullptr;
+        cudaCheck(cudaMalloc(&tokens_memory, tokens_buffer_ints() * ap.sets() * sizeof(int)));
+        sets.assign(num_chunks(), {});
+        int* tokens = tokens_memory;
+        for (int k = 0; k < num_chunks(); k++) {
+            sets[k].resize(ap.slots[k]);
+            for (ActivationSet<floatX>& set : sets[k]) {
+                set.layers.resize(ap.chunk_blocks[k]);
+                for (auto& a : set.layers) {
+                    floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
+                    for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
+                    a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
+                    a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
+                }
+                set.input = take(Nr * C);
+                set.dresidual = take(Nr * C);
+                set.tokens = tokens;
+                tokens += tokens_buffer_ints();
+            }
+        }
+        if (ap.head) {
+            lnf = take(N * C);
+            logits = take(N * layout.vocab_rows());
+        }
+        proj_out = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
+        if (sequence_split() > 1) gathered = take(N * C);
+        if (ap.head) { lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); }
+        losses = take_f(N);
+        if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
+            die("internal: activation plan and allocation disagree");
+        cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
+        cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
+        cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
+        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
+        const size_t dp = mesh.data.size;  // the rows of every data-parallel rank (tensor-parallel ranks share theirs)
+        cudaCheck(cudaMalloc(&all_loss_sums, dp * N * sizeof(float)));
+        cudaCheck(cudaMemset(all_loss_sums, 0, dp * N * sizeof(float)));
+        loss_sums = all_loss_sums + mesh.data.rank * N;
+        cudaCheck(cudaMallocHost(&loss_sums_host, dp * N * sizeof(float)));
+        tensor_parallel.allocate(N);
+        for (int i = 0; i < 2; i++) {
+            cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
+            cudaCheck(cudaEventCreateWithFlags(&staging_free[i], cudaEventDisableTiming));
+        }
+    }
+
+    ~GPT2() {
+        for (void* p : {(void*)activation_memory,
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory,
+                        (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
+            if (p != nullptr) cudaFree(p);
+        if (loss_sums_host != nullptr) cudaFreeHost(loss_sums_host);
+        for (int i = 0; i < 2; i++) {
+            if (staging[i] != nullptr) cudaFreeHost(staging[i]);
+            if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
+        }
+    }
+
+    // GPT-2 initialisation of unit u of the whole model (wte, wpe, the blocks, the final LayerNorm) into `unit_device`
+    // (fp32, the unit's padded size): N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
+    // biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
+    // index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
+    // neither on the layout nor on the order in which units are made.
+    // Units of the whole model (full_layout): a tensor-parallel rank then keeps its slices, so that every tp makes
+    // the same model.
+    void init_unit(uint64_t seed, int u, float* unit_device) {
+        const ParameterLayout& layout = full_layout;
+        const size_t C = config.channels, V = config.vocab_size, L = config.num_layers;
+        const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * L);
+        const size_t begin = layout.unit_offset(u);
+        auto at = [&](size_t offset) { return unit_device + (offset - begin); };
+        auto seed_of = [&](uint64_t tensor_id) { return splitmix64(seed * 1000003ull + tensor_id); };
+        cudaCheck(cudaMemsetAsync(unit_device, 0, layout.unit_size(u) * sizeof(float), stream));
+        if (u == layout.wte_unit) {
+            fill_normal(at(layout.wte), V * C, std, seed_of(0), stream);
+        } else if (u == layout.wpe_unit) {
+            fill_normal(at(layout.wpe), (size_t)config.max_seq_len * C, std, seed_of(1), stream);
+        } else if (u != layout.lnf_unit) {
+            const int l = u - layout.first_block_unit;
+            fill_constant(at(layout.tensor(l, LN1W)), C, 1.0f, stream);
+            fill_normal(at(layout.tensor(l, QKVW)), 3 * C * C, std, seed_of(2 + 4 * l), stream);
+            fill_normal(at(layout.tensor(l, ATTPROJW)), C * C, residual_std, seed_of(3 + 4 * l), stream);
+            fill_constant(at(layout.tensor(l, LN2W)), C, 1.0f, stream);
+            fill_normal(at(layout.tensor(l, FCW)), 4 * C * C, std, seed_of(4 + 4 * l), stream);
+            fill_normal(at(layout.tensor(l, FCPROJW)), 4 * C * C, residual_std, seed_of(5 + 4 * l), stream);
+        } else {
+            fill_constant(at(layout.lnfw), C, 1.0f, stream);
+        }
+    }
+
+    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its part. With one
+    // rank per layer the layouts are the same and `values` goes on as it is (no copy of the whole model).
+    void set_parameters(const std::vector<float>& values) {
+        if (holds_whole_model()) zero->set_parameters(values);
+        else zero->set_parameters(local_part(values));
+    }
+    bool holds_whole_model() const { return layout.tp == 1 && layout.part.first && layout.part.last; }
+    // This rank's part (layout: its pipeline stage's tensor-parallel slices) of a whole-model array (full_layout).
+    std::vector<float> local_part(const std::vector<float>& full) const {
+        std::vector<float> local(layout.total, 0.0f);
+        layout.for_each_full_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
+            std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
+        });
+        return local;
+    }
+    // The inverse, over the tensor-parallel and pipeline groups: every rank's part (gathered, fp32 host) put back
+    // into the whole model. A collective of both groups. With one rank per layer `local` is the whole model and
+    // is returned as it is (moved when the caller passes a temporary). The pipeline stages' layouts are made from
+    // `stage_parts` (every stage's StageModel).
+    std::vector<float> assemble_whole_model(std::vector<float> local, const std::vector<StageModel>& stage_parts) const {
+        if (holds_whole_model()) return local;
+        const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg);
+        const ParameterLayout whole_stage(config, 8 * mesh.data.size, 1, layout.part);
+        std::vector<float> stage(whole_stage.total, 0.0f);  // this stage's tensor-parallel slices in a tp = 1 layout of its part
+        for (int q = 0; q < layout.tp; q++)
+            layout.for_each_full_run(whole_stage, q, [&](size_t to, size_t from, size_t n) {
+                std::copy(slices[q].begin() + from, slices[q].begin() + from + n, stage.begin() + to);
+            });
+        std::vector<float> full(full_layout.total, 0.0f);
+        // the stages' parts, padded to one length for the gather; the tied wte is taken from the first stage
+        size_t longest = 0;
+        for (const StageModel& m : stage_parts) longest = std::max(longest, ParameterLayout(config, 8 * mesh.data.size, 1, m).total);
+        stage.resize(longest, 0.0f);
+        const std::vector<std::vector<float>> parts = gather_over_pipeline(stage);
+        for (int s = (int)parts.size() - 1; s >= 0; s--) {
+            const ParameterLayout l(config, 8 * mesh.data.size, 1, stage_parts[s]);
+            l.for_each_full_run(full_layout, 0, [&](size_t to, size_t from, size_t n) {
+                std::copy(parts[s].begin() + from, parts[s].begin() + from + n, full.begin() + to);
+            });
+        }
+        return full;
+    }
+    std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local) const {
+        TensorParallel<floatX> over_stages;  // its host gather, on the pipeline group
+        over_stages.group = mesh.pipeline;
+        return over_stages.all_gather_host(local, stream, pg);
+    }
+    // Every stage's part of the model (set by the pipeline; the whole model by default).
+    std::vector<StageModel> stage_parts = {StageModel()};
+    // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank.
+    std::vector<float> full_parameters_host() { return assemble_whole_model(zero->parameters_host(), stage_parts); }
+    // Made unit by unit through one unit-sized device buffer: a model too large for one GPU still initialises.
+    void init_parameters(uint64_t seed) {
+        const std::vector<size_t>& offsets = full_layout.unit_offsets;
+        const std::vector<size_t>& sizes = full_layout.unit_sizes;
+        float* staging;
+        cudaCheck(cudaMalloc(&staging, *std::max_element(sizes.begin(), sizes.end()) * sizeof(float)));
+        std::vector<float> values(full_layout.total, 0.0f);
+        for (size_t u = 0; u < sizes.size(); u++) {
+            init_unit(seed, (int)u, staging);
+            cudaCheck(cudaMemcpyAsync(values.data() + offsets[u], staging, sizes[u] * sizeof(float), cudaMemcpyDeviceToHost, stream));
+            cudaCheck(cudaStreamSynchronize(stream));
+        }
+        cudaCheck(cudaFree(staging));
+        set_parameters(values);
+    }
+
+    // Copies a device buffer of `count` elements to fp32 on the host.
+    template <typename T> static std::vector<float> to_host(const T* device, size_t count) {
+        std::vector<T> raw(count);
+        cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+        return host_floats(raw);
+    }
+
+    // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy); l is a local block.
+    floatX* param(int l, BlockTensor t) const { return zero->unit_params(layout.block_unit(l)) + layout.block_offset[t]; }
+    floatX* grad(int l, BlockTensor t) const {  // null when frozen
+        floatX* unit = zero->unit_grads(layout.block_unit(l));
+        return unit ? unit + layout.block_offset[t] : nullptr;
+    }
+    floatX* wte_params() const { return zero->unit_params(layout.wte_unit); }
+    floatX* wte_grads() const { return zero->unit_grads(layout.wte_unit); }
+    floatX* wpe_params() const { return zero->unit_params(layout.wpe_unit); }
+    floatX* wpe_grads() const { return zero->unit_grads(layout.wpe_unit); }
+    floatX* final_norm_params() const { return zero->unit_params(layout.lnf_unit); }  // lnfw, then lnfb
+    floatX* final_norm_grads() const { return zero->unit_grads(layout.lnf_unit); }
+
+    // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping into the
+    // tokens of activation set `slot` of chunk k (the only one without pipeline parallelism).
+    // Does not wait for the GPU, only for the copy that last used this staging buffer.
+    // k = -1: the sets that forward_all_stages reads tokens from (set 0 of the first and of the last chunk).
+    void upload_batch(const int* inputs, const int* targets, int k = -1, int slot = 0) {
+        if (k < 0) {
+            upload_batch(inputs, targets, 0, 0);
+            if (num_chunks() > 1) upload_batch(inputs, targets, num_chunks() - 1, 0);
+            return;
+        }
+        const size_t N = (size_t)B * T;
+        for (size_t i = 0; i < N; i++)
+            if (inputs[i] < 0 || inputs[i] >= config.vocab_size || (targets && (targets[i] < 0 || targets[i] >= config.vocab_size)))
+                die("token id out of range [0, " + std::to_string(config.vocab_size) + ") in the batch");
+        int* s = staging[staging_index];
+        pg.wait_event(staging_free[staging_index]);  // bounded: a failed peer cannot hang this wait
+        memcpy(s, inputs, N * sizeof(int));
+        if (targets) memcpy(s + N, targets, N * sizeof(int));
+        else memset(s + N, 0, N * sizeof(int));
+        ActivationSet<floatX>& set = sets[k][slot];
+        set.num_buckets = encoder_buckets(inputs, (int)N, config.vocab_size, s + 2 * N, bucket_counts);
+        const size_t ints = 2 * N + 2 * set.num_buckets + 1 + N;
+        cudaCheck(cudaMemcpyAsync(set.tokens, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaEventRecord(staging_free[staging_index], stream));
+        staging_index ^= 1;
+    }
+
+    // LoRA: out += s B A dropout(x) after the base product of target t in block l (no-op without LoRA).
+    void adapt_forward(int l, int t, floatX* out, const floatX* x) {
+        if (!lora.enabled() || !lora.targets_has(t)) return;
+        const int N = B * T, C = config.channels;
+        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
+        lora_forward(out, lora_u_buffer(l, t), adapter_input(l, t, x), params + adapter_layout->a(l, t),
+                     params + adapter_layout->b(l, t), lora.scale(), N, lora_in(t, C), lora_out(t, C), lora.rank, stream);
+    }
+    // LoRA backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
+    void adapt_backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x) {
+        if (!lora.enabled() || !lora.targets_has(t)) return;
+        const int N = B * T, C = config.channels, in = lora_in(t, C);
+        const floatX* x_in = adapter_input(l, t, x);
+        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
+        floatX* grads = adapters->unit_grads(l + 1) - adapter_layout->unit_begin(l);
+        const bool dropout = x_in != x;
+        // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
+        // input copy the products have read by then), and is added afterwards
+        lora_backward(dropout ? lora_dropped : dx, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du,
+                      dout, lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
+                      lora.scale(), N, in, lora_out(t, C), lora.rank, !dropout, stream);
+        if (dropout) {
+            lora_dropout(lora_dropped, lora_dropped, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
+            accumulate_into(dx, lora_dropped, (long)N * in, stream);
+        }
+    }
+    // The adapter's input: x, or while training with dropout, dropout(x) from this micro-step's masks.
+    const floatX* adapter_input(int l, int t, const floatX* x) {
+        if (!training || lora.dropout <= 0.0f) return x;
+        lora_dropout(lora_dropped, x, (long)B * T * lora_in(t, config.channels), lora.dropout, dropout_seed(l, t), stream);
+        return lora_dropped;
+    }
+    floatX* lora_u_buffer(int l, int t) const {
+        int index = 0;
+        for (int k = 0; k < t; k++) index += lora.targets_has(k);
+        return lora_u + ((size_t)l * __builtin_popcount(lora.targets) + index) * B * T * lora.rank;
+    }
+    uint64_t dropout_seed(int l, int t) const { return splitmix64(lora_dropout_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
+
+    // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
+    // from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as separate
+    // kernels both ways, so they equal --gelu-fusion 0 bit for bit
+    bool fused_gelu_without_adapter(int t) const {
+        return gelu_fusion && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
+               (recompute == kKeepAll || recompute >= kRecomputeBlock);
+    }
+    bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
+    bool fcproj_dgelu_fused() const { return fused_gelu_without_adapter(kLoraFcProj); }
+    // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
+    // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
+    int heads() const { return config.num_heads / layout.tp; }
+    int hidden() const { return 4 * config.channels / layout.tp; }
+    int head_size() const { return config.channels / config.num_heads; }
+    // Row-parallel products add their bias on tensor-parallel rank 0 only: g's sum then holds it once.
+    const floatX* row_parallel_bias(int l, BlockTensor t) const { return tensor_parallel.rank() == 0 ? param(l, t) : nullptr; }
+    // Rows of the LayerNorm and residual regions on this rank: all B*T, or 1/tp of them under sequence parallelism.
+    int region_rows() const { return B * T / sequence_split(); }
+
+    // Where the LayerNorm/residual regions meet the split products: the f and g operators of
+    // distributed/tensor_parallel.cuh, with sequence parallelism's all-gathers and reduce-scatters in place of the
+    // identities and all-reduces.
+    // f forward: the input of a column-parallel product, whole (sequence parallelism gathers the rows).
+    const floatX* column_input(const floatX* x) {
+        if (sequence_split() == 1) return x;
+        tensor_parallel.all_gather_rows(x, gathered, (size_t)region_rows() * config.channels, stream);
+        return gathered;
+    }
+    // g forward: the partial sums in `partial` (B*T rows) summed into this rank's rows: into `rows` when given
+    // under sequence parallelism, else in place (the result is `partial`, or a pointer into it).
+    const floatX* row_output(floatX* partial, floatX* rows = nullptr) {
+        const size_t n = (size_t)region_rows() * config.channels;
+        if (sequence_split() == 1) {
+            tensor_parallel.g_forward(partial, n, stream);
+            return partial;
+        }
+        floatX* mine = rows != nullptr ? rows : partial + tensor_parallel.rank() * n;
+        tensor_parallel.reduce_scatter_rows(partial, mine, n, stream);
+        return mine;
+    }
+    // g backward: the gradient of a row-parallel product's output (dresidual), whole; under sequence parallelism
+    // gathered into proj_out, which the backward does not otherwise use.
+    const floatX* row_output_grad(const floatX* dresidual) {
+        if (sequence_split() == 1) return dresidual;
+        tensor_parallel.all_gather_rows(dresidual, proj_out, (size_t)region_rows() * config.channels, stream);
+        return proj_out;
+    }
+    // The backward of a column-parallel product y = x W^T + b (x whole; the LoRA adapter `target` of block l, or -1):
+    // dx = dy W into dbtc, whose sum over the tensor-parallel group (f's backward) runs on the group's stream while
+    // dW += dy^T x and db compute. Returns this rank's rows of dx.
+    const floatX* column_parallel_backward(floatX* dweight, floatX* dbias, const floatX* weight, const floatX* dy, const floatX* x,
+                                           int out_features, int l, int target) {
+        const int N = B * T, C = config.channels;
+        matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
+        if (target >= 0) adapt_backward(l, target, dbtc, dy, x);
+        const bool scatter = sequence_split() > 1;
+        const floatX* dx = tensor_parallel.begin_f_backward(dbtc, (size_t)(scatter ? region_rows() : N) * C, scatter, stream);
+        matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N, C, out_features, stream);
+        tensor_parallel.end_f_backward(stream);
+        return dx;
+    }
+    // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
+    // the tensor-parallel group when this micro-step's gradients are reduced (accumulated gradients are summed once).
+    void sum_layernorm_grads(floatX* grads, size_t n) {
+        if (sequence_split() > 1 && grads != nullptr && trained().reduces_this_micro_step()) tensor_parallel.sum_over_ranks(grads, n, stream);
+    }
+
+    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of local block l (this rank's hidden units).
+    void fc_gelu_forward(int l, LayerActivations<floatX>& a) {
+        const int N = B * T, C = config.channels;
+        const floatX* x = column_input(a.ln2);
+        if (fc_gelu_fused()) {
+            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+            return;
+        }
+        matmul_forward(a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+        adapt_forward(l, kLoraFc, a.fch, x);
+        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);
+    }
+    // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
+    // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU.
+    void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
+        const int N = B * T, C = config.channels, Cs = heads() * head_size();
+        const floatX* x = column_input(a.ln1);
+        matmul_forward(a.qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
+        adapt_forward(l, kLoraQkv, a.qkv, x);
+        flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
+        matmul_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N, Cs, C, stream);
+        adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
+        residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
+                                   param(l, LN2W), param(l, LN2B), region_rows(), C, stream);
+        fc_gelu_forward(l, a);
+    }
+
+    // Forward over the uploaded batch (activation set 0 of the whole model). With dloss != 0 the classifier also
+    // leaves the logits gradient in `logits` (see fused_classifier); with dloss == 0 `logits` keeps the logits
+    // (this rank's vocabulary columns). Per-row losses in `losses` when `with_loss`.
+    void forward(bool with_loss, float dloss) {
+        forward_chunk(0, sets[0][0]);
+        head_forward(sets[0][0], with_loss, dloss);
+    }
+
+    // The forward of chunk k on activation set `set`: the embeddings first when the chunk begins the model (the
+    // set's input otherwise holds the residual stream, received from the previous stage), then its blocks. The
+    // chunk's output is its last block's residual3, which is the residual stream that goes on to the next chunk, or
+    // when the chunk ends the model, the input of the final LayerNorm, whose output (lnf) it also computes.
+    void forward_chunk(int k, ActivationSet<floatX>& set) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        zero->begin_forward();
+        if (adapters) adapters->wait_for_parameters();
+        if (model_begins(k)) {
+            // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
+            // the positions; g sums them (into this rank's rows under sequence parallelism)
+            const floatX* wpe = tensor_parallel.rank() == 0 ? wpe_params() : nullptr;
+            floatX* lookup = sequence_split() > 1 ? proj_out : set.input;
+            encoder_forward(lookup, set.tokens, wte_params(), wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
+            row_output(lookup, set.input);
+        }
+        // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
+        floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
+        for (int l = begin; l < end; l++) {
+            LayerActivations<floatX>& a = set.layers[l - begin];
+            zero->before_unit_forward(layout.block_unit(l));
+            // the first LayerNorm of a block was fused into the previous block's closing residual add, except in
+            // the chunk's first block
+            if (l == begin) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, set.input, param(l, LN1W), param(l, LN1B), Nr, C, stream);
+            const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
+            attention_and_fc_forward(l, a, residual_in);
+            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), hidden(), C, stream);
+            adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
+            // residual3 = residual2 + mlp, normalised by the next block's first LayerNorm (or the final one); under
+            // ZeRO-3 the next block's LayerNorm parameters are its gathered copy. At the end of a chunk that does
+            // not end the model the next block is on another stage (or chunk): the residual add alone.
+            const floatX* mlp = row_output(proj_out);
+            if (l + 1 < end) {
+                zero->before_unit_forward(layout.block_unit(l + 1));
+                LayerActivations<floatX>& next = set.layers[l + 1 - begin];
+                residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, mlp,
+                                           param(l + 1, LN1W), param(l + 1, LN1B), Nr, C, stream);
+            } else if (model_ends(k)) {
+                zero->before_unit_forward(layout.lnf_unit);
+                residual_layernorm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
+                                           final_norm_params() + C, Nr, C, stream);
+            } else {
+                residual_forward(a.residual3, a.residual2, mlp, (long)Nr * C, stream);
+            }
+            zero->after_unit_forward(layout.block_unit(l));
+        }
+    }
+    // A forward of the uploaded batch through every stage (evaluation and sampling): the chunks in the order of
+    // their virtual stages (chunk k of stage s is virtual stage k x P + s), each stage receiving the residual
+    // stream from the one before and sending its chunk's output on, on the compute stream: one micro-batch flows
+    // along a chain, which cannot deadlock. The loss (with_loss) and the logits end on the last stage.
+    void forward_all_stages(bool with_loss) {
+        const int P = mesh.pipeline.size, stage = mesh.pipeline.rank;
+        if (P == 1) {
+            forward(with_loss, 0.0f);
+            return;
+        }
+        const size_t n = (size_t)region_rows() * config.channels;
+        for (int k = 0; k < num_chunks(); k++) {
+            ActivationSet<floatX>& set = sets[k][0];
+            const int virtual_stage = k * P + stage;
+            if (!model_begins(k))
+                ncclCheck(ncclRecv(set.input, n, nccl_type<floatX>(), (virtual_stage - 1) % P, mesh.pipeline.comm, stream));
+            forward_chunk(k, set);
+            if (model_ends(k)) head_forward(set, with_loss, 0.0f);
+            else ncclCheck(ncclSend(chunk_output(k, set), n, nccl_type<floatX>(), (virtual_stage + 1) % P, mesh.pipeline.comm, stream));
+        }
+    }
+    // The chunk's output: the residual stream that the next chunk (on the next stage) receives.
+    floatX* chunk_output(int k, ActivationSet<floatX>& set) const { return set.layers[chunk_begin[k + 1] - chunk_begin[k] - 1].residual3; }
+    int N() const { return B * T; }
+
+    // The LM head and the loss, after the model's last chunk ran on `set`: logits = lnf wte^T (this rank's
+    // vocabulary columns; f: lnf enters the LM head) and the vocabulary-parallel cross-entropy.
+    void head_forward(ActivationSet<floatX>& set, bool with_loss, float dloss) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        if (sequence_split() > 1) tensor_parallel.all_gather_rows(lnf + (size_t)tensor_parallel.rank() * Nr * C, lnf, (size_t)Nr * C, stream);
+        matmul_forward(logits, lnf, wte_params(), (const floatX*)nullptr, N(), C, Vl, stream);
+        const int* targets = set.tokens + (size_t)B * T;
+        if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N(), config.vocab_size, Vl, stream);
+    }
+
+    // Refills the activations of local block l that --recompute did not keep, with the forward's own kernels:
+    // the kernels are deterministic, so the backward sees exactly the values the forward computed.
+    void recompute_activations(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
+        if (recompute == kKeepAll) return;
+        const int N = B * T, C = config.channels, Nr = region_rows();
+        if (recompute >= kRecomputeGeluLayerNorm)
+            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), Nr, C, stream);
+        if (recompute >= kRecomputeBlock) {
+            attention_and_fc_forward(l, a, residual_in);
+            return;
+        }
+        if (recompute >= kRecomputeGeluLayerNorm)
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), Nr, C, stream);
+        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);  // the forward's own kernel (see fc_gelu_fused)
+    }
+
+    // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
+    void accumulate_loss() {
+        if (layout.part.last) accumulate_losses(loss_sums, losses, B * T, stream);  // the other stages' sums stay zero
+        forwards_summed++;
+    }
+
+    // Backward after forward(true, dloss != 0). Gradients accumulate (+=) over the micro-steps of a step
+    // (between zero_grad() calls); `last_micro_step` tells data parallelism when to reduce them.
+    // Under tensor parallelism the gradients entering the replicated regions are summed by f's backward (after
+    // the LM head, fc and qkv); the row-parallel products need no collective (g's backward is the identity), except
+    // under sequence parallelism, whose f and g swap all-reduces for reduce-scatters and all-gathers.
+    void backward(bool last_micro_step = true) {
+        trained().begin_backward(last_micro_step);
+        head_backward(sets[0][0]);
+        backward_chunk(0, sets[0][0]);
+        trained().end_backward();
+    }
+
+    // The LM head's and the final LayerNorm's backward, after head_forward with dloss != 0 left the logits'
+    // gradient in `logits`: set.dresidual becomes d(loss)/d(the last block's residual3).
+    void head_backward(ActivationSet<floatX>& set) {
+        const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        cudaCheck(cudaMemsetAsync(set.dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
+        const floatX* dlnf = column_parallel_backward(wte_grads(), nullptr, wte_params(), logits, lnf, Vl, -1, -1);
+        layernorm_backward(set.dresidual, final_norm_grads(), reduce_scratch, dlnf, set.layers.back().residual3,
+                           final_norm_params(), lnf_mean, lnf_rstd, Nr, C, stream);
+        sum_layernorm_grads(final_norm_grads(), 2 * (size_t)C);
+        if (adapters) {
+            adapters->after_unit_backward(config.num_layers + 1);
+            return;
+        }
+        zero->after_unit_backward(layout.lnf_unit);
+        if (layout.part.tied_copy()) zero->after_unit_backward(layout.wte_unit);  // the LM head's copy of wte is complete
+    }
+
+    // The backward of chunk k on `set`, whose dresidual holds d(loss)/d(the chunk's output): from the head
+    // (head_backward), or received from the next stage. Leaves d(loss)/d(the chunk's input) in set.dresidual
+    // (sent to the previous stage) or, when the chunk begins the model, adds it into the embeddings' gradients.
+    void backward_chunk(int k, ActivationSet<floatX>& set) {
+        const int N = B * T, C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+        const int Cs = heads() * head_size();
+        const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        floatX* dresidual = set.dresidual;
+        for (int l = end - 1; l >= begin; l--) {
+            LayerActivations<floatX>& a = set.layers[l - begin];
+            const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
+            zero->before_unit_backward(layout.block_unit(l));
+            if (adapters) adapters->before_unit_backward(l + 1);
+            recompute_activations(l, a, residual_in);
+            // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dbig
+            // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
+            // must add its share before it
+            const bool dgelu_fused = fcproj_dgelu_fused();
+            const floatX* dmlp = row_output_grad(dresidual);
+            matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dmlp, a.fch_gelu,
+                            param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
+            if (!dgelu_fused) {
+                adapt_backward(l, kLoraFcProj, dbig, dmlp, a.fch_gelu);
+                gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
+            }
+            // ln2 re-gathered under sequence parallelism
+            const floatX* dln2 = column_parallel_backward(grad(l, FCW), grad(l, FCB), param(l, FCW), dbig, column_input(a.ln2),
+                                                          hidden(), l, kLoraFc);
+            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
+                               a.ln2_mean, a.ln2_rstd, Nr, C, stream);
+            // now d(loss)/d(residual2), which passes to residual_in and into the attention
+            const floatX* dattention = row_output_grad(dresidual);
+            matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dattention, a.atty,
+                            param(l, ATTPROJW), N, Cs, C, stream);
+            adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
+            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
+                                     deterministic_attention, stream);
+            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), grad(l, QKVB), param(l, QKVW), dbig, column_input(a.ln1),
+                                                          3 * Cs, l, kLoraQkv);
+            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
+                               a.ln1_mean, a.ln1_rstd, Nr, C, stream);
+            sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
+            sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
+            if (adapters) adapters->after_unit_backward(l + 1);
+            else zero->after_unit_backward(layout.block_unit(l));
+        }
+        if (!model_begins(k)) return;
+        const int* bucket_data = set.tokens + 2 * (size_t)B * T;
+        if (wte_grads() != nullptr)  // not frozen
+            encoder_backward(wte_grads(), wpe_grads(), row_output_grad(dresidual), bucket_data, set.num_buckets, B, T, C, stream,
+                             tensor_parallel.rank() * Vl, Vl);
+        if (adapters) {
+            adapters->after_unit_backward(0);
+            return;
+        }
+        zero->after_unit_backward(layout.wpe_unit);
+        zero->after_unit_backward(layout.wte_unit);
+    }
+
+    void zero_grad() { trained().zero_grad(); }
+
+    // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
+    // copy to the host and the clearing of the sums, without waiting: the training step asks for them before
+    // the optimizer step and reads them after its one wait, so no second round trip between ranks follows it.
+    // The data-parallel group's rows: a tensor-parallel group computes the same losses on every one of its ranks.
+    void request_losses() {
+        const size_t N = (size_t)B * T;
+        // the last pipeline stage computed the losses: summed over the stages, whose other sums are zero
+        if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(loss_sums, loss_sums, N, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
+        if (mesh.data.size > 1) ncclCheck(ncclAllGather(loss_sums, all_loss_sums, N, ncclFloat32, mesh.data.comm, stream));
+        cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, mesh.data.size * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
+        losses_requested = true;
+    }
+    // Mean loss over all ranks' rows of the forwards accumulated since the last call (e.g. the micro-steps of one
+    // step). Synchronises; the rows are summed in double on the host in rank order, so the value does not depend
+    // on a reduction order.
+    float take_mean_loss() {
+        if (!losses_requested) request_losses();
+        pg.synchronize(stream);
+        losses_requested = false;
+        const size_t rows = (size_t)mesh.data.size * B * T;
+        double total = 0.0;
+        for (size_t i = 0; i < rows; i++) total += loss_sums_host[i];
+        const float mean = (float)(total / ((double)rows * std::max(1, forwards_summed)));
+        forwards_summed = 0;
+        return mean;
+    }
+
+    // Returns once every rank has called it: a one-float all-reduce, waited for within --nccl-timeout.
+    void barrier() {
+        pg.all_reduce_sum(device_scalar, stream);
+        pg.synchronize(stream);
+    }
+
+    // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
+    // Each rank takes the mean of its own rows; the gradient reduction averages over ranks.
+    float dloss(int grad_accum_steps) const {
+        return (lora.enabled() ? adapters : zero)->scaler.scale / ((float)B * T * grad_accum_steps);
+    }
+    void enable_loss_scaling(float initial_scale, int growth_interval) {
+        trained().scaler.scale = initial_scale;
+        trained().scaler.growth_interval = growth_interval;
+    }
+
+    // LoRA adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
+    void init_adapters(uint64_t seed) {
+        float* staging;
+        const size_t n = adapter_layout->total;
+        cudaCheck(cudaMalloc(&staging, n * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(staging, 0, n * sizeof(float), stream));
+        for (int l = 0; l < config.num_layers; l++)
+            for (int t = 0; t < kLoraTargets; t++)
+                if (lora.targets_has(t)) {
+                    const int in = lora_in(t, config.channels);
+                    fill_uniform(staging + adapter_layout->a(l, t), (long)lora.rank * in, 1.0f / sqrtf((float)in),
+                                 splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
+                }
+        std::vector<float> values(n);
+        cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(staging));
+        adapters->set_parameters(values);
+    }
+};

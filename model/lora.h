@@ -1,0 +1,189 @@
+// LoRA (docs/lora.md): which matrices of each block carry adapters (LoraSpec), the adapters' own flat device
+// buffer (AdapterLayout), adapter files, and the merge of adapters into the base model.
+// defines: LoraTargetIndex, lora_target_name, lora_target_weight, lora_in, lora_out, LoraSpec, parse_lora_targets,
+//          AdapterLayout, kAdapterMagic, write_adapter_file, read_adapter_file, merge_adapters
+#pragma once
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"    // LayoutMask
+#include "../distributed/zero.cuh"  // UnitKind
+#include "config.h"                 // die, ModelConfig, BlockTensor, ParameterLayout
+
+// ---------------------------------------------------------------------------------------------
+// LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
+// the adapters of block l form unit l+1 of their own flat buffer (units 0 and L+1 are empty, matching
+// ParameterLayout's unit numbering), each target's A then B in the order qkv, attn-proj, fc, fc-proj: the
+// order of the adapter file.
+
+enum LoraTargetIndex { kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj, kLoraTargets };
+inline const char* lora_target_name(int t) {
+    static const char* names[] = {"qkv", "attn-proj", "fc", "fc-proj"};
+    return names[t];
+}
+inline BlockTensor lora_target_weight(int t) {
+    static const BlockTensor weights[] = {QKVW, ATTPROJW, FCW, FCPROJW};
+    return weights[t];
+}
+inline int lora_in(int t, int C) { return t == kLoraFcProj ? 4 * C : C; }
+inline int lora_out(int t, int C) { return t == kLoraQkv ? 3 * C : t == kLoraFc ? 4 * C : C; }
+
+struct LoraSpec {
+    int rank = 0;        // 0: LoRA off
+    float alpha = 0.0f;
+    unsigned targets = 0;  // bit t = LoraTargetIndex t
+    float dropout = 0.0f;
+    bool enabled() const { return rank > 0; }
+    bool targets_has(int t) const { return (targets >> t) & 1u; }
+    float scale() const { return alpha / (float)rank; }
+};
+
+// "qkv,fc" -> bitmask; 0 on an unknown name.
+inline unsigned parse_lora_targets(const std::string& list) {
+    unsigned mask = 0;
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, end - start);
+        bool known = false;
+        for (int t = 0; t < kLoraTargets; t++)
+            if (name == lora_target_name(t)) { mask |= 1u << t; known = true; }
+        if (!known) return 0;
+        start = end + 1;
+    }
+    return mask;
+}
+
+struct AdapterLayout {
+    ModelConfig config;
+    LoraSpec spec;
+    size_t unit_stride = 0, total = 0;
+    size_t offset_a[kLoraTargets] = {}, offset_b[kLoraTargets] = {};  // within a layer's unit
+    size_t count = 0;                                                 // adapter parameters (no padding)
+    AdapterLayout(const ModelConfig& c, const LoraSpec& s, size_t unit_multiple) : config(c), spec(s) {
+        size_t size = 0;
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!s.targets_has(t)) continue;
+            offset_a[t] = size;
+            size += (size_t)s.rank * lora_in(t, c.channels);
+            offset_b[t] = size;
+            size += (size_t)lora_out(t, c.channels) * s.rank;
+        }
+        count = size * c.num_layers;
+        unit_stride = (size + unit_multiple - 1) / unit_multiple * unit_multiple;
+        edge_ = unit_multiple;
+        total = edge_ + unit_stride * c.num_layers + edge_;
+    }
+    size_t layer_size() const { return count / config.num_layers; }
+    size_t unit_begin(int l) const { return edge_ + l * unit_stride; }  // layer l's adapters
+    size_t a(int l, int t) const { return edge_ + l * unit_stride + offset_a[t]; }
+    size_t b(int l, int t) const { return edge_ + l * unit_stride + offset_b[t]; }
+    std::vector<size_t> unit_offsets() const {
+        std::vector<size_t> v = {0};
+        for (int l = 0; l <= config.num_layers; l++) v.push_back(edge_ + l * unit_stride);
+        return v;
+    }
+    std::vector<size_t> unit_sizes() const {
+        std::vector<size_t> v = {edge_};
+        for (int l = 0; l < config.num_layers; l++) v.push_back(unit_stride);
+        v.push_back(edge_);
+        return v;
+    }
+    std::vector<UnitKind> unit_kinds() const {  // the layers gathered on use (ZeRO-3), the edges persistent
+        std::vector<UnitKind> v(config.num_layers + 2, UnitKind::kGathered);
+        v.front() = v.back() = UnitKind::kPersistent;
+        return v;
+    }
+    LayoutMask decay_mask() const {  // A and B are 2-D: all of them decay (with the LoRA weight decay)
+        LayoutMask mask;
+        mask.head_end = total;
+        return mask;
+    }
+
+private:
+    size_t edge_ = 8;  // the empty first and last units (one shard slot per rank)
+};
+
+// Adapter files (docs/lora.md): header of 256 int32 (magic 20261127, version 1, rank, alpha, targets, L, C,
+// tensor count), then fp32 A and B per layer and target. `values` uses the device layout (padded units).
+constexpr int kAdapterMagic = 20261127;
+
+inline void write_adapter_file(const std::string& path, const AdapterLayout& layout, const std::vector<float>& values) {
+    int header[256] = {};
+    header[0] = kAdapterMagic;
+    header[1] = 1;
+    header[2] = layout.spec.rank;
+    memcpy(&header[3], &layout.spec.alpha, sizeof(float));
+    header[4] = (int)layout.spec.targets;
+    header[5] = layout.config.num_layers;
+    header[6] = layout.config.channels;
+    header[7] = 2 * layout.config.num_layers * __builtin_popcount(layout.spec.targets);
+    std::vector<float> body;
+    for (int l = 0; l < layout.config.num_layers; l++)
+        body.insert(body.end(), values.begin() + layout.unit_begin(l), values.begin() + layout.unit_begin(l) + layout.layer_size());
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
+    bool ok = fwrite(header, sizeof(int), 256, f) == 256 && fwrite(body.data(), sizeof(float), body.size(), f) == body.size();
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) die(tmp + ": write failed (disk full?)");
+    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+}
+
+// Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`.
+inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for an adapter header (1024 bytes)");
+    if (header[0] != kAdapterMagic) die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kAdapterMagic) + ", an adapter file)");
+    if (header[1] != 1) die(path + ": unsupported adapter file version " + std::to_string(header[1]) + " (expected 1)");
+    LoraSpec spec;
+    spec.rank = header[2];
+    memcpy(&spec.alpha, &header[3], sizeof(float));
+    spec.targets = (unsigned)header[4];
+    if (spec.rank <= 0) die(path + ": rank " + std::to_string(spec.rank) + " must be positive");
+    if (!(spec.alpha > 0.0f) || !std::isfinite(spec.alpha)) die(path + ": alpha must be finite and positive");
+    if (spec.targets == 0 || spec.targets > 15) die(path + ": bad target bitmask " + std::to_string(header[4]) + " (1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)");
+    if (header[5] != config.num_layers || header[6] != config.channels)
+        die(path + ": adapters for " + std::to_string(header[5]) + " layers x " + std::to_string(header[6]) + " channels, the model has " +
+            std::to_string(config.num_layers) + " x " + std::to_string(config.channels));
+    if (header[7] != 2 * config.num_layers * __builtin_popcount(spec.targets)) die(path + ": tensor count does not match its targets");
+    const AdapterLayout layout(config, spec, unit_multiple);
+    std::vector<float> body(layout.count);
+    if (fread(body.data(), sizeof(float), body.size(), f) != body.size()) die(path + ": truncated");
+    if (fgetc(f) != EOF) die(path + ": longer than its header says");
+    fclose(f);
+    values.assign(layout.total, 0.0f);
+    for (int l = 0; l < config.num_layers; l++)
+        std::copy(body.begin() + l * layout.layer_size(), body.begin() + (l + 1) * layout.layer_size(),
+                  values.begin() + layout.unit_begin(l));
+    return spec;
+}
+
+// The merged model W = W0 + s B A for every adapted matrix (summed in double, rounded once), padded layout.
+inline std::vector<float> merge_adapters(const ParameterLayout& base, const std::vector<float>& base_values,
+                                         const AdapterLayout& adapters, const std::vector<float>& adapter_values) {
+    std::vector<float> merged = base_values;
+    const int C = base.config.channels, r = adapters.spec.rank;
+    const double s = adapters.spec.scale();
+    for (int l = 0; l < base.config.num_layers; l++)
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!adapters.spec.targets_has(t)) continue;
+            const int in = lora_in(t, C), out = lora_out(t, C);
+            const float* A = &adapter_values[adapters.a(l, t)];
+            const float* Bm = &adapter_values[adapters.b(l, t)];
+            float* W = &merged[base.tensor(l, lora_target_weight(t))];
+            for (int o = 0; o < out; o++)
+                for (int i = 0; i < in; i++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * in + i];
+                    W[(size_t)o * in + i] = (float)((double)W[(size_t)o * in + i] + s * acc);
+                }
+        }
+    return merged;
+}

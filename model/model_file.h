@@ -1,0 +1,117 @@
+// llm.c model files: a 256-int header (magic, version, shape), then every parameter as fp32 (version 3) or bf16
+// (version 5) in llm.c's tensor-major order, converted to and from the device's block-major layout.
+// defines: kModelMagic, kModelVersionFP32, kModelVersionBF16, float_to_bf16_bits, bf16_bits_to_float, read_model_header,
+//          read_model_file, write_model_file
+#pragma once
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "config.h"  // die, ModelConfig, config_problem, ParameterLayout
+
+// ---------------------------------------------------------------------------------------------
+// llm.c model files. Values travel as fp32 on the host in device (block-major) order.
+
+constexpr int kModelMagic = 20240326;
+constexpr int kModelVersionFP32 = 3, kModelVersionBF16 = 5;
+
+inline uint16_t float_to_bf16_bits(float x) {  // round to nearest even
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return (uint16_t)(bits >> 16);  // inf / nan
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+inline float bf16_bits_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+inline ModelConfig read_model_header(FILE* f, const std::string& path, int* version) {
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for a model header (1024 bytes)");
+    if (header[0] != kModelMagic)
+        die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kModelMagic) + ", an llm.c model file)");
+    if (header[1] != kModelVersionFP32 && header[1] != kModelVersionBF16)
+        die(path + ": unsupported model version " + std::to_string(header[1]) + " (expected 3 = fp32 or 5 = bf16)");
+    *version = header[1];
+    ModelConfig c;
+    c.max_seq_len = header[2];
+    c.vocab_size = header[3];
+    c.num_layers = header[4];
+    c.num_heads = header[5];
+    c.channels = header[6];
+    c.padded_vocab_size = header[7];
+    std::string problem = config_problem(c);
+    if (!problem.empty()) die(path + ": " + problem);
+    return c;
+}
+
+// Reads an llm.c model file into `values` (fp32, device order).
+// `values` uses the device layout with the given unit padding (see ParameterLayout).
+inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values, size_t unit_multiple = 8) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f == nullptr) die(path + ": cannot open model file: " + strerror(errno));
+    int version;
+    ModelConfig config = read_model_header(f, path, &version);
+    ParameterLayout layout(config, unit_multiple);
+    const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
+    fseek(f, 0, SEEK_END);
+    const long file_size = ftell(f);
+    const long expected = 1024 + (long)(layout.count * element_bytes);
+    if (file_size != expected)
+        die(path + ": size " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) + " for its header's shape");
+    fseek(f, 1024, SEEK_SET);
+    std::vector<uint8_t> raw(layout.count * element_bytes);
+    if (fread(raw.data(), 1, raw.size(), f) != raw.size()) die(path + ": read failed");
+    fclose(f);
+    values.assign(layout.total, 0.0f);
+    layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
+        for (size_t i = 0; i < count; i++) {
+            if (element_bytes == 4) memcpy(&values[device_offset + i], &raw[(file_offset + i) * 4], 4);
+            else {
+                uint16_t b;
+                memcpy(&b, &raw[(file_offset + i) * 2], 2);
+                values[device_offset + i] = bf16_bits_to_float(b);
+            }
+        }
+    });
+    return config;
+}
+
+// Writes `values` (fp32, device order) as an llm.c model file: fp32 (version 3) or bf16 (version 5).
+// Written to a temporary name and renamed, so a crash never leaves a half-written file.
+inline void write_model_file(const std::string& path, const ParameterLayout& layout, const std::vector<float>& values, bool bf16) {
+    const ModelConfig& c = layout.config;
+    int header[256] = {};
+    header[0] = kModelMagic;
+    header[1] = bf16 ? kModelVersionBF16 : kModelVersionFP32;
+    header[2] = c.max_seq_len;
+    header[3] = c.vocab_size;
+    header[4] = c.num_layers;
+    header[5] = c.num_heads;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    const size_t element_bytes = bf16 ? 2 : 4;
+    std::vector<uint8_t> raw(layout.count * element_bytes);
+    layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
+        for (size_t i = 0; i < count; i++) {
+            if (!bf16) memcpy(&raw[(file_offset + i) * 4], &values[device_offset + i], 4);
+            else {
+                uint16_t b = float_to_bf16_bits(values[device_offset + i]);
+                memcpy(&raw[(file_offset + i) * 2], &b, 2);
+            }
+        }
+    });
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
+    bool ok = fwrite(header, sizeof(int), 256, f) == 256 && fwrite(raw.data(), 1, raw.size(), f) == raw.size();
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) die(tmp + ": write failed (disk full?)");
+    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+}
