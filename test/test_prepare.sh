@@ -60,7 +60,8 @@ if command -v xz > /dev/null; then
     head -c $(( $(stat -c %s "$W/big.txt.xz") - 64 )) "$W/big.txt.xz" > "$W/truncated.txt.xz"
     $BIN --out "$W/xz/ts" --shard-size 50000 --val-fraction 0.1 "$W/sections.txt" > "$W/xz1.out" 2>&1
     before=$(sums "$W/xz"); n=$(ls "$W/xz" | wc -l)
-    $BIN --out "$W/xz/ts" --shard-size 2000 --val-fraction 0.1 "$W/truncated.txt.xz" > "$W/xz2.out" 2>&1 &
+    # --threads 2: the batches of documents read before the first shard is written grow with the thread count
+    $BIN --out "$W/xz/ts" --shard-size 2000 --val-fraction 0.1 --threads 2 "$W/truncated.txt.xz" > "$W/xz2.out" 2>&1 &
     pid=$!; staged=0
     while kill -0 $pid 2> /dev/null; do  # how many shards it staged before failing
         s=$(ls "$W/xz/.prepare_ts.$pid" 2> /dev/null | wc -l); [ "$s" -gt "$staged" ] && staged=$s; sleep 0.02
@@ -85,7 +86,7 @@ globbed() { ls "$W"/kill/k_train_*.bin "$W"/kill/k_val_*.bin 2> /dev/null | tr '
 globbed_before=$(globbed)
 kill_run() {  # kill_run SIGNAL: starts a run, waits for its first staged shard, sends SIGNAL; sets pid, staged, rc
     rm -f "$W/fifo"; mkfifo "$W/fifo"
-    $BIN --out "$W/kill/k" --shard-size 2000 --val-docs 10 - < "$W/fifo" > "$W/kill.out" 2>&1 &
+    $BIN --out "$W/kill/k" --shard-size 2000 --val-docs 10 --threads 2 - < "$W/fifo" > "$W/kill.out" 2>&1 &
     pid=$!
     exec 3> "$W/fifo"
     cat "$W/big.txt" >&3
