@@ -13,7 +13,7 @@
 // below): the new shards are written into a staging folder next to them and renamed into place at the end,
 // shards of the earlier set that the new one lacks are deleted, so the prefix's set is exactly this run's.
 // A run that fails (bad input, an empty train or validation split, a signal) leaves the earlier set as it
-// was. Long documents are encoded in parts of at most 1 MiB (see next_parts), so memory stays bounded.
+// was. Long documents are encoded in parts of at most 1 MiB (see safe_parts), so memory stays bounded.
 //
 // `--count FILE...` instead prints each file's plain token count (tiktoken's encode_ordinary, no EOTs) and
 // the single-thread encode speed.
@@ -43,7 +43,6 @@
 #include "shards.h"
 #include "text_reader.h"
 #include "tokenizer.h"
-#include "unicode_tables.h"
 
 namespace {
 
@@ -186,106 +185,12 @@ Options parse_args(int argc, char** argv) {
 // chunks of, say, 100 MB of random letters would hold 3-4 bytes per input byte (415 MB measured).
 constexpr size_t kMaxPart = size_t(1) << 20;
 constexpr size_t kPathologicalChunk = 64;
-// next_parts decodes the character at a cut, up to 4 bytes: the text must extend this far past the limit.
+// safe_parts decodes the character at a cut, up to 4 bytes: the text must extend this far past the limit.
 constexpr size_t kCutMargin = 16;
-
-using unicode_tables::CharClass;
-
-// The tokenizer's character segmentation (tokenizer.cpp): a well-formed UTF-8 sequence is one character,
-// any other byte is a one-byte character of class "other".
-int utf8_length(const unsigned char* s, size_t n, size_t i, uint32_t& cp) {
-    const unsigned char b0 = s[i];
-    auto cont = [&](size_t k) { return i + k < n && (s[i + k] & 0xC0) == 0x80; };
-    if (b0 < 0x80) {
-        cp = b0;
-        return 1;
-    }
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-        if (!cont(1)) return 0;
-        cp = (b0 & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu);
-        return 2;
-    }
-    if (b0 >= 0xE0 && b0 <= 0xEF) {
-        if (!cont(1) || !cont(2)) return 0;
-        const unsigned char b1 = s[i + 1];
-        if ((b0 == 0xE0 && b1 < 0xA0) || (b0 == 0xED && b1 > 0x9F)) return 0;
-        cp = (b0 & 0x0Fu) << 12 | (b1 & 0x3Fu) << 6 | (s[i + 2] & 0x3Fu);
-        return 3;
-    }
-    if (b0 >= 0xF0 && b0 <= 0xF4) {
-        if (!cont(1) || !cont(2) || !cont(3)) return 0;
-        const unsigned char b1 = s[i + 1];
-        if ((b0 == 0xF0 && b1 < 0x90) || (b0 == 0xF4 && b1 > 0x8F)) return 0;
-        cp = (b0 & 0x07u) << 18 | (b1 & 0x3Fu) << 12 | (s[i + 2] & 0x3Fu) << 6 | (s[i + 3] & 0x3Fu);
-        return 4;
-    }
-    return 0;
-}
-
-CharClass class_of(uint32_t cp) {
-    const auto* lo = std::begin(unicode_tables::kRanges);
-    const auto* hi = std::end(unicode_tables::kRanges);
-    while (lo < hi) {  // first range whose last >= cp
-        const auto* mid = lo + (hi - lo) / 2;
-        if (mid->last < cp) lo = mid + 1;
-        else hi = mid;
-    }
-    return (lo != std::end(unicode_tables::kRanges) && lo->first <= cp) ? lo->cls : unicode_tables::kOther;
-}
-
-struct AsciiClasses {
-    CharClass cls[128];
-    AsciiClasses() {
-        for (uint32_t c = 0; c < 128; ++c) cls[c] = class_of(c);
-    }
-};
-const AsciiClasses kAscii;
-
-// Class and length of the character at s[i].
-CharClass char_at(const unsigned char* s, size_t n, size_t i, size_t& len) {
-    if (s[i] < 0x80) {
-        len = 1;
-        return kAscii.cls[s[i]];
-    }
-    uint32_t cp;
-    const int l = utf8_length(s, n, i, cp);
-    len = l == 0 ? 1 : static_cast<size_t>(l);
-    return l == 0 ? unicode_tables::kOther : class_of(cp);
-}
-
-bool starts_contraction(unsigned char c) {  // 's 't 'm 'd, and 're 've 'll
-    return c == 's' || c == 't' || c == 'm' || c == 'd' || c == 'r' || c == 'v' || c == 'l';
-}
-
-// The ends of the next parts of `text`, which starts at a character boundary and holds at least
-// limit + kCutMargin bytes: one part, up to the last safe cut at or before `limit`; or, if there is none
-// (a pathological piece), parts of about kPathologicalChunk bytes up to the last character boundary there.
-void next_parts(std::string_view text, size_t limit, std::vector<size_t>& ends) {
-    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-    const size_t n = text.size();
-    size_t len;
-    CharClass prev = char_at(s, n, 0, len);
-    bool prev_apostrophe = s[0] == '\'';
-    size_t safe = 0, boundary = 0;
-    ends.clear();
-    for (size_t i = len; i <= limit; i += len) {
-        const CharClass cls = char_at(s, n, i, len);
-        if (prev != unicode_tables::kSpace && cls != prev && !(prev_apostrophe && starts_contraction(s[i]))) safe = i;
-        if (safe == 0 && i - (ends.empty() ? 0 : ends.back()) >= kPathologicalChunk) ends.push_back(i);
-        boundary = i;
-        prev = cls;
-        prev_apostrophe = s[i] == '\'';
-    }
-    if (safe > 0) {
-        ends.assign(1, safe);
-    } else if (ends.empty() || ends.back() < boundary) {
-        ends.push_back(boundary);
-    }
-}
 
 // ---- reading documents ------------------------------------------------------------------------------------
 
-// A document, or a part of one (see next_parts): the parts of a long document follow each other.
+// A document, or a part of one (see safe_parts): the parts of a long document follow each other.
 struct Document {
     std::string text;
     size_t file;        // index of the input it came from
@@ -337,7 +242,7 @@ public:
             }
             if (buffer_.size() - begin_ >= kMaxPart + kCutMargin) {
                 // A long document: emit parts of it. No separator starts before search_, after the cuts.
-                next_parts(std::string_view(buffer_).substr(begin_), kMaxPart, ends_);
+                safe_parts(std::string_view(buffer_).substr(begin_), kMaxPart, kPathologicalChunk, ends_);
                 const size_t start = begin_;
                 for (size_t end : ends_) {
                     emit(begin_, start + end, false);
@@ -377,7 +282,7 @@ private:
     std::string buffer_;  // unconsumed text of the current file starts at begin_
     size_t begin_ = 0, search_ = 0;
     bool in_document_ = false;  // a part of the current document was emitted already
-    std::vector<size_t> ends_;  // next_parts' result
+    std::vector<size_t> ends_;  // safe_parts' result
     uint64_t total_bytes_ = 0, done_bytes_ = 0;
 };
 
@@ -834,8 +739,8 @@ private:
 int run_count(const Options& o, const GPT2Tokenizer& tok) {
     uint64_t total = 0;
     for (const std::string& path : o.inputs) {
-        // Streamed in parts cut by next_parts, so memory stays bounded; the count is that of the whole text
-        // unless the text holds a pathological pre-token piece (see next_parts).
+        // Streamed in parts cut by safe_parts, so memory stays bounded; the count is that of the whole text
+        // unless the text holds a pathological pre-token piece (see safe_parts).
         TextFileReader reader(path);
         std::string buffer;
         std::vector<int> ids;
@@ -851,7 +756,7 @@ int run_count(const Options& o, const GPT2Tokenizer& tok) {
                 end = got == 0;
                 continue;
             }
-            if (buffer.size() >= kMaxPart + kCutMargin) next_parts(buffer, kMaxPart, ends);
+            if (buffer.size() >= kMaxPart + kCutMargin) safe_parts(buffer, kMaxPart, kPathologicalChunk, ends);
             else ends.assign(1, buffer.size());
             const auto t0 = std::chrono::steady_clock::now();
             for (size_t k = 0; k < ends.size(); ++k) {

@@ -139,6 +139,10 @@ size_t piece_end(const unsigned char* s, size_t n, size_t i) {
     return (j == n || last == i) ? j : last;
 }
 
+bool starts_contraction(unsigned char c) {  // 's 't 'm 'd, and 're 've 'll
+    return c == 's' || c == 't' || c == 'm' || c == 'd' || c == 'r' || c == 'v' || c == 'l';
+}
+
 // ---- GPT-2's byte <-> printable-character map (bytes_to_unicode in OpenAI's encoder.py) --------------
 
 // encoder.json / vocab.bpe spell each byte as a printable code point: printable Latin-1 bytes stand for
@@ -328,6 +332,31 @@ uint64_t hash_bytes(std::string_view key) {
 }
 
 }  // namespace
+
+void safe_parts(std::string_view text, size_t limit, size_t chunk, std::vector<size_t>& ends) {
+    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    Char c = char_at(s, n, 0);
+    CharClass prev = c.cls;
+    bool prev_apostrophe = s[0] == '\'';
+    size_t safe = 0, boundary = 0;
+    ends.clear();
+    // a cut before character i is safe when the character before it is not white space, and i starts another
+    // class and no contraction ('s, 're, ...): no pre-token piece spans it
+    for (size_t i = c.len; i <= limit; i += c.len) {
+        c = char_at(s, n, i);
+        if (prev != unicode_tables::kSpace && c.cls != prev && !(prev_apostrophe && starts_contraction(s[i]))) safe = i;
+        if (safe == 0 && i - (ends.empty() ? 0 : ends.back()) >= chunk) ends.push_back(i);
+        boundary = i;
+        prev = c.cls;
+        prev_apostrophe = s[i] == '\'';
+    }
+    if (safe > 0) {
+        ends.assign(1, safe);
+    } else if (ends.empty() || ends.back() < boundary) {
+        ends.push_back(boundary);
+    }
+}
 
 // ---- ByteStringTable -------------------------------------------------------------------------------------
 

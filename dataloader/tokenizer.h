@@ -122,3 +122,9 @@ private:
     MergeTable merges_;         // from vocab.bpe
     uint64_t instance_id_ = 0;  // identifies this vocabulary to the per-thread cache
 };
+
+// Where `text` (starting at a character boundary, at least `limit` + 4 bytes long) can be cut so that encoding
+// the parts gives the tokens of the whole: `ends` gets one part, up to the last safe cut at or before `limit`
+// (no pre-token piece spans it); or, when there is none (a pathological piece of one class), parts of about
+// `chunk` bytes up to the last character boundary there, which changes that piece's tokens only.
+void safe_parts(std::string_view text, size_t limit, size_t chunk, std::vector<size_t>& ends);
