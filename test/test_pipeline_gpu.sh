@@ -22,25 +22,8 @@ VAL="data/tinyshakespeare/tinyshakespeare_val_*.bin"
 SHAPE=(--layers 8 --heads 4 --channels 256 --max-seq-len 64)
 RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10
      --batch-size 2 --total-batch-tokens 1024)
-source test/loss_logs.sh  # losses, maxdiff, within
-# run NAME RANKS ARGS...: train_gpt on RANKS ranks sharing GPU 0, log and checkpoints in $W/NAME
-run() {
-    local name=$1 ranks=$2; shift 2
-    local model=("${SHAPE[@]}")
-    case " $* " in *" --model "*|*" --layers "*) model=();; esac
-    if [ "$ranks" -eq 1 ]; then ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1
-    else scripts/launch.sh --one-gpu "$ranks" ./train_gpt "${model[@]}" "${RUN[@]}" "$@" -o "$W/$name" > "$W/$name.out" 2>&1; fi
-}
-# compare NAME REFERENCE TOL FROM_STEP STEPS WHAT
-compare() {
-    local name=$1 ref=$2 tol=$3 from=$4 steps=$5 what=$6
-    local d; d=$(maxdiff "$W/$ref" "$W/$name" "$from")
-    if [ -f "$W/$name/log.txt" ] && [ "$(losses "$W/$name" | wc -l)" -eq "$steps" ] && within "$d" "$tol"; then
-        echo "PASS pipeline $what: max loss diff $d (tol $tol)"
-    else
-        echo "FAIL pipeline $what: max loss diff ${d:-none} (tol $tol) $(grep -m1 -iE 'error|abort' "$W/$name.out")"
-    fi
-}
+SUITE="pipeline"
+source test/loss_logs.sh  # losses, maxdiff, within, run, compare
 # the first and last stage of every (tp, dp) coordinate report the same wte checksum
 tied_identical() {
     local name=$1 what=$2
