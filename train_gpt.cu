@@ -57,7 +57,10 @@ struct Options {
     int generate = 0;  // > 0: only generate this many tokens from --prompt with --model, no training
     std::string output_dir = "";
     int checkpoint_every = 0;
+    int keep_checkpoints = 0;  // 0: keep every checkpoint
+    int keep_every = 0;        // 0: no milestones
     int resume = 0;
+    int max_skipped_steps = 16;
     long seed = 1337;
     int shuffle = 0;
     float fp16_initial_scale = 65536.0f;
@@ -128,7 +131,10 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--generate", nullptr, Flag::INT, &o.generate, "only generate this many tokens from --prompt with --model, then exit (no training data needed)"},
         {"--output-dir", "-o", Flag::STRING, &o.output_dir, "folder for checkpoints and the log (empty: none)"},
         {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, "write a checkpoint every N steps (0: never)"},
-        {"--resume", "-y", Flag::INT, &o.resume, "1: continue from the latest checkpoint in --output-dir"},
+        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
+        {"--keep-every", nullptr, Flag::INT, &o.keep_every, "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--resume", "-y", Flag::INT, &o.resume, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
+        {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
         {"--seed", nullptr, Flag::LONG, &o.seed, "seed for initialisation, shuffling, rounding and sampling"},
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
