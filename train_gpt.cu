@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 #include <cstring>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <chrono>
 #include <sys/stat.h>
 #include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
@@ -85,80 +88,99 @@ struct Options {
     int nccl_timeout = 600;
 };
 
+// What a flag accepts: numbers in a range, each bound inclusive or exclusive (with -1 as well where -1 means
+// "from elsewhere"), or one of a list of choices (integers as std::to_string writes them). Integer flags are also
+// bounded by their type, so that no value is cut to fit, and float flags take finite values only.
+struct Accepts {
+    double lo = -INFINITY, hi = INFINITY;
+    bool lo_open = false, hi_open = false;
+    bool minus_one = false;
+    std::vector<std::string> choices;
+};
+static Accepts anything() { return {}; }
+static Accepts at_least(double lo) { Accepts a; a.lo = lo; return a; }
+static Accepts above(double lo) { Accepts a; a.lo = lo; a.lo_open = true; return a; }
+static Accepts closed(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; return a; }                       // [lo, hi]
+static Accepts half_open(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; a.hi_open = true; return a; }  // [lo, hi)
+static Accepts or_minus_one(Accepts a) { a.minus_one = true; return a; }
+static Accepts one_of(std::vector<std::string> choices) { Accepts a; a.choices = std::move(choices); return a; }
+static const Accepts kOffOn = one_of({"0", "1"});
+
 struct Flag {
     const char* name;
     const char* alias;  // llm.c's single-letter flag where one exists
     enum Kind { INT, LONG, FLOAT, STRING } kind;
     void* target;
+    Accepts accepts;
     const char* help;
 };
 
 static std::vector<Flag> flag_table(Options& o) {
     return {
-        {"--model", "-e", Flag::STRING, &o.model, "dN (d12 = 124M, d24, d36, d48 = 1.5B, any N) or an llm.c model file to start from"},
-        {"--init-from", nullptr, Flag::STRING, &o.model, "same as --model (a model file)"},
-        {"--layers", nullptr, Flag::INT, &o.layers, "override the number of layers (-1: from --model)"},
-        {"--heads", nullptr, Flag::INT, &o.heads, "override the number of attention heads (-1: from --model)"},
-        {"--channels", nullptr, Flag::INT, &o.channels, "override the width C (-1: from --model)"},
-        {"--max-seq-len", nullptr, Flag::INT, &o.max_seq_len, "override the maximum sequence length (-1: 1024)"},
-        {"--train-data", "-i", Flag::STRING, &o.train_data, "training token shards (glob)"},
-        {"--val-data", "-j", Flag::STRING, &o.val_data, "validation token shards (glob; empty: none)"},
-        {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, "folder with encoder.json and vocab.bpe, or an llm.c tokenizer file, to decode samples"},
-        {"--batch-size", "-b", Flag::INT, &o.batch_size, "sequences per micro-batch on each GPU"},
-        {"--seq-len", "-t", Flag::INT, &o.seq_len, "tokens per sequence"},
-        {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, "bf16 | fp16 (dynamic loss scaling) | fp32"},
-        {"--tf32", nullptr, Flag::INT, &o.tf32, "1: allow TF32 matrix products in fp32 mode"},
-        {"--lr", "-l", Flag::FLOAT, &o.lr, "maximum learning rate"},
-        {"--warmup-steps", "-u", Flag::INT, &o.warmup_steps, "linear warm-up steps"},
-        {"--lr-schedule", nullptr, Flag::STRING, &o.lr_schedule, "decay after warm-up: cosine | linear | constant"},
-        {"--final-lr-frac", "-q", Flag::FLOAT, &o.final_lr_frac, "final learning rate as a fraction of --lr"},
-        {"--weight-decay", "-c", Flag::FLOAT, &o.weight_decay, "AdamW weight decay (matrices and embeddings only)"},
-        {"--grad-clip", nullptr, Flag::FLOAT, &o.grad_clip, "clip the global gradient norm to this (0: off)"},
-        {"--beta1", nullptr, Flag::FLOAT, &o.beta1, "AdamW beta1"},
-        {"--beta2", nullptr, Flag::FLOAT, &o.beta2, "AdamW beta2"},
-        {"--eps", nullptr, Flag::FLOAT, &o.eps, "AdamW epsilon"},
-        {"--steps", "-x", Flag::INT, &o.steps, "optimizer steps (-1: one epoch of --train-data; 0: only evaluate)"},
-        {"--val-every", "-v", Flag::INT, &o.val_every, "validation loss every N steps (0: never)"},
-        {"--val-batches", "-m", Flag::INT, &o.val_batches, "batches per validation"},
-        {"--hellaswag", nullptr, Flag::INT, &o.hellaswag, "1: HellaSwag accuracy at every validation (with --steps 0: evaluate only)"},
-        {"--hellaswag-data", nullptr, Flag::STRING, &o.hellaswag_data, "HellaSwag items (jsonl, plain or .xz)"},
-        {"--sample-every", "-s", Flag::INT, &o.sample_every, "print a text sample every N steps (0: never)"},
-        {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, "tokens per sample"},
-        {"--temperature", nullptr, Flag::FLOAT, &o.temperature, "sampling temperature"},
-        {"--top-k", nullptr, Flag::INT, &o.top_k, "sample from the k most likely tokens (0: all)"},
-        {"--prompt", nullptr, Flag::STRING, &o.prompt, "text that samples continue (after <|endoftext|>)"},
-        {"--generate", nullptr, Flag::INT, &o.generate, "only generate this many tokens from --prompt with --model, then exit (no training data needed)"},
-        {"--output-dir", "-o", Flag::STRING, &o.output_dir, "folder for checkpoints and the log (empty: none)"},
-        {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, "write a checkpoint every N steps (0: never)"},
-        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
-        {"--keep-every", nullptr, Flag::INT, &o.keep_every, "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
-        {"--resume", "-y", Flag::INT, &o.resume, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
-        {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
-        {"--seed", nullptr, Flag::LONG, &o.seed, "seed for initialisation, shuffling, rounding and sampling"},
-        {"--shuffle", nullptr, Flag::INT, &o.shuffle, "1: shuffle shard and window order each epoch"},
-        {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, "fp16: initial loss scale"},
-        {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, "fp16: double the loss scale after this many clean steps"},
-        {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
-        {"--recompute", "-r", Flag::INT, &o.recompute, "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
-        {"--deterministic", nullptr, Flag::INT, &o.deterministic, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: atomic dQ sums and products autotuned at their first call, faster"},
-        {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, "LoRA: adapter rank r (0: off, train the whole model)"},
-        {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
-        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
-        {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, "LoRA: dropout on the adapters' input while training"},
-        {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, "LoRA: AdamW weight decay of A and B"},
-        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, "LoRA: start from this adapter file (its rank, alpha and targets)"},
-        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, "LoRA: write the adapters to this file at the end"},
-        {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, "LoRA: write base + adapters as an llm.c model file at the end"},
-        {"--zero-stage", "-z", Flag::INT, &o.zero_stage, "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
-        {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
-        {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
-        {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
-        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, "1f1b | interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
-        {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
-        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, "layers per (virtual) stage, e.g. 3,3,2,4 (empty: an even split, the remainder to the last stages)"},
-        {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
-        {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, "seconds before a hung or failed rank ends the job"},
+        {"--model", "-e", Flag::STRING, &o.model, anything(), "dN (d12 = 124M, d24, d36, d48 = 1.5B, any N) or an llm.c model file to start from"},
+        {"--init-from", nullptr, Flag::STRING, &o.model, anything(), "same as --model (a model file)"},
+        {"--layers", nullptr, Flag::INT, &o.layers, or_minus_one(closed(1, kMaxLayers)), "override the number of layers (-1: from --model)"},
+        {"--heads", nullptr, Flag::INT, &o.heads, or_minus_one(closed(1, kMaxChannels / 64)), "override the number of attention heads (-1: from --model)"},
+        {"--channels", nullptr, Flag::INT, &o.channels, or_minus_one(closed(1, kMaxChannels)), "override the width C (-1: from --model)"},
+        {"--max-seq-len", nullptr, Flag::INT, &o.max_seq_len, or_minus_one(closed(1, kMaxSeqLen)), "override the maximum sequence length (-1: 1024)"},
+        {"--train-data", "-i", Flag::STRING, &o.train_data, anything(), "training token shards (glob)"},
+        {"--val-data", "-j", Flag::STRING, &o.val_data, anything(), "validation token shards (glob; empty: none)"},
+        {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, anything(), "folder with encoder.json and vocab.bpe, or an llm.c tokenizer file, to decode samples"},
+        {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
+        {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
+        {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
+        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32"}), "bf16 | fp16 (dynamic loss scaling) | fp32"},
+        {"--tf32", nullptr, Flag::INT, &o.tf32, kOffOn, "1: allow TF32 matrix products in fp32 mode"},
+        {"--lr", "-l", Flag::FLOAT, &o.lr, at_least(0), "maximum learning rate"},
+        {"--warmup-steps", "-u", Flag::INT, &o.warmup_steps, at_least(0), "linear warm-up steps"},
+        {"--lr-schedule", nullptr, Flag::STRING, &o.lr_schedule, one_of({"cosine", "linear", "constant"}), "decay after warm-up"},
+        {"--final-lr-frac", "-q", Flag::FLOAT, &o.final_lr_frac, closed(0, 1), "final learning rate as a fraction of --lr"},
+        {"--weight-decay", "-c", Flag::FLOAT, &o.weight_decay, at_least(0), "AdamW weight decay (matrices and embeddings only)"},
+        {"--grad-clip", nullptr, Flag::FLOAT, &o.grad_clip, at_least(0), "clip the global gradient norm to this (0: off)"},
+        {"--beta1", nullptr, Flag::FLOAT, &o.beta1, half_open(0, 1), "AdamW beta1"},
+        {"--beta2", nullptr, Flag::FLOAT, &o.beta2, half_open(0, 1), "AdamW beta2"},
+        {"--eps", nullptr, Flag::FLOAT, &o.eps, above(0), "AdamW epsilon"},
+        {"--steps", "-x", Flag::INT, &o.steps, or_minus_one(at_least(0)), "optimizer steps (-1: one epoch of --train-data; 0: only evaluate)"},
+        {"--val-every", "-v", Flag::INT, &o.val_every, at_least(0), "validation loss every N steps (0: never)"},
+        {"--val-batches", "-m", Flag::INT, &o.val_batches, at_least(1), "batches per validation"},
+        {"--hellaswag", nullptr, Flag::INT, &o.hellaswag, kOffOn, "1: HellaSwag accuracy at every validation (with --steps 0: evaluate only)"},
+        {"--hellaswag-data", nullptr, Flag::STRING, &o.hellaswag_data, anything(), "HellaSwag items (jsonl, plain or .xz)"},
+        {"--sample-every", "-s", Flag::INT, &o.sample_every, at_least(0), "print a text sample every N steps (0: never)"},
+        {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, at_least(1), "tokens per sample"},
+        {"--temperature", nullptr, Flag::FLOAT, &o.temperature, at_least(0), "sampling temperature (0: the most likely token)"},
+        {"--top-k", nullptr, Flag::INT, &o.top_k, at_least(0), "sample from the k most likely tokens (0: all)"},
+        {"--prompt", nullptr, Flag::STRING, &o.prompt, anything(), "text that samples continue (after <|endoftext|>)"},
+        {"--generate", nullptr, Flag::INT, &o.generate, at_least(0), "only generate this many tokens from --prompt with --model, then exit (no training data needed; 0: train)"},
+        {"--output-dir", "-o", Flag::STRING, &o.output_dir, anything(), "folder for checkpoints and the log (empty: none)"},
+        {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, at_least(0), "write a checkpoint every N steps (0: never)"},
+        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, at_least(0), "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
+        {"--keep-every", nullptr, Flag::INT, &o.keep_every, at_least(0), "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
+        {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, at_least(0), "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
+        {"--seed", nullptr, Flag::LONG, &o.seed, anything(), "seed for initialisation, shuffling, rounding and sampling"},
+        {"--shuffle", nullptr, Flag::INT, &o.shuffle, kOffOn, "1: shuffle shard and window order each epoch"},
+        {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, above(0), "fp16: initial loss scale"},
+        {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, at_least(1), "fp16: double the loss scale after this many clean steps"},
+        {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, kOffOn, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
+        {"--recompute", "-r", Flag::INT, &o.recompute, one_of({"0", "1", "2", "3"}), "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
+        {"--deterministic", nullptr, Flag::INT, &o.deterministic, kOffOn, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: atomic dQ sums and products autotuned at their first call, faster"},
+        {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, at_least(0), "LoRA: adapter rank r (0: off, train the whole model)"},
+        {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, or_minus_one(above(0)), "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
+        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, anything(), "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
+        {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, half_open(0, 1), "LoRA: dropout on the adapters' input while training"},
+        {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, at_least(0), "LoRA: AdamW weight decay of A and B"},
+        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file (its rank, alpha and targets)"},
+        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end"},
+        {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
+        {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
+        {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
+        {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
+        {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, at_least(1), "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
+        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, one_of({"1f1b", "interleaved"}), "1f1b, or interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
+        {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, at_least(0), "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
+        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4 (empty: an even split, the remainder to the last stages)"},
+        {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, anything(), "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
+        {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, at_least(1), "seconds before a hung or failed rank ends the job"},
     };
 }
 
@@ -173,15 +195,87 @@ static std::string flag_value_string(const Flag& f) {
     return "";
 }
 
+// The range of values an integer flag's type holds (all doubles for a float flag).
+static double type_min(const Flag& f) { return f.kind == Flag::INT ? INT_MIN : f.kind == Flag::LONG ? (double)LONG_MIN : -INFINITY; }
+static double type_max(const Flag& f) { return f.kind == Flag::INT ? INT_MAX : f.kind == Flag::LONG ? (double)LONG_MAX : INFINITY; }
+
+static bool flag_accepts(const Flag& f, double v) {
+    const Accepts& a = f.accepts;
+    if (!a.choices.empty()) return std::find(a.choices.begin(), a.choices.end(), std::to_string((long long)v)) != a.choices.end();
+    if (a.minus_one && v == -1) return true;
+    return (a.lo_open ? v > a.lo : v >= a.lo) && (a.hi_open ? v < a.hi : v <= a.hi);
+}
+
+// What a flag accepts, in words: for --help (empty when anything goes), or for an error, which spells out the
+// bounds of an integer flag's type and says that floats must be finite.
+static std::string flag_accepts_string(const Flag& f, bool for_error) {
+    const Accepts& a = f.accepts;
+    if (!a.choices.empty()) {
+        std::string s = "one of ";
+        for (size_t i = 0; i < a.choices.size(); i++) s += (i ? ", " : "") + a.choices[i];
+        return s;
+    }
+    if (f.kind == Flag::STRING) return "";
+    auto bound = [&](double x, bool upper) {
+        if (std::isinf(x) && f.kind == Flag::INT) return std::to_string(upper ? INT_MAX : INT_MIN);
+        if (std::isinf(x) && f.kind == Flag::LONG) return std::to_string(upper ? LONG_MAX : LONG_MIN);
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%.10g", x);
+        return std::string(buf);
+    };
+    const bool no_lo = a.lo <= type_min(f), no_hi = a.hi >= type_max(f);
+    const std::string number = f.kind == Flag::FLOAT ? "a finite number" : "an integer";
+    std::string s;
+    if (no_lo && no_hi) s = for_error ? number + " in [" + bound(a.lo, false) + ", " + bound(a.hi, true) + "]" : "";
+    else if (no_hi && (f.kind == Flag::FLOAT || !for_error))
+        s = (for_error ? number + " " : "") + (a.lo_open ? "> " : ">= ") + bound(a.lo, false);
+    else s = std::string("in ") + (a.lo_open ? "(" : "[") + bound(a.lo, false) + ", " + bound(a.hi, true) + (a.hi_open ? ")" : "]");
+    return a.minus_one ? "-1 or " + s : s;
+}
+
 static void print_help(const char* program) {
     Options defaults;
     printf("usage: %s [flags]\nTrains GPT-2 on one or more GPUs (several: launch with mpirun, srun or scripts/launch.sh).\n"
-           "Flags (default in brackets):\n", program);
+           "Flags (in brackets: the default; then the values accepted):\n", program);
     for (const Flag& f : flag_table(defaults)) {
         std::string names = std::string(f.name) + (f.alias ? std::string(", ") + f.alias : "");
-        printf("  %-26s %s [%s]\n", names.c_str(), f.help, flag_value_string(f).c_str());
+        const std::string accepts = flag_accepts_string(f, false);
+        printf("  %-26s %s [%s%s]\n", names.c_str(), f.help, flag_value_string(f).c_str(), accepts.empty() ? "" : ("; " + accepts).c_str());
     }
     printf("  %-26s %s\n", "--help, -h", "print this help");
+}
+
+// Sets the flag's option from `value` (the flag was given as `given`: its name or its alias), or dies with one
+// line naming the flag, the values it accepts and the value given.
+static void set_flag(const Flag& f, const std::string& given, const std::string& value) {
+    const std::string name = given == f.name ? given : given + " (" + f.name + ")";
+    auto refuse = [&](const std::string& shown) { die(name + " must be " + flag_accepts_string(f, true) + ", got " + shown); };
+    char* end = nullptr;
+    errno = 0;
+    switch (f.kind) {
+        case Flag::STRING:
+            if (!f.accepts.choices.empty() && std::find(f.accepts.choices.begin(), f.accepts.choices.end(), value) == f.accepts.choices.end())
+                refuse("'" + value + "'");
+            *(std::string*)f.target = value;
+            return;
+        case Flag::FLOAT: {
+            const double v = strtod(value.c_str(), &end);  // not strtof: it sets ERANGE for denormals such as 1e-40
+            if (value.empty() || *end != '\0') die("flag " + given + " expects a number, got '" + value + "'");
+            const float stored = (float)v;  // checked as stored: 1e39 becomes inf, 1e-50 becomes 0
+            if (!std::isfinite(stored) || !flag_accepts(f, stored)) refuse(value);
+            *(float*)f.target = stored;
+            return;
+        }
+        case Flag::INT:
+        case Flag::LONG: {
+            const long long v = strtoll(value.c_str(), &end, 10);
+            if (value.empty() || *end != '\0') die("flag " + given + " expects an integer, got '" + value + "'");
+            if (errno == ERANGE || v < type_min(f) || v > type_max(f) || !flag_accepts(f, (double)v)) refuse(value);
+            if (f.kind == Flag::INT) *(int*)f.target = (int)v;
+            else *(long*)f.target = (long)v;
+            return;
+        }
+    }
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -202,16 +296,7 @@ static Options parse_options(int argc, char** argv) {
             if (i + 1 >= argc) die("flag " + arg + " needs a value");
             value = argv[++i];
         }
-        char* end = nullptr;
-        errno = 0;
-        switch (flag->kind) {
-            case Flag::INT: { long v = strtol(value.c_str(), &end, 10); *(int*)flag->target = (int)v; break; }
-            case Flag::LONG: *(long*)flag->target = strtol(value.c_str(), &end, 10); break;
-            case Flag::FLOAT: *(float*)flag->target = strtof(value.c_str(), &end); break;
-            case Flag::STRING: *(std::string*)flag->target = value; break;
-        }
-        if (flag->kind != Flag::STRING && (value.empty() || *end != '\0' || errno != 0))
-            die("flag " + arg + " expects " + (flag->kind == Flag::FLOAT ? "a number" : "an integer") + ", got '" + value + "'");
+        set_flag(*flag, arg, value);
     }
     return o;
 }
@@ -440,6 +525,14 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     } catch (const std::exception& e) {
         die(e.what());
     }
+    // a checkpoint to continue from must hold this model in this precision (its mesh and ZeRO stage may differ)
+    const int resume_step = o.resume ? latest_checkpoint(o.output_dir) : -1;
+    if (resume_step >= 0) {
+        const std::string problem = resume_problem(o.output_dir, resume_step, config, PrecisionOf<floatX>::value);
+        if (!problem.empty()) die(problem);
+    } else if (o.resume) {
+        fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch\n", o.output_dir.c_str());
+    }
     if (!have_gpu) die("no CUDA GPU found");
     pg.connect({o.nccl_init_file, o.nccl_timeout});
     ProcessMesh mesh;
@@ -531,14 +624,11 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
 
     int start_step = 0;
-    const int resume_step = (o.resume && !o.output_dir.empty()) ? latest_checkpoint(o.output_dir) : -1;
     if (resume_step >= 0) {
         DataLoaderState data_state = load_checkpoint(o.output_dir, resume_step, model);
-        try { train_loader->restore(data_state); } catch (const std::exception& e) { die(e.what()); }
+        try { train_loader->restore(data_state); } catch (const std::exception& e) { die(state_path(o.output_dir, resume_step, 0) + ": " + e.what()); }
         start_step = resume_step;
         fprintf(out, "resumed from %s at step %d\n", checkpoint_path(o.output_dir, "model", resume_step).c_str(), resume_step);
-    } else if (o.resume && !o.output_dir.empty()) {
-        fprintf(out, "no checkpoint in %s: starting from scratch\n", o.output_dir.c_str());
     }
     if (resume_step < 0) {
         if (initial_values) model.set_parameters(*initial_values);
@@ -571,6 +661,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     const double peak_flops = 989e12 * pg.world;  // H100/H200 dense bf16, per GPU: MFU is of all GPUs together
     std::vector<double> step_ms;  // for the closing summary
     size_t peak_memory = 0;
+    int skipped_in_a_row = 0;  // steps skipped for a non-finite loss or gradient norm, up to this one
 
     for (int step = start_step; step <= steps; step++) {
         const bool last = step == steps;
@@ -604,6 +695,10 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         if (o.checkpoint_every > 0 && !o.output_dir.empty() && step > start_step && (step % o.checkpoint_every == 0 || last)) {
             save_checkpoint(o.output_dir, step, model, train_loader->state());
             fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
+            if (pg.is_main() && o.keep_checkpoints > 0)  // the new checkpoint is complete: its model file is written
+                for (int deleted : prune_checkpoints(o.output_dir, o.keep_checkpoints, o.keep_every))
+                    fprintf(out, "deleted checkpoint %s (--keep-checkpoints %d%s)\n", checkpoint_path(o.output_dir, "model", deleted).c_str(),
+                            o.keep_checkpoints, o.keep_every > 0 ? (", --keep-every " + std::to_string(o.keep_every)).c_str() : "");
         }
         if (last) break;
 
@@ -638,16 +733,17 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
         AdamWHyper h{lr, o.beta1, o.beta2, o.eps, lora.enabled() ? o.lora_weight_decay : o.weight_decay, o.grad_clip, 1.0f, step + 1,
                      splitmix64((uint64_t)o.seed + 0x5EED + step)};
-        model.trained().step(h);
+        model.step(h);
         const float loss = model.take_mean_loss();  // waits for the step
         const typename ZeroOptimizer<floatX>::StepResult result = model.trained().finish_step();
+        skipped_in_a_row = result.skipped ? skipped_in_a_row + 1 : 0;
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = total_batch_tokens / seconds;
         fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
                step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
                100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
-        if (std::is_same<floatX, __half>::value)
-            fprintf(out, " | scale %g | skipped %ld%s", model.trained().scaler.scale, model.trained().scaler.skipped_steps, result.skipped ? " (this step)" : "");
+        if (std::is_same<floatX, __half>::value) fprintf(out, " | scale %g", model.trained().scaler.scale);
+        fprintf(out, " | skipped %ld%s", model.trained().scaler.skipped_steps, result.skipped ? " (this step: non-finite loss or gradients)" : "");
         if (pipeline)  // rank 0's stage: the first
             fprintf(out, " | bubble %.1f%% (theory %.1f%%)", 100.0 * pipeline->measured_bubble(),
                     100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages));
@@ -656,6 +752,16 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
         step_ms.push_back(seconds * 1e3);
         peak_memory = std::max(peak_memory, device_memory_in_use() - in_use_before);  // ours, without the CUDA context
+        if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) {
+            // every rank saw the same norm (summed over all of them) and stops at the same step; rank 0 says why
+            const int newest = o.output_dir.empty() ? -1 : latest_checkpoint(o.output_dir);
+            if (!pg.is_main()) exit(EXIT_FAILURE);
+            die("step " + std::to_string(step + 1) + ": " + std::to_string(skipped_in_a_row) + " steps in a row (from step " +
+                std::to_string(step + 2 - skipped_in_a_row) + ") had a non-finite loss or gradient norm (loss " + std::to_string(loss) +
+                ", norm " + std::to_string(result.grad_norm) + ") and were skipped (--max-skipped-steps " + std::to_string(o.max_skipped_steps) +
+                "); " + (newest >= 0 ? "the newest checkpoint is " + checkpoint_path(o.output_dir, "model", newest) + " (continue with --resume 1, e.g. with a lower --lr)"
+                                     : std::string("no checkpoint was written")));
+        }
     }
     // Summary for benchmarks: the median step time, leaving out the first steps (cuBLAS heuristics, warm-up).
     if (step_ms.size() > 3) {
@@ -720,15 +826,19 @@ int main(int argc, char** argv) {
     shape.tp = o.tensor_parallel;
     shape.pp = o.pipeline_parallel;
     shape.dp = pg.world / (o.tensor_parallel * o.pipeline_parallel);
+    // each flag's own range and choices are checked by parse_options (the flag table); these checks need several values
     PipelineOptions pipeline;
-    if (!parse_pipeline_schedule(o.pipeline_schedule, &pipeline.kind))
-        die("--pipeline-schedule must be 1f1b or interleaved, got '" + o.pipeline_schedule + "'");
-    if (o.virtual_stages < 0) die("--virtual-stages must be at least 1 (or 0: the schedule's default), got " + std::to_string(o.virtual_stages));
+    parse_pipeline_schedule(o.pipeline_schedule, &pipeline.kind);  // one of the table's choices
     pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages : pipeline.kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
     // model shape: a dN descriptor (plus overrides), or a model file
     ModelConfig config;
     std::vector<float> initial_values;
-    const bool from_file = !config_from_descriptor(o.model, config);
+    std::string descriptor_problem;
+    const bool from_file = !config_from_descriptor(o.model, config, &descriptor_problem);
+    if (!descriptor_problem.empty()) die("--model " + o.model + ": " + descriptor_problem);
+    struct stat model_stat;
+    if (from_file && stat(o.model.c_str(), &model_stat) == 0 && S_ISDIR(model_stat.st_mode))
+        die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
         config = read_model_file(o.model, initial_values, 8 * shape.dp);
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
@@ -751,20 +861,13 @@ int main(int argc, char** argv) {
             "): stages 2-3 would reduce-scatter every micro-batch's gradients, which a pipeline's interleaved micro-batches make a "
             "reduction per micro-batch instead of one per step");
     if (shape.pp > 1 && o.hellaswag) die("--hellaswag runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + ")");
-    if (o.sequence_parallel != 0 && o.sequence_parallel != 1) die("--sequence-parallel must be 0 or 1, got " + std::to_string(o.sequence_parallel));
     if (o.sequence_parallel && o.seq_len % shape.tp != 0)
         die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
-    if (o.batch_size <= 0) die("--batch-size must be positive");
-    if (o.seq_len <= 0 || o.seq_len > config.max_seq_len)
-        die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length)");
-    if (o.lr_schedule != "cosine" && o.lr_schedule != "linear" && o.lr_schedule != "constant")
-        die("--lr-schedule must be cosine, linear or constant, got '" + o.lr_schedule + "'");
-    if (o.precision != "bf16" && o.precision != "fp16" && o.precision != "fp32")
-        die("--precision must be bf16, fp16 or fp32, got '" + o.precision + "'");
-    if (o.recompute < 0 || o.recompute > 3) die("--recompute must be 0, 1, 2 or 3, got " + std::to_string(o.recompute));
-    if (o.zero_stage < 0 || o.zero_stage > 3) die("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(o.zero_stage));
-    if (o.gelu_fusion != 0 && o.gelu_fusion != 1) die("--gelu-fusion must be 0 or 1, got " + std::to_string(o.gelu_fusion));
-    if (o.deterministic != 0 && o.deterministic != 1) die("--deterministic must be 0 or 1, got " + std::to_string(o.deterministic));
+    if (o.seq_len > config.max_seq_len)
+        die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length), got " + std::to_string(o.seq_len));
+    if ((long)o.batch_size * o.seq_len > INT_MAX)  // the kernels count a micro-batch's rows in an int
+        die("--batch-size x --seq-len = " + std::to_string((long)o.batch_size * o.seq_len) + " tokens per micro-batch must be at most " +
+            std::to_string(INT_MAX));
     // LoRA: from flags, or from an adapter file
     LoraSpec lora;
     std::vector<float> initial_adapters;
@@ -776,13 +879,10 @@ int main(int argc, char** argv) {
         lora.alpha = o.lora_alpha > 0.0f ? o.lora_alpha : (float)o.lora_rank;
         lora.targets = parse_lora_targets(o.lora_targets);
         if (lora.targets == 0) die("--lora-targets '" + o.lora_targets + "': expected a comma list of qkv, attn-proj, fc, fc-proj");
-    } else if (o.lora_rank < 0) {
-        die("--lora-rank must be >= 0");
     } else if (!o.lora_save.empty() || !o.lora_merge.empty()) {
         die("--lora-save and --lora-merge need LoRA (--lora-rank or --lora-load)");
     }
     lora.dropout = o.lora_dropout;
-    if (o.lora_dropout < 0.0f || o.lora_dropout >= 1.0f) die("--lora-dropout must be in [0, 1)");
     if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
     if (lora.enabled() && shape.tp > 1)
         die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
@@ -792,6 +892,10 @@ int main(int argc, char** argv) {
         die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
+    if (o.keep_every > 0 && o.keep_checkpoints == 0)
+        die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");
+    if ((o.keep_checkpoints > 0 || o.checkpoint_every > 0) && o.output_dir.empty())
+        die(std::string(o.keep_checkpoints > 0 ? "--keep-checkpoints" : "--checkpoint-every") + " needs --output-dir (where the checkpoints go)");
     const std::vector<float>* initial = from_file ? &initial_values : nullptr;
     int rc;
     if (o.generate > 0)

@@ -333,8 +333,9 @@ public:
     // Enqueued only: the clip factor and the skip are decided on the device from the norm, so the host does
     // not wait inside the step. After the caller has waited for the stream, finish_step() reads the norm for
     // the log and updates the fp16 loss scale (which the next step's backward uses). h.grad_clip clips; its
-    // loss_scale is replaced by the scaler's.
-    void step(AdamWHyper h) {
+    // loss_scale is replaced by the scaler's. nonfinite_loss (device, 0 or NaN, the same on every rank) is added
+    // to the squared norm: a non-finite loss skips the step in every precision, as a non-finite gradient does.
+    void step(AdamWHyper h, const float* nonfinite_loss = nullptr) {
         if (!trainable_) {
             fprintf(stderr, "error: internal: optimizer step on frozen parameters\n");
             exit(EXIT_FAILURE);
@@ -363,6 +364,7 @@ public:
         if (stage_ >= 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, data_.comm, compute_));
         if (tensor_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, tensor_.comm, compute_));
         if (pipeline_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, pipeline_.comm, compute_));
+        if (nonfinite_loss != nullptr) add_to_scalar(norm_, nonfinite_loss, compute_);
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;

@@ -1,7 +1,7 @@
 // Squared global L2 norm of the gradients, deterministic: a fixed grid writes one fp32 partial per block,
 // then one block adds the partials in order. The caller takes the square root (and, under data
 // parallelism, first sums the squares over ranks).
-// defines: global_norm_squared, global_norm_scratch_floats
+// defines: global_norm_squared, global_norm_scratch_floats, nonfinite_flag, add_to_scalar
 #pragma once
 #include "common.cuh"
 
@@ -51,5 +51,23 @@ void global_norm_squared(float* out, const floatX* grads, long n, float* scratch
                                                              counted ? *counted : LayoutMask(), index_offset);
     cudaCheckLaunch();
     sum_partials_kernel<<<1, 1024, 0, stream>>>(out, scratch, blocks, accumulate);
+    cudaCheckLaunch();
+}
+
+// *flag = NaN when any of values[0, n) is inf or NaN, else 0. Added to the squared gradient norm it makes a
+// non-finite loss skip the step by the optimizer's one finiteness test, like a non-finite gradient.
+__global__ void nonfinite_flag_kernel(float* flag, const float* values, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        if (!isfinite(values[i])) *flag = __int_as_float(0x7fc00000);  // every writer stores the same NaN
+}
+inline void nonfinite_flag(float* flag, const float* values, long n, cudaStream_t stream) {
+    cudaCheck(cudaMemsetAsync(flag, 0, sizeof(float), stream));
+    nonfinite_flag_kernel<<<std::max(1, std::min(ceil_div(n, 256), 1024)), 256, 0, stream>>>(flag, values, n);
+    cudaCheckLaunch();
+}
+
+__global__ void add_to_scalar_kernel(float* target, const float* term) { *target += *term; }
+inline void add_to_scalar(float* target, const float* term, cudaStream_t stream) {
+    add_to_scalar_kernel<<<1, 1, 0, stream>>>(target, term);
     cudaCheckLaunch();
 }

@@ -1,11 +1,13 @@
 // Checkpoints (docs/formats.md): the whole model as an llm.c model file and one optimizer-state file per rank,
 // written through temporary names and read back on any mesh and ZeRO stage; and the file utilities they use
 // (make_directories, write_file_atomically).
-// defines: kStateMagic, kStateVersion, checkpoint_path, state_path, latest_checkpoint, make_directories, write_file_atomically,
+// defines: kStateMagic, kStateVersion, checkpoint_path, state_path, complete_checkpoints, latest_checkpoint, prune_checkpoints,
+//          make_directories, write_file_atomically,
 //          StateHeader, write_state_file, read_state_header, SavedOptimizerState, read_optimizer_state, save_checkpoint,
-//          load_checkpoint
+//          resume_problem, load_checkpoint
 #pragma once
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 #include <dirent.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include "../dataloader/dataloader.h"       // DataLoaderState
 #include "../kernels/common.cuh"           // PrecisionOf
@@ -49,18 +52,66 @@ inline std::string state_path(const std::string& dir, int step, int rank) {
     return dir + name;
 }
 
-// The highest step with a model file (the last file a checkpoint writes) in `dir`, or -1.
-inline int latest_checkpoint(const std::string& dir) {
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return -1;
-    int best = -1;
-    while (dirent* e = readdir(d)) {
-        const std::string name = e->d_name;  // model_NNNNNNNN.bin
-        if (name.size() != 18 || name.rfind("model_", 0) != 0 || name.compare(14, 4, ".bin") != 0) continue;
-        best = std::max(best, atoi(name.substr(6, 8).c_str()));
+// The step a checkpoint file's name carries (model_NNNNNNNN.bin, state_NNNNNNNN_RRRRR.bin, either with .tmp), or -1
+// for any other name.
+inline int checkpoint_file_step(const std::string& name) {
+    if (name.size() < 14 || (name.rfind("model_", 0) != 0 && name.rfind("state_", 0) != 0)) return -1;
+    for (int i = 6; i < 14; i++)
+        if (!isdigit((unsigned char)name[i])) return -1;
+    return atoi(name.substr(6, 8).c_str());
+}
+// The names of the files in `dir` (none if it does not exist).
+inline std::vector<std::string> directory_entries(const std::string& dir) {
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d)) names.push_back(e->d_name);
+        closedir(d);
     }
-    closedir(d);
-    return best;
+    return names;
+}
+// The steps of the complete checkpoints in `dir`, ascending: those with a model file, the last file a checkpoint writes.
+inline std::vector<int> complete_checkpoints(const std::string& dir) {
+    std::vector<int> steps;
+    for (const std::string& name : directory_entries(dir)) {
+        const int step = checkpoint_file_step(name);
+        if (step >= 0 && name.size() == 18 && name.rfind("model_", 0) == 0 && name.compare(14, 4, ".bin") == 0) steps.push_back(step);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+// The highest step with a complete checkpoint in `dir`, or -1.
+inline int latest_checkpoint(const std::string& dir) {
+    const std::vector<int> steps = complete_checkpoints(dir);
+    return steps.empty() ? -1 : steps.back();
+}
+
+// --keep-checkpoints K, --keep-every M: of the complete checkpoints `steps` (ascending), those to delete: all but
+// the newest K and the milestones (steps that are multiples of M; M = 0: none). K >= 1 always keeps the newest.
+inline std::vector<int> checkpoints_to_delete(const std::vector<int>& steps, int keep_newest, int keep_every) {
+    std::vector<int> doomed;
+    for (size_t i = 0; i + keep_newest < steps.size(); i++)
+        if (keep_every <= 0 || steps[i] % keep_every != 0) doomed.push_back(steps[i]);
+    return doomed;
+}
+// Deletes the checkpoints that the retention flags no longer keep, once a new one is complete. The model file
+// goes first, so an interrupted deletion leaves an incomplete checkpoint that --resume ignores, never a model
+// file without its state; state and temporary files of steps before the newest complete checkpoint that have no
+// model file (left by such an interruption, or by a run killed while writing) go too. Returns the deleted
+// complete checkpoints' steps. Failures to delete are warnings: they must not stop the training.
+inline std::vector<int> prune_checkpoints(const std::string& dir, int keep_newest, int keep_every) {
+    const std::vector<int> complete = complete_checkpoints(dir);
+    if (complete.empty() || keep_newest <= 0) return {};
+    const std::vector<int> doomed = checkpoints_to_delete(complete, keep_newest, keep_every);
+    auto remove_file = [&](const std::string& path) {
+        if (unlink(path.c_str()) != 0 && errno != ENOENT) fprintf(stderr, "warning: %s: cannot delete: %s\n", path.c_str(), strerror(errno));
+    };
+    for (int step : doomed) remove_file(checkpoint_path(dir, "model", step));
+    const std::vector<int> kept = complete_checkpoints(dir);
+    for (const std::string& name : directory_entries(dir)) {
+        const int step = checkpoint_file_step(name);
+        if (step >= 0 && step < complete.back() && !std::binary_search(kept.begin(), kept.end(), step)) remove_file(dir + "/" + name);
+    }
+    return doomed;
 }
 
 // mkdir -p: creates `dir` and any missing parents.
@@ -210,6 +261,43 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
     return saved;
 }
 
+// Why checkpoint `step` in `dir` cannot continue a run of `run` in `precision`, or "": from the files' headers,
+// before anything is allocated. The model's whole shape and the precision must match; the mesh (data, tensor,
+// pipeline parallel), the pipeline's split and the ZeRO stage may differ, since the optimizer state is cut into
+// this run's pieces. (LoRA runs do not checkpoint: they save and load adapter files.)
+inline std::string resume_problem(const std::string& dir, int step, const ModelConfig& run, Precision precision) {
+    const std::string model_path = checkpoint_path(dir, "model", step);
+    FILE* f = fopen(model_path.c_str(), "rb");
+    if (f == nullptr) return model_path + ": cannot open: " + strerror(errno);
+    int version;
+    const ModelConfig saved = read_model_header(f, model_path, &version);
+    fclose(f);
+    struct Field {
+        const char* what;
+        int saved, run;
+        const char* flags;
+    };
+    for (const Field& x : {Field{"layers", saved.num_layers, run.num_layers, "--model, --layers"},
+                           Field{"heads", saved.num_heads, run.num_heads, "--model, --heads"},
+                           Field{"channels", saved.channels, run.channels, "--model, --channels"},
+                           Field{"maximum sequence length", saved.max_seq_len, run.max_seq_len, "--max-seq-len"},
+                           Field{"vocabulary", saved.vocab_size, run.vocab_size, "--model"},
+                           Field{"padded vocabulary", saved.padded_vocab_size, run.padded_vocab_size, "--model"}})
+        if (x.saved != x.run)
+            return model_path + ": the checkpoint's " + x.what + " is " + std::to_string(x.saved) + ", this run's " + std::to_string(x.run) +
+                   " (" + x.flags + "): --resume 1 continues the same model";
+    const std::string first_state = state_path(dir, step, 0);
+    FILE* g = fopen(first_state.c_str(), "rb");
+    if (g == nullptr) return first_state + ": cannot open (the checkpoint's optimizer state): " + strerror(errno);
+    const StateHeader h = read_state_header(g, first_state);
+    fclose(g);
+    const char* names[] = {"fp32", "bf16", "fp16"};
+    if (h.precision != (int)precision)
+        return first_state + ": saved with --precision " + (h.precision >= 0 && h.precision < 3 ? names[h.precision] : "?") + ", this run uses " +
+               names[(int)precision] + ": --resume 1 continues in the same precision";
+    return "";
+}
+
 // Every rank writes its optimizer state (at stage 0 one rank of each data-parallel group: the copies are the
 // same); rank 0 writes the whole model, gathered from all ranks, as an ordinary llm.c model file.
 template <typename floatX>
@@ -241,11 +329,11 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
     ZeroOptimizer<floatX>& zero = *model.zero;
     std::vector<float> values;
     const std::string model_path = checkpoint_path(dir, "model", step);
-    ModelConfig config = read_model_file(model_path, values, 8 * model.mesh.data.size);
-    if (ParameterLayout(config).count != model.full_layout.count) die(model_path + ": shape differs from the model being trained");
+    const std::string problem = resume_problem(dir, step, model.config, PrecisionOf<floatX>::value);
+    if (!problem.empty()) die(problem);
+    read_model_file(model_path, values, 8 * model.mesh.data.size);
     model.set_parameters(values);
     const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
-    if (saved.header.precision != (int)PrecisionOf<floatX>::value) die(state_path(dir, step, 0) + ": saved in another --precision");
     auto mine = [&](const std::vector<float>& whole) {  // at tp = 1 the whole model is this rank's layout: no slicing copy
         return model.holds_whole_model() ? zero.optimizer_part(whole) : zero.optimizer_part(model.local_part(whole));
     };

@@ -1,8 +1,8 @@
 // The model's configuration and the block-major layout of its parameters: the shapes (ModelConfig, from a
 // "dN" descriptor or a model file's header) and their checks, and where every parameter lives in the flat
 // device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
-// defines: die, ModelConfig, pad_vocab, config_from_descriptor, config_problem, tensor_parallel_problem, BlockTensor,
-//          block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout
+// defines: die, ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
+//          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -33,20 +33,32 @@ struct ModelConfig {
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
+// Shape limits: every size the code computes from them (parameters per tensor, L x 12 C^2 for the whole model,
+// T x C, Vp x C, B x T x Vp logits) stays far inside size_t, and C, 4C, T and Vp inside the int arguments of the
+// kernels and of cuBLASLt. GPT-2 1.5B is 48 x 1600 with T 1024 and Vp 50304.
+constexpr int kMaxLayers = 1024, kMaxChannels = 16384, kMaxSeqLen = 1 << 20, kMaxVocab = 1 << 20;
+
 // "dN": GPT-2's published shapes for 12/24/36/48 layers (and llm.c's d6, d60); any other depth N gets
-// C = 64 N and N heads (the aspect ratio and head size of GPT-2 124M).
-inline bool config_from_descriptor(const std::string& descriptor, ModelConfig& config) {
+// C = 64 N and N heads (the aspect ratio and head size of GPT-2 124M). Returns false when `descriptor` is not of
+// the form dN (a model file, then); a dN whose N is not in 1..kMaxLayers sets *problem (and leaves `config`).
+inline bool config_from_descriptor(const std::string& descriptor, ModelConfig& config, std::string* problem = nullptr) {
     if (descriptor.size() < 2 || descriptor[0] != 'd') return false;
-    for (size_t i = 1; i < descriptor.size(); i++)
+    long depth = 0;  // digit by digit, stopping above the limit: no overflow however long the number
+    for (size_t i = 1; i < descriptor.size(); i++) {
         if (!isdigit((unsigned char)descriptor[i])) return false;
-    const int depth = atoi(descriptor.c_str() + 1);
-    if (depth <= 0) return false;
+        if (depth <= kMaxLayers) depth = depth * 10 + (descriptor[i] - '0');
+    }
+    if (depth < 1 || depth > kMaxLayers) {
+        if (problem == nullptr) return false;
+        *problem = "dN takes N (the number of layers) in 1.." + std::to_string(kMaxLayers);
+        return true;
+    }
     const int known[][3] = {{6, 384, 6},    {12, 768, 12},  {24, 1024, 16}, {36, 1280, 20},
                             {48, 1600, 25}, {60, 1920, 30}};
     config = ModelConfig();
-    config.num_layers = depth;
-    config.channels = 64 * depth;
-    config.num_heads = depth;
+    config.num_layers = (int)depth;
+    config.channels = 64 * (int)depth;  // above kMaxChannels for N > 256: config_problem says so (unless --channels overrides it)
+    config.num_heads = (int)depth;
     for (auto& k : known)
         if (k[0] == depth) { config.channels = k[1]; config.num_heads = k[2]; }
     return true;
@@ -57,6 +69,14 @@ inline std::string config_problem(const ModelConfig& c) {
     char buf[256];
     if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
         return "layers, heads, channels, max sequence length and vocabulary must be positive";
+    const struct { const char* name; int value, limit; } limits[] = {
+        {"layers", c.num_layers, kMaxLayers}, {"channels", c.channels, kMaxChannels},
+        {"max sequence length", c.max_seq_len, kMaxSeqLen}, {"padded vocabulary", c.padded_vocab_size, kMaxVocab}};
+    for (const auto& l : limits)
+        if (l.value > l.limit) {
+            snprintf(buf, sizeof(buf), "%s (%d) must be at most %d", l.name, l.value, l.limit);
+            return buf;
+        }
     if (c.channels % c.num_heads != 0) {
         snprintf(buf, sizeof(buf), "channels (%d) must be divisible by heads (%d)", c.channels, c.num_heads);
         return buf;

@@ -16,7 +16,7 @@
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
 #include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
 #include "../kernels/classifier.cuh"           // defines: accumulate_losses
-#include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats
+#include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats, nonfinite_flag
 #include "../kernels/lora.cuh"                 // defines: lora_forward, lora_backward, lora_dropout
 #include "../distributed/process_group.h"      // defines: ProcessGroup
 #include "../distributed/mesh.h"               // defines: ProcessMesh
@@ -129,6 +129,8 @@ struct GPT2 {
     // stuck collective would make an unbounded wait
     float* loss_sums_host = nullptr;
     bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
+    // 0, or NaN when the rows request_losses() gathered hold a non-finite loss: step() skips on it
+    float* nonfinite_loss = nullptr;
     int forwards_summed = 0;
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets) into an activation set's
     // tokens, so the host prepares the next micro-batch while the GPU still works on the current one.
@@ -335,6 +337,8 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
+        cudaCheck(cudaMalloc(&nonfinite_loss, sizeof(float)));
+        cudaCheck(cudaMemset(nonfinite_loss, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         const size_t dp = mesh.data.size;  // the rows of every data-parallel rank (tensor-parallel ranks share theirs)
         cudaCheck(cudaMalloc(&all_loss_sums, dp * N * sizeof(float)));
@@ -350,7 +354,7 @@ struct GPT2 {
 
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory,
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)nonfinite_loss, (void*)tokens_memory,
                         (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
             if (p != nullptr) cudaFree(p);
         if (loss_sums_host != nullptr) cudaFreeHost(loss_sums_host);
@@ -841,6 +845,9 @@ struct GPT2 {
     }
 
     void zero_grad() { trained().zero_grad(); }
+    // The optimizer step of the trained parameters. A non-finite loss in the rows of the last request_losses()
+    // skips it, as a non-finite gradient norm does, in every precision: no parameter or optimizer state changes.
+    void step(const AdamWHyper& h) { trained().step(h, nonfinite_loss); }
 
     // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
     // copy to the host and the clearing of the sums, without waiting: the training step asks for them before
@@ -852,6 +859,7 @@ struct GPT2 {
         if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(loss_sums, loss_sums, N, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
         if (mesh.data.size > 1) ncclCheck(ncclAllGather(loss_sums, all_loss_sums, N, ncclFloat32, mesh.data.comm, stream));
         cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, mesh.data.size * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        nonfinite_flag(nonfinite_loss, all_loss_sums, (long)(mesh.data.size * N), stream);  // every rank: the same rows, the same flag
         cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
         losses_requested = true;
     }

@@ -8,13 +8,13 @@ BIN=./train_gpt
 W=build/test_work/cli
 rm -rf "$W"; mkdir -p "$W"
 
-# expect_error NAME PATTERN ARGS...: non-zero exit, and the first stderr line matches PATTERN
+# expect_error NAME TEXT ARGS...: non-zero exit, and the first stderr line contains TEXT (a fixed string)
 expect_error() {
     local name=$1 pattern=$2; shift 2
     local err rc
     err=$("$BIN" "$@" 2>&1 >/dev/null); rc=$?
     local first=$(printf '%s\n' "$err" | head -n 1)
-    if [ $rc -ne 0 ] && printf '%s' "$first" | grep -q -- "$pattern" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
+    if [ $rc -ne 0 ] && printf '%s' "$first" | grep -qF -- "$pattern" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
         echo "PASS cli $name"
     else
         echo "FAIL cli $name: rc=$rc, stderr: $err"
@@ -27,6 +27,14 @@ for flag in $(grep -o '{"--[a-z0-9-]*"' train_gpt.cu | tr -d '{"'); do
     printf '%s' "$help" | grep -q -- "$flag" || missing="$missing $flag"
 done
 if [ $rc -eq 0 ] && [ -z "$missing" ]; then echo "PASS cli --help lists every flag"; else echo "FAIL cli --help: rc=$rc missing:$missing"; fi
+# --help shows each flag's accepted values after its default (from the table the parser checks them with)
+wrong=""
+for entry in "--beta1|[0.9; in [0, 1)]" "--zero-stage, -z|[1; one of 0, 1, 2, 3]" "--precision|[\"bf16\"; one of bf16, fp16, fp32]" \
+             "--steps, -x|[-1; -1 or >= 0]" "--eps|[1e-08; > 0]" "--layers|[-1; -1 or in [1, 1024]]" "--nccl-timeout|[600; >= 1]"; do
+    flag=${entry%%|*} shown=${entry#*|}
+    printf '%s\n' "$help" | grep -F -- "  $flag " | grep -qF -- "$shown" || wrong="$wrong $flag"
+done
+if [ -z "$wrong" ]; then echo "PASS cli --help shows ranges and choices"; else echo "FAIL cli --help ranges and choices:$wrong"; fi
 
 # shards: one good, one with a wrong magic, one truncated
 python3 - "$W" <<'PY'
@@ -46,8 +54,8 @@ expect_error "unknown flag" "unknown flag '--bogus'" --bogus 1
 expect_error "flag without value" "flag --steps needs a value" --steps
 expect_error "integer flag with text" "flag -b expects an integer, got 'x'" -b x
 expect_error "float flag with text" "flag --lr expects a number" --lr fast
-expect_error "bad precision" "--precision must be bf16, fp16 or fp32" --precision fp8
-expect_error "bad schedule" "--lr-schedule must be" --lr-schedule step
+expect_error "bad precision" "--precision must be one of bf16, fp16, fp32, got 'fp8'" --precision fp8
+expect_error "bad schedule" "--lr-schedule must be one of cosine, linear, constant, got 'step'" --lr-schedule step
 expect_error "heads do not divide channels" "channels (100) must be divisible by heads (3)" --channels 100 --heads 3
 expect_error "seq-len above max" "--seq-len must be in 1..64" --layers 2 --heads 1 --channels 64 --max-seq-len 64 --seq-len 128
 expect_error "unsupported head size" "head size channels/heads = 96/3 must be 64" --channels 96 --heads 3
@@ -58,28 +66,102 @@ expect_error "shard with bad magic" "badmagic.bin" $SMALL --train-data "$W/badma
 expect_error "truncated shard" "truncated.bin" $SMALL --train-data "$W/truncated.bin"
 expect_error "total batch not a multiple" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" $SMALL --train-data "$W/good.bin" --total-batch-tokens 100
 expect_error "resume without output dir" "--resume needs --output-dir" $SMALL --resume 1
-expect_error "bad ZeRO stage" "--zero-stage must be 0, 1, 2 or 3, got 4" $SMALL --zero-stage 4
-expect_error "bad recompute level" "--recompute must be 0, 1, 2 or 3, got 5" $SMALL --recompute 5
-expect_error "bad GELU fusion" "--gelu-fusion must be 0 or 1, got 2" $SMALL --gelu-fusion 2
-expect_error "bad deterministic" "--deterministic must be 0 or 1, got 3" $SMALL --deterministic 3
+expect_error "bad ZeRO stage" "--zero-stage must be one of 0, 1, 2, 3, got 4" $SMALL --zero-stage 4
+expect_error "bad recompute level" "--recompute must be one of 0, 1, 2, 3, got 5" $SMALL --recompute 5
+expect_error "bad GELU fusion" "--gelu-fusion must be one of 0, 1, got 2" $SMALL --gelu-fusion 2
+expect_error "bad deterministic" "--deterministic must be one of 0, 1, got 3" $SMALL --deterministic 3
 expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj, fc, fc-proj" $SMALL --lora-rank 4 --lora-targets qkv,mlp
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad magic 999 (expected 20261127, an adapter file)" $SMALL --lora-load "$W/badmodel.bin"
-expect_error "LoRA dropout out of range" "--lora-dropout must be in \[0, 1)" $SMALL --lora-rank 4 --lora-dropout 1.5
+expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
 expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
+
+# every flag's range (issue #18): integers parsed whole, never cut to fit an int; floats finite and in range
+expect_error "integer above int" "--batch-size must be in [1, 2147483647], got 4294967297" --batch-size 4294967297
+expect_error "integer above long" "--steps must be -1 or in [0, 2147483647], got 99999999999999999999" --steps 99999999999999999999
+expect_error "ZeRO stage above int" "--zero-stage must be one of 0, 1, 2, 3, got 4294967305" --zero-stage 4294967305
+expect_error "alias named with its flag" "-z (--zero-stage) must be one of 0, 1, 2, 3, got 9" -z 9
+expect_error "lr nan" "--lr must be a finite number >= 0, got nan" --lr nan
+expect_error "lr inf" "--lr must be a finite number >= 0, got inf" --lr inf
+expect_error "lr beyond float" "--lr must be a finite number >= 0, got 1e39" --lr 1e39
+expect_error "grad-clip nan" "--grad-clip must be a finite number >= 0, got nan" --grad-clip nan
+expect_error "beta1 above 1" "--beta1 must be in [0, 1), got 5" --beta1 5
+expect_error "beta2 of 1" "--beta2 must be in [0, 1), got 1" --beta2 1
+expect_error "LoRA dropout nan" "--lora-dropout must be in [0, 1), got nan" --lora-dropout nan
+expect_error "fp16 initial scale 0" "--fp16-initial-scale must be a finite number > 0, got 0" --fp16-initial-scale 0
+expect_error "fp16 growth interval 0" "--fp16-growth-interval must be in [1, 2147483647], got 0" --fp16-growth-interval 0
+expect_error "temperature negative" "--temperature must be a finite number >= 0, got -1" --temperature -1
+expect_error "LoRA alpha 0" "--lora-alpha must be -1 or a finite number > 0, got 0" --lora-alpha 0
+expect_error "eps that is 0 as a float" "--eps must be a finite number > 0, got 1e-50" --eps 1e-50
+# 1e-40 is a float (a denormal) that strtof refused: the flags after it are read, and the run stops at a later check
+expect_error "eps 1e-40 accepted" "--resume needs --output-dir" $SMALL --eps 1e-40 --resume 1
+expect_error "steps negative" "--steps must be -1 or in [0, 2147483647], got -7" --steps -7
+expect_error "generate negative" "--generate must be in [0, 2147483647], got -3" --generate -3
+expect_error "top-k negative" "--top-k must be in [0, 2147483647], got -5" --top-k -5
+expect_error "val-batches negative" "--val-batches must be in [1, 2147483647], got -1" --val-batches -1
+expect_error "nccl-timeout negative" "--nccl-timeout must be in [1, 2147483647], got -1" --nccl-timeout -1
+expect_error "total batch tokens 0" "--total-batch-tokens must be -1 or in [1, 2147483647], got 0" --total-batch-tokens 0
+expect_error "layers 0" "--layers must be -1 or in [1, 1024], got 0" --layers 0
+expect_error "seq-len 0" "--seq-len must be in [1, 1048576], got 0" --seq-len 0
+expect_error "virtual stages negative" "--virtual-stages must be in [0, 2147483647], got -1" --virtual-stages -1
+expect_error "sequence parallel switch" "--sequence-parallel must be one of 0, 1, got 2" --sequence-parallel 2
+expect_error "keep-checkpoints negative" "--keep-checkpoints must be in [0, 2147483647], got -1" --keep-checkpoints -1
+# --model: a dN whose N would overflow the shape, a dN whose width is too large, a directory
+expect_error "model depth overflows" "--model d33554432: dN takes N (the number of layers) in 1..1024" --model d33554432
+expect_error "model too wide" "model d300: channels (19200) must be at most 16384" --model d300
+expect_error "model is a directory" "--model $W: is a directory; expected dN (e.g. d12) or an llm.c model file" --model "$W"
+expect_error "micro-batch tokens above int" "--batch-size x --seq-len = 68719476736 tokens per micro-batch must be at most 2147483647" $SMALL --batch-size 1073741824 --seq-len 64 --train-data "$W/nothing_*.bin"
+# checkpoint retention flags
+expect_error "keep-every without keep-checkpoints" "--keep-every 5 needs --keep-checkpoints K" $SMALL --keep-every 5 -o "$W/ck"
+expect_error "checkpoints without output dir" "--checkpoint-every needs --output-dir" $SMALL --checkpoint-every 5
+# --resume 1 reads the newest checkpoint's headers before any GPU work: another shape or precision is refused in
+# one line naming both values (files with only the headers: nothing else is read before the refusal)
+python3 - "$W" <<'PY'
+import os, struct, sys
+def checkpoint(d, step, layers, heads, channels, precision, max_t=64, vocab=50257):
+    os.makedirs(d, exist_ok=True)
+    model = [20240326, 3, max_t, vocab, layers, heads, channels, 50304] + [0] * 248
+    open(f"{d}/model_{step:08d}.bin", "wb").write(struct.pack("<256i", *model))
+    # state header v4: magic, version, sizeof(StateHeader), sizeof(DataLoaderState), then StateHeader (step, precision,
+    # mesh 1x1x1 at 0,0,0, ZeRO stage, has_master, clean steps, loss scale, skipped steps, optimizer elements); at [130]
+    # the stage's block count
+    header = struct.pack("<4i", 20261126, 4, 64, 64) + struct.pack("<11ifqq", step, precision, 1, 1, 1, 0, 0, 0, 1, 1, 0, 1.0, 0, 0)
+    header += b"\0" * (512 - len(header)) + struct.pack("<3i", 1, 1, layers) + b"\0" * (1024 - 524)
+    open(f"{d}/state_{step:08d}_00000.bin", "wb").write(header)
+d = sys.argv[1]
+checkpoint(f"{d}/ck_heads", 10, 2, 2, 128, 1)      # bf16 = 1
+checkpoint(f"{d}/ck_heads", 5, 2, 1, 128, 1)       # older, of this run's shape: the newest one is checked
+checkpoint(f"{d}/ck_layers", 10, 3, 1, 64, 1)
+checkpoint(f"{d}/ck_maxt", 10, 2, 1, 64, 1, max_t=128)
+checkpoint(f"{d}/ck_precision", 10, 2, 1, 64, 2)   # fp16 = 2
+PY
+expect_error "resume another head count" "$W/ck_heads/model_00000010.bin: the checkpoint's heads is 2, this run's 1 (--model, --heads): --resume 1 continues the same model" \
+    $SMALL --channels 128 --train-data "$W/good.bin" --resume 1 -o "$W/ck_heads"
+expect_error "resume another depth" "the checkpoint's layers is 3, this run's 2" $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_layers"
+expect_error "resume another maximum T" "the checkpoint's maximum sequence length is 128, this run's 64" $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_maxt"
+expect_error "resume another precision" "$W/ck_precision/state_00000010_00000.bin: saved with --precision fp16, this run uses bf16" \
+    $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_precision"
+# no checkpoint: one line that says so, then the run goes on (here: up to the GPU, or through 0 steps on one)
+mkdir -p "$W/ck_empty"
+out=$($BIN $SMALL --train-data "$W/good.bin" --steps 0 --resume 1 -o "$W/ck_empty" 2> /dev/null)
+if printf '%s\n' "$out" | grep -qxF -- "--resume 1: no checkpoint in $W/ck_empty, starting from scratch"; then
+    echo "PASS cli resume without a checkpoint says so in one line"
+else
+    echo "FAIL cli resume without a checkpoint: stdout: $out"
+fi
 # batch vs GPUs: 2 ranks x 2 rows x 32 tokens = 128 tokens per micro-step
 export WORLD_SIZE=2 RANK=0
 expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of --batch-size x --seq-len x data-parallel ranks (2) = 128" $SMALL --train-data "$W/good.bin" --total-batch-tokens 64
 # tensor parallelism: the mesh and the split are checked before any GPU is touched
 expect_error "tensor parallel does not divide the ranks" "--tensor-parallel 3 x --pipeline-parallel 1 = 3 does not divide the 2 ranks" $SMALL --tensor-parallel 3
-expect_error "tensor parallel below 1" "--tensor-parallel 0 must be at least 1" $SMALL --tensor-parallel 0
+expect_error "tensor parallel below 1" "--tensor-parallel must be in [1, 2147483647], got 0" $SMALL --tensor-parallel 0
 expect_error "tensor parallel splits whole heads" "--tensor-parallel 2: the 3 attention heads do not split into 2 equal groups" --model d3 --tensor-parallel 2
 expect_error "sequence parallel splits the sequence evenly" "--sequence-parallel 1: --seq-len 33 must be a multiple of --tensor-parallel 2" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --sequence-parallel 1 --seq-len 33
 expect_error "tensor parallel refuses LoRA" "LoRA runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --lora-rank 4
 expect_error "pipeline parallel does not divide the ranks" "--tensor-parallel 1 x --pipeline-parallel 4 = 4 does not divide the 2 ranks" $SMALL --pipeline-parallel 4
 expect_error "pipeline needs a layer per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved
-expect_error "pipeline schedule name" "--pipeline-schedule must be 1f1b or interleaved, got 'gpipe'" $SMALL --pipeline-parallel 2 --pipeline-schedule gpipe
+expect_error "pipeline schedule name" "--pipeline-schedule must be one of 1f1b, interleaved, got 'gpipe'" $SMALL --pipeline-parallel 2 --pipeline-schedule gpipe
 expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parallel 2 --pipeline-layers 1,2
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2
 expect_error "pipeline refuses LoRA" "LoRA runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --lora-rank 4

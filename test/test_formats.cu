@@ -1,7 +1,8 @@
 // File formats and schedules, without a GPU: the learning-rate schedule against the formulas of
 // docs/formats.md and against the PyTorch reference's own (scripts/gpt2_reference.py lr_at) when a Python is
 // at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
-// layouts of 1 and 3 ranks; checkpoint discovery finds the newest complete checkpoint.
+// layouts of 1 and 3 ranks; checkpoint discovery finds the newest complete checkpoint; checkpoint retention deletes what
+// --keep-checkpoints and --keep-every no longer keep, whole checkpoints only.
 #define TESTING
 #include "../train_gpt.cu"
 #include "check.h"
@@ -83,9 +84,49 @@ static void test_checkpoint_discovery() {
     check(latest_checkpoint(dir + "/missing") == -1, "checkpoint discovery: none in a missing folder", "");
 }
 
+// --keep-checkpoints / --keep-every: which checkpoints go, and that deleting leaves only whole checkpoints.
+static void test_checkpoint_retention() {
+    const std::vector<int> steps = {3, 6, 9, 12, 15, 18};
+    check(checkpoints_to_delete(steps, 2, 0) == std::vector<int>({3, 6, 9, 12}), "retention: keep the newest 2", "");
+    check(checkpoints_to_delete(steps, 2, 6) == std::vector<int>({3, 9}), "retention: newest 2 (15, 18) and milestones (6, 12) kept", "");
+    check(checkpoints_to_delete(steps, 1, 0) == std::vector<int>({3, 6, 9, 12, 15}), "retention: K = 1 keeps only the newest", "");
+    check(checkpoints_to_delete(steps, 10, 0).empty() && checkpoints_to_delete({}, 1, 0).empty(), "retention: fewer than K: nothing deleted", "");
+
+    const std::string dir = "build/test_work/formats/retention";
+    make_directories(dir);
+    for (const std::string& name : directory_entries(dir)) unlink((dir + "/" + name).c_str());
+    auto touch = [&](const std::string& name) {
+        FILE* f = fopen((dir + "/" + name).c_str(), "wb");
+        if (f) fclose(f);
+    };
+    for (int step : {3, 6, 9, 12}) {
+        touch(checkpoint_path("", "model", step).substr(1));
+        for (int rank = 0; rank < 2; rank++) touch(state_path("", step, rank).substr(1));
+    }
+    touch("state_00000001_00000.bin");      // an older incomplete checkpoint (interrupted deletion)
+    touch("state_00000014_00000.bin.tmp");  // a checkpoint being written after the newest complete one
+    touch("notes.txt");
+    const std::vector<int> deleted = prune_checkpoints(dir, 2, 6);
+    std::vector<std::string> left = directory_entries(dir);
+    left.erase(std::remove_if(left.begin(), left.end(), [](const std::string& n) { return n == "." || n == ".."; }), left.end());
+    std::sort(left.begin(), left.end());
+    const std::vector<std::string> expected = {"model_00000006.bin", "model_00000009.bin", "model_00000012.bin", "notes.txt",
+                                               "state_00000006_00000.bin", "state_00000006_00001.bin", "state_00000009_00000.bin",
+                                               "state_00000009_00001.bin", "state_00000012_00000.bin", "state_00000012_00001.bin",
+                                               "state_00000014_00000.bin.tmp"};
+    std::string listing;
+    for (const std::string& n : left) listing += n + " ";
+    expect(deleted == std::vector<int>({3}) && left == expected,
+          "retention: K = 2, M = 6 deletes step 3's model and state files and the older orphan, keeps 6 (milestone), 9, 12, the newer "
+          "partial checkpoint and other files", listing);
+    check(latest_checkpoint(dir) == 12 && prune_checkpoints(dir, 0, 0).empty() && latest_checkpoint(dir) == 12,
+          "retention: K = 0 keeps everything", "");
+}
+
 int main() {
     test_schedule();
     test_model_files();
     test_checkpoint_discovery();
+    test_checkpoint_retention();
     return check_failures() == 0 ? 0 : 1;
 }

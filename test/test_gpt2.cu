@@ -1,6 +1,7 @@
 // Whole model on the GPU against the PyTorch reference's debug state (docs/formats.md): step-0 logits,
 // loss, gradient norm and every parameter gradient, then the losses of S AdamW steps on the same batch, and in
-// fp16 a step whose gradients overflow (skipped, parameters unchanged, loss scale halved).
+// fp16 a step whose gradients overflow (skipped, parameters unchanged, loss scale halved); in every precision a
+// step with an injected NaN gradient or inf loss (skipped, parameters and optimizer state unchanged).
 // With a LoRA debug state (version 3, docs/lora.md) and the reference's adapter file: the adapter
 // gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
 // logits bitwise.
@@ -142,7 +143,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     };
     auto optimizer_step = [&](int t) {
         h.t = t;
-        model.trained().step(h);
+        model.step(h);
         cudaCheck(cudaStreamSynchronize(stream));
         return model.trained().finish_step();  // also the fp16 loss scale's update
     };
@@ -171,6 +172,46 @@ static void run(const std::string& model_path, const DebugState& state, const st
         check(result.skipped && !std::isfinite(result.grad_norm) && zero.scaler.scale == 1e30f * 0.5f &&
                   zero.scaler.skipped_steps == skipped_before + 1 && zero.parameters_host() == before,
               label + " fp16 overflow: step skipped, parameters bitwise unchanged, scale halved", buf);
+    }
+    if (!lora.enabled()) {
+        // In every precision, a step with a non-finite gradient (a NaN written into one wte gradient) or a non-finite
+        // loss (an inf written into one row's loss, the gradients finite) is skipped: parameters, master weights and
+        // Adam moments bitwise unchanged, the skip counted. A clean step first must change the parameters, so the
+        // comparison can fail.
+        auto& zero = *model.zero;
+        auto snapshot = [&] {
+            std::vector<float> master, m, v;
+            zero.optimizer_state_to_host(master, m, v);
+            std::vector<float> all = zero.parameters_host();
+            for (auto* part : {&master, &m, &v}) all.insert(all.end(), part->begin(), part->end());
+            return all;
+        };
+        const char* injections[] = {"clean step", "NaN gradient", "inf loss"};
+        for (int inject = 0; inject < 3; inject++) {
+            zero.scaler.scale = precision == Precision::FP16 ? 1024.0f : 1.0f;  // the overflow check above left it huge
+            model.zero_grad();
+            model.forward(true, model.dloss(1));
+            model.accumulate_loss();
+            if (inject == 2) {
+                const float inf = INFINITY;
+                cudaCheck(cudaStreamSynchronize(stream));
+                cudaCheck(cudaMemcpy(model.loss_sums + 3, &inf, sizeof(float), cudaMemcpyHostToDevice));
+            }
+            model.backward();
+            if (inject == 1) cudaCheck(cudaMemsetAsync(zero.unit_grads(model.layout.wte_unit) + 5, 0xFF, sizeof(floatX), stream));  // all ones: NaN in fp32, bf16 and fp16
+            model.request_losses();
+            const std::vector<float> before = snapshot();
+            const long skipped_before = zero.scaler.skipped_steps;
+            const auto result = optimizer_step(state.steps + 2 + inject);
+            const float step_loss = model.take_mean_loss();
+            const bool unchanged = snapshot() == before;
+            snprintf(buf, sizeof(buf), "loss %g, grad norm %g, skipped %d, skipped steps %ld -> %ld, state unchanged %d", step_loss,
+                     result.grad_norm, (int)result.skipped, skipped_before, zero.scaler.skipped_steps, (int)unchanged);
+            const bool expect_skip = inject > 0;
+            check(result.skipped == expect_skip && unchanged == expect_skip && zero.scaler.skipped_steps == skipped_before + expect_skip,
+                  label + " " + injections[inject] + (expect_skip ? ": step skipped, parameters and optimizer state bitwise unchanged, skip counted"
+                                                                  : ": not skipped, parameters change"), buf);
+        }
     }
     if (lora.enabled()) {
         check(model.zero->parameters_host() == base_before, label + " LoRA: base weights bitwise unchanged by the steps", "");

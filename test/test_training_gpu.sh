@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
 # the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
-# memory), and loss-curve parity with the PyTorch reference
+# memory), non-finite steps, checkpoint retention, resume checks, and loss-curve parity with the PyTorch reference
 # (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2
 # at every step; PARITY_* variables change the setting;
 # plotted to build/test_work/training/curve_parity.png).
@@ -54,7 +54,7 @@ done
 for r in 1 2 3; do
     ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --recompute $r -o "$W/recompute$r" > "$W/recompute$r.out" 2>&1
     reference=$([ $r -lt 3 ] && echo unfused || echo bf16-b)
-    if [ "$(train_log_lines "$W/$reference")" == "$(train_log_lines "$W/recompute$r")" ]; then
+    if [ "$(train_log_lines "$W/$reference")" == "$(train_log_lines "$W/recompute$r")" ] && [ "$(train_log_lines "$W/recompute$r" | wc -l)" -eq 20 ]; then
         echo "PASS recompute $r: 20 bf16 losses bitwise equal to keeping every activation ($reference run)"
     else
         echo "FAIL recompute $r: losses differ from --recompute 0 ($reference run): $(grep -m1 error "$W/recompute$r.out")"
@@ -91,6 +91,56 @@ then
     echo "PASS LoRA fine-tune: adapters saved; --lora-merge equals the reference's merge ($(grep -m1 -o '[0-9]* trainable parameters' "$W/lora.out"))"
 else
     echo "FAIL LoRA fine-tune/merge: $(grep -m1 error "$W/lora.out")"
+fi
+
+# Non-finite steps: --lr 1e4 drives the loss to NaN within a few steps. In every precision each such step is
+# skipped and counted in the step log, and after --max-skipped-steps 3 in a row the run stops with exit 1, naming
+# the step and the newest checkpoint.
+for p in fp32 bf16 fp16; do
+    ./train_gpt "${SMALL[@]}" --precision $p --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
+        --max-skipped-steps 3 -o "$W/nan-$p" > "$W/nan-$p.out" 2> "$W/nan-$p.err"; rc=$?
+    newest=$(ls "$W/nan-$p"/model_*.bin 2> /dev/null | sort | tail -n 1)
+    if [ $rc -ne 0 ] && grep -q "3 steps in a row .* had a non-finite loss or gradient norm" "$W/nan-$p.err" && [ -n "$newest" ] \
+        && grep -qF "the newest checkpoint is $newest" "$W/nan-$p.err" && grep -q "skipped 3 (this step: non-finite" "$W/nan-$p.out"; then
+        echo "PASS $p non-finite steps: skipped, counted, and the run stops after 3 in a row naming $(basename "$newest")"
+    else
+        echo "FAIL $p non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-$p.err") / $(grep -m1 skipped "$W/nan-$p.out")"
+    fi
+done
+
+# Checkpoint retention: checkpoints at steps 3, 6, ..., 18 and the last (20); --keep-checkpoints 2 keeps 18 and 20,
+# --keep-every 9 the milestone 9; the others' model and state files are gone, and no temporary file is left.
+./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --val-every 0 --checkpoint-every 3 --keep-checkpoints 2 --keep-every 9 \
+    -o "$W/keep" > "$W/keep.out" 2>&1
+left=$(cd "$W/keep" && ls model_* state_* 2> /dev/null | tr '\n' ' ')
+expected="model_00000009.bin model_00000018.bin model_00000020.bin state_00000009_00000.bin state_00000018_00000.bin state_00000020_00000.bin "
+if [ "$left" == "$expected" ] && [ "$(grep -c '^deleted checkpoint' "$W/keep.out")" -eq 4 ]; then
+    echo "PASS retention: --keep-checkpoints 2 --keep-every 9 over 7 checkpoints leaves steps 9, 18 and 20"
+else
+    echo "FAIL retention: left '$left', expected '$expected': $(tail -n 1 "$W/keep.out")"
+fi
+
+# Resume checks: a checkpoint of another shape or precision is refused in one line naming both values, before any
+# GPU work; --resume 1 in a folder without a checkpoint says so and starts from scratch.
+expect_refusal() {
+    local name=$1 pattern=$2; shift 2
+    local err rc
+    err=$(./train_gpt "${SMALL[@]}" --steps 22 --val-every 0 --resume 1 -o "$W/keep" "$@" 2>&1 > /dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s' "$err" | grep -q -- "$pattern"; then
+        echo "PASS resume refuses $name: $err"
+    else
+        echo "FAIL resume refuses $name: rc=$rc: $err"
+    fi
+}
+expect_refusal "another head count" "model_00000020.bin: the checkpoint's heads is 4, this run's 2" --precision bf16 --heads 2
+expect_refusal "another depth" "the checkpoint's layers is 4, this run's 3" --precision bf16 --layers 3
+expect_refusal "another maximum T" "the checkpoint's maximum sequence length is 256, this run's 512" --precision bf16 --max-seq-len 512
+expect_refusal "another precision" "state_00000020_00000.bin: saved with --precision bf16, this run uses fp32" --precision fp32
+./train_gpt "${SMALL[@]}" --steps 2 --val-every 0 --resume 1 -o "$W/fresh" > "$W/fresh.out" 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q "^--resume 1: no checkpoint in $W/fresh, starting from scratch" "$W/fresh.out" && grep -q "step     2/2" "$W/fresh.out"; then
+    echo "PASS resume without a checkpoint: says so and trains from scratch"
+else
+    echo "FAIL resume without a checkpoint: rc=$rc: $(tail -n 1 "$W/fresh.out")"
 fi
 
 # curve parity: same initial model file, same batches, same schedule
