@@ -16,14 +16,14 @@
 #include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
 #include "dataloader/tokenizer.h"    // defines: GPT2Tokenizer, TokenDecoder (to decode samples)
 #include "dataloader/hellaswag.h"    // defines: HellaSwagBatcher (packing and scoring the HellaSwag eval)
-#include "kernels/common.cuh"
+#include "kernels/common.cuh"              // defines: die (kernels/die.h), cudaCheck, the precisions and packed loads
 #include "kernels/matmul.cuh"             // defines: matmul_setup, matmul_teardown, matmul_context (cuBLASLt handle, autotuning)
 #include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap)
 #include "distributed/mesh.h"             // defines: MeshShape, ProcessMesh (rank arithmetic; tp, pp, dp communicators)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
 #include "distributed/pipeline_schedule.h"  // defines: make_pipeline_schedule (1F1B, interleaved), pipeline_layer_split
 #include "distributed/pipeline_parallel.cuh"  // defines: PipelineParallel (runs a stage's schedule: compute and transfers)
-#include "model/config.h"                 // defines: die, ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
+#include "model/config.h"                 // defines: ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
 #include "model/lora.h"                   // defines: LoraSpec, AdapterLayout, read_adapter_file, write_adapter_file, merge_adapters
 #include "model/model_file.h"             // defines: read_model_header, read_model_file, write_model_file (llm.c model files)
 #include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan

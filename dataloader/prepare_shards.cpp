@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "../kernels/die.h"  // print_error: the one error line format
 #include "shards.h"
 #include "text_reader.h"
 #include "tokenizer.h"
@@ -899,12 +900,12 @@ int main(int argc, char** argv) {
         const GPT2Tokenizer tok = GPT2Tokenizer::load(o.tokenizer_dir);
         return o.count ? run_count(o, tok) : run_shards(o, tok);
     } catch (const UsageError& e) {
-        std::fprintf(stderr, "prepare_shards: %s (see --help)\n", e.what());
+        print_error(std::string("prepare_shards: ") + e.what() + " (see --help)");
     } catch (const Interrupted& e) {
-        std::fprintf(stderr, "prepare_shards: %s\n", e.what());
+        print_error(std::string("prepare_shards: ") + e.what());
         return 128 + e.signal;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "prepare_shards: %s\n", e.what());
+        print_error(std::string("prepare_shards: ") + e.what());
     }
     return 1;
 }

@@ -6,14 +6,9 @@
 #include <cstdlib>
 
 #include "process_group.h"
+#include "../kernels/die.h"
 
 namespace {
-
-[[noreturn]] void fail(const std::string& message) {
-    fprintf(stderr, "error: %s\n", message.c_str());
-    fflush(stderr);
-    exit(EXIT_FAILURE);
-}
 
 // This rank's communicator for one kind of group. ncclCommSplit is collective over the world's communicator,
 // so every rank makes the same calls in the same order: a kind whose groups all have one rank is skipped by
@@ -33,7 +28,7 @@ Communicator split_group(ProcessGroup& pg, const MeshShape& shape, MeshGroup gro
         c.size = (int)ranks.size();
     }
     c.comm = pg.split(color, key, name);
-    if (!ranks.empty() && c.comm == nullptr) fail("rank " + std::to_string(pg.rank) + ": NCCL made no " + name + " communicator");
+    if (!ranks.empty() && c.comm == nullptr) die("rank " + std::to_string(pg.rank) + ": NCCL made no " + name + " communicator");
     return c;
 }
 
@@ -41,11 +36,11 @@ Communicator split_group(ProcessGroup& pg, const MeshShape& shape, MeshGroup gro
 
 void ProcessMesh::build(ProcessGroup& pg, const MeshShape& mesh_shape) {
     destroy();  // a second build replaces the first
-    if (pg.world > 1 && pg.comm == nullptr) fail("ProcessMesh::build needs a connected ProcessGroup (call pg.connect first)");
+    if (pg.world > 1 && pg.comm == nullptr) die("ProcessMesh::build needs a connected ProcessGroup (call pg.connect first)");
     const std::string problem = mesh_shape_problem(pg.world, mesh_shape.tp, mesh_shape.pp);
-    if (!problem.empty()) fail(problem);
+    if (!problem.empty()) die(problem);
     if (mesh_shape.dp < 1 || mesh_shape.world() != pg.world)
-        fail("--tensor-parallel " + std::to_string(mesh_shape.tp) + " x --pipeline-parallel " + std::to_string(mesh_shape.pp) +
+        die("--tensor-parallel " + std::to_string(mesh_shape.tp) + " x --pipeline-parallel " + std::to_string(mesh_shape.pp) +
              " x data-parallel " + std::to_string(mesh_shape.dp) + " is not the " + std::to_string(pg.world) + " ranks");
     shape = mesh_shape;
     coord = mesh_coord(shape, pg.rank);

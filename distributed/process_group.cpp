@@ -1,6 +1,7 @@
 // Process bootstrap (MPI, Slurm or plain environment), NCCL unique-id exchange (MPI, shared file or TCP),
 // and deadline-guarded waits. See process_group.h.
 #include "process_group.h"
+#include "../kernels/die.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -23,12 +24,6 @@
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) {
-    fprintf(stderr, "error: %s\n", message.c_str());
-    fflush(stderr);
-    exit(EXIT_FAILURE);
-}
-
 int env_int(const char* name, int fallback) {
     const char* value = getenv(name);
     return value ? atoi(value) : fallback;
@@ -47,8 +42,7 @@ public:
             const auto start = std::chrono::steady_clock::now();
             while (!done_.load()) {
                 if (seconds_since(start) > seconds) {
-                    fprintf(stderr, "error: %s did not finish within %d s (a rank failed or is missing)\n", what_.c_str(), seconds);
-                    fflush(stderr);
+                    print_error(what_ + " did not finish within " + std::to_string(seconds) + " s (a rank failed or is missing)");
                     _exit(EXIT_FAILURE);
                 }
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -70,7 +64,7 @@ void send_all(int fd, const void* data, size_t bytes) {
     const char* p = static_cast<const char*>(data);
     while (bytes > 0) {
         ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
-        if (n <= 0) fail(std::string("NCCL id bootstrap: send failed: ") + strerror(errno));
+        if (n <= 0) die(std::string("NCCL id bootstrap: send failed: ") + strerror(errno));
         p += n;
         bytes -= n;
     }
@@ -80,7 +74,7 @@ void receive_all(int fd, void* data, size_t bytes) {
     char* p = static_cast<char*>(data);
     while (bytes > 0) {
         ssize_t n = recv(fd, p, bytes, 0);
-        if (n <= 0) fail("NCCL id bootstrap: rank 0 closed the connection early");
+        if (n <= 0) die("NCCL id bootstrap: rank 0 closed the connection early");
         p += n;
         bytes -= n;
     }
@@ -92,7 +86,7 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
     const char* address = getenv("MASTER_ADDR");
     const char* port = getenv("MASTER_PORT");
     if (!address || !port)
-        fail("several processes without MPI need MASTER_ADDR and MASTER_PORT (TCP bootstrap) or --nccl-init-file");
+        die("several processes without MPI need MASTER_ADDR and MASTER_PORT (TCP bootstrap) or --nccl-init-file");
     if (rank == 0) {
         int server = socket(AF_INET, SOCK_STREAM, 0);
         int yes = 1;
@@ -102,10 +96,10 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
         addr.sin_addr.s_addr = htonl(INADDR_ANY);
         addr.sin_port = htons((uint16_t)atoi(port));
         if (bind(server, (sockaddr*)&addr, sizeof(addr)) != 0 || listen(server, world) != 0)
-            fail(std::string("NCCL id bootstrap: cannot listen on port ") + port + ": " + strerror(errno));
+            die(std::string("NCCL id bootstrap: cannot listen on port ") + port + ": " + strerror(errno));
         for (int i = 1; i < world; i++) {
             int client = accept(server, nullptr, nullptr);
-            if (client < 0) fail(std::string("NCCL id bootstrap: accept failed: ") + strerror(errno));
+            if (client < 0) die(std::string("NCCL id bootstrap: accept failed: ") + strerror(errno));
             send_all(client, &id, sizeof(id));
             close(client);
         }
@@ -116,7 +110,7 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(address, port, &hints, &result) != 0 || result == nullptr)
-        fail(std::string("NCCL id bootstrap: cannot resolve MASTER_ADDR ") + address);
+        die(std::string("NCCL id bootstrap: cannot resolve MASTER_ADDR ") + address);
     for (;;) {  // the watchdog bounds this loop
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, result->ai_addr, result->ai_addrlen) == 0) {
@@ -136,11 +130,11 @@ void exchange_id_file(ncclUniqueId& id, int rank, const std::string& path) {
     if (rank == 0) {
         struct stat st;
         if (stat(path.c_str(), &st) == 0)
-            fail(path + ": --nccl-init-file already exists (left by an earlier job?): remove it or use a new name");
+            die(path + ": --nccl-init-file already exists (left by an earlier job?): remove it or use a new name");
         const std::string tmp = path + ".tmp";
         FILE* f = fopen(tmp.c_str(), "wb");
         if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp.c_str(), path.c_str()) != 0)
-            fail(path + ": cannot write the NCCL id: " + strerror(errno));
+            die(path + ": cannot write the NCCL id: " + strerror(errno));
         return;
     }
     for (;;) {  // the watchdog bounds this loop
@@ -158,8 +152,7 @@ void exchange_id_file(ncclUniqueId& id, int rank, const std::string& path) {
 
 void nccl_check(ncclResult_t result, const char* file, int line) {
     if (result != ncclSuccess && result != ncclInProgress) {
-        fprintf(stderr, "error: NCCL: %s at %s:%d\n", ncclGetErrorString(result), file, line);
-        exit(EXIT_FAILURE);
+        die(std::string("NCCL: ") + ncclGetErrorString(result) + " at " + file + ":" + std::to_string(line));
     }
 }
 
@@ -193,17 +186,17 @@ ProcessGroup ProcessGroup::from_environment(int* argc, char*** argv) {
         }
     }
     if (pg.world < 1 || pg.rank < 0 || pg.rank >= pg.world)
-        fail("bad process layout: rank " + std::to_string(pg.rank) + " of world size " + std::to_string(pg.world));
+        die("bad process layout: rank " + std::to_string(pg.rank) + " of world size " + std::to_string(pg.world));
     return pg;
 }
 
 void ProcessGroup::connect(const ProcessGroupOptions& options) {
     timeout_seconds_ = options.timeout_seconds;
     int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) fail("no CUDA GPU found");
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) die("no CUDA GPU found");
     if (local_rank >= devices)
-        fail("local rank " + std::to_string(local_rank) + " has no GPU (this node has " + std::to_string(devices) + ")");
-    if (cudaSetDevice(local_rank) != cudaSuccess) fail("cannot select GPU " + std::to_string(local_rank));
+        die("local rank " + std::to_string(local_rank) + " has no GPU (this node has " + std::to_string(devices) + ")");
+    if (cudaSetDevice(local_rank) != cudaSuccess) die("cannot select GPU " + std::to_string(local_rank));
     if (world == 1) return;
 
     // NVLink multicast (NVLS) stays off unless the user asks for it: on shared hosts it can take the
@@ -263,8 +256,7 @@ namespace {
 // block behind a wedged kernel, so a watchdog bounds the aborts; _exit skips CUDA's teardown of a context
 // whose stream will never drain. Every communicator is aborted, so no peer stays blocked in any of them.
 [[noreturn]] void fail_collective(const std::vector<ProcessGroup::NamedCommunicator>& comms, const std::string& message) {
-    fprintf(stderr, "error: %s\n", message.c_str());
-    fflush(stderr);
+    print_error(message);
     {
         Watchdog guard(10, "aborting the NCCL communicators");
         for (auto it = comms.rbegin(); it != comms.rend(); ++it) ncclCommAbort(it->comm);  // split ones first
@@ -281,14 +273,14 @@ void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup:
                         int timeout_seconds) {
     if (comms.empty()) {
         cudaError_t err = block();
-        if (err != cudaSuccess) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        if (err != cudaSuccess) die(std::string("CUDA: ") + cudaGetErrorString(err));
         return;
     }
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
         cudaError_t err = done();
         if (err == cudaSuccess) return;
-        if (err != cudaErrorNotReady) fail(std::string("CUDA: ") + cudaGetErrorString(err));
+        if (err != cudaErrorNotReady) die(std::string("CUDA: ") + cudaGetErrorString(err));
         for (const ProcessGroup::NamedCommunicator& c : comms) {
             ncclResult_t async_error;
             ncclCheck(ncclCommGetAsyncError(c.comm, &async_error));

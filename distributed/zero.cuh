@@ -118,7 +118,7 @@ public:
             has_tied_ = has_tied_ || k == UnitKind::kTied || k == UnitKind::kTiedCopy;
             has_tied_copy_ = has_tied_copy_ || k == UnitKind::kTiedCopy;
         }
-        if (has_tied_ && stage_ >= 2) die_internal("tied units (pipeline parallelism) at ZeRO stage 2 or 3");
+        if (has_tied_ && stage_ >= 2) die("internal: tied units (pipeline parallelism) at ZeRO stage 2 or 3");
     }
 
     // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
@@ -337,8 +337,7 @@ public:
     // to the squared norm: a non-finite loss skips the step in every precision, as a non-finite gradient does.
     void step(AdamWHyper h, const float* nonfinite_loss = nullptr) {
         if (!trainable_) {
-            fprintf(stderr, "error: internal: optimizer step on frozen parameters\n");
-            exit(EXIT_FAILURE);
+            die("internal: optimizer step on frozen parameters");
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
@@ -468,7 +467,7 @@ public:
 
     // Full gradients (stages 0 and 1 keep them; for tests).
     std::vector<float> gradients_host() {
-        if (stage_ >= 2) { fprintf(stderr, "error: full gradients are not kept at ZeRO stage %d\n", stage_); exit(EXIT_FAILURE); }
+        if (stage_ >= 2) die("full gradients are not kept at ZeRO stage " + std::to_string(stage_));
         std::vector<floatX> raw(total_);
         cudaCheck(cudaMemcpyAsync(raw.data(), grads_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
         pg_.synchronize(compute_);
@@ -519,10 +518,6 @@ private:
         gather(gathered_units_[i], ring_params_[slot]);
         cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
         ring_unit_[slot] = i;
-    }
-    static void die_internal(const char* what) {
-        fprintf(stderr, "error: internal: %s\n", what);
-        exit(EXIT_FAILURE);
     }
 
     ShardPlan plan_;

@@ -100,8 +100,7 @@ template <typename floatX>
 void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
                       cudaStream_t stream) {
     if (Vp % Packed128<floatX>::size != 0) {
-        fprintf(stderr, "error: padded vocabulary %d must be a multiple of %d\n", Vp, Packed128<floatX>::size);
-        exit(EXIT_FAILURE);
+        die("padded vocabulary " + std::to_string(Vp) + " must be a multiple of " + std::to_string(Packed128<floatX>::size));
     }
     fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, dloss, V, Vp);
     cudaCheckLaunch();
@@ -174,8 +173,7 @@ __global__ void vocab_parallel_losses_kernel(float* losses, const float* stats, 
 
 inline void check_vocab_parallel_columns(int Vl, int size) {
     if (Vl % size != 0) {
-        fprintf(stderr, "error: vocabulary columns per tensor-parallel rank %d must be a multiple of %d\n", Vl, size);
-        exit(EXIT_FAILURE);
+        die("vocabulary columns per tensor-parallel rank " + std::to_string(Vl) + " must be a multiple of " + std::to_string(size));
     }
 }
 

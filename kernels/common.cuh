@@ -13,13 +13,14 @@
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
+#include <string>
+#include "die.h"
 
 // ---------------------------------------------------------------------------------------------
 // Error checking: every CUDA / cuBLAS call and every launch goes through one of these.
 inline void cuda_check(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) {
-        fprintf(stderr, "error: CUDA: %s at %s:%d\n", cudaGetErrorString(err), file, line);
-        exit(EXIT_FAILURE);
+        die(std::string("CUDA: ") + cudaGetErrorString(err) + " at " + file + ":" + std::to_string(line));
     }
 }
 #define cudaCheck(err) (cuda_check((err), __FILE__, __LINE__))
@@ -28,8 +29,7 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "error: cuBLAS: %s (%d) at %s:%d\n", cublasGetStatusString(status), (int)status, file, line);
-        exit(EXIT_FAILURE);
+        die(std::string("cuBLAS: ") + cublasGetStatusString(status) + " (" + std::to_string((int)status) + ") at " + file + ":" + std::to_string(line));
     }
 }
 #define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))

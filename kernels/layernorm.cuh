@@ -154,8 +154,7 @@ void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch
     const int warps = layernorm_backward_warps(C), blocks = layernorm_backward_blocks();
     const size_t shared_bytes = (size_t)warps * 2 * C * sizeof(float);
     if (shared_bytes > 48 * 1024) {
-        fprintf(stderr, "error: layernorm_backward: C=%d is too large for its shared-memory accumulators\n", C);
-        exit(EXIT_FAILURE);
+        die("layernorm_backward: C=" + std::to_string(C) + " is too large for its shared-memory accumulators");
     }
     layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
                                                                             rstd, N, C);

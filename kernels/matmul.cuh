@@ -109,8 +109,7 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
         : gelu == MatmulGelu::kForward ? (bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                                        : (bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     if (gelu != MatmulGelu::kNone && m % 8 != 0) {
-        fprintf(stderr, "error: cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got %d\n", m);
-        exit(EXIT_FAILURE);
+        die("cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got " + std::to_string(m));
     }
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
@@ -145,9 +144,8 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
                                                    ctx.autotune ? kMatmulCandidates : 1, heuristics, &found));
         cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
         if (found == 0) {
-            fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d\n",
-                    m, n, k, trans_a, trans_b, (int)epilogue);
-            exit(EXIT_FAILURE);
+            die("cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                " trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + " epilogue=" + std::to_string((int)epilogue));
         }
         // Candidates run on the product's own operands: only where that rewrites nothing but the outputs, which
         // the product itself then writes (not when accumulating into D, nor when an output overlaps an input).

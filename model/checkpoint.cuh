@@ -25,7 +25,7 @@
 #include "../distributed/process_group.h"  // ProcessGroup
 #include "../distributed/mesh.h"           // MeshShape, MeshCoord, mesh_rank
 #include "../distributed/zero.cuh"         // ZeroOptimizer
-#include "config.h"                        // die, ModelConfig, StageModel, ParameterLayout
+#include "config.h"                        // ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                    // read_model_file, write_model_file
 #include "gpt2.cuh"                        // GPT2
 

@@ -1,7 +1,7 @@
 // The model's configuration and the block-major layout of its parameters: the shapes (ModelConfig, from a
 // "dN" descriptor or a model file's header) and their checks, and where every parameter lives in the flat
 // device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
-// defines: die, ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
+// defines: ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
 //          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout
 #pragma once
 #include <algorithm>
@@ -16,11 +16,6 @@
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
-
-inline void die(const std::string& message) {
-    fprintf(stderr, "error: %s\n", message.c_str());
-    exit(EXIT_FAILURE);
-}
 
 struct ModelConfig {
     int max_seq_len = 1024;

@@ -22,7 +22,7 @@
 #include "../distributed/mesh.h"               // defines: ProcessMesh
 #include "../distributed/zero.cuh"             // defines: ZeroOptimizer, ZeroMemory
 #include "../distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
-#include "config.h"                            // defines: die, ModelConfig, StageModel, ParameterLayout
+#include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 
 // ---------------------------------------------------------------------------------------------

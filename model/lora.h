@@ -12,7 +12,7 @@
 #include <vector>
 #include "../kernels/common.cuh"    // LayoutMask
 #include "../distributed/zero.cuh"  // UnitKind
-#include "config.h"                 // die, ModelConfig, BlockTensor, ParameterLayout
+#include "config.h"                 // ModelConfig, BlockTensor, ParameterLayout
 
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device

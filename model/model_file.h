@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "config.h"  // die, ModelConfig, config_problem, ParameterLayout
+#include "config.h"  // ModelConfig, config_problem, ParameterLayout
 
 // ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.

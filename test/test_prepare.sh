@@ -165,7 +165,7 @@ if [ "${as_user[0]:-}" = skip ]; then
     echo "SKIP prepare unwritable folder: running as root (chmod 555 has no effect) and cannot run as nobody"
 else
     "${as_user[@]}" $BIN --out "$W/ro/x" "$W/big.txt" > "$W/ro.out" 2>&1; rc=$?
-    if [ $rc = 1 ] && [ "$(wc -l < "$W/ro.out")" = 1 ] && grep -q "^prepare_shards: output folder $W/ro is not writable (from --out $W/ro/x)" "$W/ro.out" &&
+    if [ $rc = 1 ] && [ "$(wc -l < "$W/ro.out")" = 1 ] && grep -q "^error: prepare_shards: output folder $W/ro is not writable (from --out $W/ro/x)" "$W/ro.out" &&
        [ -z "$(ls -A "$W/ro")" ]; then
         echo "PASS prepare unwritable folder${as_user:+ (as nobody)}: one line, before tokenizing: $(cat "$W/ro.out")"
     else
@@ -180,8 +180,8 @@ $BIN --out "$W/empty/e" --val-docs 5 "$W/sample.txt" > /dev/null 2>&1
 before=$(sums "$W/empty")
 $BIN --out "$W/empty/e" --val-fraction 0.01 "$W/sample.txt" > "$W/empty1.out" 2>&1; rc1=$?
 $BIN --out "$W/empty/e" --val-docs 40 "$W/sample.txt" > "$W/empty2.out" 2>&1; rc2=$?
-if [ $rc1 = 1 ] && grep -q "^prepare_shards: the validation split is empty: --val-fraction 0.01 chooses none of the 40 documents of the INPUTs ($W/sample.txt)" "$W/empty1.out" &&
-   [ $rc2 = 1 ] && grep -q "^prepare_shards: the train split is empty: --val-docs 40 takes all 40 documents of the INPUTs ($W/sample.txt)" "$W/empty2.out" &&
+if [ $rc1 = 1 ] && grep -q "^error: prepare_shards: the validation split is empty: --val-fraction 0.01 chooses none of the 40 documents of the INPUTs ($W/sample.txt)" "$W/empty1.out" &&
+   [ $rc2 = 1 ] && grep -q "^error: prepare_shards: the train split is empty: --val-docs 40 takes all 40 documents of the INPUTs ($W/sample.txt)" "$W/empty2.out" &&
    [ "$(sums "$W/empty")" = "$before" ]; then
     echo "PASS prepare empty splits: empty validation and empty train splits exit 1 and replace nothing"
 else
