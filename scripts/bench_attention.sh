@@ -1,31 +1,65 @@
 #!/usr/bin/env bash
-# Causal attention speed on the GPU machine: our fused flash attention (test/bench_attention.cu) against
-# PyTorch SDPA's flash backend, bf16, forward and forward + backward, for (B=64, H=12, T=1024, d=64) and
-# (B=8, H=16, T=2048, d=128). Both sides: CUDA events, warm-up, median of the repetitions.
-# FLOP convention (causal): forward 4*B*H*T^2*d / 2, backward 2.5x forward, forward + backward 3.5x.
-# Builds build/bench_attention (make). Usage: scripts/bench_attention.sh [reps]
+# Causal attention speed on the GPU machine: our fused flash attention (build/bench_attention, from
+# test/bench_attention.cu) against PyTorch SDPA with the flash backend (FlashAttention-2) and the cuDNN backend,
+# the faster of the two per pass being the baseline; bf16, forward and forward + backward, for (B, H, T, d) =
+# (64, 12, 1024, 64), (8, 16, 2048, 128), (16, 12, 4096, 64). Both sides: CUDA events around each repetition,
+# 3 warm-up runs, median of the repetitions, random inputs.
+# SDPA is timed on two layouts and the faster is kept: "qkv", q, k, v as strided (B, H, T, d) views of one
+# (B, T, 3, H, d) tensor (what a GPT-2 block passes, and what ours reads), and "bhtd", three contiguous
+# (B, H, T, d) tensors. Its backward returns dq, dk, dv (gradients of the three leaves: no assembly into a
+# qkv gradient is timed); dout has the strides of out.
+# FLOP convention (causal, as test/bench_attention.cu): forward 4*B*H*T^2*d / 2, backward 2.5x forward,
+# forward + backward 3.5x.
+# Usage: scripts/bench_attention.sh [reps]   (default 30; SHAPES="B H T D" lines override the shapes;
+#        SDPA_LAYOUTS="qkv bhtd" the layouts; SDPA_BACKENDS="flash cudnn" the backends)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-30}
 mkdir -p build
 make -s build/bench_attention
-SHAPES="64 12 1024 64
-8 16 2048 128"
-OURS=$(while read -r B H T D; do ./build/bench_attention "$B" "$H" "$T" "$D" bf16 "$REPS"; done <<< "$SHAPES")
+SHAPES=${SHAPES:-"64 12 1024 64
+8 16 2048 128
+16 12 4096 64"}
+OURS=$(while read -r B H T D; do
+    if [ -n "$B" ]; then ./build/bench_attention "$B" "$H" "$T" "$D" bf16 "$REPS"; fi
+done <<< "$SHAPES")
 printf '%s\n' "$OURS"
-REPS=$REPS OURS="$OURS" SHAPES="$SHAPES" python3 - <<'PY'
+REPS=$REPS OURS="$OURS" SHAPES="$SHAPES" SDPA_LAYOUTS=${SDPA_LAYOUTS:-"qkv bhtd"} SDPA_BACKENDS=${SDPA_BACKENDS:-"flash cudnn"} \
+    ${PYTHON:-python3} - <<'PY'
 import os
+import sys
+import warnings
+
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:
+    sys.exit(f"torch {torch.__version__}: torch.nn.attention.sdpa_kernel needed (torch >= 2.3)")
 
 reps = int(os.environ["REPS"])
+layouts = os.environ["SDPA_LAYOUTS"].split()
 ours = {}
 for line in os.environ["OURS"].splitlines():
     if not line.startswith("ours "):
         continue
     _, what, B, H, T, D, ms, tflops = line.split()
     ours[(what, int(B), int(H), int(T), int(D))] = float(tflops)
+
+BACKENDS = {}
+for name in os.environ["SDPA_BACKENDS"].split():
+    if name == "flash":
+        BACKENDS[name] = SDPBackend.FLASH_ATTENTION
+    elif name == "cudnn" and hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        BACKENDS[name] = SDPBackend.CUDNN_ATTENTION
+    else:
+        print(f"SDPA backend {name}: not in torch {torch.__version__}; left out")
+
+
+def first_line(text):
+    text = str(text).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def median_ms(fn, warmup=3):
@@ -42,26 +76,78 @@ def median_ms(fn, warmup=3):
     return sorted(times)[len(times) // 2]
 
 
-print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, causal, median of {reps}")
-print(f"{'shape (B,H,T,d)':<22}{'pass':<10}{'ours TFLOP/s':>13}{'SDPA TFLOP/s':>14}{'ours/SDPA':>11}")
-for shape in os.environ["SHAPES"].splitlines():
-    B, H, T, D = map(int, shape.split())
-    # the layout of our qkv (B, T, 3, H, D): SDPA reads strided q, k, v views of it
-    qkv = torch.randn(B, T, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dout = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    fwd_flops = 4 * B * H * T * T * D / 2
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def leaves(layout, B, H, T, D):
+    """q, k, v (B, H, T, D), each a leaf that requires grad."""
+    if layout == "qkv":  # strided views of one (B, T, 3, H, D) tensor, as a GPT-2 block makes them
+        qkv = torch.randn(B, T, 3, H, D, device="cuda", dtype=torch.bfloat16)
+        return [qkv[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3)]
+    return [torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+
+
+def time_sdpa(backend, layout, B, H, T, D):
+    """(forward ms, forward + backward ms) of SDPA with one backend on one layout."""
+    q, k, v = leaves(layout, B, H, T, D)
+    with sdpa_kernel(backend):
+        with torch.no_grad():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        dout = torch.randn_like(out)  # the strides of out (preserve_format)
+        del out
+
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
         def fwd_bwd():
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            torch.autograd.grad(out, (qkv,), dout)
-        with torch.no_grad():
-            sdpa_fwd = fwd_flops / (median_ms(fwd) * 1e-3) / 1e12
-        sdpa_fb = 3.5 * fwd_flops / (median_ms(fwd_bwd) * 1e-3) / 1e12
-    for label, what, sdpa in (("fwd", "fwd", sdpa_fwd), ("fwd+bwd", "fwdbwd_det", sdpa_fb),
-                              ("fwd+bwd*", "fwdbwd_atomic", sdpa_fb)):
-        mine = ours[(what, B, H, T, D)]
-        print(f"{str((B, H, T, D)):<22}{label:<10}{mine:>13.1f}{sdpa:>14.1f}{mine / sdpa:>11.2f}")
-print("fwd+bwd: our deterministic backward; fwd+bwd*: our atomic (nondeterministic) backward")
+            torch.autograd.grad(out, (q, k, v), dout)
+
+        return median_ms(fwd), median_ms(fwd_bwd)
+
+
+print(f"\nGPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+      f"bf16, causal, median of {reps}")
+print("FLOPs: forward 4*B*H*T^2*d/2, backward 2.5x forward, forward + backward 3.5x (as test/bench_attention.cu)")
+rows = []
+for shape in os.environ["SHAPES"].splitlines():
+    if not shape.strip():
+        continue
+    B, H, T, D = map(int, shape.split())
+    fwd_flops = 4 * B * H * T * T * D / 2
+    best = {"fwd": (0.0, "-"), "fwdbwd": (0.0, "-")}
+    per_backend = {name: {"fwd": None, "fwdbwd": None} for name in BACKENDS}
+    for name, backend in BACKENDS.items():
+        for layout in layouts:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    fwd_ms, fb_ms = time_sdpa(backend, layout, B, H, T, D)
+                except Exception as e:  # noqa: BLE001 (a backend that cannot run this is reported and left out)
+                    why = [first_line(w.message) for w in caught if first_line(w.message)]
+                    print(f"sdpa {name} {layout} {B} {H} {T} {D}: unavailable: {type(e).__name__}: {first_line(e)}"
+                          + (f" ({'; '.join(why[:2])})" if why else ""))
+                    torch.cuda.synchronize()
+                    continue
+            tf = {"fwd": fwd_flops / (fwd_ms * 1e-3) / 1e12, "fwdbwd": 3.5 * fwd_flops / (fb_ms * 1e-3) / 1e12}
+            print(f"sdpa {name} {layout} {B} {H} {T} {D} fwd {fwd_ms:.4f} ms {tf['fwd']:.1f} TFLOP/s, "
+                  f"fwd+bwd {fb_ms:.4f} ms {tf['fwdbwd']:.1f} TFLOP/s")
+            for what in ("fwd", "fwdbwd"):
+                if per_backend[name][what] is None or tf[what] > per_backend[name][what]:
+                    per_backend[name][what] = tf[what]
+                if tf[what] > best[what][0]:
+                    best[what] = (tf[what], f"{name}/{layout}")
+    for label, what, mine_key in (("fwd", "fwd", "fwd"), ("fwd+bwd", "fwdbwd", "fwdbwd_det"),
+                                  ("fwd+bwd*", "fwdbwd", "fwdbwd_atomic")):
+        rows.append(((B, H, T, D), label, ours.get((mine_key, B, H, T, D)),
+                     {name: per_backend[name][what] for name in BACKENDS}, best[what]))
+
+names = list(BACKENDS)
+fmt = lambda x: f"{x:.1f}" if x else "n/a"
+print(f"\n{'shape (B,H,T,d)':<20}{'pass':<10}{'ours':>8}" + "".join(f"{'SDPA ' + n:>12}" for n in names)
+      + f"{'best SDPA':>20}{'ours/best':>11}   (TFLOP/s)")
+for shape, label, mine, per, (best_tf, best_tag) in rows:
+    ratio = f"{mine / best_tf:.2f}" if mine and best_tf else "n/a"
+    print(f"{str(shape):<20}{label:<10}{fmt(mine):>8}" + "".join(f"{fmt(per[n]):>12}" for n in names)
+          + f"{fmt(best_tf) + ' ' + best_tag:>20}{ratio:>11}")
+print("fwd+bwd: our deterministic backward; fwd+bwd*: our atomic (nondeterministic, the default) backward; "
+      "SDPA per backend: its faster layout; best: backend/layout")
 PY
