@@ -2,7 +2,10 @@
 // without any T x T matrix in global memory. Q, K and V tiles live in shared memory, the softmax is computed
 // online in fp32, key tiles above the diagonal are skipped and the diagonal tiles are masked.
 //   bf16 / fp16: tensor cores (mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled shared memory, cp.async
-//                multi-buffering), head sizes 64 and 128.
+//                multi-buffering), head sizes 64 and 128. On Hopper (compute capability 9.x, binary built for
+//                sm_90a) the forward is flash_attention_hopper.cuh's instead: wgmma, TMA and warp-specialised
+//                producer / consumer warpgroups, which mma.sync cannot feed at Hopper's tensor-core rate. The
+//                mma.sync forward stays for every other GPU and build; the backward is mma.sync everywhere.
 //   fp32:        plain FFMA kernels, exact up to summation order (for checks and the fp32 training mode).
 // Layouts: qkv (B,T,3,NH,hs) as the qkv matmul writes it; out and dout (B,T,NH,hs) = (B,T,C); lse (B,NH,T)
 // holds the natural log-sum-exp of each row of scaled scores, saved by the forward for the backward.
@@ -1024,22 +1027,35 @@ inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int
             reinterpret_cast<int*>(p + align256(bht * 4) + align256(bht * hs * 4))};
 }
 
+// The mma.sync forward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
+template <typename floatX, int HS>
+void forward_mma_sync(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+    using Cfg = FwdConfig<HS>;
+    const int nqb = ceil_div(T, Cfg::BR);
+    auto kernel = flash_forward_kernel<floatX, HS>;
+    set_smem(kernel, Cfg::smem_bytes);
+    kernel<<<(unsigned)((long)B * NH * nqb), Cfg::THREADS, Cfg::smem_bytes, stream>>>(out, lse, qkv, T, NH, nqb,
+                                                                                    kLog2e / sqrtf((float)HS));
+    cudaCheckLaunch();
+}
+
+namespace hopper {  // flash_attention_hopper.cuh, included at the end of this file
+template <typename T, int HS, int NC> bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream_t stream);
+}
+
 template <typename floatX, int HS>
 void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
-    const float scale = 1.0f / sqrtf((float)HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const int nqb = ceil_div(T, kF32Rows);
         auto kernel = flash_forward_fp32_kernel<HS>;
         set_smem(kernel, fp32_fwd_smem_bytes<HS>());
-        kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb, scale);
+        kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb,
+                                                                                                   1.0f / sqrtf((float)HS));
+        cudaCheckLaunch();
     } else {
-        using Cfg = FwdConfig<HS>;
-        const int nqb = ceil_div(T, Cfg::BR);
-        auto kernel = flash_forward_kernel<floatX, HS>;
-        set_smem(kernel, Cfg::smem_bytes);
-        kernel<<<(unsigned)((long)B * NH * nqb), Cfg::THREADS, Cfg::smem_bytes, stream>>>(out, lse, qkv, T, NH, nqb, scale * kLog2e);
+        // Hopper built for sm_90a: wgmma / TMA kernel; anything else (or pointers TMA cannot take): mma.sync
+        if (!hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, stream)) forward_mma_sync<floatX, HS>(out, lse, qkv, B, T, NH, stream);
     }
-    cudaCheckLaunch();
 }
 
 template <typename floatX, int HS>
@@ -1082,8 +1098,7 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
 }
 
 inline void unsupported_head_size(int hs) {
-    fprintf(stderr, "error: flash attention supports head sizes 64 and 128, not %d\n", hs);
-    exit(EXIT_FAILURE);
+    die("flash attention supports head sizes 64 and 128, not " + std::to_string(hs));
 }
 
 }  // namespace flash
@@ -1113,3 +1128,5 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int h
     return flash::align256(bht * 4) + flash::align256(bht * hs * 4) +
            flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * sizeof(int));
 }
+
+#include "flash_attention_hopper.cuh"  // defines: flash::hopper::forward, flash::hopper::available

@@ -4,6 +4,9 @@
 // FLOP convention (causal): forward 4*B*H*T^2*D / 2, backward 2.5x forward, forward + backward 3.5x.
 // Prints one line per measurement: "ours WHAT B H T D MS TFLOPS", then a check at this size that repeated
 // deterministic backwards give the same bits, and how far the atomic one is from them.
+// Where the Hopper forward runs (flash_attention_hopper.cuh), "fwd" is it; "fwd_mma_sync" times the mma.sync
+// forward beside it (and "fwd_hopper_nc3", for D = 64, the three-consumer-warpgroup variant), and a check line
+// gives each one's distance from the dispatched forward's out and lse.
 // Usage: bench_attention B H T D [bf16|fp16] [reps]
 #include <algorithm>
 #include <cmath>
@@ -50,6 +53,49 @@ template <typename Fn> float median_ms(Fn fn, int warmup, int reps, cudaStream_t
     return ms[reps / 2];
 }
 
+// Relative L2 distance of two device arrays of n values (as float on the host).
+template <typename T> double rel_l2(const T* got, const T* ref, long n) {
+    std::vector<T> a(n), b(n);
+    cudaCheck(cudaMemcpy(a.data(), got, n * sizeof(T), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(b.data(), ref, n * sizeof(T), cudaMemcpyDeviceToHost));
+    double num = 0.0, den = 0.0;
+    for (long i = 0; i < n; i++) {
+        const double x = (float)a[i], y = (float)b[i];
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return std::sqrt(num / den);
+}
+
+// On Hopper: the other forwards beside the dispatched one (already in out, lse), timed and compared with it.
+template <typename T>
+void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int Tn, int H, int D, int reps, double flops,
+                      cudaStream_t stream) {
+    const long n = (long)B * Tn * H * D, nl = (long)B * H * Tn;
+    T* out2;
+    float* lse2;
+    cudaCheck(cudaMalloc(&out2, n * sizeof(T)));
+    cudaCheck(cudaMalloc(&lse2, nl * sizeof(float)));
+    auto run = [&](const char* what, auto launch) {
+        cudaCheck(cudaMemset(out2, 0xFF, n * sizeof(T)));  // NaN: what is not written shows
+        cudaCheck(cudaMemset(lse2, 0xFF, nl * sizeof(float)));
+        launch();
+        cudaCheck(cudaStreamSynchronize(stream));
+        const double e_out = rel_l2(out2, out, n), e_lse = rel_l2(lse2, lse, nl);
+        const float ms = median_ms(launch, 3, reps, stream);
+        printf("ours %s %d %d %d %d %.4f %.1f\n", what, B, H, Tn, D, ms, flops / (ms * 1e-3) / 1e12);
+        printf("check %d %d %d %d %s vs fwd: out rel L2 %.2e, lse rel L2 %.2e\n", B, H, Tn, D, what, e_out, e_lse);
+    };
+    if (D == 64) {
+        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 64>(out2, lse2, qkv, B, Tn, H, stream); });
+        run("fwd_hopper_nc3", [&] { flash::hopper::forward<T, 64, 3>(out2, lse2, qkv, B, Tn, H, stream); });
+    } else {
+        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 128>(out2, lse2, qkv, B, Tn, H, stream); });
+    }
+    cudaCheck(cudaFree(out2));
+    cudaCheck(cudaFree(lse2));
+}
+
 template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -71,6 +117,7 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
     };
     auto fwd = [&]() { flash_attention_forward(out, lse, qkv, B, Tn, H, D, stream); };
     report("fwd", median_ms(fwd, 3, reps, stream), fwd_flops);
+    if (flash::hopper::available()) compare_forwards<T>(out, lse, qkv, B, Tn, H, D, reps, fwd_flops, stream);
     for (bool deterministic : {true, false}) {
         auto bwd = [&]() {
             flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, deterministic, stream);

@@ -1,7 +1,8 @@
 // Fused flash attention (kernels/flash_attention.cuh) against the fp32 CPU reference (test/cpu_reference.cpp)
 // in fp32, bf16 and fp16, head sizes 64 and 128, on lengths that are and are not multiples of the tiles and
 // odd B*NH; fresh random inputs each run (the seed is printed), every output poisoned with NaN before each
-// launch. The backward runs in both modes; the deterministic one twice, which must agree bit for bit.
+// launch. The backward runs in both modes; the deterministic one twice, which must agree bit for bit. On an
+// H200 the bf16 / fp16 forward is the Hopper kernel (flash_attention_hopper.cuh); the first line says which.
 // Given files written by scripts/attention_vs_sdpa.py, it also compares against PyTorch SDPA (flash backend).
 // Usage: test_attention [seed] [sdpa_file...]   (an argument that is all digits is the seed)
 #include <chrono>
@@ -187,10 +188,13 @@ int main(int argc, char** argv) {
     }
     rng.seed(test_seed("test_attention", seed));
     if (!gpu_present("flash attention")) return 0;
+    printf("bf16/fp16 forward: %s\n", flash::hopper::available() ? "Hopper (wgmma, TMA)" : "mma.sync");
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    // (B, NH, T): B*NH odd; long sequences with one head to keep the CPU reference cheap
-    const int cases[][3] = {{1, 3, 1}, {3, 1, 63}, {1, 5, 64}, {1, 3, 65}, {1, 3, 1000}, {1, 1, 1024}, {1, 1, 2048}};
+    // (B, NH, T): B*NH odd; long sequences with one head to keep the CPU reference cheap. The last two have more
+    // query tiles than an H200 has SMs, so the Hopper forward's persistent CTAs each run several tiles.
+    const int cases[][3] = {{1, 3, 1}, {3, 1, 63}, {1, 5, 64}, {1, 3, 65}, {1, 3, 1000}, {1, 1, 1024}, {1, 1, 2048},
+                            {5, 31, 129}, {3, 15, 400}};
     for (int hs : {64, 128})
         for (const auto& c : cases) test_case(c[0], c[1], c[2], hs, stream);
     for (const auto& path : files) test_sdpa_file(path, stream);
