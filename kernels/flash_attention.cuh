@@ -3,21 +3,21 @@
 // online in fp32, key tiles above the diagonal are skipped and the diagonal tiles are masked.
 //   bf16 / fp16: tensor cores (mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled shared memory, cp.async
 //                multi-buffering), head sizes 64 and 128. On Hopper (compute capability 9.x, binary built for
-//                sm_90a) the forward is flash_attention_hopper.cuh's instead: wgmma, TMA and warp-specialised
-//                producer / consumer warpgroups, which mma.sync cannot feed at Hopper's tensor-core rate. The
-//                mma.sync forward stays for every other GPU and build; the backward is mma.sync everywhere.
+//                sm_90a) the forward and the backward are flash_attention_hopper.cuh's instead: wgmma, TMA and
+//                warp-specialised producer / consumer warpgroups, which mma.sync cannot feed at Hopper's
+//                tensor-core rate. The mma.sync kernels stay for every other GPU and build.
 //   fp32:        plain FFMA kernels, exact up to summation order (for checks and the fp32 training mode).
 // Layouts: qkv (B,T,3,NH,hs) as the qkv matmul writes it; out and dout (B,T,NH,hs) = (B,T,C); lse (B,NH,T)
 // holds the natural log-sum-exp of each row of scaled scores, saved by the forward for the backward.
-// Backward (bf16/fp16): one CTA per key block accumulates dK, dV in registers over the query blocks below the
-// diagonal; dQ partial sums from different key blocks meet in an fp32 buffer:
+// Backward (bf16/fp16, mma.sync and Hopper alike): one CTA per key block accumulates dK, dV in registers over
+// the query blocks below the diagonal; dQ partial sums from different key blocks meet in an fp32 buffer:
 //   deterministic = false: fp32 atomics in whatever order they arrive, a zeroing pass before and a
 //                          conversion pass after.
 //   deterministic = true:  a fixed order, highest key block first, handed on through one turn counter per
 //                          query block; key block 0, always last, writes dQ itself (no extra passes). This
 //                          relies on CTAs starting in launch order (a key block only ever waits for higher
 //                          ones, which are launched before it), as stream-K style kernels do. Measured cost
-//                          on an H200: the backward takes 17% (hs 64) to 31% (hs 128) longer.
+//                          on an H200 (mma.sync backward): 17% (hs 64) to 31% (hs 128) longer.
 // The fp32 backward computes dQ in its own pass and is always deterministic.
 // defines: flash_attention_forward, flash_attention_backward, flash_attention_backward_scratch_bytes
 #pragma once
@@ -1013,13 +1013,20 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
 }
 
 // Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*T*hs), the turn counters
-// (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned.
+// (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned; then, for the Hopper backward only, D
+// and lse_log2 padded to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T) floats each).
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 struct BackwardScratch {
     float* D;
     float* dq_accum;
     int* turn;
 };
+inline size_t backward_common_scratch_bytes(int B, int T, int NH, int hs) {
+    const size_t bht = (size_t)B * NH * T;
+    return align256(bht * 4) + align256(bht * hs * 4) + align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
+}
+// The Hopper backward adds D and lse_log2 padded to whole 128-row blocks (flash::hopper::backward).
+inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int hs) {
     const size_t bht = (size_t)B * NH * T;
     char* p = static_cast<char*>(scratch);
@@ -1058,19 +1065,46 @@ void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH
     }
 }
 
+// The mma.sync backward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
 template <typename floatX, int HS>
-void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                       void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)HS);
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     const long rows = (long)B * T * NH;
     constexpr int TPR = HS / Packed128<floatX>::size;
-    constexpr bool fp32 = std::is_same<floatX, float>::value;
-    // the fp32 path and the deterministic mode never read the dQ buffer before writing it
-    float* zero_dq = (fp32 || deterministic) ? nullptr : s.dq_accum;
-    flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(s.D, zero_dq, dout, out, T, NH, rows);
+    flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(
+        s.D, deterministic ? nullptr : s.dq_accum, dout, out, T, NH, rows);
     cudaCheckLaunch();
-    if constexpr (fp32) {
+    const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
+    if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+    auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
+    set_smem(kernel, bwd_smem_bytes<HS>());
+    kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
+        dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e);
+    cudaCheckLaunch();
+    if (!deterministic) {
+        flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, s.dq_accum, T, NH, rows, scale);
+        cudaCheckLaunch();
+    }
+}
+
+namespace hopper {
+template <typename T, int HS>
+bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
+              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream);
+}
+
+template <typename floatX, int HS>
+void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+    const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
+    if constexpr (std::is_same<floatX, float>::value) {
+        const float scale = 1.0f / sqrtf((float)HS);
+        const long rows = (long)B * T * NH;
+        constexpr int TPR = HS / Packed128<floatX>::size;
+        flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(s.D, nullptr, dout, out, T, NH, rows);
+        cudaCheckLaunch();
         const int nqb = ceil_div(T, kF32Rows);
         auto dq_kernel = flash_backward_dq_fp32_kernel<HS>;
         set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());
@@ -1082,18 +1116,13 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         dkdv_kernel<<<(unsigned)((long)B * NH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nkb, scale);
         cudaCheckLaunch();
     } else {
-        const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
-        if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
-        auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
-        set_smem(kernel, bwd_smem_bytes<HS>());
-        kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
-            dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e);
-        cudaCheckLaunch();
-        if (!deterministic) {
-            flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * (HS / Packed128<floatX>::size), 256), 256, 0, stream>>>(
-                dqkv, s.dq_accum, T, NH, rows, scale);
-            cudaCheckLaunch();
-        }
+        // Hopper built for sm_90a: wgmma / TMA kernel, its padded D and lse_log2 after the common scratch;
+        // anything else (or pointers TMA cannot take): mma.sync
+        const size_t padded = (size_t)B * NH * hopper_backward_padded_rows(T);
+        float* Dp = reinterpret_cast<float*>(static_cast<char*>(scratch) + backward_common_scratch_bytes(B, T, NH, HS));
+        float* lse2p = reinterpret_cast<float*>(reinterpret_cast<char*>(Dp) + align256(padded * 4));
+        if (!hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, B, T, NH, deterministic, stream))
+            backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
     }
 }
 
@@ -1124,9 +1153,7 @@ void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qk
 // Bytes of `scratch` that flash_attention_backward needs (any precision, either mode). Backward calls that
 // may overlap (other streams) need scratch of their own: it holds the deterministic mode's turn counters.
 inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int hs) {
-    const size_t bht = (size_t)B * NH * T;
-    return flash::align256(bht * 4) + flash::align256(bht * hs * 4) +
-           flash::align256((size_t)B * NH * ceil_div(T, flash::kBwdBM) * sizeof(int));
+    return flash::backward_common_scratch_bytes(B, T, NH, hs) + 2 * flash::align256((size_t)B * NH * flash::hopper_backward_padded_rows(T) * 4);
 }
 
-#include "flash_attention_hopper.cuh"  // defines: flash::hopper::forward, flash::hopper::available
+#include "flash_attention_hopper.cuh"  // defines: flash::hopper::forward, flash::hopper::backward, flash::hopper::available

@@ -1,8 +1,10 @@
-// Hopper (sm_90a) forward of the fused causal attention, FlashAttention-3 style (Shah et al. 2024): the same
-// out and lse as flash_attention.cuh's mma.sync forward, for bf16 and fp16, head sizes 64 and 128. Included at
-// the end of flash_attention.cuh, whose forward calls it on a compute capability 9.x device when the binary
-// holds sm_90a code (wgmma, TMA and setmaxnreg exist only there); everything else takes the mma.sync kernel.
-// defines: flash::hopper::forward (and flash::hopper::available, which says whether it can run here)
+// Hopper (sm_90a) forward and backward of the fused causal attention, FlashAttention-3 style (Shah et al.
+// 2024): the same out, lse and dqkv as flash_attention.cuh's mma.sync kernels, for bf16 and fp16, head sizes 64
+// and 128. Included at the end of flash_attention.cuh, whose forward and backward call these on a compute
+// capability 9.x device when the binary holds sm_90a code (wgmma, TMA and setmaxnreg exist only there);
+// everything else takes the mma.sync kernels. The backward is described above its kernel, below the forward.
+// defines: flash::hopper::forward, flash::hopper::backward (and flash::hopper::available, which says whether
+// they can run here)
 //
 // How the pipeline works. A persistent grid (one CTA per SM) walks a static list of tiles of BM = 64 * NC
 // query rows of one (b, head), longest first (the tiles closest to the end of the sequence see the most key
@@ -184,6 +186,22 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_n128(float (&d)[6
 FLASH_WGMMA_DEFS(__nv_bfloat16, "bf16")
 FLASH_WGMMA_DEFS(__half, "f16")
 #undef FLASH_WGMMA_DEFS
+
+// Backward: D (64 x 64) (+)= A (64 x 16, shared, K-major) B (16 x 64, shared), B K-major (TB = 0: A B^T of two
+// row-major tiles, as Q K^T) or MN-major (TB = 1: B transposed through the descriptor, as V in P V).
+template <typename T, int TB> __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d);
+#define FLASH_WGMMA_SS64(T, TY, TB)                                                                                          \
+    template <> __device__ __forceinline__ void wgmma_ss_n64<T, TB>(float (&d)[32], uint64_t a, uint64_t b, int scale_d) { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                           \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FLASH_D32 ", %32, %33, p, 1, 1, 0, " #TB ";\n}\n" \
+                     : FLASH_ACC32(d)                                                                                        \
+                     : "l"(a), "l"(b), "r"(scale_d));                                                                        \
+    }
+FLASH_WGMMA_SS64(__nv_bfloat16, "bf16", 0)
+FLASH_WGMMA_SS64(__nv_bfloat16, "bf16", 1)
+FLASH_WGMMA_SS64(__half, "f16", 0)
+FLASH_WGMMA_SS64(__half, "f16", 1)
+#undef FLASH_WGMMA_SS64
 #undef FLASH_ACC64
 #undef FLASH_ACC32
 #undef FLASH_F8
@@ -481,6 +499,359 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+// =============================================================================================
+// Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, head); K and V are loaded
+// once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query block
+// of BM rows from the diagonal to T, the TMA loads of Q and dO and bulk copies of that block's lse and D into
+// a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and compute the transposed products, so
+// that the matrices whose transposes the dK, dV products need sit in registers already in wgmma's A layout:
+//   S^T  = K_w Q^T      (64 keys x BM, wgmma, both operands in shared memory)
+//   dP^T = V_w dO^T     (the same)
+//   P^T  = exp2(S^T * scale_log2 - lse_log2),  dS^T = P^T * (dP^T - D)   (fp32, registers)
+//   dV_w += P^T dO,  dK_w += dS^T Q            (A = P^T, dS^T from registers as 16-bit fragments, B = dO, Q
+//                                               from shared memory, transposed through the descriptor)
+//   dQ   = dS K        (BM x hs: needs dS with queries as rows and all 128 keys, i.e. both warpgroups' parts:
+//                       each writes its dS^T transposed to shared memory, a named barrier over both, then each
+//                       computes one 64 x 64 tile of dQ by wgmma from shared memory)
+// and add dQ into the fp32 buffer: red.global.add (atomic mode), or in deterministic mode in a fixed order
+// through the turn counters of flash_attention.cuh's mma.sync backward (highest key block first; key block 0,
+// always the last, writes dQ itself). FlashAttention-3 takes the same S^T formulation.
+// Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
+// hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
+// 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 240). Shared memory: K, V (BN x hs), two
+// stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
+// and D: 162 KB (hs 64), 160 KB (hs 128).
+// Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
+// so P = 0 and dS = 0 there; keys past T lie above the diagonal of every row < T and are masked.
+template <int HS> struct BwdConfig {
+    static_assert(HS == 64 || HS == 128, "head sizes 64 and 128");
+    static constexpr int BN = 128;               // keys per CTA, 64 per consumer warpgroup
+    static constexpr int BM = HS == 64 ? 128 : 64;  // query rows per block
+    static constexpr int STAGES = 2;              // Q, dO, lse, D buffers in the ring
+    static constexpr int THREADS = 384;           // producer + two consumer warpgroups
+    static constexpr int HALVES = HS / 64;
+    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    static constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, DS_BYTES = BM * BN * 2;
+    // byte offsets from the 1024-aligned base; every tile a multiple of 1024 bytes (swizzle atoms)
+    static constexpr uint32_t OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * QD_BYTES,
+                              OFF_DS = OFF_DO + STAGES * QD_BYTES, OFF_LSE = OFF_DS + 2 * DS_BYTES,
+                              OFF_D = OFF_LSE + STAGES * BM * 4, OFF_BAR = OFF_D + STAGES * BM * 4;
+    // mbarriers: K and V full, then per stage full and empty
+    static constexpr int NUM_MBARS = 1 + 2 * STAGES;
+    static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + 1024;
+    static constexpr uint32_t STAGE_TX = 2 * QD_BYTES + 2 * BM * 4;  // bytes that complete a stage
+    // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue
+    static constexpr int BAR_DS = 1, BAR_EPILOGUE = 2;
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
+    // setmaxnreg moves registers within the CTA's allocation (168 per thread for 384 threads at one CTA per
+    // SM): an increase past it would never be granted
+    static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 168 * THREADS, "register file");
+    static_assert((BM / 64) * (HS / 64) == 2, "dQ of a query block = two 64 x 64 tiles, one per warpgroup");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// 1-D bulk copy global -> shared completing `bar`'s transaction bytes (16-byte aligned, a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// D (64 x N) = A B^T of two row-major 16-bit tiles in shared memory over the head dimension (K-major both):
+// A's 64 rows at a, B's N rows at b, each stored as 64-column halves of A_ROWS / B_ROWS rows (hs 128: the
+// second half A_ROWS * 128 / B_ROWS * 128 bytes further), as the TMA wrote them.
+template <typename T, int HS, int A_ROWS, int N>
+__device__ __forceinline__ void gemm_abt(float (&d)[N / 2], uint32_t a, uint32_t b) {
+    constexpr uint64_t bits = desc_bits(16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+        const uint32_t aa = a + (ks / 4) * A_ROWS * 128 + (ks % 4) * 32, bb = b + (ks / 4) * N * 128 + (ks % 4) * 32;
+        if constexpr (N == 128) wgmma_ss_n128<T>(d, make_desc(bits, aa), make_desc(bits, bb), ks > 0);
+        else wgmma_ss_n64<T, 0>(d, make_desc(bits, aa), make_desc(bits, bb), ks > 0);
+    }
+}
+
+// dQ tile (64 x 64) = dS (64 rows at ds, 128 keys as two 64-key halves of BM rows) K (128 keys x 64 columns at
+// k: key rows of 128 bytes, MN-major).
+template <typename T, int BM, int BN>
+__device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k) {
+    constexpr uint64_t a_bits = desc_bits(16, 1024), b_bits = desc_bits(BN * 128, 1024);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++)
+        wgmma_ss_n64<T, 1>(d, make_desc(a_bits, ds + (ks / 4) * BM * 128 + (ks % 4) * 32), make_desc(b_bits, k + ks * 16 * 128),
+                           ks > 0);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// lse_log2 (lse * log2 e, +inf past T) and D = rowsum(dO * O) (0 past T) of each (b, head), padded to Tpad
+// rows (a multiple of BM: the bulk copies take whole blocks); zeroes the fp32 dQ buffer in atomic mode.
+// Threads of one row: hs / X, a power of two <= 32, over (B, Tpad, NH) rows.
+template <typename T, int HS>
+__global__ void backward_prep_kernel(float* Dp, float* lse2p, float* dq_accum, const T* dout, const T* out, const float* lse,
+                                     int Tn, int Tpad, int NH, long rows) {
+    constexpr int X = Packed128<T>::size, TPR = HS / X;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long row = idx / TPR;
+    const int c = (int)(idx % TPR);
+    const bool valid = row < rows;
+    const int h = (int)(row % NH);
+    const long bt = row / NH, b = bt / Tpad;
+    const int t = (int)(bt % Tpad);
+    const bool live = valid && t < Tn;
+    float sum = 0.0f;
+    if (live) {
+        const long src = ((b * Tn + t) * NH + h) * HS + c * X;
+        const Packed128<T> d = load128cs(dout + src), o = load128cs(out + src);
+#pragma unroll
+        for (int i = 0; i < X; i++) sum += to_float(d[i]) * to_float(o[i]);
+    }
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+    if (!valid) return;
+    const long bh = b * NH + h, dst = bh * Tpad + t;
+    if (c == 0) {
+        Dp[dst] = sum;
+        lse2p[dst] = live ? lse[bh * Tn + t] * kLog2e : INFINITY;
+    }
+    if (dq_accum != nullptr && live) {
+        float4* z = reinterpret_cast<float4*>(dq_accum + (bh * Tn + t) * HS);
+        for (int i = c; i < HS / 4; i += TPR) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: key-block-major;
+// deterministic mode from the highest key block down (a key block only waits for higher ones of its head, all
+// launched before it), atomic mode from key block 0 up (longest first).
+template <typename T, int HS, bool DET>
+__global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
+backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+                const __grid_constant__ CUtensorMap tm_do, T* dqkv, float* dq_accum, int* dq_turn, const float* lse2p,
+                const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Cfg = BwdConfig<HS>;
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
+    unsigned char* smem = smem_raw + (base - raw);
+    const uint32_t sK = base + Cfg::OFF_K, sV = base + Cfg::OFF_V, sQ = base + Cfg::OFF_Q, sdO = base + Cfg::OFF_DO,
+                   sDS = base + Cfg::OFF_DS, bars = base + Cfg::OFF_BAR;
+    const uint32_t kv_full = bars;
+    auto q_full = [&](int st) { return bars + 8 * (1 + st); };
+    auto q_empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
+
+    const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+    const int heads = (int)(gridDim.x / nkb);
+    const int kb = DET ? nkb - 1 - (int)(blockIdx.x / heads) : (int)(blockIdx.x / heads);
+    const int bh = (int)(blockIdx.x % heads), b = bh / NH, h = bh % NH;
+    const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
+    if (tid == 0) {
+        mbar_init(kv_full, 1);
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(q_full(st), 1);
+            mbar_init(q_empty(st), 8);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_do)) : "memory");
+    }
+    __syncthreads();  // the last CTA-wide barrier
+
+    if (wg == 0) {
+        // ---- producer: thread 0 issues every load
+        setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (tid != 0) return;
+        mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
+#pragma unroll
+        for (int hf = 0; hf < HALVES; hf++) {
+            tma_load_4d(sK + hf * BN * 128, &tm_kv, kv_full, hf * 64, NH + h, k0, b);
+            tma_load_4d(sV + hf * BN * 128, &tm_kv, kv_full, hf * 64, 2 * NH + h, k0, b);
+        }
+        for (int it = 0; it < nq; it++) {
+            const int st = it % STAGES, q0 = (first_qb + it) * BM;
+            mbar_wait(q_empty(st), ((it / STAGES) & 1) ^ 1);
+            const uint32_t full = q_full(st);
+            mbar_arrive_expect_tx(full, Cfg::STAGE_TX);
+#pragma unroll
+            for (int hf = 0; hf < HALVES; hf++) {
+                tma_load_4d(sQ + st * Cfg::QD_BYTES + hf * BM * 128, &tm_q, full, hf * 64, h, q0, b);
+                tma_load_4d(sdO + st * Cfg::QD_BYTES + hf * BM * 128, &tm_do, full, hf * 64, h, q0, b);
+            }
+            bulk_load(base + Cfg::OFF_LSE + st * BM * 4, lse2p + (long)bh * Tpad + q0, BM * 4, full);
+            bulk_load(base + Cfg::OFF_D + st * BM * 4, Dp + (long)bh * Tpad + q0, BM * 4, full);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup cw owns keys k0 + 64 cw .. k0 + 64 cw + 63 (rows of dK, dV) and dQ tile cw
+    setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+    const int cw = wg - 1, wtid = tid % 128, warp = wtid / 32, g = lane / 4, t = lane % 4;
+    const int lr = 16 * warp + g;                   // local row (key of S^T, dK, dV; query of dQ) of the thread's first row
+    const int key0 = k0 + 64 * cw + lr;              // the thread's keys: key0 and key0 + 8
+    const uint32_t k_rows = sK + cw * 64 * 128, v_rows = sV + cw * 64 * 128;  // this warpgroup's K, V rows
+    // dQ tile cw: rows dq_r0.. of the query block, columns dq_c0.. (hs 64: two row halves; hs 128: two column halves)
+    const int dq_r0 = BM == 128 ? 64 * cw : 0, dq_c0 = HS == 128 ? 64 * cw : 0;
+    const long C = (long)NH * HS, stride = 3 * C;
+    int* turns = dq_turn + (long)bh * nqb;
+
+    float dk[HS / 2], dv[HS / 2];
+#pragma unroll
+    for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
+
+    mbar_wait(kv_full, 0);
+    for (int it = 0; it < nq; it++) {
+        const int qb = first_qb + it, q0 = qb * BM, st = it % STAGES;
+        const uint32_t q_st = sQ + st * Cfg::QD_BYTES, do_st = sdO + st * Cfg::QD_BYTES;
+        const uint32_t ds_buf = sDS + (it & 1) * Cfg::DS_BYTES;
+        const float* lse_s = reinterpret_cast<const float*>(smem + Cfg::OFF_LSE + st * BM * 4);
+        const float* D_s = reinterpret_cast<const float*>(smem + Cfg::OFF_D + st * BM * 4);
+        mbar_wait(q_full(st), (it / STAGES) & 1);
+
+        // ---- S^T and dP^T
+        float s[BM / 2], dp[BM / 2];
+        wgmma_fence();
+        gemm_abt<T, HS, BN, BM>(s, k_rows, q_st);
+        wgmma_commit();
+        gemm_abt<T, HS, BN, BM>(dp, v_rows, do_st);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(s);
+        // P^T: register 4c + e is key key0 + 8 (e / 2), query q0 + 8c + 2t + e % 2. It goes straight to 16-bit
+        // A fragments (pack2 of registers 4c + 2hr and 4c + 2hr + 1 is fragment [c / 2][2 (c % 2) + hr]), which
+        // frees S^T's registers before dP^T's are needed; dS is computed from the rounded P, as in the mma.sync
+        // backward.
+        const bool masked = k0 + 64 * cw + 63 > q0;  // some key of this warpgroup is later than some query
+        const int ahead = key0 - (q0 + 2 * t);
+        uint32_t pp[BM / 16][4], pds[BM / 16][4];
+#pragma unroll
+        for (int c = 0; c < BM / 8; c++) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * c + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 4 * c + e;
+                s[i] = fast_exp2(fmaf(s[i], scale_log2, -((e & 1) ? l2.y : l2.x)));
+                if (masked && ahead + 8 * (e >> 1) - 8 * c - (e & 1) > 0) s[i] = 0.0f;
+            }
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) pp[c / 2][2 * (c % 2) + hr] = pack2<T>(s[4 * c + 2 * hr], s[4 * c + 2 * hr + 1]);
+        }
+        wgmma_wait<0>();
+        fence_regs(dp);
+        // dS^T = P^T (dP^T - D) as A fragments; dS also goes to shared memory transposed: row = query, the
+        // warpgroup's 64 keys = its 128-byte half of the row (chunk (2 warp + hr) ^ (row % 8), key g in it)
+        unsigned char* ds_half = smem + (ds_buf - base) + cw * BM * 128;
+#pragma unroll
+        for (int c = 0; c < BM / 8; c++) {
+            const float2 dd = *reinterpret_cast<const float2*>(D_s + 8 * c + 2 * t);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 4 * c + 2 * hr;
+                const float2 p = unpack2<T>(pp[c / 2][2 * (c % 2) + hr]);
+                const uint32_t v = pack2<T>(p.x * (dp[i] - dd.x), p.y * (dp[i + 1] - dd.y));
+                pds[c / 2][2 * (c % 2) + hr] = v;
+                const int r = 8 * c + 2 * t, chunk = 2 * warp + hr;
+                *reinterpret_cast<uint16_t*>(ds_half + r * 128 + ((chunk ^ (r & 7)) << 4) + 2 * g) = (uint16_t)(v & 0xFFFF);
+                *reinterpret_cast<uint16_t*>(ds_half + (r + 1) * 128 + ((chunk ^ ((r + 1) & 7)) << 4) + 2 * g) = (uint16_t)(v >> 16);
+            }
+        }
+        // ---- dV += P^T dO, dK += dS^T Q
+        wgmma_fence();
+        gemm_pv<T, HS, BM>(dv, pp, do_st);
+        gemm_pv<T, HS, BM>(dk, pds, q_st);
+        wgmma_commit();
+        // dS written by both warpgroups (generic proxy) before wgmma (async proxy) reads it. The buffer was last
+        // read by the dQ products of query block it - 2, which both warpgroups waited for before they wrote
+        // block it - 1's dS and passed the barrier of it - 1.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_sync(Cfg::BAR_DS, 256);
+        // Deterministic: both warpgroups' dQ parts of the previous query block were added before this barrier:
+        // hand that block on to the next (lower) key block
+        if constexpr (DET) {
+            if (wtid == 0 && cw == 0 && it > 0 && kb > 0) red_release_add(turns + qb - 1, 1);
+        }
+        // ---- dQ tile = dS K
+        float dq[32];
+        wgmma_fence();
+        gemm_dq<T, BM, BN>(dq, ds_buf + dq_r0 * 128, sK + (dq_c0 / 64) * BN * 128);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dq);
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(pp);
+        fence_regs(pds);
+        release(q_empty(st), lane);
+
+        // ---- dQ into the fp32 buffer: register 4c + 2hr (+1) is row q0 + dq_r0 + lr + 8hr, columns dq_c0 + 8c + 2t (+1)
+        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add to this block before us
+        if constexpr (DET) {
+            if (turn > 0) {
+                if (lane == 0) {
+                    while (ld_relaxed(turns + qb) < turn) __nanosleep(32);
+                    fence_acq_rel();
+                }
+                __syncwarp();
+            }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int row = q0 + dq_r0 + lr + 8 * hr;
+            if (row >= Tn) continue;
+            float* acc = dq_accum + ((long)bh * Tn + row) * HS + dq_c0 + 2 * t;
+            T* dst = dqkv + ((long)b * Tn + row) * stride + h * HS + dq_c0 + 2 * t;
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                float2 v = make_float2(dq[4 * c + 2 * hr], dq[4 * c + 2 * hr + 1]);
+                float2* p = reinterpret_cast<float2*>(acc + 8 * c);
+                if (!DET) {
+                    atomicAdd(p, v);
+                } else if (kb == 0) {  // the last: the sum so far plus ours, scaled, to dqkv
+                    if (turn > 0) {
+                        const float2 prev = __ldcg(p);
+                        v.x += prev.x;
+                        v.y += prev.y;
+                    }
+                    *reinterpret_cast<uint32_t*>(dst + 8 * c) = pack2<T>(v.x * scale, v.y * scale);
+                } else if (turn == 0) {
+                    __stcg(p, v);
+                } else {
+                    atomicAdd(p, v);
+                }
+            }
+        }
+    }
+    // both warpgroups are past their last products (which read all of K) and their last dQ adds
+    named_sync(Cfg::BAR_DS, 256);
+    if constexpr (DET) {
+        if (wtid == 0 && cw == 0 && kb > 0) red_release_add(turns + nqb - 1, 1);
+    }
+
+    // ---- epilogue: dK (scaled) and dV staged in this warpgroup's own rows of the K and V tiles (the TMA's
+    // layout: 128-byte rows per 64-column half, chunk c of row r at c ^ (r % 8)), then 16-byte stores
+    const uint32_t rows_off = (uint32_t)(cw * 64 + lr) * 128;
+#pragma unroll
+    for (int c = 0; c < HS / 8; c++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t off = (c / 8) * BN * 128 + rows_off + r * 8 * 128 + (((c % 8) ^ g) << 4) + 4 * t;
+            *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_K + off) = pack2<T>(dk[4 * c + 2 * r] * scale, dk[4 * c + 2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_V + off) = pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+        }
+    named_sync(Cfg::BAR_EPILOGUE + cw, 128);
+    constexpr int CPR = HS / 8;
+    T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
+#pragma unroll
+    for (int i = 0; i < 64 * CPR / 128; i++) {
+        const int idx = wtid + 128 * i, r = cw * 64 + idx / CPR, c = idx % CPR, key = k0 + r;
+        if (key < Tn) {
+            const uint32_t off = (c / 8) * BN * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4);
+            *reinterpret_cast<uint4*>(dk_g + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_K + off);
+            *reinterpret_cast<uint4*>(dk_g + C + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_V + off);
+        }
+    }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -538,14 +909,19 @@ inline int sm_count() {
 // A tensor map over qkv (B,T,3,NH,hs) as the dense 4-D array (hs, 3*NH, T, B): the box of (64, 1, rows, 1) at
 // (d0, s*NH + h, t0, b) is `rows` rows of Q (s = 0), K (1) or V (2) of head h, 64 values from d0, written to
 // shared memory as rows of 128 bytes with the 128-byte swizzle. Rows at T or past it read as zeros.
+// rows_tensor_map is the same over any (B,T,heads,hs) array: dout (B,T,NH,hs) with heads = NH.
 template <typename T>
-inline bool qkv_tensor_map(CUtensorMap* map, const T* qkv, int B, int Tn, int NH, int hs, int rows) {
-    const cuuint64_t dims[4] = {(cuuint64_t)hs, (cuuint64_t)3 * NH, (cuuint64_t)Tn, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)hs * 2, (cuuint64_t)3 * NH * hs * 2, (cuuint64_t)Tn * 3 * NH * hs * 2};
+inline bool rows_tensor_map(CUtensorMap* map, const T* ptr, int B, int Tn, int heads, int hs, int rows) {
+    const cuuint64_t dims[4] = {(cuuint64_t)hs, (cuuint64_t)heads, (cuuint64_t)Tn, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)hs * 2, (cuuint64_t)heads * hs * 2, (cuuint64_t)Tn * heads * hs * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, elem_strides[4] = {1, 1, 1, 1};
     const CUtensorMapDataType type = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    return encode_tiled()(map, type, 4, const_cast<T*>(qkv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    return encode_tiled()(map, type, 4, const_cast<T*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+template <typename T>
+inline bool qkv_tensor_map(CUtensorMap* map, const T* qkv, int B, int Tn, int NH, int hs, int rows) {
+    return rows_tensor_map(map, qkv, B, Tn, 3 * NH, hs, rows);
 }
 
 // Runs the Hopper forward with NC consumer warpgroups; false (nothing launched) where it cannot run: not an
@@ -568,6 +944,43 @@ bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream
     kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(tm_q, tm_kv, out, lse, Tn, NH, nqb, num_tiles, per_section,
                                                            kLog2e / sqrtf((float)HS));
     cudaCheckLaunch();
+    return true;
+}
+
+// The Hopper backward: dqkv (B,T,3,NH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
+// pointers from flash_attention.cuh's backward_hs: D and lse_log2 (B*NH*hopper_backward_padded_rows(T) each: whole
+// query blocks), the
+// fp32 dQ buffer (B*NH*T*hs), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
+template <typename T, int HS>
+bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
+              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream) {
+    static_assert(!std::is_same<T, float>::value, "the Hopper backward is for bf16 and fp16");
+    using Cfg = BwdConfig<HS>;
+    for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv, (const void*)out})
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    if (!available()) return false;
+    CUtensorMap tm_q, tm_kv, tm_do;
+    if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, HS, Cfg::BN) ||
+        !rows_tensor_map(&tm_do, dout, B, Tn, NH, HS, Cfg::BM))
+        return false;
+    const int Tpad = (int)hopper_backward_padded_rows(Tn), nkb = ceil_div(Tn, Cfg::BN), nqb = ceil_div(Tn, Cfg::BM);
+    const float scale = 1.0f / sqrtf((float)HS);
+    const long prep_rows = (long)B * Tpad * NH;
+    constexpr int TPR = HS / Packed128<T>::size;
+    backward_prep_kernel<T, HS><<<ceil_div(prep_rows * TPR, 256), 256, 0, stream>>>(Dp, lse2p, deterministic ? nullptr : dq_accum,
+                                                                                     dout, out, lse, Tn, Tpad, NH, prep_rows);
+    cudaCheckLaunch();
+    if (deterministic) cudaCheck(cudaMemsetAsync(turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+    auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
+    set_smem(kernel, Cfg::SMEM_BYTES);
+    kernel<<<(unsigned)((long)B * NH * nkb), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+        tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH, nkb, nqb, scale, scale * kLog2e);
+    cudaCheckLaunch();
+    if (!deterministic) {
+        const long rows = (long)B * Tn * NH;
+        flash_dq_convert_kernel<T, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, dq_accum, Tn, NH, rows, scale);
+        cudaCheckLaunch();
+    }
     return true;
 }
 

@@ -6,7 +6,9 @@
 // deterministic backwards give the same bits, and how far the atomic one is from them.
 // Where the Hopper forward runs (flash_attention_hopper.cuh), "fwd" is it; "fwd_mma_sync" times the mma.sync
 // forward beside it (and "fwd_hopper_nc3", for D = 64, the three-consumer-warpgroup variant), and a check line
-// gives each one's distance from the dispatched forward's out and lse.
+// gives each one's distance from the dispatched forward's out and lse. Likewise the backward: there "bwd_det" and
+// "bwd_atomic" are the Hopper backward, "bwd_mma_sync_det" / "bwd_mma_sync_atomic" time the mma.sync one, and a
+// check line gives each one's dqkv distance from the Hopper deterministic dqkv.
 // Usage: bench_attention B H T D [bf16|fp16] [reps]
 #include <algorithm>
 #include <cmath>
@@ -96,6 +98,31 @@ void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int T
     cudaCheck(cudaFree(lse2));
 }
 
+// On Hopper: the mma.sync backward beside the dispatched (Hopper) one, both modes, timed and compared with the
+// dispatched deterministic backward's dqkv (`ref`).
+template <typename T>
+void compare_backwards(const T* ref, const T* dout, const T* qkv, const T* out, const float* lse, void* scratch, int B,
+                       int Tn, int H, int D, int reps, double flops, cudaStream_t stream) {
+    const long n = 3L * B * Tn * H * D;
+    T* dqkv2;
+    cudaCheck(cudaMalloc(&dqkv2, n * sizeof(T)));
+    for (bool deterministic : {true, false}) {
+        auto launch = [&] {
+            if (D == 64) flash::backward_mma_sync<T, 64>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, deterministic, stream);
+            else flash::backward_mma_sync<T, 128>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, deterministic, stream);
+        };
+        const char* what = deterministic ? "bwd_mma_sync_det" : "bwd_mma_sync_atomic";
+        cudaCheck(cudaMemset(dqkv2, 0xFF, n * sizeof(T)));  // NaN: what is not written shows
+        launch();
+        cudaCheck(cudaStreamSynchronize(stream));
+        const double err = rel_l2(dqkv2, ref, n);
+        const float ms = median_ms(launch, 3, reps, stream);
+        printf("ours %s %d %d %d %d %.4f %.1f\n", what, B, H, Tn, D, ms, flops / (ms * 1e-3) / 1e12);
+        printf("check %d %d %d %d %s vs bwd_det: dqkv rel L2 %.2e\n", B, H, Tn, D, what, err);
+    }
+    cudaCheck(cudaFree(dqkv2));
+}
+
 template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -125,6 +152,15 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
         auto fwd_bwd = [&]() { fwd(); bwd(); };
         report(deterministic ? "bwd_det" : "bwd_atomic", median_ms(bwd, 3, reps, stream), 2.5 * fwd_flops);
         report(deterministic ? "fwdbwd_det" : "fwdbwd_atomic", median_ms(fwd_bwd, 3, reps, stream), 3.5 * fwd_flops);
+    }
+
+    if (flash::hopper::available()) {  // the dispatched deterministic backward as the reference
+        T* ref;
+        cudaCheck(cudaMalloc(&ref, 3 * n * sizeof(T)));
+        flash_attention_backward(ref, dout, qkv, out, lse, scratch, B, Tn, H, D, true, stream);
+        cudaCheck(cudaStreamSynchronize(stream));
+        compare_backwards<T>(ref, dout, qkv, out, lse, scratch, B, Tn, H, D, reps, 2.5 * fwd_flops, stream);
+        cudaCheck(cudaFree(ref));
     }
 
     // Untimed check at this size: `reps` deterministic backwards give the bits of the first one; the atomic

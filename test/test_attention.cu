@@ -2,7 +2,9 @@
 // in fp32, bf16 and fp16, head sizes 64 and 128, on lengths that are and are not multiples of the tiles and
 // odd B*NH; fresh random inputs each run (the seed is printed), every output poisoned with NaN before each
 // launch. The backward runs in both modes; the deterministic one twice, which must agree bit for bit. On an
-// H200 the bf16 / fp16 forward is the Hopper kernel (flash_attention_hopper.cuh); the first line says which.
+// H200 the bf16 / fp16 forward and backward are the Hopper kernels (flash_attention_hopper.cuh); the first line
+// says which. The backward cases with T > 128 have several key blocks per (b, head) (the deterministic mode's
+// turn counters at work), most of them a ragged last block.
 // Given files written by scripts/attention_vs_sdpa.py, it also compares against PyTorch SDPA (flash backend).
 // Usage: test_attention [seed] [sdpa_file...]   (an argument that is all digits is the seed)
 #include <chrono>
@@ -188,7 +190,7 @@ int main(int argc, char** argv) {
     }
     rng.seed(test_seed("test_attention", seed));
     if (!gpu_present("flash attention")) return 0;
-    printf("bf16/fp16 forward: %s\n", flash::hopper::available() ? "Hopper (wgmma, TMA)" : "mma.sync");
+    printf("bf16/fp16 forward and backward: %s\n", flash::hopper::available() ? "Hopper (wgmma, TMA)" : "mma.sync");
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     // (B, NH, T): B*NH odd; long sequences with one head to keep the CPU reference cheap. The last two have more
