@@ -138,25 +138,39 @@ inline void write_adapter_file(const std::string& path, const AdapterLayout& lay
 inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
     FILE* f = fopen(path.c_str(), "rb");
     if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
+    // the messages are docs/lora.md's, the same as scripts/gpt2_reference.py's reader
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
     int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for an adapter header (1024 bytes)");
-    if (header[0] != kAdapterMagic) die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kAdapterMagic) + ", an adapter file)");
-    if (header[1] != 1) die(path + ": unsupported adapter file version " + std::to_string(header[1]) + " (expected 1)");
+    if (size < 1024 || fread(header, sizeof(int), 256, f) != 256) die(path + ": truncated adapter header (" + std::to_string(size) + " bytes)");
+    if (header[0] != kAdapterMagic)
+        die(path + ": bad adapter magic " + std::to_string(header[0]) + " (expected " + std::to_string(kAdapterMagic) + ")");
+    if (header[1] != 1) die(path + ": unsupported adapter version " + std::to_string(header[1]) + " (expected 1)");
     LoraSpec spec;
     spec.rank = header[2];
     memcpy(&spec.alpha, &header[3], sizeof(float));
     spec.targets = (unsigned)header[4];
-    if (spec.rank <= 0) die(path + ": rank " + std::to_string(spec.rank) + " must be positive");
-    if (!(spec.alpha > 0.0f) || !std::isfinite(spec.alpha)) die(path + ": alpha must be finite and positive");
-    if (spec.targets == 0 || spec.targets > 15) die(path + ": bad target bitmask " + std::to_string(header[4]) + " (1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)");
+    if (spec.rank <= 0) die(path + ": adapter rank " + std::to_string(spec.rank) + " must be positive");
+    if (!(spec.alpha > 0.0f) || !std::isfinite(spec.alpha)) {
+        char alpha[32];
+        snprintf(alpha, sizeof(alpha), "%g", spec.alpha);
+        die(path + ": adapter alpha " + alpha + " must be finite and positive");
+    }
+    if (spec.targets == 0 || spec.targets > 15)
+        die(path + ": bad adapter target bitmask " + std::to_string(header[4]) + " (expected 1..15: 1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)");
     if (header[5] != config.num_layers || header[6] != config.channels)
-        die(path + ": adapters for " + std::to_string(header[5]) + " layers x " + std::to_string(header[6]) + " channels, the model has " +
-            std::to_string(config.num_layers) + " x " + std::to_string(config.channels));
-    if (header[7] != 2 * config.num_layers * __builtin_popcount(spec.targets)) die(path + ": tensor count does not match its targets");
+        die(path + ": adapters for " + std::to_string(header[5]) + " layers, " + std::to_string(header[6]) + " channels; the model has " +
+            std::to_string(config.num_layers) + " layers, " + std::to_string(config.channels) + " channels");
+    const int tensors = 2 * config.num_layers * __builtin_popcount(spec.targets);
+    if (header[7] != tensors)
+        die(path + ": header says " + std::to_string(header[7]) + " tensors, expected " + std::to_string(tensors) + " (A and B per layer and target)");
     const AdapterLayout layout(config, spec, unit_multiple);
+    const long expected = 1024 + 4 * (long)layout.count;
+    if (size < expected) die(path + ": truncated: " + std::to_string(size) + " bytes, its header implies " + std::to_string(expected));
+    if (size > expected) die(path + ": " + std::to_string(size) + " bytes, its header implies " + std::to_string(expected) + " (trailing data)");
     std::vector<float> body(layout.count);
-    if (fread(body.data(), sizeof(float), body.size(), f) != body.size()) die(path + ": truncated");
-    if (fgetc(f) != EOF) die(path + ": longer than its header says");
+    if (fread(body.data(), sizeof(float), body.size(), f) != body.size()) die(path + ": read failed");
     fclose(f);
     values.assign(layout.total, 0.0f);
     for (int l = 0; l < config.num_layers; l++)

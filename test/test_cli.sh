@@ -73,7 +73,7 @@ expect_error "bad deterministic" "--deterministic must be one of 0, 1, got 3" $S
 expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj, fc, fc-proj" $SMALL --lora-rank 4 --lora-targets qkv,mlp
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
-expect_error "adapter file with bad magic" "badmodel.bin: bad magic 999 (expected 20261127, an adapter file)" $SMALL --lora-load "$W/badmodel.bin"
+expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
 expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
 expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 
