@@ -32,6 +32,7 @@ run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
+run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags
 run prepare bash test/test_prepare.sh
 run sharding build/test_sharding
 run lora_files build/test_lora_files
