@@ -1012,26 +1012,26 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*T*hs), the turn counters
+// Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs:
+// the mma.sync backward uses its first B*NH*T*hs, the Hopper one whole 128-row blocks), the turn counters
 // (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned; then, for the Hopper backward only, D
 // and lse_log2 padded to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T) floats each).
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 struct BackwardScratch {
     float* D;
     float* dq_accum;
     int* turn;
 };
 inline size_t backward_common_scratch_bytes(int B, int T, int NH, int hs) {
-    const size_t bht = (size_t)B * NH * T;
-    return align256(bht * 4) + align256(bht * hs * 4) + align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
+    const size_t bht = (size_t)B * NH * T, bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
+    return align256(bht * 4) + align256(bhtp * hs * 4) + align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
 }
-// The Hopper backward adds D and lse_log2 padded to whole 128-row blocks (flash::hopper::backward).
-inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int hs) {
-    const size_t bht = (size_t)B * NH * T;
+    const size_t bht = (size_t)B * NH * T, bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
     char* p = static_cast<char*>(scratch);
     return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + align256(bht * 4)),
-            reinterpret_cast<int*>(p + align256(bht * 4) + align256(bht * hs * 4))};
+            reinterpret_cast<int*>(p + align256(bht * 4) + align256(bhtp * hs * 4))};
 }
 
 // The mma.sync forward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
@@ -1060,8 +1060,13 @@ void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH
                                                                                                    1.0f / sqrtf((float)HS));
         cudaCheckLaunch();
     } else {
-        // Hopper built for sm_90a: wgmma / TMA kernel; anything else (or pointers TMA cannot take): mma.sync
-        if (!hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, stream)) forward_mma_sync<floatX, HS>(out, lse, qkv, B, T, NH, stream);
+        // Hopper built for sm_90a: wgmma / TMA kernel; anything else (or pointers TMA cannot take): mma.sync.
+        // hs 64 from T = 2048 on takes three consumer warpgroups (192-row tiles); one H200, TFLOP/s NC=3 vs NC=2:
+        // T 1024 289 vs 316, T 2048 387 vs 370 (B 32, 12 heads) and 372 vs 359 (B 16), T 4096 447 vs 424.
+        bool done;
+        if (HS == 64 && T >= 2048) done = hopper::forward<floatX, 64, 3>(out, lse, qkv, B, T, NH, stream);
+        else done = hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, stream);
+        if (!done) forward_mma_sync<floatX, HS>(out, lse, qkv, B, T, NH, stream);
     }
 }
 

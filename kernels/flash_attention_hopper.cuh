@@ -34,9 +34,9 @@
 // head sizes. Registers: 128 producer threads at 24 and 256 consumer threads at 240 (64,512 of 65,536); a
 // consumer holds O (hs/2 fp32), S (64 fp32) and P (32 packed) = 128 (hs 64) or 160 (hs 128) plus addresses.
 // Shared memory: two Q buffers 128 x hs, two stages of K and V 128 x hs each: 96 KB (hs 64), 192 KB (hs 128).
-// NC = 3 (BM = 192, consumers at 160 registers) is FlashAttention-3's choice for hs 64 on long sequences; it is
-// kept as a template argument (bench_attention times it) but not dispatched: at T = 1024 its 192-row tiles
-// compute a third more masked and padded work than 128-row tiles.
+// NC = 3 (BM = 192, consumers at 160 registers) is FlashAttention-3's choice for hs 64 on long sequences;
+// flash_attention.cuh dispatches it for hs 64 from T = 2048 on (measured faster there); at T = 1024 its 192-row
+// tiles compute a third more masked and padded work than 128-row tiles and NC = 2 wins.
 #pragma once
 #include <atomic>
 #include <cuda.h>          // CUtensorMap and its enums (the driver entry point is fetched at run time: no -lcuda)
@@ -513,9 +513,10 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 //   dQ   = dS K        (BM x hs: needs dS with queries as rows and all 128 keys, i.e. both warpgroups' parts:
 //                       each writes its dS^T transposed to shared memory, a named barrier over both, then each
 //                       computes one 64 x 64 tile of dQ by wgmma from shared memory)
-// and add dQ into the fp32 buffer: red.global.add (atomic mode), or in deterministic mode in a fixed order
-// through the turn counters of flash_attention.cuh's mma.sync backward (highest key block first; key block 0,
-// always the last, writes dQ itself). FlashAttention-3 takes the same S^T formulation.
+// and stage the dQ block in shared memory; warp 1 of the producer warpgroup (the dQ writer) adds it to the fp32
+// buffer with one bulk reduce-add (atomic mode), or in deterministic mode in a fixed order through the turn
+// counters (highest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
+// writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer.
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 240). Shared memory: K, V (BN x hs), two
@@ -535,13 +536,18 @@ template <int HS> struct BwdConfig {
     // byte offsets from the 1024-aligned base; every tile a multiple of 1024 bytes (swizzle atoms)
     static constexpr uint32_t OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * QD_BYTES,
                               OFF_DS = OFF_DO + STAGES * QD_BYTES, OFF_LSE = OFF_DS + 2 * DS_BYTES,
-                              OFF_D = OFF_LSE + STAGES * BM * 4, OFF_BAR = OFF_D + STAGES * BM * 4;
+                              OFF_D = OFF_LSE + STAGES * BM * 4, OFF_DQ = OFF_D + STAGES * BM * 4,
+                              OFF_BAR = OFF_DQ + BM * HS * 4;
+    // the dQ of a query block (BM x hs fp32) staged for the bulk reduce: two 64 x 64 tiles (one per consumer
+    // warpgroup) of 16 KB, each in the order of the accumulator fragment (see backward_kernel)
+    static constexpr uint32_t DQ_BYTES = BM * HS * 4, DQ_TILE_FLOATS = 64 * 64;
     // mbarriers: K and V full, then per stage full and empty
     static constexpr int NUM_MBARS = 1 + 2 * STAGES;
     static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + 1024;
     static constexpr uint32_t STAGE_TX = 2 * QD_BYTES + 2 * BM * 4;  // bytes that complete a stage
-    // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue
-    static constexpr int BAR_DS = 1, BAR_EPILOGUE = 2;
+    // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue, and between the
+    // consumers and the dQ writer warp (288 threads): the dQ buffer full, and free again
+    static constexpr int BAR_DS = 1, BAR_EPILOGUE = 2, BAR_DQ_FULL = 4, BAR_DQ_EMPTY = 5, DQ_SYNC_THREADS = 256 + 32;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     // setmaxnreg moves registers within the CTA's allocation (168 per thread for 384 threads at one CTA per
     // SM): an increase past it would never be granted
@@ -556,6 +562,26 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                  "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
                  : "memory");
 }
+
+// 1-D bulk copy / fp32 reduce-add shared -> global (one thread issues; 16-byte aligned, a multiple of 16 bytes),
+// each closing its own bulk async-group. The reduce-add is atomic per element (fp32 add at L2, as red.add).
+// wait_read: the shared-memory source may be overwritten; wait_done: the writes to global memory are performed.
+__device__ __forceinline__ void bulk_store(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Orders this thread's async-proxy (bulk) accesses to global memory with its generic ones (the turn counters).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // D (64 x N) = A B^T of two row-major 16-bit tiles in shared memory over the head dimension (K-major both):
 // A's 64 rows at a, B's N rows at b, each stored as 64-column halves of A_ROWS / B_ROWS rows (hs 128: the
@@ -584,10 +610,10 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // lse_log2 (lse * log2 e, +inf past T) and D = rowsum(dO * O) (0 past T) of each (b, head), padded to Tpad
-// rows (a multiple of BM: the bulk copies take whole blocks); zeroes the fp32 dQ buffer in atomic mode.
+// rows (a multiple of BM: the bulk copies take whole blocks).
 // Threads of one row: hs / X, a power of two <= 32, over (B, Tpad, NH) rows.
 template <typename T, int HS>
-__global__ void backward_prep_kernel(float* Dp, float* lse2p, float* dq_accum, const T* dout, const T* out, const float* lse,
+__global__ void backward_prep_kernel(float* Dp, float* lse2p, const T* dout, const T* out, const float* lse,
                                      int Tn, int Tpad, int NH, long rows) {
     constexpr int X = Packed128<T>::size, TPR = HS / X;
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -612,10 +638,6 @@ __global__ void backward_prep_kernel(float* Dp, float* lse2p, float* dq_accum, c
     if (c == 0) {
         Dp[dst] = sum;
         lse2p[dst] = live ? lse[bh * Tn + t] * kLog2e : INFINITY;
-    }
-    if (dq_accum != nullptr && live) {
-        float4* z = reinterpret_cast<float4*>(dq_accum + (bh * Tn + t) * HS);
-        for (int i = c; i < HS / 4; i += TPR) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
@@ -657,9 +679,51 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     }
     __syncthreads();  // the last CTA-wide barrier
 
+    int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, key blocks that have added
     if (wg == 0) {
-        // ---- producer: thread 0 issues every load
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (tid / 32 == 1) {
+            // ---- dQ writer (warp 1; lane 0 issues): per query block, once both consumer warpgroups have staged
+            // their dQ tiles, one bulk fp32 reduce-add of the whole block (contiguous in dq_accum) into global
+            // memory. Deterministic mode: first wait for this block's turn (the higher key blocks of the head have
+            // added theirs); the block with no one before it stores instead of adding (nothing to zero); after the
+            // add has been performed, hand the block on. The waits stay off the consumers' path: they only stall
+            // if the buffer is still held when they have the next block's dQ ready.
+            float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
+            for (int it = 0; it < nq; it++) {
+                const int qb = first_qb + it;
+                named_sync(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
+                if (lane == 0) {
+                    float* dst = dq_bh + (long)qb * (BM * HS);
+                    if constexpr (DET) {
+                        const int turn = min(nkb - 1, (qb * BM + BM - 1) / BN) - kb;  // key blocks that add before us
+                        if (turn > 0) {
+                            while (ld_relaxed(turns + qb) < turn) __nanosleep(64);
+                            fence_acq_rel();
+                            fence_proxy_async_global();
+                            bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                        } else {
+                            bulk_store(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                        }
+                    } else {
+                        bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                    }
+                    bulk_wait_read();
+                }
+                __syncwarp();
+                if (it + 1 < nq) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
+                if constexpr (DET) {
+                    if (lane == 0) {
+                        bulk_wait_done();
+                        fence_proxy_async_global();
+                        red_release_add(turns + qb, 1);
+                    }
+                }
+            }
+            if (lane == 0) bulk_wait_done();
+            return;
+        }
+        // ---- producer: thread 0 issues every load
         if (tid != 0) return;
         mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
 #pragma unroll
@@ -692,7 +756,6 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     // dQ tile cw: rows dq_r0.. of the query block, columns dq_c0.. (hs 64: two row halves; hs 128: two column halves)
     const int dq_r0 = BM == 128 ? 64 * cw : 0, dq_c0 = HS == 128 ? 64 * cw : 0;
     const long C = (long)NH * HS, stride = 3 * C;
-    int* turns = dq_turn + (long)bh * nqb;
 
     float dk[HS / 2], dv[HS / 2];
 #pragma unroll
@@ -764,11 +827,6 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // block it - 1's dS and passed the barrier of it - 1.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         named_sync(Cfg::BAR_DS, 256);
-        // Deterministic: both warpgroups' dQ parts of the previous query block were added before this barrier:
-        // hand that block on to the next (lower) key block
-        if constexpr (DET) {
-            if (wtid == 0 && cw == 0 && it > 0 && kb > 0) red_release_add(turns + qb - 1, 1);
-        }
         // ---- dQ tile = dS K
         float dq[32];
         wgmma_fence();
@@ -782,49 +840,21 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         fence_regs(pds);
         release(q_empty(st), lane);
 
-        // ---- dQ into the fp32 buffer: register 4c + 2hr (+1) is row q0 + dq_r0 + lr + 8hr, columns dq_c0 + 8c + 2t (+1)
-        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add to this block before us
-        if constexpr (DET) {
-            if (turn > 0) {
-                if (lane == 0) {
-                    while (ld_relaxed(turns + qb) < turn) __nanosleep(32);
-                    fence_acq_rel();
-                }
-                __syncwarp();
-            }
-        }
+        // ---- dQ tile to the staging buffer in the order of the accumulator fragment: float4 c of thread wtid
+        // (registers 4c .. 4c + 3: rows dq_r0 + lr and + 8, columns dq_c0 + 8c + 2t, + 1) at float4 index
+        // 128 c + wtid of the warpgroup's 16 KB tile, so that a warp's stores cover 512 contiguous bytes (no bank
+        // conflicts); dq_accum keeps this order (dq_convert_kernel undoes it). The buffer is free once the
+        // writer's bulk operation of the previous block has read it.
+        if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
+        float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int row = q0 + dq_r0 + lr + 8 * hr;
-            if (row >= Tn) continue;
-            float* acc = dq_accum + ((long)bh * Tn + row) * HS + dq_c0 + 2 * t;
-            T* dst = dqkv + ((long)b * Tn + row) * stride + h * HS + dq_c0 + 2 * t;
-#pragma unroll
-            for (int c = 0; c < 8; c++) {
-                float2 v = make_float2(dq[4 * c + 2 * hr], dq[4 * c + 2 * hr + 1]);
-                float2* p = reinterpret_cast<float2*>(acc + 8 * c);
-                if (!DET) {
-                    atomicAdd(p, v);
-                } else if (kb == 0) {  // the last: the sum so far plus ours, scaled, to dqkv
-                    if (turn > 0) {
-                        const float2 prev = __ldcg(p);
-                        v.x += prev.x;
-                        v.y += prev.y;
-                    }
-                    *reinterpret_cast<uint32_t*>(dst + 8 * c) = pack2<T>(v.x * scale, v.y * scale);
-                } else if (turn == 0) {
-                    __stcg(p, v);
-                } else {
-                    atomicAdd(p, v);
-                }
-            }
-        }
+        for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+        // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
     }
-    // both warpgroups are past their last products (which read all of K) and their last dQ adds
+    // both warpgroups are past their last products (which read all of K)
     named_sync(Cfg::BAR_DS, 256);
-    if constexpr (DET) {
-        if (wtid == 0 && cw == 0 && kb > 0) red_release_add(turns + nqb - 1, 1);
-    }
 
     // ---- epilogue: dK (scaled) and dV staged in this warpgroup's own rows of the K and V tiles (the TMA's
     // layout: 128-byte rows per 64-column half, chunk c of row r at c ^ (r % 8)), then 16-byte stores
@@ -850,6 +880,48 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         }
     }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// dQ (scaled) from dq_accum into its slice of dqkv. dq_accum holds, per (b, head) and query block of BM rows,
+// two 64 x 64 fp32 tiles (hs 64: rows 0-63 and 64-127; hs 128: columns 0-63 and 64-127) in backward_kernel's
+// fragment order (float4 c of thread w at float4 index 128 c + w: rows 16 (w / 32) + (w % 32) / 4 and + 8,
+// columns 8c + 2 (w % 4), + 1). One CTA of 128 threads per tile: coalesced float4 reads, through shared
+// memory back to rows, 16-byte stores of the rows < T.
+template <typename T, int HS>
+__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int nqb, float scale) {
+    constexpr int BM = BwdConfig<HS>::BM, PITCH = 68;  // floats per staged row (16-byte aligned rows)
+    constexpr int X = Packed128<T>::size;              // 8 values per 16-byte store
+    __shared__ __align__(16) float tile[64 * PITCH];
+    const long tile_idx = blockIdx.x;  // ((b * NH + h) * nqb + qb) * 2 + cw
+    const int cw = (int)(tile_idx & 1);
+    const long bq = tile_idx >> 1;
+    const int qb = (int)(bq % nqb), bh = (int)(bq / nqb), b = bh / NH, h = bh % NH;
+    const int w = threadIdx.x, lane = w % 32, g = lane / 4, t = lane % 4, lr = 16 * (w / 32) + g;
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + tile_idx * (64 * 64)) + w;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const float4 v = __ldcs(src + 128 * c);
+        *reinterpret_cast<float2*>(tile + lr * PITCH + 8 * c + 2 * t) = make_float2(v.x, v.y);
+        *reinterpret_cast<float2*>(tile + (lr + 8) * PITCH + 8 * c + 2 * t) = make_float2(v.z, v.w);
+    }
+    __syncthreads();
+    const int row0 = qb * BM + (BM == 128 ? 64 * cw : 0), col0 = h * HS + (HS == 128 ? 64 * cw : 0);
+    const long stride = 3L * NH * HS;
+#pragma unroll
+    for (int k = 0; k < 64 * 64 / X / 128; k++) {
+        const int idx = w + 128 * k, r = idx / (64 / X), ch = idx % (64 / X), row = row0 + r;
+        if (row >= Tn) continue;
+        Packed128<T> o;
+#pragma unroll
+        for (int i = 0; i < X; i += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(tile + r * PITCH + ch * X + i);
+            o[i] = from_float<T>(f.x * scale);
+            o[i + 1] = from_float<T>(f.y * scale);
+            o[i + 2] = from_float<T>(f.z * scale);
+            o[i + 3] = from_float<T>(f.w * scale);
+        }
+        store128(dqkv + ((long)b * Tn + row) * stride + col0 + ch * X, o);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -949,8 +1021,8 @@ bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream
 
 // The Hopper backward: dqkv (B,T,3,NH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
 // pointers from flash_attention.cuh's backward_hs: D and lse_log2 (B*NH*hopper_backward_padded_rows(T) each: whole
-// query blocks), the
-// fp32 dQ buffer (B*NH*T*hs), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
+// query blocks), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: whole query blocks in fragment
+// order), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
               int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream) {
@@ -967,20 +1039,20 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     const float scale = 1.0f / sqrtf((float)HS);
     const long prep_rows = (long)B * Tpad * NH;
     constexpr int TPR = HS / Packed128<T>::size;
-    backward_prep_kernel<T, HS><<<ceil_div(prep_rows * TPR, 256), 256, 0, stream>>>(Dp, lse2p, deterministic ? nullptr : dq_accum,
-                                                                                     dout, out, lse, Tn, Tpad, NH, prep_rows);
+    backward_prep_kernel<T, HS><<<ceil_div(prep_rows * TPR, 256), 256, 0, stream>>>(Dp, lse2p, dout, out, lse, Tn, Tpad, NH,
+                                                                                     prep_rows);
     cudaCheckLaunch();
+    // deterministic: the first key block of each query block stores its dQ (no zeroing), the turn counters start
+    // at 0; atomic: every key block adds, into zeros
     if (deterministic) cudaCheck(cudaMemsetAsync(turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+    else cudaCheck(cudaMemsetAsync(dq_accum, 0, (size_t)B * NH * nqb * Cfg::DQ_BYTES, stream));
     auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
     set_smem(kernel, Cfg::SMEM_BYTES);
     kernel<<<(unsigned)((long)B * NH * nkb), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
         tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH, nkb, nqb, scale, scale * kLog2e);
     cudaCheckLaunch();
-    if (!deterministic) {
-        const long rows = (long)B * Tn * NH;
-        flash_dq_convert_kernel<T, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, dq_accum, Tn, NH, rows, scale);
-        cudaCheckLaunch();
-    }
+    dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
+    cudaCheckLaunch();
     return true;
 }
 

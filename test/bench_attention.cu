@@ -5,7 +5,8 @@
 // Prints one line per measurement: "ours WHAT B H T D MS TFLOPS", then a check at this size that repeated
 // deterministic backwards give the same bits, and how far the atomic one is from them.
 // Where the Hopper forward runs (flash_attention_hopper.cuh), "fwd" is it; "fwd_mma_sync" times the mma.sync
-// forward beside it (and "fwd_hopper_nc3", for D = 64, the three-consumer-warpgroup variant), and a check line
+// forward beside it (and, for D = 64, the Hopper variant not dispatched: "fwd_hopper_nc3" below T = 2048,
+// "fwd_hopper_nc2" from it on), and a check line
 // gives each one's distance from the dispatched forward's out and lse. Likewise the backward: there "bwd_det" and
 // "bwd_atomic" are the Hopper backward, "bwd_mma_sync_det" / "bwd_mma_sync_atomic" time the mma.sync one, and a
 // check line gives each one's dqkv distance from the Hopper deterministic dqkv.
@@ -90,7 +91,9 @@ void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int T
     };
     if (D == 64) {
         run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 64>(out2, lse2, qkv, B, Tn, H, stream); });
-        run("fwd_hopper_nc3", [&] { flash::hopper::forward<T, 64, 3>(out2, lse2, qkv, B, Tn, H, stream); });
+        // the variant not dispatched at this T (three consumer warpgroups from T = 2048 on, two below)
+        if (Tn >= 2048) run("fwd_hopper_nc2", [&] { flash::hopper::forward<T, 64, 2>(out2, lse2, qkv, B, Tn, H, stream); });
+        else run("fwd_hopper_nc3", [&] { flash::hopper::forward<T, 64, 3>(out2, lse2, qkv, B, Tn, H, stream); });
     } else {
         run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 128>(out2, lse2, qkv, B, Tn, H, stream); });
     }
