@@ -580,6 +580,14 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32
 }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Four 8 x 8 16-bit matrices from registers in the mma fragment layout (register i: row lane / 4, columns
+// 2 (lane % 4) and + 1 of matrix i) stored transposed: lane l gives the address of the 16-byte row l % 8 of
+// matrix l / 8, which receives column l % 8 of the fragment.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 // Orders this thread's async-proxy (bulk) accesses to global memory with its generic ones (the turn counters).
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
@@ -801,8 +809,12 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         wgmma_wait<0>();
         fence_regs(dp);
         // dS^T = P^T (dP^T - D) as A fragments; dS also goes to shared memory transposed: row = query, the
-        // warpgroup's 64 keys = its 128-byte half of the row (chunk (2 warp + hr) ^ (row % 8), key g in it)
-        unsigned char* ds_half = smem + (ds_buf - base) + cw * BM * 128;
+        // warpgroup's 64 keys = its 128-byte half of the row (chunk (2 warp + hr) ^ (row % 8), key g in it).
+        // Fragment [kk][e] (c = 2 kk + e / 2, hr = e % 2) is the 8 x 8 matrix keys 16 warp + 8 hr + 0..7 x queries
+        // 8c + 0..7; transposed, its row j (query 8c + j) is exactly chunk (2 warp + hr) ^ j of row 8c + j: one
+        // stmatrix.x4.trans per kk, lane l addressing row l % 8 of matrix e = l / 8.
+        const int mi = lane >> 3, mj = lane & 7;
+        const uint32_t ds_st = ds_buf + cw * BM * 128 + (8 * (mi >> 1) + mj) * 128 + (((2 * warp + (mi & 1)) ^ mj) << 4);
 #pragma unroll
         for (int c = 0; c < BM / 8; c++) {
             const float2 dd = *reinterpret_cast<const float2*>(D_s + 8 * c + 2 * t);
@@ -810,12 +822,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             for (int hr = 0; hr < 2; hr++) {
                 const int i = 4 * c + 2 * hr;
                 const float2 p = unpack2<T>(pp[c / 2][2 * (c % 2) + hr]);
-                const uint32_t v = pack2<T>(p.x * (dp[i] - dd.x), p.y * (dp[i + 1] - dd.y));
-                pds[c / 2][2 * (c % 2) + hr] = v;
-                const int r = 8 * c + 2 * t, chunk = 2 * warp + hr;
-                *reinterpret_cast<uint16_t*>(ds_half + r * 128 + ((chunk ^ (r & 7)) << 4) + 2 * g) = (uint16_t)(v & 0xFFFF);
-                *reinterpret_cast<uint16_t*>(ds_half + (r + 1) * 128 + ((chunk ^ ((r + 1) & 7)) << 4) + 2 * g) = (uint16_t)(v >> 16);
+                pds[c / 2][2 * (c % 2) + hr] = pack2<T>(p.x * (dp[i] - dd.x), p.y * (dp[i + 1] - dd.y));
             }
+            if (c % 2 == 1) stmatrix_x4_trans(ds_st + (c / 2) * 16 * 128, pds[c / 2]);
         }
         // ---- dV += P^T dO, dK += dS^T Q
         wgmma_fence();
