@@ -692,7 +692,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                                                splitmix64((uint64_t)o.seed ^ (uint64_t)step));
             fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
         }
-        if (o.checkpoint_every > 0 && !o.output_dir.empty() && step > start_step && (step % o.checkpoint_every == 0 || last)) {
+        if (o.checkpoint_every > 0 && step > start_step && (step % o.checkpoint_every == 0 || last)) {
             save_checkpoint(o.output_dir, step, model, train_loader->state());
             fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
             if (pg.is_main() && o.keep_checkpoints > 0)  // the new checkpoint is complete: its model file is written

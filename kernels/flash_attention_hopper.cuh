@@ -521,7 +521,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 240). Shared memory: K, V (BN x hs), two
 // stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
-// and D: 162 KB (hs 64), 160 KB (hs 128).
+// and D, and the fp32 dQ block the writer warp sends: 194 KB (hs 64), 193 KB (hs 128).
 // Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
 // so P = 0 and dS = 0 there; keys past T lie above the diagonal of every row < T and are masked.
 template <int HS> struct BwdConfig {

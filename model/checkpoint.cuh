@@ -323,14 +323,13 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
 }
 
 // Restores parameters, optimizer state and loss scale; returns the data position to restore. The checkpoint
-// may come from any mesh and ZeRO stage.
+// may come from any mesh and ZeRO stage; its shape and precision are the caller's check, resume_problem(), which
+// train() runs before the GPU is touched.
 template <typename floatX>
 DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
     ZeroOptimizer<floatX>& zero = *model.zero;
     std::vector<float> values;
     const std::string model_path = checkpoint_path(dir, "model", step);
-    const std::string problem = resume_problem(dir, step, model.config, PrecisionOf<floatX>::value);
-    if (!problem.empty()) die(problem);
     read_model_file(model_path, values, 8 * model.mesh.data.size);
     model.set_parameters(values);
     const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
