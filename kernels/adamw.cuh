@@ -22,23 +22,49 @@ __host__ __device__ inline float adamw_grad_scale(float norm_squared, const Adam
     return clip / h.loss_scale;
 }
 
-// One element: updates m and v in place and returns the new fp32 parameter.
+// One element: updates m and v in place and returns the new fp32 parameter. The bias corrections come as
+// reciprocals: a multiply per element instead of a division.
 __device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v, float weight_decay, float grad_scale,
-                                               const AdamWHyper& h, float bias_correction1, float bias_correction2) {
+                                               const AdamWHyper& h, float inv_bias_correction1, float inv_bias_correction2) {
     g *= grad_scale;
     m = h.beta1 * m + (1.0f - h.beta1) * g;
     v = h.beta2 * v + (1.0f - h.beta2) * g * g;
-    const float m_hat = m / bias_correction1, v_hat = v / bias_correction2;
+    const float m_hat = m * inv_bias_correction1, v_hat = v * inv_bias_correction2;
     return p - h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + weight_decay * p);
+}
+
+// The random bits that stochastically round element `index`: 16 bits of one 64-bit hash shared by 4 consecutive
+// elements, so a 16-byte vector of bf16 costs two hashes instead of eight (the hashes and the decay mask's
+// division made the kernel compute-bound: 2.6 TB/s on an H200). Still a function of (seed, index) alone.
+__device__ __forceinline__ uint64_t rounding_hash(uint64_t seed, long index) { return splitmix64(seed ^ splitmix64((uint64_t)index >> 2)); }
+__device__ __forceinline__ uint32_t rounding_bits(uint64_t hash, long index) { return (uint32_t)(hash >> (16 * (index & 3))); }
+
+// Whether elements index, index + 1, ... index + X - 1 take weight decay, as bits: LayoutMask::contains with
+// one 64-bit division per vector (the position within the block repeats, so the next element's is one more).
+template <int X>
+__device__ __forceinline__ uint32_t decay_bits(const LayoutMask& mask, long index) {
+    uint32_t bits = 0;
+    long j = -1;  // position within the block of the previous element, once one was inside the blocks' range
+    for (int k = 0; k < X; k++) {
+        const long i = index + k;
+        bool decays = i < mask.head_end;
+        if (!decays && i >= mask.blocks_begin && i < mask.blocks_end) {
+            j = j < 0 ? (i - mask.blocks_begin) % mask.block_size : (j + 1 == mask.block_size ? 0 : j + 1);
+            for (int r = 0; r < mask.num_ranges; r++) decays |= j >= mask.range_begin[r] && j < mask.range_end[r];
+        }
+        bits |= (uint32_t)decays << k;
+    }
+    return bits;
 }
 
 // Memory-bound: each thread moves 16-byte vectors (X compute-precision values, X fp32 values per state
 // array); a tail shorter than X (n not a multiple of X) is done element by element. Element i's result
 // depends only on element i (and (seed, i) for the rounding), so it is the same however it is grouped.
+// With master weights the compute-precision parameters are only written. Every array is touched once: streamed.
 template <typename floatX>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, long n,
-                             long index_offset, AdamWHyper h, const float* norm_squared, float bias_correction1,
-                             float bias_correction2, LayoutMask mask) {
+                             long index_offset, AdamWHyper h, const float* norm_squared, float inv_bias_correction1,
+                             float inv_bias_correction2, LayoutMask mask) {
     constexpr int X = Packed128<floatX>::size;
     const float grad_scale = adamw_grad_scale(*norm_squared, h);
     if (grad_scale == 0.0f) return;  // non-finite gradients: the step is skipped
@@ -46,34 +72,41 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     const long vector_end = n / X * X;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * X; i < vector_end; i += stride * X) {
         const Packed128<floatX> g = load128cs(grads + i);
-        Packed128<floatX> p = load128(params + i);
+        Packed128<floatX> p;
         float mm[X], vv[X], pm[X];
         for (int k = 0; k < X; k += 4) {
-            *reinterpret_cast<float4*>(mm + k) = *reinterpret_cast<const float4*>(m + i + k);
-            *reinterpret_cast<float4*>(vv + k) = *reinterpret_cast<const float4*>(v + i + k);
-            if (master != nullptr) *reinterpret_cast<float4*>(pm + k) = *reinterpret_cast<const float4*>(master + i + k);
+            *reinterpret_cast<float4*>(mm + k) = __ldcs(reinterpret_cast<const float4*>(m + i + k));
+            *reinterpret_cast<float4*>(vv + k) = __ldcs(reinterpret_cast<const float4*>(v + i + k));
+            if (master != nullptr) *reinterpret_cast<float4*>(pm + k) = __ldcs(reinterpret_cast<const float4*>(master + i + k));
         }
-        for (int k = 0; k < X; k++) {
-            const long index = index_offset + i + k;
-            const float old = master != nullptr ? pm[k] : to_float(p[k]);
-            pm[k] = adamw_element(old, to_float(g[k]), mm[k], vv[k], mask.contains(index) ? h.weight_decay : 0.0f, grad_scale,
-                                  h, bias_correction1, bias_correction2);
-            p[k] = round_stochastic<floatX>(pm[k], random_u32(h.seed, index));
+        if (master == nullptr) {
+            p = load128cs(params + i);
+            for (int k = 0; k < X; k++) pm[k] = to_float(p[k]);
+        }
+        const long index = index_offset + i;  // a multiple of 4: shards start on 8-element boundaries
+        const uint32_t decays = decay_bits<X>(mask, index);
+        for (int k = 0; k < X; k += 4) {
+            const uint64_t hash = std::is_same<floatX, __nv_bfloat16>::value ? rounding_hash(h.seed, index + k) : 0;
+            for (int u = k; u < k + 4 && u < X; u++) {
+                pm[u] = adamw_element(pm[u], to_float(g[u]), mm[u], vv[u], (decays >> u) & 1 ? h.weight_decay : 0.0f,
+                                      grad_scale, h, inv_bias_correction1, inv_bias_correction2);
+                p[u] = round_stochastic<floatX>(pm[u], rounding_bits(hash, index + u));
+            }
         }
         for (int k = 0; k < X; k += 4) {
-            *reinterpret_cast<float4*>(m + i + k) = *reinterpret_cast<const float4*>(mm + k);
-            *reinterpret_cast<float4*>(v + i + k) = *reinterpret_cast<const float4*>(vv + k);
-            if (master != nullptr) *reinterpret_cast<float4*>(master + i + k) = *reinterpret_cast<const float4*>(pm + k);
+            __stcs(reinterpret_cast<float4*>(m + i + k), *reinterpret_cast<const float4*>(mm + k));
+            __stcs(reinterpret_cast<float4*>(v + i + k), *reinterpret_cast<const float4*>(vv + k));
+            if (master != nullptr) __stcs(reinterpret_cast<float4*>(master + i + k), *reinterpret_cast<const float4*>(pm + k));
         }
-        store128(params + i, p);
+        store128cs(params + i, p);
     }
     for (long i = vector_end + (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const long index = index_offset + i;
         const float old = master != nullptr ? master[i] : to_float(params[i]);
         const float updated = adamw_element(old, to_float(grads[i]), m[i], v[i], mask.contains(index) ? h.weight_decay : 0.0f,
-                                            grad_scale, h, bias_correction1, bias_correction2);
+                                            grad_scale, h, inv_bias_correction1, inv_bias_correction2);
         if (master != nullptr) master[i] = updated;
-        params[i] = round_stochastic<floatX>(updated, random_u32(h.seed, index));
+        params[i] = round_stochastic<floatX>(updated, rounding_bits(rounding_hash(h.seed, index), index));
     }
 }
 
@@ -84,11 +117,12 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
 template <typename floatX>
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, long n, long index_offset,
                   const AdamWHyper& h, const float* norm_squared, const LayoutMask& mask, cudaStream_t stream) {
-    const float bias_correction1 = 1.0f - powf(h.beta1, (float)h.t);
-    const float bias_correction2 = 1.0f - powf(h.beta2, (float)h.t);
+    const float inv_bias_correction1 = 1.0f / (1.0f - powf(h.beta1, (float)h.t));
+    const float inv_bias_correction2 = 1.0f / (1.0f - powf(h.beta2, (float)h.t));
+    if (index_offset % 4 != 0) die("adamw_update: index_offset " + std::to_string(index_offset) + " is not a multiple of 4");
     const int block = 512;
     const int grid = std::max(1, (int)std::min<long>(ceil_div(n / Packed128<floatX>::size, block), (long)device_sm_count() * 8));
     adamw_kernel<<<grid, block, 0, stream>>>(params, master, grads, m, v, n, index_offset, h, norm_squared,
-                                            bias_correction1, bias_correction2, mask);
+                                            inv_bias_correction1, inv_bias_correction2, mask);
     cudaCheckLaunch();
 }

@@ -180,18 +180,29 @@ template <> __device__ __forceinline__ __half round_stochastic<__half>(float x, 
 
 // ---------------------------------------------------------------------------------------------
 // Deterministic column sums: kernels that reduce over rows (bias and LayerNorm weight gradients) write
-// one fp32 partial row per block; this adds the partial rows, in block order, into `out` (+=).
+// one fp32 partial row per block; this adds the partial rows into `out` (+=) in a fixed order. A block takes 32
+// columns; its kPartialsRowThreads rows of threads each add every kPartialsRowThreads-th partial row, then
+// combine in row order: with one thread per column, LayerNorm's 528 partial rows were one long chain of
+// dependent loads per thread (about 7 us a call on an H200, 73 calls a step).
+constexpr int kPartialsRowThreads = 16;
 template <typename floatX>
 __global__ void partials_accumulate_kernel(floatX* out, const float* partials, int num_partials, int width) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= width) return;
-    float acc = to_float(out[i]);
-    for (int p = 0; p < num_partials; p++) acc += partials[(long)p * width + i];
-    out[i] = from_float<floatX>(acc);
+    __shared__ float shared[kPartialsRowThreads][32];
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    float acc = 0.0f;
+    if (i < width)
+        for (int p = threadIdx.y; p < num_partials; p += kPartialsRowThreads) acc += partials[(long)p * width + i];
+    shared[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || i >= width) return;
+    float total = to_float(out[i]);
+    for (int y = 0; y < kPartialsRowThreads; y++) total += shared[y][threadIdx.x];
+    out[i] = from_float<floatX>(total);
 }
 template <typename floatX>
 void partials_accumulate(floatX* out, const float* partials, int num_partials, int width, cudaStream_t stream) {
-    partials_accumulate_kernel<<<ceil_div(width, 256), 256, 0, stream>>>(out, partials, num_partials, width);
+    partials_accumulate_kernel<<<ceil_div(width, 32), dim3(32, kPartialsRowThreads), 0, stream>>>(out, partials,
+                                                                                                  num_partials, width);
     cudaCheckLaunch();
 }
 
