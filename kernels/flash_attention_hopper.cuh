@@ -519,7 +519,8 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer.
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
-// 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 240). Shared memory: K, V (BN x hs), two
+// 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 232: the producer warpgroup keeps 32, where
+// at 24 its TMA and writer warps spilled 16-56 bytes). Shared memory: K, V (BN x hs), two
 // stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
 // and D, and the fp32 dQ block the writer warp sends: 194 KB (hs 64), 193 KB (hs 128).
 // Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
@@ -531,7 +532,7 @@ template <int HS> struct BwdConfig {
     static constexpr int STAGES = 2;              // Q, dO, lse, D buffers in the ring
     static constexpr int THREADS = 384;           // producer + two consumer warpgroups
     static constexpr int HALVES = HS / 64;
-    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    static constexpr int PRODUCER_REGS = 32, CONSUMER_REGS = 232;
     static constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, DS_BYTES = BM * BN * 2;
     // byte offsets from the 1024-aligned base; every tile a multiple of 1024 bytes (swizzle atoms)
     static constexpr uint32_t OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * QD_BYTES,
