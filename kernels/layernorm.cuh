@@ -1,6 +1,7 @@
 // LayerNorm (eps 1e-5, fp32 statistics): forward, forward fused with the residual add that precedes it,
 // and a deterministic backward.
-// defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats
+// defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats,
+//          layernorm_backward_fuses_colsum
 #pragma once
 #include "common.cuh"
 
@@ -86,78 +87,203 @@ void residual_forward(floatX* residual, const floatX* a, const floatX* b, long n
 // shared-memory region (no atomics), the block adds its warps in order into one partial row, and
 // partials_accumulate adds the blocks in order: bitwise reproducible.
 // dinp is accumulated (+=): it is the residual stream's gradient, which the LayerNorm joins.
+// layernorm_backward_colsum_kernel also sums dinp's columns as they were on entry: where dinp holds the gradient of
+// a row-parallel projection's output, that is the projection's bias gradient, and the model needs no bias_backward
+// pass over it. Lane `lane` owns the columns lane * X + k * 32 * X + i (k < kColsumChunks, i < X), so the sums
+// stay in registers until the block's combine: a third shared-memory region of C floats a warp cost a block a
+// multiprocessor and the L1 that the second pass over x and dy relies on (layernorm_backward: 3.1 -> 4.5 ms a step at
+// 124M on an H200).
+
+// Warps per block such that their accumulators fit the default 48 KB of shared memory.
+constexpr int layernorm_backward_warps(int C) { return std::max(1, std::min(8, (int)(48 * 1024 / (2 * C * sizeof(float))))); }
+
+// First pass over a row's columns c .. c + X - 1: the sums of dnorm = weight * dy and of dnorm * xhat.
 template <typename floatX>
-__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                          const floatX* weight, const float* mean, const float* rstd, int N,
-                                          int C) {
+__device__ __forceinline__ void layernorm_backward_dots(const floatX* x, const floatX* dy, const floatX* weight, int c,
+                                                        float m, float s, float& sum_dnorm, float& sum_dnorm_xhat) {
     constexpr int X = Packed128<floatX>::size;
-    // [warps][2][X][C/X]: dweight then dbias, column c at (c % X) * (C / X) + c / X, so that the 32 lanes
+    Packed128<floatX> vx = load128(x + c), vdy = load128(dy + c), vw = load128(weight + c);
+    for (int i = 0; i < X; i++) {
+        float xhat = (to_float(vx[i]) - m) * s;
+        float dnorm = to_float(vw[i]) * to_float(vdy[i]);
+        sum_dnorm += dnorm;
+        sum_dnorm_xhat += dnorm * xhat;
+    }
+}
+
+// Second pass over columns c .. c + X - 1 of a row (drow: its dinp): dinp += its gradient, and the warp's
+// accumulators `acc` (laid out for R columns) += the dweight and dbias terms; with kSums, sums[0 .. X - 1] += dinp's
+// values on entry.
+template <typename floatX, bool kSums>
+__device__ __forceinline__ void layernorm_backward_columns(floatX* drow, const floatX* x, const floatX* dy, const floatX* weight,
+                                                           float* acc, float* sums, int c, int R, float m, float s,
+                                                           float mean_dnorm, float mean_dnorm_xhat) {
+    constexpr int X = Packed128<floatX>::size;
+    const int CX = R / X;
+    Packed128<floatX> vx = load128(x + c), vdy = load128(dy + c), vw = load128(weight + c);
+    Packed128<floatX> vdx = load128(drow + c);
+    for (int i = 0; i < X; i++) {
+        if constexpr (kSums) sums[i] += to_float(vdx[i]);
+        float xhat = (to_float(vx[i]) - m) * s;
+        float g = to_float(vdy[i]);
+        acc[i * CX + c / X] += g * xhat;
+        acc[R + i * CX + c / X] += g;
+        float dnorm = to_float(vw[i]) * g;
+        vdx[i] = from_float<floatX>(to_float(vdx[i]) + s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat));
+    }
+    store128(drow + c, vdx);
+}
+
+// The row width that the accumulators of a block are laid out for: C, or with kColsumChunks > 0 the widest C of
+// that many chunks, so that a lane's offsets in them are constants (immediates; with C / X as their stride ptxas
+// kept them in registers and spilled: ~200 bytes at 5-7 chunks in bf16).
+template <typename floatX>
+__host__ __device__ constexpr int layernorm_backward_width(int colsum_chunks, int C) {
+    return colsum_chunks > 0 ? colsum_chunks * 32 * Packed128<floatX>::size : C;
+}
+
+// Both kernels' body. `partials` gets a 2C-wide row per block (dweight, dbias) and, with kColsumChunks > 0, after
+// all of those a C-wide row per block (dinp's column sums).
+template <typename floatX, int kColsumChunks>
+__device__ __forceinline__ void layernorm_backward_rows(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                                        const floatX* weight, const float* mean, const float* rstd, int N,
+                                                        int C) {
+    constexpr int X = Packed128<floatX>::size;
+    // [warps][2][X][R/X]: dweight then dbias, column c at (c % X) * (R / X) + c / X, so that the 32 lanes
     // (each owning X adjacent columns) touch 32 consecutive banks instead of colliding X-way
     extern __shared__ float shared[];
-    const int CX = C / X;
+    const int R = layernorm_backward_width<floatX>(kColsumChunks, C), CX = R / X;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    float* acc = shared + (long)warp * 2 * C;
-    for (int c = lane; c < 2 * C; c += 32) acc[c] = 0.0f;
+    float* acc = shared + (long)warp * 2 * R;
+    for (int c = lane; c < 2 * R; c += 32) acc[c] = 0.0f;
+    float colsum[kColsumChunks > 0 ? kColsumChunks * X : 1] = {};  // this lane's columns of dinp's column sums
     __syncwarp();
     for (long row = (long)blockIdx.x * num_warps + warp; row < N; row += (long)gridDim.x * num_warps) {
         const floatX* x = inp + row * C;
         const floatX* dy = dout + row * C;
         const float m = mean[row], s = rstd[row];
         float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
-        for (int c = lane * X; c < C; c += 32 * X) {
-            Packed128<floatX> vx = load128(x + c), vdy = load128(dy + c), vw = load128(weight + c);
-            for (int i = 0; i < X; i++) {
-                float xhat = (to_float(vx[i]) - m) * s;
-                float dnorm = to_float(vw[i]) * to_float(vdy[i]);
-                sum_dnorm += dnorm;
-                sum_dnorm_xhat += dnorm * xhat;
-            }
+        // with column sums, both passes unrolled over the chunks: colsum's indices and the accumulators' offsets
+        // are constants (the default partial unroll of the first pass spills under the launch bounds)
+        if constexpr (kColsumChunks == 0) {
+            for (int c = lane * X; c < C; c += 32 * X) layernorm_backward_dots(x, dy, weight, c, m, s, sum_dnorm, sum_dnorm_xhat);
+        } else {
+#pragma unroll
+            for (int k = 0; k < kColsumChunks; k++)
+                if (lane * X + k * 32 * X < C)
+                    layernorm_backward_dots(x, dy, weight, lane * X + k * 32 * X, m, s, sum_dnorm, sum_dnorm_xhat);
         }
         const float mean_dnorm = warp_reduce_sum(sum_dnorm) / C;
         const float mean_dnorm_xhat = warp_reduce_sum(sum_dnorm_xhat) / C;
-        for (int c = lane * X; c < C; c += 32 * X) {
-            Packed128<floatX> vx = load128(x + c), vdy = load128(dy + c), vw = load128(weight + c);
-            Packed128<floatX> vdx = load128(dinp + row * C + c);
-            for (int i = 0; i < X; i++) {
-                float xhat = (to_float(vx[i]) - m) * s;
-                float g = to_float(vdy[i]);
-                acc[i * CX + c / X] += g * xhat;
-                acc[C + i * CX + c / X] += g;
-                float dnorm = to_float(vw[i]) * g;
-                vdx[i] = from_float<floatX>(to_float(vdx[i]) + s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat));
-            }
-            store128(dinp + row * C + c, vdx);
+        if constexpr (kColsumChunks == 0) {
+            for (int c = lane * X; c < C; c += 32 * X)
+                layernorm_backward_columns<floatX, false>(dinp + row * C, x, dy, weight, acc, nullptr, c, R, m, s,
+                                                          mean_dnorm, mean_dnorm_xhat);
+        } else {
+#pragma unroll
+            for (int k = 0; k < kColsumChunks; k++)
+                if (lane * X + k * 32 * X < C)
+                    layernorm_backward_columns<floatX, true>(dinp + row * C, x, dy, weight, acc, colsum + k * X,
+                                                             lane * X + k * 32 * X, R, m, s, mean_dnorm, mean_dnorm_xhat);
         }
     }
     __syncthreads();
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-        const int part = c / C, column = c % C, slot = part * C + (column % X) * CX + column / X;
+        const int part = c / C, column = c % C, slot = part * R + (column % X) * CX + column / X;
         float total = 0.0f;
-        for (int w = 0; w < num_warps; w++) total += shared[(long)w * 2 * C + slot];
+        for (int w = 0; w < num_warps; w++) total += shared[(long)w * 2 * R + slot];
         partials[(long)blockIdx.x * 2 * C + c] = total;
+    }
+    if constexpr (kColsumChunks > 0) {
+        // the warps' column sums through the dweight parts of their regions (read above), in the same layout, then
+        // added in warp order
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kColsumChunks; k++)
+            if (lane * X + k * 32 * X < C)
+                for (int i = 0; i < X; i++) acc[i * CX + lane + k * 32] = colsum[k * X + i];
+        __syncthreads();
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float total = 0.0f;
+            for (int w = 0; w < num_warps; w++) total += shared[(long)w * 2 * R + (c % X) * CX + c / X];
+            partials[(long)gridDim.x * 2 * C + (long)blockIdx.x * C + c] = total;
+        }
     }
 }
 
-// Warps per block such that their accumulators fit the default 48 KB of shared memory.
-inline int layernorm_backward_warps(int C) { return std::max(1, std::min(8, (int)(48 * 1024 / (2 * C * sizeof(float))))); }
+template <typename floatX>
+__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N,
+                                          int C) {
+    layernorm_backward_rows<floatX, 0>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+}
+// With column sums: blocks sized for the widest C of kColsumChunks chunks, and launch bounds that keep 4 of them a
+// multiprocessor (layernorm_backward_blocks) in registers: 64 a thread at 8 warps, 24 of which hold colsum at C = 768
+// in bf16. A kernel of its own: bounds on the one above would change its code.
+template <typename floatX, int kColsumChunks>
+__global__ void __launch_bounds__(32 * layernorm_backward_warps(layernorm_backward_width<floatX>(kColsumChunks, 0)), 4)
+layernorm_backward_colsum_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                 const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    layernorm_backward_rows<floatX, kColsumChunks>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
+}
+
 inline int layernorm_backward_blocks() { return 4 * device_sm_count(); }  // 4 per SM fit: more loads in flight
-inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 2 * C; }
+// a block's partial rows: dweight and dbias (2C), and dinp's column sums (C)
+inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 3 * C; }
+
+// dinp's column sums fit the registers for C up to kLayerNormColsumMaxChunks * 32 * X (X columns a lane a chunk):
+// 2048 in bf16 and fp16, 1024 in fp32. Wider rows keep bias_backward.
+constexpr int kLayerNormColsumMaxChunks = 8;
+template <typename floatX>
+inline int layernorm_backward_colsum_chunks(int C) { return ceil_div(C, 32 * Packed128<floatX>::size); }
+template <typename floatX>
+inline bool layernorm_backward_fuses_colsum(int C) {
+    return layernorm_backward_colsum_chunks<floatX>(C) <= kLayerNormColsumMaxChunks;
+}
+
+// Launches layernorm_backward_colsum_kernel<floatX, chunks> (kColsumChunks counts up to it).
+template <typename floatX, int kColsumChunks = 1>
+void layernorm_backward_colsum_launch(int chunks, int blocks, int threads, size_t shared_bytes, cudaStream_t stream,
+                                      floatX* dinp, float* scratch, const floatX* dout, const floatX* inp,
+                                      const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    if constexpr (kColsumChunks < kLayerNormColsumMaxChunks) {
+        if (chunks > kColsumChunks) {
+            layernorm_backward_colsum_launch<floatX, kColsumChunks + 1>(chunks, blocks, threads, shared_bytes, stream, dinp,
+                                                                        scratch, dout, inp, weight, mean, rstd, N, C);
+            return;
+        }
+    }
+    layernorm_backward_colsum_kernel<floatX, kColsumChunks><<<blocks, threads, shared_bytes, stream>>>(
+        dinp, scratch, dout, inp, weight, mean, rstd, N, C);
+}
 
 // dinp += d/dinp; dweight, dbias += their gradients (skipped when dweight_then_dbias is null: frozen
 // parameters). dbias must directly follow dweight in memory (the block layout keeps every LayerNorm's
-// weight and bias adjacent). `scratch` holds
+// weight and bias adjacent). With dinp_colsum (layernorm_backward_fuses_colsum<floatX>(C) must hold):
+// dinp_colsum[c] += the sum over rows of dinp[., c] as it was on entry. `scratch` holds
 // layernorm_backward_scratch_floats(C) floats.
 template <typename floatX>
 void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
-                        int C, cudaStream_t stream) {
-    const int warps = layernorm_backward_warps(C), blocks = layernorm_backward_blocks();
-    const size_t shared_bytes = (size_t)warps * 2 * C * sizeof(float);
+                        int C, cudaStream_t stream, floatX* dinp_colsum = nullptr) {
+    if (dinp_colsum != nullptr && !layernorm_backward_fuses_colsum<floatX>(C)) {
+        die("layernorm_backward: C=" + std::to_string(C) + " is too wide for dinp's column sums in registers");
+    }
+    const int chunks = dinp_colsum != nullptr ? layernorm_backward_colsum_chunks<floatX>(C) : 0;
+    const int width = layernorm_backward_width<floatX>(chunks, C), warps = layernorm_backward_warps(width);
+    const int blocks = layernorm_backward_blocks();
+    const size_t shared_bytes = (size_t)warps * 2 * width * sizeof(float);
     if (shared_bytes > 48 * 1024) {
         die("layernorm_backward: C=" + std::to_string(C) + " is too large for its shared-memory accumulators");
     }
-    layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
-                                                                            rstd, N, C);
+    if (chunks == 0) {
+        layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
+                                                                                rstd, N, C);
+    } else {
+        layernorm_backward_colsum_launch(chunks, blocks, warps * 32, shared_bytes, stream, dinp, scratch, dout, inp,
+                                         weight, mean, rstd, N, C);
+    }
     cudaCheckLaunch();
     if (dweight_then_dbias != nullptr) partials_accumulate(dweight_then_dbias, scratch, blocks, 2 * C, stream);
+    if (dinp_colsum != nullptr) partials_accumulate(dinp_colsum, scratch + (size_t)blocks * 2 * C, blocks, C, stream);
 }

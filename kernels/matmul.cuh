@@ -259,7 +259,8 @@ void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int
 // dinp goes on through the GELU's backward, dinp = (dout weight) * gelu'(gelu_inp), in the product's epilogue:
 // C must be a multiple of 8; the model uses it where matmul_gelu_epilogues<floatX>(). (The next bias gradient,
 // column sums of this dinp, stays with bias_backward: DGELU_BGRAD would write it in floatX, cublasLt.h's bias
-// gradient type, where our gradients accumulate from fp32 partials.)
+// gradient type, where our gradients accumulate from fp32 partials.) The row-parallel projections' bias gradients,
+// the residual gradient's column sums, come from layernorm_backward (dinp_colsum) where it can: no dbias here then.
 // Its two halves are also callable alone, so that a collective on dinp can run while the weight gradients compute
 // (tensor parallelism): matmul_backward_input and matmul_backward_weights.
 template <typename floatX>

@@ -11,7 +11,7 @@
 #include "../kernels/common.cuh"
 #include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant
 #include "../kernels/encoder.cuh"              // defines: encoder_forward, encoder_backward, EncoderBuckets
-#include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward
+#include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward (and layernorm_backward_fuses_colsum)
 #include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
 #include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
@@ -804,8 +804,12 @@ struct GPT2 {
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
-            matmul_backward(dbig, grad(l, FCPROJW), grad(l, FCPROJB), reduce_scratch, dmlp, a.fch_gelu,
-                            param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
+            // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
+            // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
+            // sequence parallelism leaves this rank only its rows of dresidual or C is too wide for that kernel.
+            const bool bias_in_layernorm = sequence_split() == 1 && layernorm_backward_fuses_colsum<floatX>(C);
+            matmul_backward(dbig, grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), reduce_scratch, dmlp,
+                            a.fch_gelu, param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
                 adapt_backward(l, kLoraFcProj, dbig, dmlp, a.fch_gelu);
                 gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
@@ -813,19 +817,21 @@ struct GPT2 {
             // ln2 re-gathered under sequence parallelism
             const floatX* dln2 = column_parallel_backward(grad(l, FCW), grad(l, FCB), param(l, FCW), dbig, column_input(a.ln2),
                                                           hidden(), l, kLoraFc);
+            // fc-proj's bias gradient from dresidual as it enters: d(loss)/d(residual3)
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
-                               a.ln2_mean, a.ln2_rstd, Nr, C, stream);
+                               a.ln2_mean, a.ln2_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
-            matmul_backward(dbtc, grad(l, ATTPROJW), grad(l, ATTPROJB), reduce_scratch, dattention, a.atty,
-                            param(l, ATTPROJW), N, Cs, C, stream);
+            matmul_backward(dbtc, grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), reduce_scratch,
+                            dattention, a.atty, param(l, ATTPROJW), N, Cs, C, stream);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
             const floatX* dln1 = column_parallel_backward(grad(l, QKVW), grad(l, QKVB), param(l, QKVW), dbig, column_input(a.ln1),
                                                           3 * Cs, l, kLoraQkv);
+            // the attention projection's bias gradient from d(loss)/d(residual2)
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
-                               a.ln1_mean, a.ln1_rstd, Nr, C, stream);
+                               a.ln1_mean, a.ln1_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, ATTPROJB) : nullptr);
             sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
             sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
             if (adapters) adapters->after_unit_backward(l + 1);

@@ -161,6 +161,21 @@ void test_layernorm(const Shape& s, const std::string& tag, cudaStream_t stream)
     layernorm_backward(dinp_d.ptr, dwb_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, mean_d.ptr, rstd_d.ptr, N, C, stream);
     compare(tag + " layernorm_backward dinp" + shape_name(s), dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
     compare(tag + " layernorm_backward dweight+dbias" + shape_name(s), dwb_d.download(), dwb_ref, tolerance<floatX>().simple);
+
+    // the same with dinp_colsum, which gets the column sums of dinp as it was on entry (as the model takes a row-parallel
+    // projection's bias gradient from it)
+    auto colsum = random_vector<floatX>(C);
+    std::vector<float> colsum_ref = colsum;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) colsum_ref[c] += dinp[(size_t)r * C + c];
+    DeviceBuffer<floatX> dinp2_d(dinp), dwb2_d(dwb), colsum_d(colsum);
+    layernorm_backward(dinp2_d.ptr, dwb2_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, mean_d.ptr, rstd_d.ptr, N, C,
+                       stream, colsum_d.ptr);
+    compare(tag + " layernorm_backward+colsum dinp" + shape_name(s), dinp2_d.download(), dinp_ref, tolerance<floatX>().simple);
+    compare(tag + " layernorm_backward+colsum dweight+dbias" + shape_name(s), dwb2_d.download(), dwb_ref,
+            tolerance<floatX>().simple);
+    compare(tag + " layernorm_backward+colsum column sums" + shape_name(s), colsum_d.download(), colsum_ref,
+            tolerance<floatX>().simple);
 }
 
 template <typename floatX>
@@ -464,6 +479,9 @@ void test_precision(cudaStream_t stream) {
         test_encoder_vocab_parallel<floatX>(s, 300, 384, 3, tag, stream);
         test_encoder_vocab_parallel<floatX>(s, 200, 384, 4, tag, stream);
     }
+    // more rows than the LayerNorm backward has warps (8 in each of 4 blocks a multiprocessor: 4224 on an H200), so
+    // that warps accumulate several rows
+    test_layernorm<floatX>({8, 1024, 768, 12}, tag, stream);
     test_matmul<floatX>(111, 200, 600, tag, stream);
     test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
