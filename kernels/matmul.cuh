@@ -207,7 +207,7 @@ void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floa
 constexpr int kBiasRowThreads = 8;
 inline int bias_backward_row_blocks(int OC, int X) {
     const int column_blocks = ceil_div(OC, 32 * X);
-    return std::max(1, 2 * device_sm_count() / column_blocks);
+    return std::max(1, 4 * device_sm_count() / column_blocks);
 }
 template <typename floatX>
 inline size_t bias_backward_scratch_floats(int OC) {
