@@ -39,24 +39,6 @@ __device__ __forceinline__ float adamw_element(float p, float g, float& m, float
 __device__ __forceinline__ uint64_t rounding_hash(uint64_t seed, long index) { return splitmix64(seed ^ splitmix64((uint64_t)index >> 2)); }
 __device__ __forceinline__ uint32_t rounding_bits(uint64_t hash, long index) { return (uint32_t)(hash >> (16 * (index & 3))); }
 
-// Whether elements index, index + 1, ... index + X - 1 take weight decay, as bits: LayoutMask::contains with
-// one 64-bit division per vector (the position within the block repeats, so the next element's is one more).
-template <int X>
-__device__ __forceinline__ uint32_t decay_bits(const LayoutMask& mask, long index) {
-    uint32_t bits = 0;
-    long j = -1;  // position within the block of the previous element, once one was inside the blocks' range
-    for (int k = 0; k < X; k++) {
-        const long i = index + k;
-        bool decays = i < mask.head_end;
-        if (!decays && i >= mask.blocks_begin && i < mask.blocks_end) {
-            j = j < 0 ? (i - mask.blocks_begin) % mask.block_size : (j + 1 == mask.block_size ? 0 : j + 1);
-            for (int r = 0; r < mask.num_ranges; r++) decays |= j >= mask.range_begin[r] && j < mask.range_end[r];
-        }
-        bits |= (uint32_t)decays << k;
-    }
-    return bits;
-}
-
 // Memory-bound: each thread moves 16-byte vectors (X compute-precision values, X fp32 values per state
 // array); a tail shorter than X (n not a multiple of X) is done element by element. Element i's result
 // depends only on element i (and (seed, i) for the rounding), so it is the same however it is grouped.
@@ -84,7 +66,7 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
             for (int k = 0; k < X; k++) pm[k] = to_float(p[k]);
         }
         const long index = index_offset + i;  // a multiple of 4: shards start on 8-element boundaries
-        const uint32_t decays = decay_bits<X>(mask, index);
+        const uint32_t decays = mask.contains_bits<X>(index);
         for (int k = 0; k < X; k += 4) {
             const uint64_t hash = std::is_same<floatX, __nv_bfloat16>::value ? rounding_hash(h.seed, index + k) : 0;
             for (int u = k; u < k + 4 && u < X; u++) {

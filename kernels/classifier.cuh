@@ -100,33 +100,6 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// PTX wrappers (sm_90) for the single-pass kernel's row loads. A row buffer's mbarrier counts one arrival (the
-// issuing thread's expect_tx) plus the bulk copy's bytes; a phase's parity alternates 0, 1, 0, ...
-__device__ __forceinline__ void row_barrier_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the bulk copies
-}
-// `bytes` (a multiple of 16) from global `src` to shared `dst`, both 16-byte aligned; completes `bar`'s phase.
-__device__ __forceinline__ void row_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void row_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    }
-}
-// Orders this thread's generic-proxy accesses to shared memory before later bulk copies (async proxy) into it.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -167,22 +140,26 @@ fused_classifier_single_pass_kernel(floatX* logits, float* losses, const int* ta
     const uint32_t rows_base = (uint32_t)__cvta_generic_to_shared(classifier_rows);
     const uint32_t full_base = (uint32_t)__cvta_generic_to_shared(full);
     const int num_vectors = Vp / X, full_vectors = V / X;
+    // row r into buffer b, completing its mbarrier's phase (one arrival: the expect_tx, plus the copy's bytes)
+    auto load_row = [&](long r, int b) {
+        mbar_arrive_expect_tx(full_base + 8 * b, row_bytes);
+        bulk_load(rows_base + b * row_bytes, logits + r * Vp, row_bytes, full_base + 8 * b);
+    };
     if (threadIdx.x == 0) {
-        row_barrier_init(full_base);
-        row_barrier_init(full_base + 8);
-        row_load(rows_base, logits + (long)blockIdx.x * Vp, row_bytes, full_base);
+        mbar_init(full_base, 1);
+        mbar_init(full_base + 8, 1);
+        fence_mbarrier_init();
+        load_row(blockIdx.x, 0);
     }
     __syncthreads();  // the mbarriers are initialised before anyone waits on them
     int it = 0;       // rows done by this CTA: row `it` uses buffer it % 2
     for (long row = blockIdx.x; row < N; row += gridDim.x, it++) {
         const int b = it & 1;
-        if (threadIdx.x == 0 && row + gridDim.x < N)
-            row_load(rows_base + (b ^ 1) * row_bytes, logits + (row + gridDim.x) * Vp, row_bytes,
-                     full_base + 8 * (b ^ 1));
+        if (threadIdx.x == 0 && row + gridDim.x < N) load_row(row + gridDim.x, b ^ 1);
         floatX* x = reinterpret_cast<floatX*>(classifier_rows + b * row_bytes);
         const int target = targets[row];
         const bool owns_target = (target / X) % blockDim.x == threadIdx.x;
-        row_wait(full_base + 8 * b, (it >> 1) & 1);
+        mbar_wait(full_base + 8 * b, (it >> 1) & 1);
 
         // Vectors below full_vectors hold only real columns; the rest (one partly real, then padding) are masked.
         // The lambdas are inlined with `masked` a constant, so the full vectors pay no per-column test.
@@ -227,7 +204,7 @@ fused_classifier_single_pass_kernel(floatX* logits, float* losses, const int* ta
             if (owns_target) out[target] = from_float<floatX>(to_float(x[target]) * scale - dloss);
         }
         fence_proxy_async_shared();
-        __syncthreads();  // buffer b is refilled (next iteration's row_load) only after every thread is done with it
+        __syncthreads();  // buffer b is refilled (next iteration's load_row) only after every thread is done with it
     }
 #endif
 }

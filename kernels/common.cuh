@@ -1,5 +1,6 @@
 // Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
-// 128-bit packed loads/stores, warp/block reductions, layout masks and stochastic rounding.
+// 128-bit packed loads/stores, warp/block reductions, layout masks, stochastic rounding, and the sm_90 mbarrier and
+// bulk-copy wrappers.
 // It holds no layer logic.
 #pragma once
 #include <cstdio>
@@ -144,7 +145,27 @@ struct LayoutMask {
     __host__ __device__ bool contains(long i) const {
         if (i < head_end) return true;
         if (i < blocks_begin || i >= blocks_end) return false;
-        const long j = (i - blocks_begin) % block_size;
+        return in_ranges((i - blocks_begin) % block_size);
+    }
+    // contains() of elements index .. index + X - 1, as bits, with one 64-bit division instead of X (the position
+    // within a block of the next element is one more, wrapping at block_size): AdamW's decay, per 16-byte vector.
+    template <int X>
+    __host__ __device__ uint32_t contains_bits(long index) const {
+        uint32_t bits = 0;
+        long j = -1;  // position within the block of the previous element, once one was inside the blocks' range
+        for (int k = 0; k < X; k++) {
+            const long i = index + k;
+            bool in = i < head_end;
+            if (!in && i >= blocks_begin && i < blocks_end) {
+                j = j < 0 ? (i - blocks_begin) % block_size : (j + 1 == block_size ? 0 : j + 1);
+                in = in_ranges(j);
+            }
+            bits |= (uint32_t)in << k;
+        }
+        return bits;
+    }
+    // Whether position j within a block lies in one of the ranges.
+    __host__ __device__ bool in_ranges(long j) const {
         for (int r = 0; r < num_ranges; r++)
             if (j >= range_begin[r] && j < range_end[r]) return true;
         return false;
@@ -177,6 +198,43 @@ template <> __device__ __forceinline__ __nv_bfloat16 round_stochastic<__nv_bfloa
 // fp16 keeps round-to-nearest: its 10-bit mantissa loses far less than bf16's 7 bits, and fp16
 // parameters are always paired with fp32 master weights.
 template <> __device__ __forceinline__ __half round_stochastic<__half>(float x, uint32_t) { return __float2half_rn(x); }
+
+// ---------------------------------------------------------------------------------------------
+// mbarriers and 1-D bulk async copies (sm_90 and later): the Hopper attention and the single-pass classifier.
+// A `full` barrier counts one arrival (the issuing thread's expect_tx) plus the copy's bytes; a phase's parity
+// alternates 0, 1, 0, ...; a wait on the parity of the phase before the first (1 on a fresh barrier) returns at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// After a thread's mbar_init calls: the barriers are visible to the async proxy (TMA and bulk copies).
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "LAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra LAB_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// 1-D bulk copy global -> shared completing `bar`'s transaction bytes (16-byte aligned, a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+// Orders this thread's generic-proxy accesses to shared memory before later async-proxy accesses to it.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Deterministic column sums: kernels that reduce over rows (bias and LayerNorm weight gradients) write

@@ -71,29 +71,8 @@ template <int HS, int NC> struct Config {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers (sm_90a only). mbarriers: `full` barriers count one arrival (the producer's expect_tx) plus
-// the TMA's bytes, `empty` ones one arrival per consumer warp. A phase's parity alternates 0, 1, 0, ...; a
-// wait on the parity of the phase before the first (1 on a fresh barrier) returns at once.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "LAB_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra LAB_WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
+// PTX wrappers (sm_90a only); the mbarrier and bulk-copy ones are common.cuh's. `full` barriers count one arrival
+// (the producer's expect_tx) plus the TMA's bytes, `empty` ones one arrival per consumer warp.
 
 // 4-D TMA box load into shared memory, completing `bar`'s transaction bytes.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
@@ -331,7 +310,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
             mbar_init(k_empty(st), 4 * NC);
             mbar_init(v_empty(st), 4 * NC);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+        fence_mbarrier_init();  // visible to the TMA unit
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
     }
@@ -557,13 +536,6 @@ template <int HS> struct BwdConfig {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// 1-D bulk copy global -> shared completing `bar`'s transaction bytes (16-byte aligned, a multiple of 16 bytes).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
 // 1-D bulk copy / fp32 reduce-add shared -> global (one thread issues; 16-byte aligned, a multiple of 16 bytes),
 // each closing its own bulk async-group. The reduce-add is atomic per element (fp32 add at L2, as red.add).
 // wait_read: the shared-memory source may be overwritten; wait_done: the writes to global memory are performed.
@@ -681,7 +653,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             mbar_init(q_full(st), 1);
             mbar_init(q_empty(st), 8);  // one arrival per consumer warp
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_do)) : "memory");

@@ -2,7 +2,8 @@
 // ZeRO slices. For several models (GPT-2 124M, an uneven toy model) and N = 1..8: every unit is padded to
 // a multiple of 8N; the slices of all ranks tile every unit exactly once; each rank stores total/N elements;
 // the llm.c file order maps onto the layout without overlaps and covers exactly the model's parameters;
-// weight decay covers exactly the matrices and embeddings. Checkpoints: optimizer state written by N ranks at
+// weight decay covers exactly the matrices and embeddings, and LayoutMask::contains_bits (AdamW's per-vector
+// form) equals contains. Checkpoints: optimizer state written by N ranks at
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
 // pipeline-parallel sizes. The pipeline stages' parts cover the model once (the tied wte twice).
 #define TESTING
@@ -54,6 +55,36 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
         check(decayed == expected, "sharding " + tag + ": weight decay on exactly the 2-D tensors",
               std::to_string(decayed) + " of " + std::to_string(expected));
     }
+}
+
+// LayoutMask::contains_bits against contains on small masks of every shape (blocks of 1 to 20 elements, ranges that
+// start at a block's first element, runs crossing the head, block and tail boundaries), from every start.
+static void check_mask_bits() {
+    std::mt19937 rng(7);
+    size_t mismatches = 0, elements = 0;
+    for (int trial = 0; trial < 500; trial++) {
+        LayoutMask m;
+        m.head_end = rng() % 12;
+        m.blocks_begin = m.head_end + rng() % 6;
+        m.block_size = 1 + rng() % 20;
+        m.blocks_end = m.blocks_begin + m.block_size * (rng() % 4);
+        m.num_ranges = rng() % 4;
+        for (int r = 0; r < m.num_ranges; r++) {
+            m.range_begin[r] = rng() % m.block_size;
+            m.range_end[r] = m.range_begin[r] + 1 + rng() % 6;
+        }
+        for (long i = 0; i < m.blocks_end + 8; i++) {
+            const uint32_t bits4 = m.contains_bits<4>(i), bits8 = m.contains_bits<8>(i);
+            for (int k = 0; k < 8; k++) {
+                const uint32_t in = m.contains(i + k);
+                mismatches += ((bits8 >> k) & 1) != in;
+                if (k < 4) mismatches += ((bits4 >> k) & 1) != in;
+                elements += k < 4 ? 2 : 1;
+            }
+        }
+    }
+    check(mismatches == 0, "sharding LayoutMask::contains_bits equals contains on 500 small masks",
+          std::to_string(mismatches) + " of " + std::to_string(elements) + " elements differ");
 }
 
 // Tensor parallelism: every rank's slices (for_each_full_run) tile the whole model's real parameters exactly once;
@@ -217,6 +248,7 @@ int main() {
     ModelConfig toy;  // parameter count not divisible by any N > 1
     toy.num_layers = 3; toy.num_heads = 3; toy.channels = 72; toy.max_seq_len = 129; toy.vocab_size = 1001; toy.padded_vocab_size = 1024;
     check_layout(toy, "toy");
+    check_mask_bits();
     ModelConfig small = toy;  // GPT-2 head size, padded on 3 ranks
     small.num_heads = 1; small.channels = 64;
     for (const auto& c : {std::make_tuple(1, 0, 2), std::make_tuple(2, 0, 4), std::make_tuple(2, 1, 4), std::make_tuple(4, 2, 2),
