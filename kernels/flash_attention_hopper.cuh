@@ -212,12 +212,13 @@ __device__ __forceinline__ void gemm_qk(float (&s)[BN / 2], uint32_t q, uint32_t
     }
 }
 
-// O += P V for one warpgroup: p holds P as A fragments, one per 16 keys; v points at the stage's V.
-template <typename T, int HS, int BN>
+// O += P V for one warpgroup: p holds P as A fragments, one per 16 keys; v points at the stage's V. The k-steps
+// FIRST .. FIRST + COUNT - 1 only (default all): the backward issues its dV product in two halves.
+template <typename T, int HS, int BN, int FIRST = 0, int COUNT = BN / 16>
 __device__ __forceinline__ void gemm_pv(float (&o)[HS / 2], const uint32_t (&p)[BN / 16][4], uint32_t v) {
     constexpr uint64_t bits = desc_bits(BN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
+    for (int kk = FIRST; kk < FIRST + COUNT; kk++) {
         if constexpr (HS == 64) wgmma_rs_n64<T>(o, p[kk], make_desc(bits, v + kk * 16 * 128));
         else wgmma_rs_n128<T>(o, p[kk], make_desc(bits, v + kk * 16 * 128));
     }
@@ -481,7 +482,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // =============================================================================================
 // Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, head); K and V are loaded
 // once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query block
-// of BM rows from the diagonal to T, the TMA loads of Q and dO and bulk copies of that block's lse and D into
+// of BM rows from the diagonal to T (in the order described below), the TMA loads of Q and dO and bulk copies of that block's lse and D into
 // a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and compute the transposed products, so
 // that the matrices whose transposes the dK, dV products need sit in registers already in wgmma's A layout:
 //   S^T  = K_w Q^T      (64 keys x BM, wgmma, both operands in shared memory)
@@ -496,6 +497,11 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // buffer with one bulk reduce-add (atomic mode), or in deterministic mode in a fixed order through the turn
 // counters (highest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
 // writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer.
+// Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the backward
+// ran 25-35% faster, with plain stores of the same bytes 20-30%), so CTAs come in clusters of two, key blocks 2p
+// (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ
+// tile into the leader's staging buffer through distributed shared memory, the leader adds its own, and one
+// reduce-add of the sum goes to L2: half the traffic. The turn counters then order pairs.
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 232: the producer warpgroup keeps 32, where
@@ -521,8 +527,9 @@ template <int HS> struct BwdConfig {
     // the dQ of a query block (BM x hs fp32) staged for the bulk reduce: two 64 x 64 tiles (one per consumer
     // warpgroup) of 16 KB, each in the order of the accumulator fragment (see backward_kernel)
     static constexpr uint32_t DQ_BYTES = BM * HS * 4, DQ_TILE_FLOATS = 64 * 64;
-    // mbarriers: K and V full, then per stage full and empty
-    static constexpr int NUM_MBARS = 1 + 2 * STAGES;
+    // mbarriers: K and V full, per stage full and empty, then the cluster pair's dQ hand-over: "partner dQ in"
+    // (the leader's: the follower's tile has landed in its staging buffer) and "staging free" (the follower's)
+    static constexpr int NUM_MBARS = 1 + 2 * STAGES + 2;
     static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + 1024;
     static constexpr uint32_t STAGE_TX = 2 * QD_BYTES + 2 * BM * 4;  // bytes that complete a stage
     // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue, and between the
@@ -560,6 +567,36 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                  "r"(r[2]), "r"(r[3])
                  : "memory");
+}
+// The CTA pair of a cluster of two: the same shared-memory offset in CTA `rank` of the cluster; an arrival on
+// (or a 16-byte store completing transaction bytes of) an mbarrier in the other CTA; a wait that acquires at
+// cluster scope what the other CTA released; all threads of both CTAs.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+__device__ __forceinline__ void st_async_remote(uint32_t cluster_addr, float a, float b, float c, float d, uint32_t cluster_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(cluster_addr),
+                 "f"(a), "f"(b), "f"(c), "f"(d), "r"(cluster_bar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "LAB_WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra LAB_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // Orders this thread's async-proxy (bulk) accesses to global memory with its generic ones (the turn counters).
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
@@ -641,43 +678,74 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const uint32_t kv_full = bars;
     auto q_full = [&](int st) { return bars + 8 * (1 + st); };
     auto q_empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
+    const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), staging_free = partner_in + 8;
 
+    // Cluster pairs: CTA 0 (the leader) takes key block 2p, CTA 1 (the follower) 2p + 1 of the same head; a key
+    // block past the last one (odd nkb) has no work.
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-    const int heads = (int)(gridDim.x / nkb);
-    const int kb = DET ? nkb - 1 - (int)(blockIdx.x / heads) : (int)(blockIdx.x / heads);
-    const int bh = (int)(blockIdx.x % heads), b = bh / NH, h = bh % NH;
+    const int npairs = (nkb + 1) / 2, heads = (int)(gridDim.x / (2 * npairs));
+    const int member = (int)(blockIdx.x & 1), slot = (int)(blockIdx.x >> 1);
+    const int pair = DET ? npairs - 1 - slot / heads : slot / heads;
+    const int bh = slot % heads, b = bh / NH, h = bh % NH;
+    const int kb = 2 * pair + member;
+    const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
+    // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order. The
+    // leader's own (diagonal) blocks below them come last in atomic mode, so that the follower starts at once,
+    // and first in deterministic mode, where the lower pairs of the head wait for the diagonal block's store.
+    const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0, nsolo = nq - nshared;
+    auto is_shared = [&](int it) { return DET ? it >= nsolo : it < nshared; };
+    auto shared_index = [&](int it) { return DET ? it - nsolo : it; };  // the n-th shared block: mbarrier phase n
+    auto query_block = [&](int it) { return is_shared(it) ? first_shared + shared_index(it) : first_qb + (DET ? it : it - nshared); };
     if (tid == 0) {
         mbar_init(kv_full, 1);
         for (int st = 0; st < STAGES; st++) {
             mbar_init(q_full(st), 1);
             mbar_init(q_empty(st), 8);  // one arrival per consumer warp
         }
+        mbar_init(partner_in, 1);    // the leader's writer arms it with the tile's bytes
+        mbar_init(staging_free, 1);  // the leader's writer
         fence_mbarrier_init();
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_do)) : "memory");
     }
-    __syncthreads();  // the last CTA-wide barrier
+    cluster_sync();  // both CTAs' barriers initialised before either touches the other's; the last CTA-wide barrier
+    if (kb >= nkb) return;
 
     int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, key blocks that have added
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (tid / 32 == 1) {
-            // ---- dQ writer (warp 1; lane 0 issues): per query block, once both consumer warpgroups have staged
-            // their dQ tiles, one bulk fp32 reduce-add of the whole block (contiguous in dq_accum) into global
-            // memory. Deterministic mode: first wait for this block's turn (the higher key blocks of the head have
-            // added theirs); the block with no one before it stores instead of adding (nothing to zero); after the
-            // add has been performed, hand the block on. The waits stay off the consumers' path: they only stall
-            // if the buffer is still held when they have the next block's dQ ready.
+            // ---- dQ writer (warp 1; lane 0 issues), the leader's only: per query block, once both consumer
+            // warpgroups have staged their dQ tiles (for a shared block, summed with the follower's), one bulk fp32
+            // reduce-add of the whole block (contiguous in dq_accum) into global memory. Deterministic mode: first
+            // wait for this block's turn (the higher pairs of the head have added theirs); the pair with no one
+            // before it stores instead of adding (nothing to zero); after the add has been performed, hand the
+            // block on. Then the staging buffer is free again: for the follower's next tile (arming "partner dQ
+            // in" with its bytes first) or for the consumers' own. The waits stay off the consumers' path: they only
+            // stall if the buffer is still held when they have the next block's dQ ready.
+            if (!leader) return;
+            const uint32_t follower_free = cluster_map(staging_free, 1);
+            auto free_staging_for = [&](int it) {
+                if (is_shared(it)) {
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
+                        mbar_arrive_remote(follower_free);
+                    }
+                } else {
+                    named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
+                }
+            };
+            if (is_shared(0)) free_staging_for(0);
             float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
             for (int it = 0; it < nq; it++) {
-                const int qb = first_qb + it;
+                const int qb = query_block(it);
                 named_sync(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
                 if (lane == 0) {
                     float* dst = dq_bh + (long)qb * (BM * HS);
                     if constexpr (DET) {
-                        const int turn = min(nkb - 1, (qb * BM + BM - 1) / BN) - kb;  // key blocks that add before us
+                        const int turn = min(nkb - 1, (qb * BM + BM - 1) / BN) / 2 - pair;  // pairs that add before us
                         if (turn > 0) {
                             while (ld_relaxed(turns + qb) < turn) __nanosleep(64);
                             fence_acq_rel();
@@ -692,7 +760,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     bulk_wait_read();
                 }
                 __syncwarp();
-                if (it + 1 < nq) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
+                if (it + 1 < nq) free_staging_for(it + 1);
                 if constexpr (DET) {
                     if (lane == 0) {
                         bulk_wait_done();
@@ -713,7 +781,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             tma_load_4d(sV + hf * BN * 128, &tm_kv, kv_full, hf * 64, 2 * NH + h, k0, b);
         }
         for (int it = 0; it < nq; it++) {
-            const int st = it % STAGES, q0 = (first_qb + it) * BM;
+            const int st = it % STAGES, q0 = query_block(it) * BM;
             mbar_wait(q_empty(st), ((it / STAGES) & 1) ^ 1);
             const uint32_t full = q_full(st);
             mbar_arrive_expect_tx(full, Cfg::STAGE_TX);
@@ -744,7 +812,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
 
     mbar_wait(kv_full, 0);
     for (int it = 0; it < nq; it++) {
-        const int qb = first_qb + it, q0 = qb * BM, st = it % STAGES;
+        const int qb = query_block(it), q0 = qb * BM, st = it % STAGES;
         const uint32_t q_st = sQ + st * Cfg::QD_BYTES, do_st = sdO + st * Cfg::QD_BYTES;
         const uint32_t ds_buf = sDS + (it & 1) * Cfg::DS_BYTES;
         const float* lse_s = reinterpret_cast<const float*>(smem + Cfg::OFF_LSE + st * BM * 4);
@@ -786,54 +854,82 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // Fragment [kk][e] (c = 2 kk + e / 2, hr = e % 2) is the 8 x 8 matrix keys 16 warp + 8 hr + 0..7 x queries
         // 8c + 0..7; transposed, its row j (query 8c + j) is exactly chunk (2 warp + hr) ^ j of row 8c + j: one
         // stmatrix.x4.trans per kk, lane l addressing row l % 8 of matrix e = l / 8.
+        // In two halves of the query block: dV += P^T dO over the first half's queries runs on the tensor cores
+        // while the second half's dS is computed (a running product's A fragments must not be accessed, and the
+        // second half reads only its own).
         const int mi = lane >> 3, mj = lane & 7;
         const uint32_t ds_st = ds_buf + cw * BM * 128 + (8 * (mi >> 1) + mj) * 128 + (((2 * warp + (mi & 1)) ^ mj) << 4);
 #pragma unroll
-        for (int c = 0; c < BM / 8; c++) {
-            const float2 dd = *reinterpret_cast<const float2*>(D_s + 8 * c + 2 * t);
+        for (int half = 0; half < 2; half++) {
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int i = 4 * c + 2 * hr;
-                const float2 p = unpack2<T>(pp[c / 2][2 * (c % 2) + hr]);
-                pds[c / 2][2 * (c % 2) + hr] = pack2<T>(p.x * (dp[i] - dd.x), p.y * (dp[i + 1] - dd.y));
+            for (int c = half * (BM / 16); c < (half + 1) * (BM / 16); c++) {
+                const float2 dd = *reinterpret_cast<const float2*>(D_s + 8 * c + 2 * t);
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int i = 4 * c + 2 * hr;
+                    const float2 p = unpack2<T>(pp[c / 2][2 * (c % 2) + hr]);
+                    pds[c / 2][2 * (c % 2) + hr] = pack2<T>(p.x * (dp[i] - dd.x), p.y * (dp[i + 1] - dd.y));
+                }
+                if (c % 2 == 1) stmatrix_x4_trans(ds_st + (c / 2) * 16 * 128, pds[c / 2]);
             }
-            if (c % 2 == 1) stmatrix_x4_trans(ds_st + (c / 2) * 16 * 128, pds[c / 2]);
+            wgmma_fence();
+            if (half == 0) gemm_pv<T, HS, BM, 0, BM / 32>(dv, pp, do_st);
+            else gemm_pv<T, HS, BM, BM / 32, BM / 32>(dv, pp, do_st);
+            wgmma_commit();
         }
-        // ---- dV += P^T dO, dK += dS^T Q
-        wgmma_fence();
-        gemm_pv<T, HS, BM>(dv, pp, do_st);
-        gemm_pv<T, HS, BM>(dk, pds, q_st);
-        wgmma_commit();
         // dS written by both warpgroups (generic proxy) before wgmma (async proxy) reads it. The buffer was last
         // read by the dQ products of query block it - 2, which both warpgroups waited for before they wrote
         // block it - 1's dS and passed the barrier of it - 1.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         named_sync(Cfg::BAR_DS, 256);
-        // ---- dQ tile = dS K
+        // ---- dQ tile = dS K, then dK += dS^T Q, which runs while the dQ tile is staged
         float dq[32];
         wgmma_fence();
         gemm_dq<T, BM, BN>(dq, ds_buf + dq_r0 * 128, sK + (dq_c0 / 64) * BN * 128);
         wgmma_commit();
-        wgmma_wait<0>();
+        gemm_pv<T, HS, BM>(dk, pds, q_st);
+        wgmma_commit();
+        wgmma_wait<1>();
         fence_regs(dq);
+
+        // ---- dQ tile to the staging buffer in the order of the accumulator fragment: float4 c of thread wtid
+        // (registers 4c .. 4c + 3: rows dq_r0 + lr and + 8, columns dq_c0 + 8c + 2t, + 1) at float4 index
+        // 128 c + wtid of the warpgroup's 16 KB tile, so that a warp's stores cover 512 contiguous bytes (no bank
+        // conflicts); dq_accum keeps this order (dq_convert_kernel undoes it). The follower stores its tile
+        // straight into the leader's staging buffer (st.async completing the leader's "partner dQ in") once the
+        // leader's writer has freed it, and the leader adds its own tile there: one global reduce-add per pair,
+        // which halves the fp32 reduction traffic that bounds this kernel. A block of the leader alone waits for
+        // the writer's named barrier instead.
+        const int dq_float4 = cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
+        if (!leader) {
+            mbar_wait_cluster(staging_free, shared_index(it) & 1);
+            const uint32_t dst = cluster_map(base + Cfg::OFF_DQ, 0) + dq_float4 * 16, in = cluster_map(partner_in, 0);
+#pragma unroll
+            for (int c = 0; c < 8; c++) st_async_remote(dst + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3], in);
+        } else {
+            float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + dq_float4;
+            if (is_shared(it)) {
+                mbar_wait_cluster(partner_in, shared_index(it) & 1);
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const float4 f = dq_s[128 * c];
+                    dq_s[128 * c] = make_float4(dq[4 * c] + f.x, dq[4 * c + 1] + f.y, dq[4 * c + 2] + f.z, dq[4 * c + 3] + f.w);
+                }
+            } else {
+                if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
+#pragma unroll
+                for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+            }
+            // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
+        }
+        wgmma_wait<0>();
         fence_regs(dv);
         fence_regs(dk);
         fence_regs(pp);
         fence_regs(pds);
         release(q_empty(st), lane);
-
-        // ---- dQ tile to the staging buffer in the order of the accumulator fragment: float4 c of thread wtid
-        // (registers 4c .. 4c + 3: rows dq_r0 + lr and + 8, columns dq_c0 + 8c + 2t, + 1) at float4 index
-        // 128 c + wtid of the warpgroup's 16 KB tile, so that a warp's stores cover 512 contiguous bytes (no bank
-        // conflicts); dq_accum keeps this order (dq_convert_kernel undoes it). The buffer is free once the
-        // writer's bulk operation of the previous block has read it.
-        if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
-        float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
-#pragma unroll
-        for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
-        // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
     }
     // both warpgroups are past their last products (which read all of K)
     named_sync(Cfg::BAR_DS, 256);
@@ -1030,9 +1126,21 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     else cudaCheck(cudaMemsetAsync(dq_accum, 0, (size_t)B * NH * nqb * Cfg::DQ_BYTES, stream));
     auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
     set_smem(kernel, Cfg::SMEM_BYTES);
-    kernel<<<(unsigned)((long)B * NH * nkb), Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-        tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH, nkb, nqb, scale, scale * kLog2e);
-    cudaCheckLaunch();
+    // clusters of two CTAs: key blocks 2p and 2p + 1 of one head
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)((long)B * NH * ((nkb + 1) / 2) * 2));
+    config.blockDim = dim3(Cfg::THREADS);
+    config.dynamicSmemBytes = Cfg::SMEM_BYTES;
+    config.stream = stream;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 2;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH, nkb, nqb, scale,
+                                 scale * kLog2e));
     dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
     cudaCheckLaunch();
     return true;
