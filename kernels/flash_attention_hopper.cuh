@@ -523,14 +523,18 @@ template <int HS> struct BwdConfig {
     static constexpr uint32_t OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + STAGES * QD_BYTES,
                               OFF_DS = OFF_DO + STAGES * QD_BYTES, OFF_LSE = OFF_DS + 2 * DS_BYTES,
                               OFF_D = OFF_LSE + STAGES * BM * 4, OFF_DQ = OFF_D + STAGES * BM * 4,
-                              OFF_BAR = OFF_DQ + BM * HS * 4;
+                              OFF_RECV = OFF_DQ + BM * HS * 4, OFF_BAR = OFF_RECV + BM * HS * 4;
     // the dQ of a query block (BM x hs fp32) staged for the bulk reduce: two 64 x 64 tiles (one per consumer
     // warpgroup) of 16 KB, each in the order of the accumulator fragment (see backward_kernel)
     static constexpr uint32_t DQ_BYTES = BM * HS * 4, DQ_TILE_FLOATS = 64 * 64;
     // mbarriers: K and V full, per stage full and empty, then the cluster pair's dQ hand-over: "partner dQ in"
     // (the leader's: the follower's tile has landed in its staging buffer) and "staging free" (the follower's)
     static constexpr int NUM_MBARS = 1 + 2 * STAGES + 2;
-    static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + 1024;
+    // slack to align the base to 1024 bytes: 960, not 1024, so that the two dS buffers, the staging and the
+    // receive buffer fit (an sm_90 CTA's dynamic shared memory starts 1024-aligned, after the 1 KB the system
+    // reserves, so none is needed; the kernel traps rather than overrun if a base ever needs more)
+    static constexpr uint32_t ALIGN_SLACK = 960;
+    static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + ALIGN_SLACK;
     static constexpr uint32_t STAGE_TX = 2 * QD_BYTES + 2 * BM * 4;  // bytes that complete a stage
     // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue, and between the
     // consumers and the dQ writer warp (288 threads): the dQ buffer full, and free again
@@ -672,13 +676,14 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
+    if (base - raw > Cfg::ALIGN_SLACK) __trap();
     unsigned char* smem = smem_raw + (base - raw);
     const uint32_t sK = base + Cfg::OFF_K, sV = base + Cfg::OFF_V, sQ = base + Cfg::OFF_Q, sdO = base + Cfg::OFF_DO,
                    sDS = base + Cfg::OFF_DS, bars = base + Cfg::OFF_BAR;
     const uint32_t kv_full = bars;
     auto q_full = [&](int st) { return bars + 8 * (1 + st); };
     auto q_empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
-    const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), staging_free = partner_in + 8;
+    const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), recv_free = partner_in + 8;
 
     // Cluster pairs: CTA 0 (the leader) takes key block 2p, CTA 1 (the follower) 2p + 1 of the same head; a key
     // block past the last one (odd nkb) has no work.
@@ -703,8 +708,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             mbar_init(q_full(st), 1);
             mbar_init(q_empty(st), 8);  // one arrival per consumer warp
         }
-        mbar_init(partner_in, 1);    // the leader's writer arms it with the tile's bytes
-        mbar_init(staging_free, 1);  // the leader's writer
+        mbar_init(partner_in, 1);  // armed with the tile's bytes by one leader consumer thread (here the first time)
+        mbar_init(recv_free, 8);   // one arrival per leader consumer warp
+        if (leader && nshared > 0) mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
         fence_mbarrier_init();
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
@@ -722,22 +728,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             // reduce-add of the whole block (contiguous in dq_accum) into global memory. Deterministic mode: first
             // wait for this block's turn (the higher pairs of the head have added theirs); the pair with no one
             // before it stores instead of adding (nothing to zero); after the add has been performed, hand the
-            // block on. Then the staging buffer is free again: for the follower's next tile (arming "partner dQ
-            // in" with its bytes first) or for the consumers' own. The waits stay off the consumers' path: they only
-            // stall if the buffer is still held when they have the next block's dQ ready.
+            // block on. The waits stay off the consumers' path: they only stall if the buffer is still held when
+            // they have the next block's dQ ready.
             if (!leader) return;
-            const uint32_t follower_free = cluster_map(staging_free, 1);
-            auto free_staging_for = [&](int it) {
-                if (is_shared(it)) {
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
-                        mbar_arrive_remote(follower_free);
-                    }
-                } else {
-                    named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
-                }
-            };
-            if (is_shared(0)) free_staging_for(0);
             float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
             for (int it = 0; it < nq; it++) {
                 const int qb = query_block(it);
@@ -760,7 +753,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     bulk_wait_read();
                 }
                 __syncwarp();
-                if (it + 1 < nq) free_staging_for(it + 1);
+                if (it + 1 < nq) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
                 if constexpr (DET) {
                     if (lane == 0) {
                         bulk_wait_done();
@@ -895,31 +888,43 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // ---- dQ tile to the staging buffer in the order of the accumulator fragment: float4 c of thread wtid
         // (registers 4c .. 4c + 3: rows dq_r0 + lr and + 8, columns dq_c0 + 8c + 2t, + 1) at float4 index
         // 128 c + wtid of the warpgroup's 16 KB tile, so that a warp's stores cover 512 contiguous bytes (no bank
-        // conflicts); dq_accum keeps this order (dq_convert_kernel undoes it). The follower stores its tile
-        // straight into the leader's staging buffer (st.async completing the leader's "partner dQ in") once the
-        // leader's writer has freed it, and the leader adds its own tile there: one global reduce-add per pair,
-        // which halves the fp32 reduction traffic that bounds this kernel. A block of the leader alone waits for
-        // the writer's named barrier instead.
+        // conflicts); dq_accum keeps this order (dq_convert_kernel undoes it). For a query block both CTAs of the
+        // pair see, the follower stores its tile into the leader's receive buffer (st.async completing the
+        // leader's "partner dQ in"), once the leader's consumer warps have read the previous one, and the leader
+        // adds it to its own: one global reduce-add per pair, which halves the fp32 reduction traffic that bounds
+        // this kernel. The staging buffer is free once the writer's bulk operation of the previous block has
+        // read it.
         const int dq_float4 = cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
         if (!leader) {
-            mbar_wait_cluster(staging_free, shared_index(it) & 1);
-            const uint32_t dst = cluster_map(base + Cfg::OFF_DQ, 0) + dq_float4 * 16, in = cluster_map(partner_in, 0);
+            if (it > 0) mbar_wait_cluster(recv_free, (it - 1) & 1);
+            const uint32_t dst = cluster_map(base + Cfg::OFF_RECV, 0) + dq_float4 * 16, in = cluster_map(partner_in, 0);
 #pragma unroll
             for (int c = 0; c < 8; c++) st_async_remote(dst + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3], in);
         } else {
-            float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + dq_float4;
             if (is_shared(it)) {
-                mbar_wait_cluster(partner_in, shared_index(it) & 1);
+                const int k = shared_index(it);
+                mbar_wait_cluster(partner_in, k & 1);
+                const float4* recv = reinterpret_cast<const float4*>(smem + Cfg::OFF_RECV) + dq_float4;
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
-                    const float4 f = dq_s[128 * c];
-                    dq_s[128 * c] = make_float4(dq[4 * c] + f.x, dq[4 * c + 1] + f.y, dq[4 * c + 2] + f.z, dq[4 * c + 3] + f.w);
+                    const float4 f = recv[128 * c];
+                    dq[4 * c] += f.x;
+                    dq[4 * c + 1] += f.y;
+                    dq[4 * c + 2] += f.z;
+                    dq[4 * c + 3] += f.w;
                 }
-            } else {
-                if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
-#pragma unroll
-                for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+                if (k + 1 < nshared) {
+                    // arm the next tile's bytes (this phase is complete), then tell the follower that this warp is
+                    // done with the buffer
+                    if (tid == 128) mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive_remote(cluster_map(recv_free, 1));
+                }
             }
+            if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
+            float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + dq_float4;
+#pragma unroll
+            for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
             // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
