@@ -500,14 +500,14 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the backward
 // ran 25-35% faster, with plain stores of the same bytes 20-30%), so CTAs come in clusters of two, key blocks 2p
 // (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ
-// tile into the leader's staging buffer through distributed shared memory, the leader adds its own, and one
+// tile into a receive buffer of the leader through distributed shared memory, the leader adds its own, and one
 // reduce-add of the sum goes to L2: half the traffic. The turn counters then order pairs.
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 232: the producer warpgroup keeps 32, where
 // at 24 its TMA and writer warps spilled 16-56 bytes). Shared memory: K, V (BN x hs), two
 // stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
-// and D, and the fp32 dQ block the writer warp sends: 194 KB (hs 64), 193 KB (hs 128).
+// and D, the fp32 dQ block the writer warp sends and the follower's one received: 227 KB (hs 64), 226 KB (hs 128).
 // Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
 // so P = 0 and dS = 0 there; keys past T lie above the diagonal of every row < T and are masked.
 template <int HS> struct BwdConfig {
