@@ -482,8 +482,8 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // =============================================================================================
 // Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, head); K and V are loaded
 // once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query block
-// of BM rows from the diagonal to T (in the order described below), the TMA loads of Q and dO and bulk copies of that block's lse and D into
-// a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and compute the transposed products, so
+// of BM rows from the diagonal to T (in the order described at the kernel), the TMA loads of Q and dO and bulk
+// copies of that block's lse and D into a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and compute the transposed products, so
 // that the matrices whose transposes the dK, dV products need sit in registers already in wgmma's A layout:
 //   S^T  = K_w Q^T      (64 keys x BM, wgmma, both operands in shared memory)
 //   dP^T = V_w dO^T     (the same)
@@ -528,7 +528,8 @@ template <int HS> struct BwdConfig {
     // warpgroup) of 16 KB, each in the order of the accumulator fragment (see backward_kernel)
     static constexpr uint32_t DQ_BYTES = BM * HS * 4, DQ_TILE_FLOATS = 64 * 64;
     // mbarriers: K and V full, per stage full and empty, then the cluster pair's dQ hand-over: "partner dQ in"
-    // (the leader's: the follower's tile has landed in its staging buffer) and "staging free" (the follower's)
+    // (the leader's: the follower's tile has landed in its receive buffer) and "receive buffer free" (the
+    // follower's)
     static constexpr int NUM_MBARS = 1 + 2 * STAGES + 2;
     // slack to align the base to 1024 bytes: 960, not 1024, so that the two dS buffers, the staging and the
     // receive buffer fit (an sm_90 CTA's dynamic shared memory starts 1024-aligned, after the 1 KB the system
@@ -663,9 +664,9 @@ __global__ void backward_prep_kernel(float* Dp, float* lse2p, const T* dout, con
     }
 }
 
-// The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: key-block-major;
-// deterministic mode from the highest key block down (a key block only waits for higher ones of its head, all
-// launched before it), atomic mode from key block 0 up (longest first).
+// The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: pair-major (a cluster
+// is two consecutive blocks); deterministic mode from the highest pair down (a pair only waits for higher ones
+// of its head, all launched before it), atomic mode from pair 0 up (longest first).
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
@@ -696,8 +697,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
     // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order. The
-    // leader's own (diagonal) blocks below them come last in atomic mode, so that the follower starts at once,
-    // and first in deterministic mode, where the lower pairs of the head wait for the diagonal block's store.
+    // leader's own (diagonal) blocks below them come last in atomic mode, so that the follower does not wait
+    // for them, and first in deterministic mode, where the lower pairs of the head wait for the diagonal block's
+    // store.
     const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0, nsolo = nq - nshared;
     auto is_shared = [&](int it) { return DET ? it >= nsolo : it < nshared; };
     auto shared_index = [&](int it) { return DET ? it - nsolo : it; };  // the n-th shared block: mbarrier phase n
@@ -719,7 +721,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     cluster_sync();  // both CTAs' barriers initialised before either touches the other's; the last CTA-wide barrier
     if (kb >= nkb) return;
 
-    int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, key blocks that have added
+    int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, pairs that have added
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (tid / 32 == 1) {
