@@ -1,6 +1,6 @@
 // Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
-// 128-bit packed loads/stores, warp/block reductions, layout masks, stochastic rounding, and the sm_90 mbarrier and
-// bulk-copy wrappers.
+// 128-bit packed loads/stores, warp/block reductions, layout masks, a fast exp2, stochastic rounding, and the
+// sm_90 mbarrier and bulk-copy wrappers.
 // It holds no layer logic.
 #pragma once
 #include <cstdio>
@@ -183,6 +183,15 @@ __host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
 }
 __device__ __forceinline__ uint32_t random_u32(uint64_t seed, uint64_t index) {
     return (uint32_t)(splitmix64(seed ^ splitmix64(index)) >> 32);
+}
+
+// exp2 on the special-function unit (flush-to-zero), for softmax-style exponentials: the attention kernels and
+// the single-pass classifier. exp2(-inf) = 0, which the attention's masking relies on.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Stochastic rounding float -> bf16: adding random low bits before truncation rounds up with

@@ -28,7 +28,6 @@
 
 namespace flash {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------------------------------------
@@ -88,11 +87,6 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
     return __half22float2(*reinterpret_cast<__half2*>(&v));
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0, which the masking relies on
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // Turn counters of the deterministic backward. A relaxed read does not stall the warp until its value is
 // used; followed by fence_acq_rel it is an acquire (PTX memory model: acquire pattern).
