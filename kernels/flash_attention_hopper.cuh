@@ -473,7 +473,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
                     *reinterpret_cast<const uint4*>(sO + (c / 8) * BM * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4));
         }
         // the TMA (async proxy) writes these rows next: order this thread's generic accesses before it
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_proxy_async_shared();
         release(q_empty(qbuf), lane);
     }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -483,8 +483,9 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, head); K and V are loaded
 // once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query block
 // of BM rows from the diagonal to T (in the order described at the kernel), the TMA loads of Q and dO and bulk
-// copies of that block's lse and D into a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and compute the transposed products, so
-// that the matrices whose transposes the dK, dV products need sit in registers already in wgmma's A layout:
+// copies of that block's lse and D into a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and
+// compute the transposed products, so that the matrices whose transposes the dK, dV products need sit in
+// registers already in wgmma's A layout:
 //   S^T  = K_w Q^T      (64 keys x BM, wgmma, both operands in shared memory)
 //   dP^T = V_w dO^T     (the same)
 //   P^T  = exp2(S^T * scale_log2 - lse_log2),  dS^T = P^T * (dP^T - D)   (fp32, registers)
@@ -497,8 +498,8 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // buffer with one bulk reduce-add (atomic mode), or in deterministic mode in a fixed order through the turn
 // counters (highest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
 // writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer.
-// Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the backward
-// ran 25-35% faster, with plain stores of the same bytes 20-30%), so CTAs come in clusters of two, key blocks 2p
+// Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the kernel
+// ran 21-33% faster, with plain stores of the same bytes 14-28%), so CTAs come in clusters of two, key blocks 2p
 // (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ
 // tile into a receive buffer of the leader through distributed shared memory, the leader adds its own, and one
 // reduce-add of the sum goes to L2: half the traffic. The turn counters then order pairs.
@@ -875,7 +876,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // dS written by both warpgroups (generic proxy) before wgmma (async proxy) reads it. The buffer was last
         // read by the dQ products of query block it - 2, which both warpgroups waited for before they wrote
         // block it - 1's dS and passed the barrier of it - 1.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_proxy_async_shared();
         named_sync(Cfg::BAR_DS, 256);
         // ---- dQ tile = dS K, then dK += dS^T Q, which runs while the dQ tile is staged
         float dq[32];
@@ -928,7 +929,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
 #pragma unroll
             for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
             // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            fence_proxy_async_shared();
             named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
         }
         wgmma_wait<0>();
