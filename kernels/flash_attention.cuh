@@ -1009,10 +1009,13 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Scratch layout of the backward: D (B*NH*T floats), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs:
-// the mma.sync backward uses its first B*NH*T*hs, the Hopper one whole 128-row blocks), the turn counters
-// (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned; then, for the Hopper backward only, D
-// and lse_log2 padded to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T) floats each).
+// Scratch layout of the backward: D (B*NH*T floats; the Hopper backward, which has its own, keeps the qkv bias
+// gradient's dK and dV partial rows there instead: B*NH*hopper_backward_padded_rows(T)*hs/64 floats, the same
+// at hs 64 and T a multiple of 128), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: the mma.sync
+// backward uses its first B*NH*T*hs, the Hopper one whole 128-row blocks), the turn counters (B*NH*ceil(T/64)
+// ints, one per query block), each 256-byte aligned; then, for the Hopper backward only, D and lse_log2 padded
+// to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T) floats each, adjacent: the dQ partial rows of the
+// bias gradient, at most B*NH*hopper_backward_padded_rows(T)*hs/64 floats, reuse them once the main kernel is done).
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 struct BackwardScratch {
@@ -1020,15 +1023,18 @@ struct BackwardScratch {
     float* dq_accum;
     int* turn;
 };
+inline size_t backward_d_floats(int B, int T, int NH, int hs) {
+    return std::max((size_t)B * NH * T, (size_t)B * NH * hopper_backward_padded_rows(T) * hs / 64);
+}
 inline size_t backward_common_scratch_bytes(int B, int T, int NH, int hs) {
-    const size_t bht = (size_t)B * NH * T, bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
-    return align256(bht * 4) + align256(bhtp * hs * 4) + align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
+    const size_t bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
+    return align256(backward_d_floats(B, T, NH, hs) * 4) + align256(bhtp * hs * 4) +
+           align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
 }
 inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int hs) {
-    const size_t bht = (size_t)B * NH * T, bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
+    const size_t d_bytes = align256(backward_d_floats(B, T, NH, hs) * 4), bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
     char* p = static_cast<char*>(scratch);
-    return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + align256(bht * 4)),
-            reinterpret_cast<int*>(p + align256(bht * 4) + align256(bhtp * hs * 4))};
+    return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + d_bytes), reinterpret_cast<int*>(p + d_bytes + align256(bhtp * hs * 4))};
 }
 
 // The mma.sync forward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
@@ -1094,12 +1100,14 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
 namespace hopper {
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream);
+              int* turn, T* dbias, float* kv_bias_partials, float* q_bias_partials, int B, int Tn, int NH, bool deterministic,
+              cudaStream_t stream);
 }
 
+// True where it also added the qkv bias gradient into dbias (the Hopper backward; the others leave it to the caller).
 template <typename floatX, int HS>
-void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+bool backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream, floatX* dbias) {
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const float scale = 1.0f / sqrtf((float)HS);
@@ -1117,14 +1125,18 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         set_smem(dkdv_kernel, fp32_dkdv_smem_bytes<HS>());
         dkdv_kernel<<<(unsigned)((long)B * NH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nkb, scale);
         cudaCheckLaunch();
+        return false;
     } else {
         // Hopper built for sm_90a: wgmma / TMA kernel, its padded D and lse_log2 after the common scratch;
         // anything else (or pointers TMA cannot take): mma.sync
         const size_t padded = (size_t)B * NH * hopper_backward_padded_rows(T);
         float* Dp = reinterpret_cast<float*>(static_cast<char*>(scratch) + backward_common_scratch_bytes(B, T, NH, HS));
         float* lse2p = reinterpret_cast<float*>(reinterpret_cast<char*>(Dp) + align256(padded * 4));
-        if (!hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, B, T, NH, deterministic, stream))
-            backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+        if (hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, dbias, s.D, Dp, B, T, NH,
+                                         deterministic, stream))
+            return dbias != nullptr;
+        backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+        return false;
     }
 }
 
@@ -1144,12 +1156,17 @@ void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, 
 
 // dqkv (B,T,3C), overwritten, from dout (B,T,C) and the forward's qkv, out and lse. deterministic = true adds
 // the dQ parts of the key blocks in a fixed order (bitwise reproducible); the fp32 path always is.
+// dbias (3C, or null): the qkv bias gradient, dbias += the column sums of dqkv, where the backward can take it
+// along (the Hopper kernels, which hold every dqkv value once anyway): returns whether it did; where it returns
+// false, dbias is untouched and the caller sums dqkv's columns itself.
 template <typename floatX>
-void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream) {
-    if (hs == 64) flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
-    else if (hs == 128) flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
-    else flash::unsupported_head_size(hs);
+bool flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream,
+                              floatX* dbias = nullptr) {
+    if (hs == 64) return flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream, dbias);
+    if (hs == 128) return flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream, dbias);
+    flash::unsupported_head_size(hs);
+    return false;
 }
 
 // Bytes of `scratch` that flash_attention_backward needs (any precision, either mode). Backward calls that

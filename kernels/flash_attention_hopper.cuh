@@ -541,6 +541,8 @@ template <int HS> struct BwdConfig {
     // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue, and between the
     // consumers and the dQ writer warp (288 threads): the dQ buffer full, and free again
     static constexpr int BAR_DS = 1, BAR_EPILOGUE = 2, BAR_DQ_FULL = 4, BAR_DQ_EMPTY = 5, DQ_SYNC_THREADS = 256 + 32;
+    // and between the consumers and the bias warps (dK and dV staged), then among the bias warps
+    static constexpr int BAR_BIAS = 6, BIAS_SYNC_THREADS = 256 + 64, BAR_BIAS_SUMS = 7;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     // setmaxnreg moves registers within the CTA's allocation (168 per thread for 384 threads at one CTA per
     // SM): an increase past it would never be granted
@@ -633,6 +635,17 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// acc[j] += value j of a 16-byte chunk of 8 16-bit values.
+template <typename T> __device__ __forceinline__ void add_chunk(float (&acc)[8], uint4 chunk) {
+    const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = unpack2<T>(w[i]);
+        acc[2 * i] += f.x;
+        acc[2 * i + 1] += f.y;
+    }
+}
+
 // lse_log2 (lse * log2 e, +inf past T) and D = rowsum(dO * O) (0 past T) of each (b, head), padded to Tpad
 // rows (a multiple of BM: the bulk copies take whole blocks).
 // Threads of one row: hs / X, a power of two <= 32, over (B, Tpad, NH) rows.
@@ -672,7 +685,7 @@ template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                 const __grid_constant__ CUtensorMap tm_do, T* dqkv, float* dq_accum, int* dq_turn, const float* lse2p,
-                const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
+                const float* Dp, float* kv_bias_partials, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = BwdConfig<HS>;
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
@@ -725,6 +738,36 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, pairs that have added
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+        if (tid >= 64) {
+            // ---- the qkv bias gradient's K and V parts (warps 2 and 3), with kv_bias_partials: once the consumers
+            // have staged dK and dV (rounded, as stored) in the K and V tiles, their column sums over the key
+            // block's rows < T, one fp32 partial row per CTA (2C floats from h * HS on: dK's at 0, dV's at C).
+            // Thread j sums 16-byte chunk column j % COLS (dK's chunks, then dV's) over a 1 / SPLIT of the rows;
+            // the SPLIT parts meet in the Q stages (free: every product that read them is done).
+            if (kv_bias_partials == nullptr) return;
+            constexpr int CPR = HS / 8, COLS = 2 * CPR, SPLIT = 64 / COLS, ROWS = BN / SPLIT;
+            const int j = tid - 64, col = j % COLS, part = j / COLS, c = col % CPR;
+            const uint32_t tile = col < CPR ? Cfg::OFF_K : Cfg::OFF_V;
+            named_sync(Cfg::BAR_BIAS, Cfg::BIAS_SYNC_THREADS);
+            float sum[8] = {};
+#pragma unroll 8
+            for (int i = 0; i < ROWS; i++) {
+                const int r = part * ROWS + i;
+                if (k0 + r < Tn) add_chunk<T>(sum, *reinterpret_cast<const uint4*>(smem + tile + (c / 8) * BN * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4)));
+            }
+            float* parts = reinterpret_cast<float*>(smem + Cfg::OFF_Q);  // [SPLIT][2 HS]
+#pragma unroll
+            for (int e = 0; e < 8; e++) parts[part * 2 * HS + 8 * col + e] = sum[e];
+            named_sync(Cfg::BAR_BIAS_SUMS, 64);
+            float* row = kv_bias_partials + ((long)b * nkb + kb) * 2 * NH * HS + h * HS;
+            for (int x = j; x < 2 * HS; x += 64) {
+                float total = 0.0f;
+#pragma unroll
+                for (int p = 0; p < SPLIT; p++) total += parts[p * 2 * HS + x];
+                row[x < HS ? x : NH * HS - HS + x] = total;
+            }
+            return;
+        }
         if (tid / 32 == 1) {
             // ---- dQ writer (warp 1; lane 0 issues), the leader's only: per query block, once both consumer
             // warpgroups have staged their dQ tiles (for a shared block, summed with the follower's), one bulk fp32
@@ -954,6 +997,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_V + off) = pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
         }
     named_sync(Cfg::BAR_EPILOGUE + cw, 128);
+    if (kv_bias_partials != nullptr) named_arrive(Cfg::BAR_BIAS, Cfg::BIAS_SYNC_THREADS);  // the bias warps may read them
     constexpr int CPR = HS / 8;
     T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
 #pragma unroll
@@ -972,9 +1016,12 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
 // two 64 x 64 fp32 tiles (hs 64: rows 0-63 and 64-127; hs 128: columns 0-63 and 64-127) in backward_kernel's
 // fragment order (float4 c of thread w at float4 index 128 c + w: rows 16 (w / 32) + (w % 32) / 4 and + 8,
 // columns 8c + 2 (w % 4), + 1). One CTA of 128 threads per tile: coalesced float4 reads, through shared
-// memory back to rows, 16-byte stores of the rows < T.
+// memory back to rows, 16-byte stores of the rows < T. With q_bias_partials, the tile's column sums of the
+// stored (rounded) values too, the qkv bias gradient's Q part: one fp32 partial row of C per 64 rows of each
+// sequence (row b * (Tq / 64) + first row / 64, Tq = nqb * BM), the tile's 64 columns of it.
 template <typename T, int HS>
-__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int nqb, float scale) {
+__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, float* q_bias_partials, int Tn, int NH,
+                                                         int nqb, float scale) {
     constexpr int BM = BwdConfig<HS>::BM, PITCH = 68;  // floats per staged row (16-byte aligned rows)
     constexpr int X = Packed128<T>::size;              // 8 values per 16-byte store
     __shared__ __align__(16) float tile[64 * PITCH];
@@ -993,9 +1040,11 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* d
     __syncthreads();
     const int row0 = qb * BM + (BM == 128 ? 64 * cw : 0), col0 = h * HS + (HS == 128 ? 64 * cw : 0);
     const long stride = 3L * NH * HS;
+    constexpr int CPR = 64 / X;  // 16-byte chunks of a tile row: a thread's chunk is always lane % CPR
+    float sum[X] = {};
 #pragma unroll
     for (int k = 0; k < 64 * 64 / X / 128; k++) {
-        const int idx = w + 128 * k, r = idx / (64 / X), ch = idx % (64 / X), row = row0 + r;
+        const int idx = w + 128 * k, r = idx / CPR, ch = idx % CPR, row = row0 + r;
         if (row >= Tn) continue;
         Packed128<T> o;
 #pragma unroll
@@ -1007,6 +1056,23 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* d
             o[i + 3] = from_float<T>(f.w * scale);
         }
         store128(dqkv + ((long)b * Tn + row) * stride + col0 + ch * X, o);
+#pragma unroll
+        for (int i = 0; i < X; i++) sum[i] += to_float(o[i]);
+    }
+    if (q_bias_partials == nullptr) return;
+    // lanes of one chunk hold different rows: sum them, then the 4 warps in a fixed order
+#pragma unroll
+    for (int off = CPR; off < 32; off *= 2)
+#pragma unroll
+        for (int i = 0; i < X; i++) sum[i] += __shfl_xor_sync(0xffffffff, sum[i], off);
+    __syncthreads();  // every thread is done reading the tile
+    if (lane < CPR)
+#pragma unroll
+        for (int i = 0; i < X; i++) tile[(w / 32) * 64 + lane * X + i] = sum[i];
+    __syncthreads();
+    if (w < 64) {
+        const float total = tile[w] + tile[64 + w] + tile[128 + w] + tile[192 + w];
+        q_bias_partials[((long)b * (nqb * BM / 64) + row0 / 64) * (NH * HS) + col0 + w] = total;
     }
 }
 
@@ -1108,10 +1174,15 @@ bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream
 // The Hopper backward: dqkv (B,T,3,NH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
 // pointers from flash_attention.cuh's backward_hs: D and lse_log2 (B*NH*hopper_backward_padded_rows(T) each: whole
 // query blocks), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: whole query blocks in fragment
-// order), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
+// order), the turn counters (B*NH*ceil(T/64)). With dbias (else null), dbias (3C) += the column sums of dqkv
+// as written, the qkv bias gradient: the main kernel leaves one partial row of dK's and dV's column sums per
+// key block in kv_bias_partials (B*ceil(T/128) rows of 2C floats), dq_convert_kernel one of dQ's per 64 rows in
+// q_bias_partials (B*ceil(T/BM)*BM/64 rows of C), partials_accumulate adds them in a fixed order.
+// False (nothing launched) where it cannot run.
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream) {
+              int* turn, T* dbias, float* kv_bias_partials, float* q_bias_partials, int B, int Tn, int NH, bool deterministic,
+              cudaStream_t stream) {
     static_assert(!std::is_same<T, float>::value, "the Hopper backward is for bf16 and fp16");
     using Cfg = BwdConfig<HS>;
     for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv, (const void*)out})
@@ -1147,10 +1218,16 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH, nkb, nqb, scale,
-                                 scale * kLog2e));
-    dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp,
+                                 dbias ? kv_bias_partials : nullptr, Tn, Tpad, NH, nkb, nqb, scale, scale * kLog2e));
+    dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, dbias ? q_bias_partials : nullptr,
+                                                                                     Tn, NH, nqb, scale);
     cudaCheckLaunch();
+    if (dbias) {
+        const int C = NH * HS;
+        partials_accumulate(dbias, q_bias_partials, B * (nqb * Cfg::BM / 64), C, stream);
+        partials_accumulate(dbias + C, kv_bias_partials, B * nkb, 2 * C, stream);
+    }
     return true;
 }
 
