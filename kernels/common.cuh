@@ -257,8 +257,18 @@ __global__ void partials_accumulate_kernel(floatX* out, const float* partials, i
     __shared__ float shared[kPartialsRowThreads][32];
     const int i = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.0f;
-    if (i < width)
-        for (int p = threadIdx.y; p < num_partials; p += kPartialsRowThreads) acc += partials[(long)p * width + i];
+    if (i < width) {
+        int p = threadIdx.y;
+        // four rows' loads in flight, added in the same row order
+        for (; p + 3 * kPartialsRowThreads < num_partials; p += 4 * kPartialsRowThreads) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = partials[(long)(p + u * kPartialsRowThreads) * width + i];
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc += v[u];
+        }
+        for (; p < num_partials; p += kPartialsRowThreads) acc += partials[(long)p * width + i];
+    }
     shared[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y != 0 || i >= width) return;
