@@ -148,6 +148,7 @@ for shape, label, mine, per, (best_tf, best_tag) in rows:
     ratio = f"{mine / best_tf:.2f}" if mine and best_tf else "n/a"
     print(f"{str(shape):<20}{label:<10}{fmt(mine):>8}" + "".join(f"{fmt(per[n]):>12}" for n in names)
           + f"{fmt(best_tf) + ' ' + best_tag:>20}{ratio:>11}")
-print("fwd+bwd: our deterministic backward; fwd+bwd*: our atomic (nondeterministic, the default) backward; "
+print("fwd+bwd: our deterministic backward (train_gpt's on Hopper); fwd+bwd*: our atomic (nondeterministic) one, "
+      "train_gpt's --deterministic 0 elsewhere; "
       "SDPA per backend: its faster layout; best: backend/layout")
 PY
