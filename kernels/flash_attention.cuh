@@ -18,9 +18,10 @@
 //                          relies on CTAs starting in launch order (a key block only ever waits for higher
 //                          ones, which are launched before it), as stream-K style kernels do. Measured cost
 //                          on an H200 (mma.sync backward): 17% (hs 64) to 31% (hs 128) longer.
-// The Hopper backward differs in two ways (flash_attention_hopper.cuh): key blocks come in cluster pairs whose
+// The Hopper backward differs in three ways (flash_attention_hopper.cuh): key blocks come in cluster pairs whose
 // dQ tiles are summed in shared memory before one fp32 add, and both modes end with the conversion pass; its
-// ordered mode hands blocks on between pairs and is as fast as its atomic one.
+// ordered mode hands blocks on between pairs and is as fast as its atomic one (train_gpt takes it there); and it
+// can add the qkv bias gradient (dqkv's column sums) on the way.
 // The fp32 backward computes dQ in its own pass and is always deterministic.
 // defines: flash_attention_forward, flash_attention_backward, flash_attention_backward_scratch_bytes
 #pragma once
