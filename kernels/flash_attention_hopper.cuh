@@ -279,6 +279,12 @@ __device__ __forceinline__ void release(uint32_t bar, int lane) {
 
 // ---------------------------------------------------------------------------------------------
 // The kernel. tm_q boxes 64 rows (one warpgroup's Q), tm_kv BN rows; both 64 values wide (one swizzle atom).
+// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows as the TMA lays it out with 128-byte swizzling:
+// one 128-byte row per 64-column half (c / 8 picks the half), chunk c % 8 of row r at (c % 8) ^ (r % 8).
+template <int ROWS> __device__ __forceinline__ uint32_t tma_chunk(int r, int c) {
+    return (c / 8) * ROWS * 128 + swz<64>(r, c % 8);
+}
+
 template <typename T, int HS, int NC>
 __global__ void __launch_bounds__(Config<HS, NC>::THREADS, 1)
 forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, T* out, float* lse,
@@ -460,7 +466,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
         for (int c = 0; c < HS / 8; c++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
-                *reinterpret_cast<uint32_t*>(sO + (c / 8) * BM * 128 + (lr + 8 * r) * 128 + (((c % 8) ^ g) << 4) + 4 * t) =
+                *reinterpret_cast<uint32_t*>(sO + tma_chunk<BM>(lr + 8 * r, c) + 4 * t) =
                     pack2<T>(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
         named_sync(Cfg::BAR_EPILOGUE + cw, 128);
         constexpr int CPR = HS / 8;  // 16-byte chunks per row
@@ -470,7 +476,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
             const int idx = wtid + 128 * i, r = idx / CPR, c = idx % CPR, row = q0 + 64 * cw + r;
             if (row < Tn)
                 *reinterpret_cast<uint4*>(out_tile + (long)row * NH * HS + c * 8) =
-                    *reinterpret_cast<const uint4*>(sO + (c / 8) * BM * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4));
+                    *reinterpret_cast<const uint4*>(sO + tma_chunk<BM>(r, c));
         }
         // the TMA (async proxy) writes these rows next: order this thread's generic accesses before it
         fence_proxy_async_shared();
@@ -638,17 +644,6 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// acc[j] += value j of a 16-byte chunk of 8 16-bit values.
-template <typename T> __device__ __forceinline__ void add_chunk(float (&acc)[8], uint4 chunk) {
-    const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 f = unpack2<T>(w[i]);
-        acc[2 * i] += f.x;
-        acc[2 * i + 1] += f.y;
-    }
-}
-
 // lse_log2 (lse * log2 e, +inf past T) and D = rowsum(dO * O) (0 past T) of each (b, head), padded to Tpad
 // rows (a multiple of BM: the bulk copies take whole blocks).
 // Threads of one row: hs / X, a power of two <= 32, over (B, Tpad, NH) rows.
@@ -754,15 +749,15 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             named_sync(Cfg::BAR_BIAS, Cfg::BIAS_SYNC_THREADS);
             float sum[8] = {};
             for (int i0 = 0; i0 < ROWS; i0 += 4) {  // four loads in flight (what 40 registers hold)
-                uint4 x[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int r = part * ROWS + i0 + u;
-                    x[u] = *reinterpret_cast<const uint4*>(smem + tile + (c / 8) * BN * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4));
-                }
+                Packed128<T> x[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    if (k0 + part * ROWS + i0 + u < Tn) add_chunk<T>(sum, x[u]);
+                    *reinterpret_cast<uint4*>(&x[u]) = *reinterpret_cast<const uint4*>(smem + tile + tma_chunk<BN>(part * ROWS + i0 + u, c));
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (k0 + part * ROWS + i0 + u < Tn)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) sum[e] += to_float(x[u][e]);
             }
             float* parts = reinterpret_cast<float*>(smem + Cfg::OFF_Q);  // [SPLIT][2 HS]
 #pragma unroll
@@ -995,13 +990,12 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     named_sync(Cfg::BAR_DS, 256);
 
     // ---- epilogue: dK (scaled) and dV staged in this warpgroup's own rows of the K and V tiles (the TMA's
-    // layout: 128-byte rows per 64-column half, chunk c of row r at c ^ (r % 8)), then 16-byte stores
-    const uint32_t rows_off = (uint32_t)(cw * 64 + lr) * 128;
+    // layout, tma_chunk), then 16-byte stores
 #pragma unroll
     for (int c = 0; c < HS / 8; c++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const uint32_t off = (c / 8) * BN * 128 + rows_off + r * 8 * 128 + (((c % 8) ^ g) << 4) + 4 * t;
+            const uint32_t off = tma_chunk<BN>(cw * 64 + lr + 8 * r, c) + 4 * t;
             *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_K + off) = pack2<T>(dk[4 * c + 2 * r] * scale, dk[4 * c + 2 * r + 1] * scale);
             *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_V + off) = pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
         }
@@ -1013,7 +1007,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     for (int i = 0; i < 64 * CPR / 128; i++) {
         const int idx = wtid + 128 * i, r = cw * 64 + idx / CPR, c = idx % CPR, key = k0 + r;
         if (key < Tn) {
-            const uint32_t off = (c / 8) * BN * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4);
+            const uint32_t off = tma_chunk<BN>(r, c);
             *reinterpret_cast<uint4*>(dk_g + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_K + off);
             *reinterpret_cast<uint4*>(dk_g + C + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_V + off);
         }
