@@ -277,14 +277,14 @@ __device__ __forceinline__ void release(uint32_t bar, int lane) {
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// ---------------------------------------------------------------------------------------------
-// The kernel. tm_q boxes 64 rows (one warpgroup's Q), tm_kv BN rows; both 64 values wide (one swizzle atom).
 // Byte offset of 16-byte chunk c of row r in a tile of ROWS rows as the TMA lays it out with 128-byte swizzling:
 // one 128-byte row per 64-column half (c / 8 picks the half), chunk c % 8 of row r at (c % 8) ^ (r % 8).
 template <int ROWS> __device__ __forceinline__ uint32_t tma_chunk(int r, int c) {
     return (c / 8) * ROWS * 128 + swz<64>(r, c % 8);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The kernel. tm_q boxes 64 rows (one warpgroup's Q), tm_kv BN rows; both 64 values wide (one swizzle atom).
 template <typename T, int HS, int NC>
 __global__ void __launch_bounds__(Config<HS, NC>::THREADS, 1)
 forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, T* out, float* lse,
