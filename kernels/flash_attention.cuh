@@ -88,7 +88,6 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
     return __half22float2(*reinterpret_cast<__half2*>(&v));
 }
 
-
 // Turn counters of the deterministic backward. A relaxed read does not stall the warp until its value is
 // used; followed by fence_acq_rel it is an acquire (PTX memory model: acquire pattern).
 __device__ __forceinline__ int ld_relaxed(const int* p) {
