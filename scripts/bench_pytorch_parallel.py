@@ -330,11 +330,10 @@ def main():
             grads = [q.grad for q in params if q.grad is not None]
             sq = torch.stack([n.float() for n in torch._foreach_norm(grads)]).pow(2).sum()
             dist.all_reduce(sq, group=group)
-        if args.grad_clip > 0:
+        if args.grad_clip > 0:  # on the local tensors: DTensor ops refuse a plain coefficient tensor
             coef = torch.clamp(args.grad_clip / (sq.sqrt() + 1e-6), max=1.0)
-            for q in params:
-                if q.grad is not None:
-                    q.grad.mul_(coef)
+            local = [q.grad.to_local() if hasattr(q.grad, "to_local") else q.grad for q in params if q.grad is not None]
+            torch._foreach_mul_(local, coef)
         for grp in optimizer.param_groups:
             grp["lr"] = lr_at(i, args.lr, 10, steps)
         try:
