@@ -16,6 +16,8 @@
 #            rest data parallel under ZeRO-3 (fewer GPUs: tp 2, or one GPU), 1 row per micro-batch, 2 micro-batches
 #            per pipeline stage: train_gpt's memory plan refuses what does not fit before allocating (train_gpt only).
 # Usage: scripts/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
+# SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
+#   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
 # Environment: STEPS (timed steps, default 10; train_gpt runs 3 more as warm-up, PyTorch WARMUP more),
 #   WARMUP (PyTorch's untimed steps, the first compiles; default 3), NO_TORCH=1 (train_gpt only), PYTHON.
 # Logs: build/bench_parallel/. Summary lines start with "| ".
@@ -24,11 +26,13 @@ cd "$(dirname "$0")/.." || exit 1
 STEPS=${STEPS:-10}; WARMUP=${WARMUP:-3}; PY=${PYTHON:-python3}; T=1024
 W=build/bench_parallel; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
-SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(tp pp 3d largest)
+SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || { [ "${SMOKE:-0}" = 1 ] && SECTIONS=(tp pp) || SECTIONS=(tp pp 3d largest); }
 for s in "${SECTIONS[@]}"; do case $s in tp|pp|3d|largest) ;; *) echo "bench_parallel: unknown section '$s' (tp, pp, 3d, largest)" >&2; exit 2 ;; esac; done
 make -s train_gpt || exit 1
 G=$(scripts/visible_gpus.sh)
 [ "$G" -ge 1 ] || { echo "bench_parallel: no GPU" >&2; exit 1; }
+SMOKE=${SMOKE:-0}; ONE_GPU=(); TORCH_ONE_GPU=()
+if [ "$SMOKE" = 1 ]; then G=2; ONE_GPU=(--one-gpu); TORCH_ONE_GPU=(--one-gpu); fi
 [ -f "$W/random.bin" ] || $PY scripts/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 echo "bench_parallel: $G x $gpu, T=$T, bf16, $STEPS timed steps"
@@ -39,7 +43,7 @@ counts_upto() { local n; for n in "$@"; do [ "$n" -le "$G" ] && printf '%s ' "$n
 ours() {
     local name=$1 ranks=$2; shift 2
     OURS=""
-    if scripts/launch.sh "$ranks" ./train_gpt --train-data "$W/random.bin" --val-every 0 --sample-every 0 --seq-len $T \
+    if scripts/launch.sh "${ONE_GPU[@]}" "$ranks" ./train_gpt --train-data "$W/random.bin" --val-every 0 --sample-every 0 --seq-len $T \
         --precision bf16 --steps $((STEPS + 3)) --nccl-timeout 300 "$@" > "$W/$name.log" 2>&1; then
         OURS=$(grep -m1 '^RESULT' "$W/$name.log")
     fi
@@ -51,7 +55,7 @@ torch_run() {
     TORCH=""
     [ "${NO_TORCH:-0}" = 1 ] && return
     if $PY -m torch.distributed.run --standalone --nproc-per-node "$ranks" scripts/bench_pytorch_parallel.py \
-        --steps "$STEPS" --warmup "$WARMUP" "$@" > "$W/torch_$name.log" 2>&1; then
+        "${TORCH_ONE_GPU[@]}" --steps "$STEPS" --warmup "$WARMUP" "$@" > "$W/torch_$name.log" 2>&1; then
         TORCH=$(grep -m1 '^RESULT' "$W/torch_$name.log")
     fi
     [ -n "$TORCH" ] || echo "  PyTorch $name failed: $(grep -m1 -iE 'Error|out of memory' "$W/torch_$name.log" || tail -n 1 "$W/torch_$name.log")"
@@ -69,6 +73,10 @@ header() {
 # name layers channels heads rows
 MODELS_TP=("1.4B 48 1536 24 8" "6.6B 32 4096 32 4")
 P66=(--layers 32 --channels 4096 --heads 32)
+if [ "$SMOKE" = 1 ]; then
+    MODELS_TP=("tiny 4 256 4 4"); P66=(--layers 4 --channels 256 --heads 4)
+    for s in "${SECTIONS[@]}"; do [ "$s" = tp ] || [ "$s" = pp ] || { echo "bench_parallel: SMOKE=1 runs tp and pp only" >&2; exit 2; }; done
+fi
 for section in "${SECTIONS[@]}"; do
     case $section in
     tp)

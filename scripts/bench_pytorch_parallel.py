@@ -268,6 +268,9 @@ def main():
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--one-gpu", action="store_true",
+                   help="every rank on GPU 0, each with its own NCCL_HOSTID (NCCL then connects them over loopback "
+                        "sockets, as scripts/launch.sh --one-gpu does): a check of this script on one GPU, not a speed")
     args = p.parse_args()
     if min(args.layers, args.channels, args.heads, args.batch_size, args.seq_len, args.steps, args.warmup,
            args.microbatches, args.virtual_stages) <= 0 or args.channels % args.heads:
@@ -275,6 +278,10 @@ def main():
                  "--channels a multiple of --heads")
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if args.one_gpu:  # read by NCCL when the process group starts
+        local = 0
+        os.environ["NCCL_HOSTID"] = f"host{rank}"
+        os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
