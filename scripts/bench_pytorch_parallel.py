@@ -7,7 +7,8 @@ scripts/bench_pytorch_gpt2.py's nanoGPT-style GPT (biases, tanh GELU, vocabulary
 the parameters), gradient clipping at 1.0 over the whole model, random tokens, SDPA (cuDNN backend where it runs,
 else flash), each block under torch.compile.
 
---mode tp: Megatron-style tensor parallelism with torch.distributed.tensor.parallel over all ranks: qkv and fc
+--mode tp: Megatron-style tensor parallelism with torch.distributed.tensor.parallel over all ranks (one rank: the
+  plain model): qkv and fc
   ColwiseParallel, both projections RowwiseParallel, the embedding RowwiseParallel (vocabulary rows) and the LM
   head ColwiseParallel with the vocabulary-parallel cross entropy (loss_parallel), the embedding tied to the LM
   head as in GPT-2. --sequence-parallel 1: the LayerNorms SequenceParallel and the residual stream split along
@@ -79,6 +80,20 @@ def build_tp(args, device, world, rank):
     mesh = init_device_mesh("cuda", (world,))
     with torch.device(device):
         model = GPT(L, C, H, max(1024, T))
+    if world == 1:  # tp 1: the plain model (DTensor's dispatch would only add overhead), blocks compiled as below
+        blocks = [torch.compile(b) if args.compile else b for b in model.transformer.h]
+        positions = torch.arange(T, device=device)
+
+        def plain_loss_of(x, y):
+            h = model.transformer.wte(x) + model.transformer.wpe(positions)
+            for block in blocks:
+                h = block(h)
+            logits = model.lm_head(model.transformer.ln_f(h))
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1))
+            loss.backward()
+            return loss
+
+        return model, plain_loss_of, mesh
     sp = args.sequence_parallel
     for block in model.transformer.h:
         block.attn.n_head_local = H // world
