@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Data-parallel benchmark on the GPU machine: tokens/s, scaling efficiency and per-GPU peak memory of
-# train_gpt's ZeRO stages 0-3 on 1, 2 and 4 GPUs, and of PyTorch on the same model file, token shard and GPUs
+# train_gpt's ZeRO stages 0-3 on 1, 2, 4 and 8 GPUs, and of PyTorch on the same model file, token shard and GPUs
 # in the same run: DDP (next to stage 0), FSDP SHARD_GRAD_OP (stage 2) and FSDP FULL_SHARD (stage 3), each with
 # torch.compile, SDPA flash attention, fused AdamW and bf16 (scripts/gpt2_reference.py train --parallel).
 # On one GPU both train plainly: that run is the baseline of the scaling efficiency,
 #   efficiency = tokens/s on N GPUs / (N x tokens/s on one GPU).
 # Sizes: 124M (d12, 64 rows per GPU) and 1.5B (d48, 8 rows per GPU), T = 1024, random tokens. Every run of a
-# size takes the same optimizer step, rows x T x G tokens, where G is the largest of 1, 2, 4 that the machine
+# size takes the same optimizer step, rows x T x G tokens, where G is the largest of 1, 2, 4, 8 that the machine
 # has: fewer GPUs fill it by gradient accumulation (stages 0-1 and DDP reduce after the last micro-step,
 # stages 2-3 and FSDP after every one), so runs restricted with --gpus compare with the full run.
 # train_gpt runs through scripts/launch.sh, PyTorch through torchrun; NVLink multicast is off for both.
 # The result of each run is the median step time after 3 warm-up steps (the RESULT line of either trainer).
 #
-# Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4"] [--torch-gpus "1 4"] [--stages "0 1 2 3"]
+# Usage: scripts/bench_zero.sh [--sizes "124M 1.5B"] [--gpus "1 2 4 8"] [--torch-gpus "1 4"] [--stages "0 1 2 3"]
 #                              [--steps 20] [--no-torch] [--each-gpu]
 #   --each-gpu: train_gpt's one-GPU run also on each other GPU of the largest count, one at a time; the column
 #     "eff each" divides by the sum of the N GPUs' own one-GPU tokens/s, which separates the scaling from
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 die() { echo "bench_zero: $*" >&2; exit 2; }
 usage() { sed -n '/^# Usage:/,/^# ROWS_124M/p' "$0" | sed 's/^# \{0,1\}//'; }
-SIZES="124M 1.5B"; GPUS="1 2 4"; TORCH_GPUS=""; STAGES="0 1 2 3"; STEPS=20; TORCH=1; EACH=0
+SIZES="124M 1.5B"; GPUS="1 2 4 8"; TORCH_GPUS=""; STAGES="0 1 2 3"; STEPS=20; TORCH=1; EACH=0
 while [ $# -gt 0 ]; do
     case $1 in
         --sizes|--gpus|--torch-gpus|--stages|--steps)
@@ -56,7 +56,7 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
 make -s train_gpt || exit 1
 available=$(scripts/visible_gpus.sh)
 [ "$available" -ge 1 ] || { echo "bench_zero: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }
-G=1; for n in 2 4; do [ "$available" -ge $n ] && G=$n; done
+G=1; for n in 2 4 8; do [ "$available" -ge $n ] && G=$n; done
 counts=""
 for n in $GPUS; do
     if [ "$n" -le "$available" ]; then counts="$counts $n"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The process mesh's communicators on one GPU (several ranks per GPU: scripts/launch.sh --one-gpu): for
 # several shapes, every group's all-gather and all-reduce reach exactly its members in order
-# (build/test_mesh_gpu); and a rank that leaves while its tensor-parallel partner waits on a collective
-# ends the partner with a message, not a hang. Prints PASS/FAIL lines.
+# (build/test_mesh_gpu); a rank that leaves while its tensor-parallel partner waits on a collective
+# ends the partner with a message, not a hang; and a rank killed in a 3D run (tp 2 x pp 2 x dp 2) ends the
+# 7 others with a message. Prints PASS/FAIL lines.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/mesh_gpu
@@ -31,4 +32,46 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$message" | grep -q "NCCL fa
     echo "PASS mesh: a peer that left ends its tensor-parallel partner in ${elapsed} s with: ${message#error: }"
 else
     echo "FAIL mesh: after a peer left, rank 0 exited $rc after ${elapsed} s: $(tail -n 2 "$W/die.log" | tr '\n' ' ')"
+fi
+
+# A rank killed in a 3D run (tp 2 x pp 2 x dp 2, 8 ranks on this GPU): every other rank must end with a message
+# (NCCL's error in one of its communicators, or --nccl-timeout's deadline, 30 s here) well within that deadline
+# plus the time a failing rank takes to abort its communicators, not hang.
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1
+if [ -z "$(ls $TRAIN 2>/dev/null)" ]; then
+    echo "FAIL mesh 3D killed rank: no training data ($(tail -n 1 "$W/prepare.log"))"
+else
+    export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=8
+    pids=()
+    for r in 0 1 2 3 4 5 6 7; do
+        RANK=$r LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 ./train_gpt --layers 4 --heads 2 \
+            --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0 --sample-every 0 \
+            --batch-size 2 --total-batch-tokens 2048 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1 \
+            --steps 1000000 --nccl-timeout 30 > "$W/kill3d_$r.out" 2>&1 &
+        pids+=($!)
+    done
+    # kill rank 5 (tp 1, pp 0, dp 1) once rank 0 is training
+    for _ in $(seq 120); do grep -q '^step' "$W/kill3d_0.out" && break; sleep 1; done
+    kill -9 "${pids[5]}" 2> /dev/null
+    start=$SECONDS
+    ( sleep 120; for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null; done ) & guard=$!
+    ended=0; worst=0; bad=""
+    for r in 0 1 2 3 4 6 7; do
+        wait "${pids[$r]}"; rc=$?
+        t=$((SECONDS - start)); [ $t -gt $worst ] && worst=$t
+        if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -qE "rank $r: (NCCL failed|a collective did not finish)" "$W/kill3d_$r.out"; then
+            ended=$((ended + 1))
+        else
+            bad="$bad rank $r (exit $rc: $(tail -n 1 "$W/kill3d_$r.out"))"
+        fi
+    done
+    wait "${pids[5]}" 2> /dev/null
+    kill $guard 2> /dev/null
+    unset MASTER_ADDR MASTER_PORT WORLD_SIZE
+    if [ $ended -eq 7 ] && [ $worst -le 60 ]; then
+        echo "PASS mesh 3D killed rank: the 7 other ranks ended with a message within ${worst} s (--nccl-timeout 30), e.g. $(grep -m1 'rank 0: ' "$W/kill3d_0.out")"
+    else
+        echo "FAIL mesh 3D killed rank: $ended of 7 ranks ended with a message, the last after ${worst} s;$bad"
+    fi
 fi
