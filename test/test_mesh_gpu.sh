@@ -46,7 +46,7 @@ else
     pids=()
     for r in 0 1 2 3 4 5 6 7; do
         RANK=$r LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 ./train_gpt --layers 4 --heads 2 \
-            --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0 --sample-every 0 \
+            --channels 128 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0 --sample-every 0 \
             --batch-size 2 --total-batch-tokens 2048 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1 \
             --steps 1000000 --nccl-timeout 30 > "$W/kill3d_$r.out" 2>&1 &
         pids+=($!)
