@@ -224,17 +224,21 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Waits until the phase of `bar` with this parity has completed. kCluster: a barrier that another CTA of the
+// cluster completes (st.async), acquired at cluster scope so that the data it delivered is visible.
+#define MBAR_WAIT_LOOP(SEMANTICS)                                                 \
+    "{\n"                                                                       \
+    ".reg .pred done;\n"                                                        \
+    "LAB_WAIT:\n"                                                               \
+    "mbarrier.try_wait.parity" SEMANTICS ".shared::cta.b64 done, [%0], %1;\n"   \
+    "@!done bra LAB_WAIT;\n"                                                    \
+    "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "LAB_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra LAB_WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
+    if constexpr (kCluster) asm volatile(MBAR_WAIT_LOOP(".acquire.cluster")::"r"(bar), "r"(parity) : "memory");
+    else asm volatile(MBAR_WAIT_LOOP("")::"r"(bar), "r"(parity) : "memory");
 }
+#undef MBAR_WAIT_LOOP
 // 1-D bulk copy global -> shared completing `bar`'s transaction bytes (16-byte aligned, a multiple of 16 bytes).
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),

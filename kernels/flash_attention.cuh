@@ -691,33 +691,49 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward helpers (all precisions): D = rowsum(dO * O) per (b, head, t), 16-byte loads, one group of
-// hs/X threads per row; optionally zeroes the fp32 dQ buffer (atomic mode) in the same pass.
+// Backward helpers (all precisions). D = rowsum(dO * O) of each (b, head, t) into D[(b * NH + h) * Tpad + t],
+// over rows = B * Tpad * NH, Tpad >= Tn (the Hopper backward pads to whole query blocks: D = 0 past T). 16-byte
+// loads, one group of hs/X threads per row. With lse2 (else null), lse * log2 e (+inf past T) in D's layout too
+// (the Hopper backward's exp2 domain); with dq_zero (else null), zeroes the fp32 dQ buffer's rows (atomic mode).
 template <typename T, int HS>
-__global__ void flash_backward_preprocess_kernel(float* Dvec, float* dq_accum, const T* dout, const T* out, int Tn,
-                                                 int NH, long rows) {
+__global__ void backward_prep_kernel(float* D, float* lse2, float* dq_zero, const T* dout, const T* out, const float* lse,
+                                     int Tn, int Tpad, int NH, long rows) {
     constexpr int X = Packed128<T>::size, TPR = HS / X;  // threads per row, a power of two <= 32
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long row = idx / TPR;  // over (B, T, NH)
+    const long row = idx / TPR;  // over (B, Tpad, NH)
     const int c = (int)(idx % TPR);
     const bool valid = row < rows;
+    const int h = (int)(row % NH);
+    const long bt = row / NH, b = bt / Tpad;
+    const int t = (int)(bt % Tpad);
+    const bool live = valid && t < Tn;
     float sum = 0.0f;
-    if (valid) {
-        const Packed128<T> d = load128cs(dout + row * HS + c * X), o = load128cs(out + row * HS + c * X);
+    if (live) {
+        const long src = ((b * Tn + t) * NH + h) * HS + c * X;
+        const Packed128<T> d = load128cs(dout + src), o = load128cs(out + src);
 #pragma unroll
         for (int i = 0; i < X; i++) sum += to_float(d[i]) * to_float(o[i]);
     }
 #pragma unroll
     for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
     if (!valid) return;
-    const int h = (int)(row % NH);
-    const long bt = row / NH, b = bt / Tn, t = bt % Tn;
-    const long dst = (b * NH + h) * Tn + t;
-    if (c == 0) Dvec[dst] = sum;
-    if (dq_accum != nullptr) {
-        float4* z = reinterpret_cast<float4*>(dq_accum + dst * HS);
+    const long bh = b * NH + h, dst = bh * Tpad + t;
+    if (c == 0) {
+        D[dst] = sum;
+        if (lse2 != nullptr) lse2[dst] = live ? lse[bh * Tn + t] * kLog2e : INFINITY;
+    }
+    if (dq_zero != nullptr) {
+        float4* z = reinterpret_cast<float4*>(dq_zero + dst * HS);
         for (int i = c; i < HS / 4; i += TPR) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+}
+template <typename T, int HS>
+void backward_prep(float* D, float* lse2, float* dq_zero, const T* dout, const T* out, const float* lse, int B, int Tn,
+                   int Tpad, int NH, cudaStream_t stream) {
+    const long rows = (long)B * Tpad * NH;
+    constexpr int TPR = HS / Packed128<T>::size;
+    backward_prep_kernel<T, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(D, lse2, dq_zero, dout, out, lse, Tn, Tpad, NH, rows);
+    cudaCheckLaunch();
 }
 
 // Atomic mode: dQ (scaled) from the fp32 buffer (B,NH,T,hs) into its slice of dqkv.
@@ -1079,11 +1095,7 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
                        void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)HS);
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
-    const long rows = (long)B * T * NH;
-    constexpr int TPR = HS / Packed128<floatX>::size;
-    flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(
-        s.D, deterministic ? nullptr : s.dq_accum, dout, out, T, NH, rows);
-    cudaCheckLaunch();
+    backward_prep<floatX, HS>(s.D, nullptr, deterministic ? nullptr : s.dq_accum, dout, out, lse, B, T, T, NH, stream);
     const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
     if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
     auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
@@ -1092,6 +1104,8 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
         dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e);
     cudaCheckLaunch();
     if (!deterministic) {
+        const long rows = (long)B * T * NH;
+        constexpr int TPR = HS / Packed128<floatX>::size;
         flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, s.dq_accum, T, NH, rows, scale);
         cudaCheckLaunch();
     }
@@ -1111,10 +1125,7 @@ bool backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const float scale = 1.0f / sqrtf((float)HS);
-        const long rows = (long)B * T * NH;
-        constexpr int TPR = HS / Packed128<floatX>::size;
-        flash_backward_preprocess_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(s.D, nullptr, dout, out, T, NH, rows);
-        cudaCheckLaunch();
+        backward_prep<floatX, HS>(s.D, nullptr, nullptr, dout, out, lse, B, T, T, NH, stream);
         const int nqb = ceil_div(T, kF32Rows);
         auto dq_kernel = flash_backward_dq_fp32_kernel<HS>;
         set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());

@@ -601,17 +601,6 @@ __device__ __forceinline__ void st_async_remote(uint32_t cluster_addr, float a, 
                  "f"(a), "f"(b), "f"(c), "f"(d), "r"(cluster_bar)
                  : "memory");
 }
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "LAB_WAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra LAB_WAIT;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -643,38 +632,6 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
                            ks > 0);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
-// lse_log2 (lse * log2 e, +inf past T) and D = rowsum(dO * O) (0 past T) of each (b, head), padded to Tpad
-// rows (a multiple of BM: the bulk copies take whole blocks).
-// Threads of one row: hs / X, a power of two <= 32, over (B, Tpad, NH) rows.
-template <typename T, int HS>
-__global__ void backward_prep_kernel(float* Dp, float* lse2p, const T* dout, const T* out, const float* lse,
-                                     int Tn, int Tpad, int NH, long rows) {
-    constexpr int X = Packed128<T>::size, TPR = HS / X;
-    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long row = idx / TPR;
-    const int c = (int)(idx % TPR);
-    const bool valid = row < rows;
-    const int h = (int)(row % NH);
-    const long bt = row / NH, b = bt / Tpad;
-    const int t = (int)(bt % Tpad);
-    const bool live = valid && t < Tn;
-    float sum = 0.0f;
-    if (live) {
-        const long src = ((b * Tn + t) * NH + h) * HS + c * X;
-        const Packed128<T> d = load128cs(dout + src), o = load128cs(out + src);
-#pragma unroll
-        for (int i = 0; i < X; i++) sum += to_float(d[i]) * to_float(o[i]);
-    }
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
-    if (!valid) return;
-    const long bh = b * NH + h, dst = bh * Tpad + t;
-    if (c == 0) {
-        Dp[dst] = sum;
-        lse2p[dst] = live ? lse[bh * Tn + t] * kLog2e : INFINITY;
-    }
-}
 
 // The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: pair-major (a cluster
 // is two consecutive blocks); deterministic mode from the highest pair down (a pair only waits for higher ones
@@ -946,14 +903,14 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // read it.
         const int dq_float4 = cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
         if (!leader) {
-            if (it > 0) mbar_wait_cluster(recv_free, (it - 1) & 1);
+            if (it > 0) mbar_wait<true>(recv_free, (it - 1) & 1);
             const uint32_t dst = cluster_map(base + Cfg::OFF_RECV, 0) + dq_float4 * 16, in = cluster_map(partner_in, 0);
 #pragma unroll
             for (int c = 0; c < 8; c++) st_async_remote(dst + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3], in);
         } else {
             if (is_shared(it)) {
                 const int k = shared_index(it);
-                mbar_wait_cluster(partner_in, k & 1);
+                mbar_wait<true>(partner_in, k & 1);
                 const float4* recv = reinterpret_cast<const float4*>(smem + Cfg::OFF_RECV) + dq_float4;
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
@@ -1197,11 +1154,7 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
         return false;
     const int Tpad = (int)hopper_backward_padded_rows(Tn), nkb = ceil_div(Tn, Cfg::BN), nqb = ceil_div(Tn, Cfg::BM);
     const float scale = 1.0f / sqrtf((float)HS);
-    const long prep_rows = (long)B * Tpad * NH;
-    constexpr int TPR = HS / Packed128<T>::size;
-    backward_prep_kernel<T, HS><<<ceil_div(prep_rows * TPR, 256), 256, 0, stream>>>(Dp, lse2p, dout, out, lse, Tn, Tpad, NH,
-                                                                                     prep_rows);
-    cudaCheckLaunch();
+    backward_prep<T, HS>(Dp, lse2p, nullptr, dout, out, lse, B, Tn, Tpad, NH, stream);
     // deterministic: the first key block of each query block stores its dQ (no zeroing), the turn counters start
     // at 0; atomic: every key block adds, into zeros
     if (deterministic) cudaCheck(cudaMemsetAsync(turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
