@@ -502,7 +502,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 //                       computes one 64 x 64 tile of dQ by wgmma from shared memory)
 // and stage the dQ block in shared memory; warp 1 of the producer warpgroup (the dQ writer) adds it to the fp32
 // buffer with one bulk reduce-add (atomic mode), or in deterministic mode in a fixed order through the turn
-// counters (highest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
+// counters (lowest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
 // writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer. Warps 2 and 3 of the
 // producer warpgroup (the bias warps), idle until then, take the qkv bias gradient's K and V parts along: once
 // the consumers have staged the finished dK and dV, their column sums (dq_convert_kernel takes dQ's).
@@ -634,8 +634,8 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: pair-major (a cluster
-// is two consecutive blocks); deterministic mode from the highest pair down (a pair only waits for higher ones
-// of its head, all launched before it), atomic mode from pair 0 up (longest first).
+// is two consecutive blocks), from pair 0 up (longest first). Deterministic mode adds each query block's dQ in
+// the same order, pair 0 first: a pair only waits for lower ones of its head, all launched before it.
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
@@ -660,19 +660,16 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
     const int npairs = (nkb + 1) / 2, heads = (int)(gridDim.x / (2 * npairs));
     const int member = (int)(blockIdx.x & 1), slot = (int)(blockIdx.x >> 1);
-    const int pair = DET ? npairs - 1 - slot / heads : slot / heads;
+    const int pair = slot / heads;
     const int bh = slot % heads, b = bh / NH, h = bh % NH;
     const int kb = 2 * pair + member;
     const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
-    // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order. The
-    // leader's own (diagonal) blocks below them come last in atomic mode, so that the follower does not wait
-    // for them, and first in deterministic mode, where the lower pairs of the head wait for the diagonal block's
-    // store.
-    const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0, nsolo = nq - nshared;
-    auto is_shared = [&](int it) { return DET ? it >= nsolo : it < nshared; };
-    auto shared_index = [&](int it) { return DET ? it - nsolo : it; };  // the n-th shared block: mbarrier phase n
-    auto query_block = [&](int it) { return is_shared(it) ? first_shared + shared_index(it) : first_qb + (DET ? it : it - nshared); };
+    // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order; the
+    // leader's own (diagonal) blocks below them come last, so that the follower does not wait for them.
+    const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0;
+    auto is_shared = [&](int it) { return it < nshared; };
+    auto query_block = [&](int it) { return is_shared(it) ? first_shared + it : first_qb + it - nshared; };
     if (tid == 0) {
         mbar_init(kv_full, 1);
         for (int st = 0; st < STAGES; st++) {
@@ -733,7 +730,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             // ---- dQ writer (warp 1; lane 0 issues), the leader's only: per query block, once both consumer
             // warpgroups have staged their dQ tiles (for a shared block, summed with the follower's), one bulk fp32
             // reduce-add of the whole block (contiguous in dq_accum) into global memory. Deterministic mode: first
-            // wait for this block's turn (the higher pairs of the head have added theirs); the pair with no one
+            // wait for this block's turn (the lower pairs of the head have added theirs); the pair with no one
             // before it stores instead of adding (nothing to zero); after the add has been performed, hand the
             // block on. The waits stay off the consumers' path: they only stall if the buffer is still held when
             // they have the next block's dQ ready.
@@ -745,9 +742,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                 if (lane == 0) {
                     float* dst = dq_bh + (long)qb * (BM * HS);
                     if constexpr (DET) {
-                        const int turn = min(nkb - 1, (qb * BM + BM - 1) / BN) / 2 - pair;  // pairs that add before us
-                        if (turn > 0) {
-                            while (ld_relaxed(turns + qb) < turn) __nanosleep(64);
+                        // pairs that add before us: the lower ones, each of which sees every query block we see
+                        if (pair > 0) {
+                            while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
                             fence_acq_rel();
                             fence_proxy_async_global();
                             bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
@@ -909,8 +906,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             for (int c = 0; c < 8; c++) st_async_remote(dst + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3], in);
         } else {
             if (is_shared(it)) {
-                const int k = shared_index(it);
-                mbar_wait<true>(partner_in, k & 1);
+                mbar_wait<true>(partner_in, it & 1);  // the it-th shared block: phase it
                 const float4* recv = reinterpret_cast<const float4*>(smem + Cfg::OFF_RECV) + dq_float4;
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
@@ -920,7 +916,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     dq[4 * c + 2] += f.z;
                     dq[4 * c + 3] += f.w;
                 }
-                if (k + 1 < nshared) {
+                if (it + 1 < nshared) {
                     // arm the next tile's bytes (this phase is complete), then tell the follower that this warp is
                     // done with the buffer
                     if (tid == 128) mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
