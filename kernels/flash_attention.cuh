@@ -694,12 +694,15 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
 // Backward helpers (all precisions). D = rowsum(dO * O) of each (b, head, t) into D[(b * NH + h) * Tpad + t],
 // over rows = B * Tpad * NH, Tpad >= Tn (the Hopper backward pads to whole query blocks: D = 0 past T). 16-byte
 // loads, one group of hs/X threads per row. With lse2 (else null), lse * log2 e (+inf past T) in D's layout too
-// (the Hopper backward's exp2 domain); with dq_zero (else null), zeroes the fp32 dQ buffer's rows (atomic mode).
+// (the Hopper backward's exp2 domain). Where the mode asks, it also clears the dQ sums' starting state: with
+// dq_zero (atomic mode), the fp32 dQ buffer's rows; with turns (deterministic mode), the first num_turns turn
+// counters.
 template <typename T, int HS>
-__global__ void backward_prep_kernel(float* D, float* lse2, float* dq_zero, const T* dout, const T* out, const float* lse,
-                                     int Tn, int Tpad, int NH, long rows) {
+__global__ void backward_prep_kernel(float* D, float* lse2, float* dq_zero, int* turns, long num_turns, const T* dout,
+                                     const T* out, const float* lse, int Tn, int Tpad, int NH, long rows) {
     constexpr int X = Packed128<T>::size, TPR = HS / X;  // threads per row, a power of two <= 32
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (turns != nullptr && idx < num_turns) turns[idx] = 0;
     const long row = idx / TPR;  // over (B, Tpad, NH)
     const int c = (int)(idx % TPR);
     const bool valid = row < rows;
@@ -727,12 +730,14 @@ __global__ void backward_prep_kernel(float* D, float* lse2, float* dq_zero, cons
         for (int i = c; i < HS / 4; i += TPR) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
+// num_turns <= rows * hs / X (one per thread): the turn counters are one per query block of at least 64 rows
 template <typename T, int HS>
-void backward_prep(float* D, float* lse2, float* dq_zero, const T* dout, const T* out, const float* lse, int B, int Tn,
-                   int Tpad, int NH, cudaStream_t stream) {
+void backward_prep(float* D, float* lse2, float* dq_zero, int* turns, long num_turns, const T* dout, const T* out,
+                   const float* lse, int B, int Tn, int Tpad, int NH, cudaStream_t stream) {
     const long rows = (long)B * Tpad * NH;
     constexpr int TPR = HS / Packed128<T>::size;
-    backward_prep_kernel<T, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(D, lse2, dq_zero, dout, out, lse, Tn, Tpad, NH, rows);
+    backward_prep_kernel<T, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(D, lse2, dq_zero, turns, num_turns, dout, out,
+                                                                               lse, Tn, Tpad, NH, rows);
     cudaCheckLaunch();
 }
 
@@ -1095,9 +1100,9 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
                        void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)HS);
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
-    backward_prep<floatX, HS>(s.D, nullptr, deterministic ? nullptr : s.dq_accum, dout, out, lse, B, T, T, NH, stream);
     const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
-    if (deterministic) cudaCheck(cudaMemsetAsync(s.turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
+    backward_prep<floatX, HS>(s.D, nullptr, deterministic ? nullptr : s.dq_accum, deterministic ? s.turn : nullptr,
+                              (long)B * NH * nqb, dout, out, lse, B, T, T, NH, stream);
     auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
     set_smem(kernel, bwd_smem_bytes<HS>());
     kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
@@ -1125,7 +1130,7 @@ bool backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const float scale = 1.0f / sqrtf((float)HS);
-        backward_prep<floatX, HS>(s.D, nullptr, nullptr, dout, out, lse, B, T, T, NH, stream);
+        backward_prep<floatX, HS>(s.D, nullptr, nullptr, nullptr, 0, dout, out, lse, B, T, T, NH, stream);
         const int nqb = ceil_div(T, kF32Rows);
         auto dq_kernel = flash_backward_dq_fp32_kernel<HS>;
         set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());

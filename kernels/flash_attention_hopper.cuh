@@ -1150,11 +1150,10 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
         return false;
     const int Tpad = (int)hopper_backward_padded_rows(Tn), nkb = ceil_div(Tn, Cfg::BN), nqb = ceil_div(Tn, Cfg::BM);
     const float scale = 1.0f / sqrtf((float)HS);
-    backward_prep<T, HS>(Dp, lse2p, nullptr, dout, out, lse, B, Tn, Tpad, NH, stream);
     // deterministic: the first key block of each query block stores its dQ (no zeroing), the turn counters start
-    // at 0; atomic: every key block adds, into zeros
-    if (deterministic) cudaCheck(cudaMemsetAsync(turn, 0, (size_t)B * NH * nqb * sizeof(int), stream));
-    else cudaCheck(cudaMemsetAsync(dq_accum, 0, (size_t)B * NH * nqb * Cfg::DQ_BYTES, stream));
+    // at 0; atomic: every key block adds, into zeros (whole padded blocks: Tpad rows of hs)
+    backward_prep<T, HS>(Dp, lse2p, deterministic ? nullptr : dq_accum, deterministic ? turn : nullptr, (long)B * NH * nqb, dout,
+                         out, lse, B, Tn, Tpad, NH, stream);
     auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
     set_smem(kernel, Cfg::SMEM_BYTES);
     // clusters of two CTAs: key blocks 2p and 2p + 1 of one head
