@@ -20,6 +20,9 @@
 #   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
 # Environment: STEPS (timed steps, default 10; train_gpt runs 3 more as warm-up, PyTorch WARMUP more),
 #   WARMUP (PyTorch's untimed steps, the first compiles; default 3), NO_TORCH=1 (train_gpt only), PYTHON.
+#   Subsets, so that a section fits a device call: TP_MODELS (labels, default "1.4B 6.6B"), TP_SIZES (default
+#   "1 2 4 8"), PP_SIZES (default "2 4 8"), PP_MICRO (micro-batches per stage, default "2 4 8"), PP_SCHEDULES
+#   (default "1f1b interleaved"); sizes above the GPU count are skipped.
 # Logs: build/bench_parallel/. Summary lines start with "| ".
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -84,8 +87,9 @@ for section in "${SECTIONS[@]}"; do
         header "model, tp, sequence parallel"
         for m in "${MODELS_TP[@]}"; do
             read -r label L C H B <<< "$m"
+            [ "$SMOKE" = 1 ] || [[ " ${TP_MODELS:-1.4B 6.6B} " == *" $label "* ]] || continue
             shape=(--layers "$L" --channels "$C" --heads "$H")
-            for tp in $(counts_upto 1 2 4 8); do
+            for tp in $(counts_upto ${TP_SIZES:-1 2 4 8}); do
                 for sp in 0 1; do
                     [ "$tp" = 1 ] && [ $sp = 1 ] && continue
                     name="tp_${label}_tp${tp}_sp${sp}"
@@ -99,9 +103,10 @@ for section in "${SECTIONS[@]}"; do
         echo; echo "== pipeline parallelism, 6.6B GPT, 2 rows per micro-batch (train_gpt vs torch.distributed.pipelining) =="
         echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory |"
         echo "|---|---|---|---|---|---|---|---|---|"
-        for P in $(counts_upto 2 4 8); do
-            for m in $((2 * P)) $((4 * P)) $((8 * P)); do
-                for sched in 1f1b interleaved; do
+        for P in $(counts_upto ${PP_SIZES:-2 4 8}); do
+            for per_stage in ${PP_MICRO:-2 4 8}; do
+                m=$((per_stage * P))
+                for sched in ${PP_SCHEDULES:-1f1b interleaved}; do
                     name="pp_p${P}_m${m}_$sched"
                     ours "$name" "$P" --model d48 "${P66[@]}" --batch-size 2 --total-batch-tokens $((2 * T * m)) \
                         --pipeline-parallel "$P" --pipeline-schedule $sched --zero-stage 0
