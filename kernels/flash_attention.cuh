@@ -20,8 +20,8 @@
 //                          on an H200 (mma.sync backward): 17% (hs 64) to 31% (hs 128) longer.
 // The Hopper backward differs in three ways (flash_attention_hopper.cuh): key blocks come in cluster pairs whose
 // dQ tiles are summed in shared memory before one fp32 add, and both modes end with the conversion pass; its
-// ordered mode hands blocks on between pairs and is as fast as its atomic one (train_gpt takes it there); and it
-// can add the qkv bias gradient (dqkv's column sums) on the way.
+// ordered mode hands blocks on between pairs and is at least as fast as its atomic one (train_gpt takes it
+// there); and it can add the qkv bias gradient (dqkv's column sums) on the way.
 // The fp32 backward computes dQ in its own pass and is always deterministic.
 // defines: flash_attention_forward, flash_attention_backward, flash_attention_backward_scratch_bytes
 #pragma once
