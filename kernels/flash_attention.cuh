@@ -18,10 +18,10 @@
 //                          relies on CTAs starting in launch order (a key block only ever waits for higher
 //                          ones, which are launched before it), as stream-K style kernels do. Measured cost
 //                          on an H200 (mma.sync backward): 17% (hs 64) to 31% (hs 128) longer.
-// The Hopper backward differs in three ways (flash_attention_hopper.cuh): key blocks come in cluster pairs whose
-// dQ tiles are summed in shared memory before one fp32 add, and both modes end with the conversion pass; its
-// ordered mode hands blocks on between pairs and is at least as fast as its atomic one (train_gpt takes it
-// there); and it can add the qkv bias gradient (dqkv's column sums) on the way.
+// The Hopper backward differs (flash_attention_hopper.cuh): key blocks come in cluster pairs whose dQ tiles are
+// summed in shared memory before one fp32 add; its ordered mode hands blocks on from the lowest pair up, the pair
+// on a query block's diagonal, which adds last, writing dQ itself (no conversion pass; the atomic mode keeps it),
+// and is faster than its atomic one (train_gpt takes it there).
 // The fp32 backward computes dQ in its own pass and is always deterministic.
 // defines: flash_attention_forward, flash_attention_backward, flash_attention_backward_scratch_bytes
 #pragma once
@@ -1030,13 +1030,11 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// Scratch layout of the backward: D (B*NH*T floats; the Hopper backward, which has its own, keeps the qkv bias
-// gradient's dK and dV partial rows there instead: B*NH*hopper_backward_padded_rows(T)*hs/64 floats, the same
-// at hs 64 and T a multiple of 128), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: the mma.sync
-// backward uses its first B*NH*T*hs, the Hopper one whole 128-row blocks), the turn counters (B*NH*ceil(T/64)
-// ints, one per query block), each 256-byte aligned; then, for the Hopper backward only, D and lse_log2 padded
-// to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T) floats each, adjacent: the dQ partial rows of the
-// bias gradient, at most B*NH*hopper_backward_padded_rows(T)*hs/64 floats, reuse them once the main kernel is done).
+// Scratch layout of the backward: D (B*NH*T floats, the Hopper backward has its own), the fp32 dQ buffer
+// (B*NH*hopper_backward_padded_rows(T)*hs: the mma.sync backward uses its first B*NH*T*hs, the Hopper one whole
+// 128-row blocks), the turn counters (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned; then,
+// for the Hopper backward only, D and lse_log2 padded to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T)
+// floats each).
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 struct BackwardScratch {
@@ -1044,16 +1042,13 @@ struct BackwardScratch {
     float* dq_accum;
     int* turn;
 };
-inline size_t backward_d_floats(int B, int T, int NH, int hs) {
-    return std::max((size_t)B * NH * T, (size_t)B * NH * hopper_backward_padded_rows(T) * hs / 64);
-}
 inline size_t backward_common_scratch_bytes(int B, int T, int NH, int hs) {
     const size_t bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
-    return align256(backward_d_floats(B, T, NH, hs) * 4) + align256(bhtp * hs * 4) +
+    return align256((size_t)B * NH * T * 4) + align256(bhtp * hs * 4) +
            align256((size_t)B * NH * ceil_div(T, kBwdBM) * sizeof(int));
 }
 inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int hs) {
-    const size_t d_bytes = align256(backward_d_floats(B, T, NH, hs) * 4), bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
+    const size_t d_bytes = align256((size_t)B * NH * T * 4), bhtp = (size_t)B * NH * hopper_backward_padded_rows(T);
     char* p = static_cast<char*>(scratch);
     return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + d_bytes), reinterpret_cast<int*>(p + d_bytes + align256(bhtp * hs * 4))};
 }
@@ -1119,14 +1114,12 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
 namespace hopper {
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, T* dbias, float* kv_bias_partials, float* q_bias_partials, int B, int Tn, int NH, bool deterministic,
-              cudaStream_t stream);
+              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream);
 }
 
-// True where it also added the qkv bias gradient into dbias (the Hopper backward; the others leave it to the caller).
 template <typename floatX, int HS>
-bool backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream, floatX* dbias) {
+void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const float scale = 1.0f / sqrtf((float)HS);
@@ -1141,18 +1134,14 @@ bool backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         set_smem(dkdv_kernel, fp32_dkdv_smem_bytes<HS>());
         dkdv_kernel<<<(unsigned)((long)B * NH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nkb, scale);
         cudaCheckLaunch();
-        return false;
     } else {
         // Hopper built for sm_90a: wgmma / TMA kernel, its padded D and lse_log2 after the common scratch;
         // anything else (or pointers TMA cannot take): mma.sync
         const size_t padded = (size_t)B * NH * hopper_backward_padded_rows(T);
         float* Dp = reinterpret_cast<float*>(static_cast<char*>(scratch) + backward_common_scratch_bytes(B, T, NH, HS));
         float* lse2p = reinterpret_cast<float*>(reinterpret_cast<char*>(Dp) + align256(padded * 4));
-        if (hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, dbias, s.D, Dp, B, T, NH,
-                                         deterministic, stream))
-            return dbias != nullptr;
-        backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
-        return false;
+        if (!hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, B, T, NH, deterministic, stream))
+            backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
     }
 }
 
@@ -1172,17 +1161,12 @@ void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, 
 
 // dqkv (B,T,3C), overwritten, from dout (B,T,C) and the forward's qkv, out and lse. deterministic = true adds
 // the dQ parts of the key blocks in a fixed order (bitwise reproducible); the fp32 path always is.
-// dbias (3C, or null): the qkv bias gradient, dbias += the column sums of dqkv, where the backward can take it
-// along (the Hopper kernels, which hold every dqkv value once anyway): returns whether it did; where it returns
-// false, dbias is untouched and the caller sums dqkv's columns itself.
 template <typename floatX>
-bool flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream,
-                              floatX* dbias = nullptr) {
-    if (hs == 64) return flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream, dbias);
-    if (hs == 128) return flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream, dbias);
-    flash::unsupported_head_size(hs);
-    return false;
+void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream) {
+    if (hs == 64) flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+    else if (hs == 128) flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+    else flash::unsupported_head_size(hs);
 }
 
 // Bytes of `scratch` that flash_attention_backward needs (any precision, either mode). Backward calls that

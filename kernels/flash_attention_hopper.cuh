@@ -501,11 +501,13 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 //                       each writes its dS^T transposed to shared memory, a named barrier over both, then each
 //                       computes one 64 x 64 tile of dQ by wgmma from shared memory)
 // and stage the dQ block in shared memory; warp 1 of the producer warpgroup (the dQ writer) adds it to the fp32
-// buffer with one bulk reduce-add (atomic mode), or in deterministic mode in a fixed order through the turn
-// counters (lowest key block first, the first one storing), off the consumers' path; dq_convert_kernel then
-// writes dQ. FlashAttention-3 takes the same S^T formulation and the same dQ writer. Warps 2 and 3 of the
-// producer warpgroup (the bias warps), idle until then, take the qkv bias gradient's K and V parts along: once
-// the consumers have staged the finished dK and dV, their column sums (dq_convert_kernel takes dQ's).
+// buffer with one bulk reduce-add (atomic mode; dq_convert_kernel then writes dQ), or in deterministic mode in a
+// fixed order through the turn counters (lowest key block first, the first one storing), off the consumers'
+// path; there the pair on a block's diagonal, which adds last, finishes it instead: its consumers add the lower
+// pairs' fp32 sum (loaded into the staging buffer) to their own and stage 16-bit dQ, which the writer stores by
+// TMA (no dq_convert_kernel). FlashAttention-3 takes the same S^T formulation and the same dQ writer. (The qkv
+// bias gradient, dqkv's column sums, is the caller's: summed here by the producer warpgroup's idle warps, it
+// lengthened every CTA by more than the separate pass over dqkv takes, session 15.)
 // Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the kernel
 // ran 21-33% faster, with plain stores of the same bytes 14-28%), so CTAs come in clusters of two, key blocks 2p
 // (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ
@@ -514,8 +516,8 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 232: the producer warpgroup keeps 40; at 24
-// its TMA and writer warps spilled 16-56 bytes, and at 40 rather than 32 its bias warps keep four loads in
-// flight, 0.02 ms faster a call at (64,12,1024,64)). Shared memory: K, V (BN x hs), two
+// its TMA and writer warps spilled 16-56 bytes; ptxas reports a 12-byte spill, 36 bytes reloaded, in the bf16
+// hs 64 deterministic kernel alone, within 1% of the speed of a build without it). Shared memory: K, V (BN x hs), two
 // stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
 // and D, the fp32 dQ block the writer warp sends and the follower's one received: 227 KB (hs 64), 226 KB (hs 128).
 // Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
@@ -539,8 +541,9 @@ template <int HS> struct BwdConfig {
     static constexpr uint32_t DQ_BYTES = BM * HS * 4, DQ_TILE_FLOATS = 64 * 64;
     // mbarriers: K and V full, per stage full and empty, then the cluster pair's dQ hand-over: "partner dQ in"
     // (the leader's: the follower's tile has landed in its receive buffer) and "receive buffer free" (the
-    // follower's)
-    static constexpr int NUM_MBARS = 1 + 2 * STAGES + 2;
+    // follower's), then "partial in" (deterministic mode: the lower pairs' fp32 sum of a block this pair finishes,
+    // loaded into the staging buffer)
+    static constexpr int NUM_MBARS = 1 + 2 * STAGES + 3;
     // slack to align the base to 1024 bytes: 960, not 1024, so that the two dS buffers, the staging and the
     // receive buffer fit (an sm_90 CTA's dynamic shared memory starts 1024-aligned, after the 1 KB the system
     // reserves, so none is needed; the kernel traps rather than overrun if a base ever needs more)
@@ -550,8 +553,6 @@ template <int HS> struct BwdConfig {
     // named barriers: both consumer warpgroups (dS written), each warpgroup's epilogue, and between the
     // consumers and the dQ writer warp (288 threads): the dQ buffer full, and free again
     static constexpr int BAR_DS = 1, BAR_EPILOGUE = 2, BAR_DQ_FULL = 4, BAR_DQ_EMPTY = 5, DQ_SYNC_THREADS = 256 + 32;
-    // and between the consumers and the bias warps (dK and dV staged), then among the bias warps
-    static constexpr int BAR_BIAS = 6, BIAS_SYNC_THREADS = 256 + 64, BAR_BIAS_SUMS = 7;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
     // setmaxnreg moves registers within the CTA's allocation (168 per thread for 384 threads at one CTA per
     // SM): an increase past it would never be granted
@@ -577,12 +578,27 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32
 }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// 4-D TMA box store from shared memory (the tensor map's swizzled layout), closing its own bulk async-group;
+// rows past the tensor's end are not written.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 // Four 8 x 8 16-bit matrices from registers in the mma fragment layout (register i: row lane / 4, columns
 // 2 (lane % 4) and + 1 of matrix i) stored transposed: lane l gives the address of the 16-byte row l % 8 of
 // matrix l / 8, which receives column l % 8 of the fragment.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                  "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+// The same, not transposed: lane l's address receives row l % 8 of matrix l / 8 as the fragment holds it.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]),
+                 "r"(r[3])
                  : "memory");
 }
 // The CTA pair of a cluster of two: the same shared-memory offset in CTA `rank` of the cluster; an arrival on
@@ -639,8 +655,8 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
-                const __grid_constant__ CUtensorMap tm_do, T* dqkv, float* dq_accum, int* dq_turn, const float* lse2p,
-                const float* Dp, float* kv_bias_partials, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
+                const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq, T* dqkv, float* dq_accum,
+                int* dq_turn, const float* lse2p, const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = BwdConfig<HS>;
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
@@ -653,7 +669,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const uint32_t kv_full = bars;
     auto q_full = [&](int st) { return bars + 8 * (1 + st); };
     auto q_empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
-    const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), recv_free = partner_in + 8;
+    const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), recv_free = partner_in + 8, partial_in = recv_free + 8;
 
     // Cluster pairs: CTA 0 (the leader) takes key block 2p, CTA 1 (the follower) 2p + 1 of the same head; a key
     // block past the last one (odd nkb) has no work.
@@ -666,10 +682,17 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
     // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order; the
-    // leader's own (diagonal) blocks below them come last, so that the follower does not wait for them.
+    // leader's own (diagonal) blocks below them come last, so that the follower does not wait for them. In
+    // deterministic mode, where the pairs of a head add a block from pair 0 up, every CTA goes from the last block
+    // down: a pair then meets each block at the same step as the lower pairs (launched earlier) did, and the blocks
+    // it finishes come last. (Atomic mode keeps the upward order: going down, ptxas spilled its hs 64 kernels.)
     const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0;
     auto is_shared = [&](int it) { return it < nshared; };
-    auto query_block = [&](int it) { return is_shared(it) ? first_shared + it : first_qb + it - nshared; };
+    auto query_block = [&](int it) { return DET ? nqb - 1 - it : is_shared(it) ? first_shared + it : first_qb + it - nshared; };
+    // Deterministic mode: the pair on a query block's diagonal (the highest key block that sees it is its own)
+    // adds last, so it finishes the block itself: it adds the lower pairs' fp32 sum, loaded into the staging
+    // buffer, to its own, and writes dQ, with no dq_convert_kernel after.
+    auto finishes = [&](int qb) { return DET && min(nkb - 1, (qb * BM + BM - 1) / BN) / 2 == pair; };
     if (tid == 0) {
         mbar_init(kv_full, 1);
         for (int st = 0; st < STAGES; st++) {
@@ -678,11 +701,13 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         }
         mbar_init(partner_in, 1);  // armed with the tile's bytes by one leader consumer thread (here the first time)
         mbar_init(recv_free, 8);   // one arrival per leader consumer warp
+        mbar_init(partial_in, 1);  // the dQ writer's expect_tx, then the bulk load's bytes
         if (leader && nshared > 0) mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
         fence_mbarrier_init();
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_q)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_kv)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_do)) : "memory");
+        if (DET) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_dq)) : "memory");
     }
     cluster_sync();  // both CTAs' barriers initialised before either touches the other's; the last CTA-wide barrier
     if (kb >= nkb) return;
@@ -690,42 +715,6 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, pairs that have added
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
-        if (tid >= 64) {
-            // ---- the qkv bias gradient's K and V parts (warps 2 and 3), with kv_bias_partials: once the consumers
-            // have staged dK and dV (rounded, as stored) in the K and V tiles, their column sums over the key
-            // block's rows < T, one fp32 partial row per CTA (2C floats from h * HS on: dK's at 0, dV's at C).
-            // Thread j sums 16-byte chunk column j % COLS (dK's chunks, then dV's) over a 1 / SPLIT of the rows;
-            // the SPLIT parts meet in the Q stages (free: every product that read them is done).
-            if (kv_bias_partials == nullptr) return;
-            constexpr int CPR = HS / 8, COLS = 2 * CPR, SPLIT = 64 / COLS, ROWS = BN / SPLIT;
-            const int j = tid - 64, col = j % COLS, part = j / COLS, c = col % CPR;
-            const uint32_t tile = col < CPR ? Cfg::OFF_K : Cfg::OFF_V;
-            named_sync(Cfg::BAR_BIAS, Cfg::BIAS_SYNC_THREADS);
-            float sum[8] = {};
-            for (int i0 = 0; i0 < ROWS; i0 += 4) {  // four loads in flight (what 40 registers hold)
-                Packed128<T> x[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    *reinterpret_cast<uint4*>(&x[u]) = *reinterpret_cast<const uint4*>(smem + tile + tma_chunk<BN>(part * ROWS + i0 + u, c));
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (k0 + part * ROWS + i0 + u < Tn)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) sum[e] += to_float(x[u][e]);
-            }
-            float* parts = reinterpret_cast<float*>(smem + Cfg::OFF_Q);  // [SPLIT][2 HS]
-#pragma unroll
-            for (int e = 0; e < 8; e++) parts[part * 2 * HS + 8 * col + e] = sum[e];
-            named_sync(Cfg::BAR_BIAS_SUMS, 64);
-            float* row = kv_bias_partials + ((long)b * nkb + kb) * 2 * NH * HS + h * HS;
-            for (int x = j; x < 2 * HS; x += 64) {
-                float total = 0.0f;
-#pragma unroll
-                for (int p = 0; p < SPLIT; p++) total += parts[p * 2 * HS + x];
-                row[x < HS ? x : NH * HS - HS + x] = total;
-            }
-            return;
-        }
         if (tid / 32 == 1) {
             // ---- dQ writer (warp 1; lane 0 issues), the leader's only: per query block, once both consumer
             // warpgroups have staged their dQ tiles (for a shared block, summed with the follower's), one bulk fp32
@@ -733,13 +722,34 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             // wait for this block's turn (the lower pairs of the head have added theirs); the pair with no one
             // before it stores instead of adding (nothing to zero); after the add has been performed, hand the
             // block on. The waits stay off the consumers' path: they only stall if the buffer is still held when
-            // they have the next block's dQ ready.
+            // they have the next block's dQ ready. A block this pair finishes (deterministic mode) comes staged as
+            // two 16-bit tiles in the tensor map's layout instead: two TMA stores into dqkv; its lower pairs' fp32
+            // sum goes into the staging buffer first, as soon as the buffer is free and they have all added theirs.
             if (!leader) return;
             float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
             for (int it = 0; it < nq; it++) {
                 const int qb = query_block(it);
+                const bool finished = finishes(qb);
+                if (finished && pair > 0 && lane == 0) {
+                    // the staging buffer is free (the previous block's copy has read it): the lower pairs' sum
+                    while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
+                    fence_acq_rel();
+                    fence_proxy_async_global();
+                    mbar_arrive_expect_tx(partial_in, Cfg::DQ_BYTES);
+                    bulk_load(base + Cfg::OFF_DQ, dq_bh + (long)qb * (BM * HS), Cfg::DQ_BYTES, partial_in);
+                }
+                __syncwarp();
                 named_sync(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
-                if (lane == 0) {
+                if (finished) {
+                    if (lane == 0) {
+#pragma unroll
+                        for (int tile = 0; tile < 2; tile++)
+                            tma_store_4d(&tm_dq, base + Cfg::OFF_DQ + tile * (Cfg::DQ_TILE_FLOATS * 4), HS == 128 ? 64 * tile : 0, h,
+                                         qb * BM + (BM == 128 ? 64 * tile : 0), b);
+                        bulk_wait_read();
+                    }
+                    __syncwarp();
+                } else if (lane == 0) {
                     float* dst = dq_bh + (long)qb * (BM * HS);
                     if constexpr (DET) {
                         // pairs that add before us: the lower ones, each of which sees every query block we see
@@ -759,7 +769,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                 __syncwarp();
                 if (it + 1 < nq) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
                 if constexpr (DET) {
-                    if (lane == 0) {
+                    if (lane == 0 && !finished) {  // a finished block has no one after it
                         bulk_wait_done();
                         fence_proxy_async_global();
                         red_release_add(turns + qb, 1);
@@ -769,7 +779,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             if (lane == 0) bulk_wait_done();
             return;
         }
-        // ---- producer: thread 0 issues every load
+        // ---- producer: thread 0 issues every load (warps 2 and 3 have nothing to do)
         if (tid != 0) return;
         mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
 #pragma unroll
@@ -806,6 +816,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     float dk[HS / 2], dv[HS / 2];
 #pragma unroll
     for (int i = 0; i < HS / 2; i++) dk[i] = dv[i] = 0.0f;
+    int finished_blocks = 0;  // of this pair: the phases of "partial in"
 
     mbar_wait(kv_full, 0);
     for (int it = 0; it < nq; it++) {
@@ -925,9 +936,43 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                 }
             }
             if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
-            float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + dq_float4;
+            if (finishes(qb)) {
+                // add the lower pairs' fp32 sum (the same sums as the reduce-add in L2 would make), then stage the
+                // rounded, scaled dQ tile in the first half of this warpgroup's fp32 tile, in the layout of tm_dq
+                if (pair > 0) {
+                    mbar_wait(partial_in, finished_blocks & 1);
+                    const float4* partial = reinterpret_cast<const float4*>(smem + Cfg::OFF_DQ) + dq_float4;
 #pragma unroll
-            for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+                    for (int c = 0; c < 8; c++) {
+                        if (c == 4) asm volatile("" ::: "memory");  // four loads in flight at a time: no spill
+                        const float4 f = partial[128 * c];
+                        dq[4 * c] += f.x;
+                        dq[4 * c + 1] += f.y;
+                        dq[4 * c + 2] += f.z;
+                        dq[4 * c + 3] += f.w;
+                    }
+                }
+                finished_blocks++;
+                named_sync(Cfg::BAR_EPILOGUE + cw, 128);  // the warpgroup has read its fp32 tile
+                // four stmatrix.x4, k: 8 x 8 matrices m = (c - 2k) * 2 + hr of the fragment (rows 16 warp + 8 hr,
+                // columns 8c); lane l addresses row l % 8 of matrix l / 8, at tma_chunk<64>(row, c)
+                const int m = lane >> 3, row = 16 * warp + 8 * (m & 1) + (lane & 7);
+                const uint32_t row_addr = base + Cfg::OFF_DQ + cw * (Cfg::DQ_TILE_FLOATS * 4) + row * 128;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint32_t r[4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int c = 2 * k + j / 2, hr = j % 2;
+                        r[j] = pack2<T>(dq[4 * c + 2 * hr] * scale, dq[4 * c + 2 * hr + 1] * scale);
+                    }
+                    stmatrix_x4(row_addr + (((2 * k + (m >> 1)) ^ (lane & 7)) << 4), r);
+                }
+            } else {
+                float4* dq_s = reinterpret_cast<float4*>(smem + Cfg::OFF_DQ) + dq_float4;
+#pragma unroll
+                for (int c = 0; c < 8; c++) dq_s[128 * c] = make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+            }
             // generic-proxy writes before the bulk copy (async proxy) reads them, then tell the writer
             fence_proxy_async_shared();
             named_arrive(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
@@ -953,7 +998,6 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             *reinterpret_cast<uint32_t*>(smem + Cfg::OFF_V + off) = pack2<T>(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
         }
     named_sync(Cfg::BAR_EPILOGUE + cw, 128);
-    if (kv_bias_partials != nullptr) named_arrive(Cfg::BAR_BIAS, Cfg::BIAS_SYNC_THREADS);  // the bias warps may read them
     constexpr int CPR = HS / 8;
     T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
 #pragma unroll
@@ -972,12 +1016,9 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
 // two 64 x 64 fp32 tiles (hs 64: rows 0-63 and 64-127; hs 128: columns 0-63 and 64-127) in backward_kernel's
 // fragment order (float4 c of thread w at float4 index 128 c + w: rows 16 (w / 32) + (w % 32) / 4 and + 8,
 // columns 8c + 2 (w % 4), + 1). One CTA of 128 threads per tile: coalesced float4 reads, through shared
-// memory back to rows, 16-byte stores of the rows < T. With q_bias_partials, the tile's column sums of the
-// stored (rounded) values too, the qkv bias gradient's Q part: one fp32 partial row of C per 64 rows of each
-// sequence (row b * (Tq / 64) + first row / 64, Tq = nqb * BM), the tile's 64 columns of it.
+// memory back to rows, 16-byte stores of the rows < T.
 template <typename T, int HS>
-__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, float* q_bias_partials, int Tn, int NH,
-                                                         int nqb, float scale) {
+__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int nqb, float scale) {
     constexpr int BM = BwdConfig<HS>::BM, PITCH = 68;  // floats per staged row (16-byte aligned rows)
     constexpr int X = Packed128<T>::size;              // 8 values per 16-byte store
     __shared__ __align__(16) float tile[64 * PITCH];
@@ -997,7 +1038,6 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* d
     const int row0 = qb * BM + (BM == 128 ? 64 * cw : 0), col0 = h * HS + (HS == 128 ? 64 * cw : 0);
     const long stride = 3L * NH * HS;
     constexpr int CPR = 64 / X;  // 16-byte chunks of a tile row: a thread's chunk is always lane % CPR
-    float sum[X] = {};
 #pragma unroll
     for (int k = 0; k < 64 * 64 / X / 128; k++) {
         const int idx = w + 128 * k, r = idx / CPR, ch = idx % CPR, row = row0 + r;
@@ -1012,23 +1052,6 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* d
             o[i + 3] = from_float<T>(f.w * scale);
         }
         store128(dqkv + ((long)b * Tn + row) * stride + col0 + ch * X, o);
-#pragma unroll
-        for (int i = 0; i < X; i++) sum[i] += to_float(o[i]);
-    }
-    if (q_bias_partials == nullptr) return;
-    // lanes of one chunk hold different rows: sum them, then the 4 warps in a fixed order
-#pragma unroll
-    for (int off = CPR; off < 32; off *= 2)
-#pragma unroll
-        for (int i = 0; i < X; i++) sum[i] += __shfl_xor_sync(0xffffffff, sum[i], off);
-    __syncthreads();  // every thread is done reading the tile
-    if (lane < CPR)
-#pragma unroll
-        for (int i = 0; i < X; i++) tile[(w / 32) * 64 + lane * X + i] = sum[i];
-    __syncthreads();
-    if (w < 64) {
-        const float total = tile[w] + tile[64 + w] + tile[128 + w] + tile[192 + w];
-        q_bias_partials[((long)b * (nqb * BM / 64) + row0 / 64) * (NH * HS) + col0 + w] = total;
     }
 }
 
@@ -1130,23 +1153,18 @@ bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream
 // The Hopper backward: dqkv (B,T,3,NH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
 // pointers from flash_attention.cuh's backward_hs: D and lse_log2 (B*NH*hopper_backward_padded_rows(T) each: whole
 // query blocks), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: whole query blocks in fragment
-// order), the turn counters (B*NH*ceil(T/64)). With dbias (else null), dbias (3C) += the column sums of dqkv
-// as written, the qkv bias gradient: the main kernel leaves one partial row of dK's and dV's column sums per
-// key block in kv_bias_partials (B*ceil(T/128) rows of 2C floats), dq_convert_kernel one of dQ's per 64 rows in
-// q_bias_partials (B*ceil(T/BM)*BM/64 rows of C), partials_accumulate adds them in a fixed order.
-// False (nothing launched) where it cannot run.
+// order), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, T* dbias, float* kv_bias_partials, float* q_bias_partials, int B, int Tn, int NH, bool deterministic,
-              cudaStream_t stream) {
+              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream) {
     static_assert(!std::is_same<T, float>::value, "the Hopper backward is for bf16 and fp16");
     using Cfg = BwdConfig<HS>;
     for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv, (const void*)out})
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     if (!available()) return false;
-    CUtensorMap tm_q, tm_kv, tm_do;
+    CUtensorMap tm_q, tm_kv, tm_do, tm_dq;
     if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, HS, Cfg::BN) ||
-        !rows_tensor_map(&tm_do, dout, B, Tn, NH, HS, Cfg::BM))
+        !rows_tensor_map(&tm_do, dout, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_dq, dqkv, B, Tn, NH, HS, 64))
         return false;
     const int Tpad = (int)hopper_backward_padded_rows(Tn), nkb = ceil_div(Tn, Cfg::BN), nqb = ceil_div(Tn, Cfg::BM);
     const float scale = 1.0f / sqrtf((float)HS);
@@ -1169,15 +1187,11 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, dqkv, dq_accum, turn, lse2p, Dp,
-                                 dbias ? kv_bias_partials : nullptr, Tn, Tpad, NH, nkb, nqb, scale, scale * kLog2e));
-    dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, dbias ? q_bias_partials : nullptr,
-                                                                                     Tn, NH, nqb, scale);
-    cudaCheckLaunch();
-    if (dbias) {
-        const int C = NH * HS;
-        partials_accumulate(dbias, q_bias_partials, B * (nqb * Cfg::BM / 64), C, stream);
-        partials_accumulate(dbias + C, kv_bias_partials, B * nkb, 2 * C, stream);
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, tm_dq, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH,
+                                 nkb, nqb, scale, scale * kLog2e));
+    if (!deterministic) {  // deterministic mode: the main kernel wrote dQ
+        dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
+        cudaCheckLaunch();
     }
     return true;
 }

@@ -825,11 +825,10 @@ struct GPT2 {
             matmul_backward(dbtc, grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), reduce_scratch,
                             dattention, a.atty, param(l, ATTPROJW), N, Cs, C, stream);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
-            // the qkv bias gradient (dbig's column sums) comes with the attention backward where it can (Hopper)
-            const bool qkv_bias_done = flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(),
-                                                                head_size(), deterministic_attention, stream, grad(l, QKVB));
-            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), qkv_bias_done ? nullptr : grad(l, QKVB), param(l, QKVW), dbig,
-                                                          column_input(a.ln1), 3 * Cs, l, kLoraQkv);
+            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
+                                     deterministic_attention, stream);
+            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), grad(l, QKVB), param(l, QKVW), dbig, column_input(a.ln1),
+                                                          3 * Cs, l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, ATTPROJB) : nullptr);

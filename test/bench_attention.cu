@@ -9,9 +9,7 @@
 // "fwd_hopper_nc2" from it on), and a check line
 // gives each one's distance from the dispatched forward's out and lse. Likewise the backward: there "bwd_det" and
 // "bwd_atomic" are the Hopper backward, "bwd_mma_sync_det" / "bwd_mma_sync_atomic" time the mma.sync one, and a
-// check line gives each one's dqkv distance from the Hopper deterministic dqkv. Where the backward takes the qkv
-// bias gradient along (Hopper), "bwd_det_qkv_bias" times it so (TFLOP/s on the backward's FLOPs) and
-// "qkv_bias_pass" the column-sum pass that it replaces (bias_backward over dqkv; no FLOPs, TFLOP/s 0).
+// check line gives each one's dqkv distance from the Hopper deterministic dqkv.
 // Usage: bench_attention B H T D [bf16|fp16] [reps]
 #include <algorithm>
 #include <cmath>
@@ -20,7 +18,6 @@
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/flash_attention.cuh"
-#include "../kernels/matmul.cuh"
 
 template <typename T> __global__ void fill_random_kernel(T* x, long n, uint64_t seed) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -158,23 +155,6 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
         auto fwd_bwd = [&]() { fwd(); bwd(); };
         report(deterministic ? "bwd_det" : "bwd_atomic", median_ms(bwd, 3, reps, stream), 2.5 * fwd_flops);
         report(deterministic ? "fwdbwd_det" : "fwdbwd_atomic", median_ms(fwd_bwd, 3, reps, stream), 3.5 * fwd_flops);
-    }
-    {
-        const int width = 3 * H * D;
-        T* dbias;
-        float* bias_scratch;
-        cudaCheck(cudaMalloc(&dbias, width * sizeof(T)));
-        cudaCheck(cudaMemset(dbias, 0, width * sizeof(T)));
-        cudaCheck(cudaMalloc(&bias_scratch, bias_backward_scratch_floats<T>(width) * sizeof(float)));
-        bool fused = false;
-        auto bwd_bias = [&]() { fused = flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, true, stream, dbias); };
-        const float ms = median_ms(bwd_bias, 3, reps, stream);
-        if (fused) {
-            report("bwd_det_qkv_bias", ms, 2.5 * fwd_flops);
-            report("qkv_bias_pass", median_ms([&] { bias_backward(dbias, bias_scratch, dqkv, B * Tn, width, stream); }, 3, reps, stream), 0.0);
-        }
-        cudaCheck(cudaFree(dbias));
-        cudaCheck(cudaFree(bias_scratch));
     }
 
     if (flash::hopper::available()) {  // the dispatched deterministic backward as the reference
