@@ -727,14 +727,19 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             // sum goes into the staging buffer first, as soon as the buffer is free and they have all added theirs.
             if (!leader) return;
             float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
+            // deterministic mode: until the lower pairs of the head, each of which sees every query block we see,
+            // have added theirs to block qb
+            auto wait_lower_pairs = [&](int qb) {
+                while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
+                fence_acq_rel();
+                fence_proxy_async_global();
+            };
             for (int it = 0; it < nq; it++) {
                 const int qb = query_block(it);
                 const bool finished = finishes(qb);
                 if (finished && pair > 0 && lane == 0) {
                     // the staging buffer is free (the previous block's copy has read it): the lower pairs' sum
-                    while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
-                    fence_acq_rel();
-                    fence_proxy_async_global();
+                    wait_lower_pairs(qb);
                     mbar_arrive_expect_tx(partial_in, Cfg::DQ_BYTES);
                     bulk_load(base + Cfg::OFF_DQ, dq_bh + (long)qb * (BM * HS), Cfg::DQ_BYTES, partial_in);
                 }
@@ -752,11 +757,8 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                 } else if (lane == 0) {
                     float* dst = dq_bh + (long)qb * (BM * HS);
                     if constexpr (DET) {
-                        // pairs that add before us: the lower ones, each of which sees every query block we see
                         if (pair > 0) {
-                            while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
-                            fence_acq_rel();
-                            fence_proxy_async_global();
+                            wait_lower_pairs(qb);
                             bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
                         } else {
                             bulk_store(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
