@@ -239,7 +239,8 @@ void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floa
     matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream, 1.0f, MatmulGelu::kForward, pre);
 }
 
-// dbias[OC] += column sums of dout[N,OC]. Each thread owns one 16-byte group of columns; blockDim.y
+// dbias[OC] += column sums of dout[N,OC] (rows ld apart: OC unless dout is a column slice of wider rows).
+// Each thread owns one 16-byte group of columns; blockDim.y
 // threads split the rows, their sums are combined in shared memory in a fixed order, and each block
 // writes one fp32 partial row that partials_accumulate adds in block order: deterministic, no atomics.
 constexpr int kBiasRowThreads = 8;
@@ -253,7 +254,7 @@ inline size_t bias_backward_scratch_floats(int OC) {
 }
 
 template <typename floatX>
-__global__ void bias_backward_kernel(float* partials, const floatX* dout, int N, int OC) {
+__global__ void bias_backward_kernel(float* partials, const floatX* dout, int N, int OC, long ld) {
     constexpr int X = Packed128<floatX>::size;
     __shared__ float shared[kBiasRowThreads][32 * X];
     const int c = (blockIdx.x * 32 + threadIdx.x) * X;
@@ -264,12 +265,12 @@ __global__ void bias_backward_kernel(float* partials, const floatX* dout, int N,
         long row = (long)blockIdx.y * blockDim.y + threadIdx.y;
         for (; row + 3 * stride < N; row += 4 * stride) {
             Packed128<floatX> v[4];
-            for (int u = 0; u < 4; u++) v[u] = load128cs(dout + (row + u * stride) * OC + c);
+            for (int u = 0; u < 4; u++) v[u] = load128cs(dout + (row + u * stride) * ld + c);
             for (int u = 0; u < 4; u++)
                 for (int i = 0; i < X; i++) acc[i] += to_float(v[u][i]);
         }
         for (; row < N; row += stride) {
-            Packed128<floatX> v = load128cs(dout + row * OC + c);
+            Packed128<floatX> v = load128cs(dout + row * ld + c);
             for (int i = 0; i < X; i++) acc[i] += to_float(v[i]);
         }
     }
@@ -283,10 +284,10 @@ __global__ void bias_backward_kernel(float* partials, const floatX* dout, int N,
 }
 
 template <typename floatX>
-void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream, long ld = 0) {
     constexpr int X = Packed128<floatX>::size;
     dim3 grid(ceil_div(OC, 32 * X), bias_backward_row_blocks(OC, X));
-    bias_backward_kernel<<<grid, dim3(32, kBiasRowThreads), 0, stream>>>(scratch, dout, N, OC);
+    bias_backward_kernel<<<grid, dim3(32, kBiasRowThreads), 0, stream>>>(scratch, dout, N, OC, ld > 0 ? ld : OC);
     cudaCheckLaunch();
     partials_accumulate(dbias, scratch, grid.y, OC, stream);
 }

@@ -827,8 +827,16 @@ struct GPT2 {
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
-            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), grad(l, QKVB), param(l, QKVW), dbig, column_input(a.ln1),
-                                                          3 * Cs, l, kLoraQkv);
+            // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
+            // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
+            // value part is dO's column sums (each query's attention weights sum to 1); dO (dbtc) before the qkv
+            // product's backward overwrites it, then the query part from dQ, the first Cs columns of dbig.
+            if (floatX* dqkv_bias = grad(l, QKVB)) {
+                bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
+                bias_backward(dqkv_bias, reduce_scratch, dbig, N, Cs, stream, 3L * Cs);
+            }
+            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), nullptr, param(l, QKVW), dbig, column_input(a.ln1), 3 * Cs,
+                                                          l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
                                a.ln1_mean, a.ln1_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, ATTPROJB) : nullptr);

@@ -199,6 +199,18 @@ void test_matmul(int N, int C, int OC, const std::string& tag, cudaStream_t stre
     compare(tag + " matmul_backward dinp" + shape, dinp_d.download(), dinp_ref, tolerance<floatX>().simple);
     compare(tag + " matmul_backward dweight" + shape, dw_d.download(), dw_ref, tolerance<floatX>().simple);
     compare(tag + " matmul_backward dbias" + shape, db_d.download(), db_ref, tolerance<floatX>().simple);
+
+    // bias_backward over a column slice of dout (its last OC / 2 columns, rows OC apart), as the model takes the
+    // qkv bias gradient's query part from dqkv
+    const int half = OC / 2 / 8 * 8;
+    if (half > 0) {
+        std::vector<float> slice_ref(db.begin(), db.begin() + half);
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < half; c++) slice_ref[c] += dout[(size_t)r * OC + OC - half + c];
+        DeviceBuffer<floatX> slice_d(std::vector<float>(db.begin(), db.begin() + half));
+        bias_backward(slice_d.ptr, scratch.ptr, dout_d.ptr + (OC - half), N, half, stream, OC);
+        compare(tag + " bias_backward of a column slice" + shape, slice_d.download(), slice_ref, tolerance<floatX>().simple);
+    }
 }
 
 template <typename floatX>
