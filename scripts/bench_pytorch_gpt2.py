@@ -20,7 +20,9 @@ when the graph is traced), and the faster is reported. A backend that cannot run
 without SDPA, a shape it refuses) is reported with the reason and left out. Inductor's FX graph cache and
 AOTAutograd's cache are off (they ignore the SDPA backend, pytorch/pytorch#185449, so the cuDNN run could reuse
 the flash graph), and one more untimed step runs under the profiler to check which SDPA operator ran
-(verified=yes|NO|unchecked; a NO result is left out of BEST).
+(verified=yes|NO|unchecked; a NO result is left out of BEST). Under CUDA graphs (reduce-overhead) a replayed step
+dispatches no operator, so the first step, which runs the compiled graphs before they are recorded, is profiled
+too (CPU activity: the operators) and counts.
 
 Timing: CUDA events recorded at every step boundary; the host never waits inside the loop (unless
 --sync-every-step), so the host launches the next step while the GPU runs this one. Reported: the median step of the timed steps after
@@ -286,6 +288,31 @@ def attention_ops(prof):
     return [text for _, text in sorted(found)]
 
 
+def profiler_failed(ops):
+    return bool(ops) and ops[0].startswith("(profiler failed")
+
+
+def profiled(fn, activities):
+    """fn() under the profiler: its result, and attention_ops of what it ran (or why the profiler failed; fn
+    then runs unprofiled). An exception of fn itself propagates."""
+    try:
+        from torch.profiler import profile
+        prof = profile(activities=activities)
+        prof.__enter__()
+    except Exception as e:  # noqa: BLE001 (the check is informative only)
+        return fn(), [f"(profiler failed: {type(e).__name__}: {first_line(e)})"]
+    try:
+        result = fn()
+    except BaseException:
+        prof.__exit__(None, None, None)
+        raise
+    try:
+        prof.__exit__(None, None, None)
+        return result, attention_ops(prof)
+    except Exception as e:  # noqa: BLE001
+        return result, [f"(profiler failed: {type(e).__name__}: {first_line(e)})"]
+
+
 def run_backend(name, args, shape, tokens, device):
     n_layer, C, n_head = shape
     B, T = args.batch_size, args.seq_len
@@ -331,9 +358,17 @@ def run_backend(name, args, shape, tokens, device):
             return loss.detach().clone() if cudagraphs else loss.detach()
 
         losses = []
+        first_ops = []
         with backend_context(name):
             t0 = time.perf_counter()
-            losses.append(train_step(0))  # traces and compiles the forward and the backward
+            if cudagraphs and not args.no_kernel_check:
+                # a replayed CUDA graph dispatches no operator for the profiler to see: the operators are checked
+                # on this first step instead, which runs the compiled graphs before they are recorded
+                from torch.profiler import ProfilerActivity
+                loss0, first_ops = profiled(lambda: train_step(0), [ProfilerActivity.CPU])
+                losses.append(loss0)
+            else:
+                losses.append(train_step(0))  # traces and compiles the forward and the backward
             torch.cuda.synchronize(device)
             first_s = time.perf_counter() - t0
             for i in range(1, args.warmup):
@@ -354,15 +389,12 @@ def run_backend(name, args, shape, tokens, device):
             reserved = torch.cuda.max_memory_reserved(device) / 2 ** 30
             ops, verified = [], "unchecked"
             if not args.no_kernel_check:  # one more (untimed) step under the profiler: which attention ran
-                try:
-                    from torch.profiler import ProfilerActivity, profile
-                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                        train_step(total_steps)
-                        torch.cuda.synchronize(device)
-                    ops = attention_ops(prof)
-                    verified = "yes" if any(EXPECTED_OP[name] in op for op in ops) else "NO"
-                except Exception as e:  # noqa: BLE001 (the check is informative only)
-                    ops = [f"(profiler failed: {type(e).__name__}: {first_line(e)})"]
+                from torch.profiler import ProfilerActivity
+                _, ops = profiled(lambda: (train_step(total_steps), torch.cuda.synchronize(device)),
+                                  [ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                profiles = [p for p in ([ops, first_ops] if cudagraphs else [ops]) if not profiler_failed(p)]
+                if profiles:
+                    verified = "yes" if any(EXPECTED_OP[name] in op for p in profiles for op in p) else "NO"
         step_ms = [events[i].elapsed_time(events[i + 1]) for i in range(args.steps)]
         ms = statistics.median(step_ms)
         loss_values = torch.stack(losses).float().cpu().tolist()
@@ -372,6 +404,9 @@ def run_backend(name, args, shape, tokens, device):
               f"{args.steps} timed steps {wall_s:.2f} s wall; step ms min {min(step_ms):.2f} median {ms:.2f} "
               f"mean {statistics.mean(step_ms):.2f} max {max(step_ms):.2f}; loss {loss_values[0]:.4f} -> "
               f"{loss_values[-1]:.4f}", flush=True)
+        if first_ops:
+            print(f"backend {name}: attention ops of the first step (before the CUDA graphs): {'; '.join(first_ops[:8])}",
+                  flush=True)
         if ops:
             print(f"backend {name}: attention ops of one profiled step: {'; '.join(ops[:8])}", flush=True)
         if verified == "NO":
