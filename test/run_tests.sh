@@ -72,9 +72,21 @@ if [ "$gpu_count" -ge 1 ]; then
     for n in 2 4; do
         if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
     done
+    # the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the others share GPU 0)
+    if [ "$gpu_count" -ge 2 ]; then
+        export ONE_RANK_PER_GPU=1
+        for suite in mesh_gpu tensor_parallel_gpu tensor_parallel_layers pipeline_gpu; do
+            run "${suite%_gpu} on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) /&[one rank per GPU] /"' \
+                "test/test_$suite.sh"
+        done
+        unset ONE_RANK_PER_GPU
+    else
+        skip "multi-rank suites with one rank per GPU" "$gpu_count GPU(s)"
+    fi
 else
     for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" "Hugging Face export and import" \
-             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "pipeline parallelism and 3D (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs"; do
+             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "pipeline parallelism and 3D (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs" \
+             "multi-rank suites with one rank per GPU"; do
         skip "$t" "no GPU"
     done
 fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The process mesh's communicators on one GPU (several ranks per GPU: scripts/launch.sh --one-gpu): for
+# The process mesh's communicators on one GPU (several ranks per GPU: scripts/launch.sh --one-gpu; with
+# ONE_RANK_PER_GPU=1, one rank per GPU wherever the machine has enough, test/loss_logs.sh): for
 # several shapes, every group's all-gather and all-reduce reach exactly its members in order
 # (build/test_mesh_gpu); a rank that leaves while its tensor-parallel partner waits on a collective
 # ends the partner with a message, not a hang; and a rank killed in a 3D run (tp 2 x pp 2 x dp 2) ends the
@@ -8,13 +9,14 @@ set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/mesh_gpu
 rm -rf "$W"; mkdir -p "$W"
+source test/loss_logs.sh  # launch_mode, spreads
 
 # ranks tp pp: tp innermost (2x2x2), middle pipeline stages without an embedding group (1x4x1, 2x3x1),
 # a tensor group of 3 and data parallelism (3x1x2), and 8 ranks of pure data or pipeline parallelism.
 for shape in "8 2 2" "4 1 4" "6 2 3" "6 3 1" "8 1 1" "8 1 8"; do
     set -- $shape
     log="$W/mesh_$1_$2_$3.log"
-    timeout 300 scripts/launch.sh --one-gpu "$1" build/test_mesh_gpu "$2" "$3" > "$log" 2>&1; rc=$?
+    timeout 300 scripts/launch.sh $(launch_mode "$1") "$1" build/test_mesh_gpu "$2" "$3" > "$log" 2>&1; rc=$?
     grep -E '^(PASS|FAIL) ' "$log"
     if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$log"; then
         echo "FAIL mesh communicators ($1 ranks, tp $2, pp $3): exit status $rc: $(grep -m 1 error "$log" || tail -n 1 "$log")"
@@ -25,7 +27,7 @@ done
 # the tensor-parallel communicator (seconds on one H200), before the deadline (--nccl-timeout 20 s in the test):
 # a wait that polled only the world's communicator (unused here since the split) would end only at the deadline.
 start=$SECONDS
-timeout 120 scripts/launch.sh --one-gpu 2 build/test_mesh_gpu 2 1 --die > "$W/die.log" 2>&1; rc=$?
+timeout 120 scripts/launch.sh $(launch_mode 2) 2 build/test_mesh_gpu 2 1 --die > "$W/die.log" 2>&1; rc=$?
 elapsed=$((SECONDS - start))
 message=$(grep -m 1 "rank 0: " "$W/die.log")
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$message" | grep -q "NCCL failed .* in the tensor-parallel communicator"; then
@@ -34,7 +36,7 @@ else
     echo "FAIL mesh: after a peer left, rank 0 exited $rc after ${elapsed} s: $(tail -n 2 "$W/die.log" | tr '\n' ' ')"
 fi
 
-# A rank killed in a 3D run (tp 2 x pp 2 x dp 2, 8 ranks on this GPU): every other rank must end with a message
+# A rank killed in a 3D run (tp 2 x pp 2 x dp 2, 8 ranks on this GPU or one per GPU): every other rank must end with a message
 # (NCCL's error in one of its communicators, or --nccl-timeout's deadline, 30 s here) well within that deadline
 # plus the time a failing rank takes to abort its communicators, not hang.
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
@@ -45,7 +47,8 @@ else
     export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=8
     pids=()
     for r in 0 1 2 3 4 5 6 7; do
-        RANK=$r LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 ./train_gpt --layers 4 --heads 2 \
+        if spreads 8; then place=(LOCAL_RANK=$r); else place=(LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo); fi
+        env RANK=$r "${place[@]}" NCCL_NVLS_ENABLE=0 ./train_gpt --layers 4 --heads 2 \
             --channels 128 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0 --sample-every 0 \
             --batch-size 2 --total-batch-tokens 2048 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1 \
             --steps 1000000 --nccl-timeout 30 > "$W/kill3d_$r.out" 2>&1 &

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pipeline parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu). An
+# Pipeline parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu; with
+# ONE_RANK_PER_GPU=1, one rank per GPU wherever the machine has enough, test/loss_logs.sh). An
 # 8-layer model with 4 heads of 64, 8 micro-batches of 2 x 64 tokens per step, 10 steps, against one rank with the
 # same global batch:
 #   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within FP32_TOL (below), bf16 (and pp 2 fp16) within 2e-2;

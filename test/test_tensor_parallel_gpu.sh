@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism on one GPU, through real NCCL: every rank shares GPU 0 (scripts/launch.sh --one-gpu, each
-# rank its own NCCL_HOSTID, loopback sockets). A 2-layer model with 4 heads of 64, 10 steps, the same global
+# rank its own NCCL_HOSTID, loopback sockets); with ONE_RANK_PER_GPU=1, one rank per GPU wherever the machine has
+# enough (test/loss_logs.sh). A 2-layer model with 4 heads of 64, 10 steps, the same global
 # batch as one rank:
 #   - tp 2 and 4 give the losses of tp 1 (fp32 within 1e-5, bf16 and fp16 within 2e-2), the tensors that tensor
 #     parallelism replicates end bitwise identical on every rank, and a sample continues the same way;
@@ -61,7 +62,7 @@ compare sp2_recompute single_fp32 1e-5 0 10 "tp 2 sequence parallel with --recom
 run sp2dp2_s3 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --sequence-parallel 1 --zero-stage 3
 compare sp2dp2_s3 single_fp32 1e-5 0 10 "tp 2 x dp 2 sequence parallel ZeRO-3 fp32: 10 losses match one rank"
 # the plan of GPT-2 124M (d12) at B = 8, T = 1024, tp 4 (--steps 0: start-up only): the activations must shrink
-scripts/launch.sh --one-gpu 4 ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 \
+scripts/launch.sh $(launch_mode 4) 4 ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 \
     --train-data "$TRAIN" --tensor-parallel 4 --sequence-parallel 1 > "$W/sp_plan.out" 2>&1
 read -r with without < <(sed -nE 's/^sequence parallel: activations ([0-9.]+) GiB per GPU, against ([0-9.]+) GiB.*/\1 \2/p' "$W/sp_plan.out")
 if [ -n "${with:-}" ] && awk -v a="$with" -v b="$without" 'BEGIN { exit !(a < b) }'; then
