@@ -1,7 +1,7 @@
 // LayerNorm (eps 1e-5, fp32 statistics): forward, forward fused with the residual add that precedes it,
 // and a deterministic backward.
 // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats,
-//          layernorm_backward_fuses_colsum
+//          layernorm_backward_fuses_colsum, layernorm_backward_colsum_partials
 #pragma once
 #include "common.cuh"
 
@@ -230,6 +230,11 @@ layernorm_backward_colsum_kernel(floatX* dinp, float* partials, const floatX* do
 inline int layernorm_backward_blocks() { return 4 * device_sm_count(); }  // 4 per SM fit: more loads in flight
 // a block's partial rows: dweight and dbias (2C), and dinp's column sums (C)
 inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 3 * C; }
+// After a layernorm_backward with dinp_colsum, the column sums' partial rows (layernorm_backward_blocks() rows of C)
+// stay in its scratch, here, until the scratch is next written: the model derives a second bias gradient from them.
+inline const float* layernorm_backward_colsum_partials(const float* scratch, int C) {
+    return scratch + (size_t)layernorm_backward_blocks() * 2 * C;
+}
 
 // dinp's column sums fit the registers for C up to kLayerNormColsumMaxChunks * 32 * X (X columns a lane a chunk):
 // 2048 in bf16 and fp16, 1024 in fp32. Wider rows keep bias_backward.
@@ -285,5 +290,5 @@ void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch
     }
     cudaCheckLaunch();
     if (dweight_then_dbias != nullptr) partials_accumulate(dweight_then_dbias, scratch, blocks, 2 * C, stream);
-    if (dinp_colsum != nullptr) partials_accumulate(dinp_colsum, scratch + (size_t)blocks * 2 * C, blocks, C, stream);
+    if (dinp_colsum != nullptr) partials_accumulate(dinp_colsum, layernorm_backward_colsum_partials(scratch, C), blocks, C, stream);
 }

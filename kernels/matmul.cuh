@@ -1,8 +1,9 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
-// the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernel.
+// the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernels.
 // defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward
 //          (matmul_backward_input, matmul_backward_weights),
-//          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, matmul_compute_type
+//          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, colsum_times_weight,
+//          colsum_times_weight_scratch_floats, matmul_compute_type
 #pragma once
 #include <algorithm>
 #include <map>
@@ -290,6 +291,60 @@ void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int
     bias_backward_kernel<<<grid, dim3(32, kBiasRowThreads), 0, stream>>>(scratch, dout, N, OC, ld > 0 ? ld : OC);
     cudaCheckLaunch();
     partials_accumulate(dbias, scratch, grid.y, OC, stream);
+}
+
+// out[K] += s weight, where s[c] is the sum of the num_partials rows (C wide) of `partials` and weight is [C, K]
+// row-major: the column sums of a product's input gradient dinp = dout weight, taken from dout's column sums
+// (colsum(dout weight) = colsum(dout) weight) without reading dinp. Each block owns kColsumProductRows rows of
+// weight: it adds their partials in row order, multiplies, and writes one fp32 partial row of K that
+// partials_accumulate adds in block order: deterministic, no atomics. `scratch` holds
+// colsum_times_weight_scratch_floats(C, K) floats.
+constexpr int kColsumProductRows = 32, kColsumPartialThreads = 32;
+inline size_t colsum_times_weight_scratch_floats(int C, int K) { return (size_t)ceil_div(C, kColsumProductRows) * K; }
+
+template <typename floatX>
+__global__ void colsum_times_weight_kernel(float* out_partials, const float* partials, int num_partials, const floatX* weight,
+                                           int C, int K) {
+    __shared__ float shared[kColsumPartialThreads][kColsumProductRows];
+    __shared__ float s[kColsumProductRows];
+    const int c0 = blockIdx.x * kColsumProductRows, c = c0 + threadIdx.x;
+    float acc = 0.0f;
+    if (c < C) {
+        int p = threadIdx.y;
+        // four rows' loads in flight, added in the same row order
+        for (; p + 3 * kColsumPartialThreads < num_partials; p += 4 * kColsumPartialThreads) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = partials[(long)(p + u * kColsumPartialThreads) * C + c];
+#pragma unroll
+            for (int u = 0; u < 4; u++) acc += v[u];
+        }
+        for (; p < num_partials; p += kColsumPartialThreads) acc += partials[(long)p * C + c];
+    }
+    shared[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0) {
+        float total = 0.0f;
+        for (int y = 0; y < kColsumPartialThreads; y++) total += shared[y][threadIdx.x];
+        s[threadIdx.x] = total;
+    }
+    __syncthreads();
+    const int rows = min(kColsumProductRows, C - c0);
+    for (int k = threadIdx.y * kColsumProductRows + threadIdx.x; k < K; k += kColsumPartialThreads * kColsumProductRows) {
+        float sum = 0.0f;
+        for (int r = 0; r < rows; r++) sum += s[r] * to_float(weight[(long)(c0 + r) * K + k]);
+        out_partials[(long)blockIdx.x * K + k] = sum;
+    }
+}
+
+template <typename floatX>
+void colsum_times_weight(floatX* out, float* scratch, const float* partials, int num_partials, const floatX* weight, int C,
+                         int K, cudaStream_t stream) {
+    const int blocks = ceil_div(C, kColsumProductRows);
+    colsum_times_weight_kernel<<<blocks, dim3(kColsumProductRows, kColsumPartialThreads), 0, stream>>>(
+        scratch, partials, num_partials, weight, C, K);
+    cudaCheckLaunch();
+    partials_accumulate(out, scratch, blocks, K, stream);
 }
 
 // Given dout[N,OC]: dinp[N,C] = dout weight (overwritten), dweight[OC,C] += dout^T inp,

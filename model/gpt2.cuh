@@ -184,7 +184,9 @@ struct GPT2 {
 
     static size_t reduce_scratch_floats(const ModelConfig& c) {
         const int C = c.channels;
-        return std::max({layernorm_backward_scratch_floats(C), bias_backward_scratch_floats<floatX>(4 * C),
+        // the LayerNorm backward's partial rows, then the qkv bias's value part from them (backward_chunk)
+        return std::max({layernorm_backward_scratch_floats(C) + colsum_times_weight_scratch_floats(C, C),
+                         bias_backward_scratch_floats<floatX>(4 * C),
                          bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
     }
 
@@ -829,17 +831,28 @@ struct GPT2 {
                                      deterministic_attention, stream);
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
-            // value part is dO's column sums (each query's attention weights sum to 1); dO (dbtc) before the qkv
-            // product's backward overwrites it, then the query part from dQ, the first Cs columns of dbig.
-            if (floatX* dqkv_bias = grad(l, QKVB)) {
-                bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
+            // value part is dO's column sums (each query's attention weights sum to 1). dO = dattention ATTPROJW, so
+            // those are dattention's column sums times ATTPROJW: from the partial sums the LayerNorm backward below
+            // leaves for the attention projection's bias (a 1 x C by C x Cs product instead of reading dO), unless
+            // that bias gradient is not taken there or an adapter adds to dO; then from dO (dbtc) before the qkv
+            // product's backward overwrites it. The query part from dQ, the first Cs columns of dbig.
+            floatX* dqkv_bias = grad(l, QKVB);
+            floatX* dattproj_bias = bias_in_layernorm ? grad(l, ATTPROJB) : nullptr;
+            const bool value_bias_from_layernorm = dqkv_bias != nullptr && dattproj_bias != nullptr &&
+                                                   !(lora.enabled() && lora.targets_has(kLoraAttnProj));
+            if (dqkv_bias != nullptr) {
+                if (!value_bias_from_layernorm) bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
                 bias_backward(dqkv_bias, reduce_scratch, dbig, N, Cs, stream, 3L * Cs);
             }
             const floatX* dln1 = column_parallel_backward(grad(l, QKVW), nullptr, param(l, QKVW), dbig, column_input(a.ln1), 3 * Cs,
                                                           l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
-                               a.ln1_mean, a.ln1_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, ATTPROJB) : nullptr);
+                               a.ln1_mean, a.ln1_rstd, Nr, C, stream, dattproj_bias);
+            if (value_bias_from_layernorm)
+                colsum_times_weight(dqkv_bias + 2 * Cs, reduce_scratch + layernorm_backward_scratch_floats(C),
+                                    layernorm_backward_colsum_partials(reduce_scratch, C), layernorm_backward_blocks(),
+                                    param(l, ATTPROJW), C, Cs, stream);
             sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
             sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
             if (adapters) adapters->after_unit_backward(l + 1);

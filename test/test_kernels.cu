@@ -213,6 +213,29 @@ void test_matmul(int N, int C, int OC, const std::string& tag, cudaStream_t stre
     }
 }
 
+// out[K] += (the sum of P partial rows, C wide) weight[C, K]: the qkv bias's value part from the LayerNorm
+// backward's column-sum partials (the model's use: P = layernorm_backward_blocks(), C = channels, K = this rank's
+// heads x head size)
+template <typename floatX>
+void test_colsum_times_weight(int P, int C, int K, const std::string& tag, cudaStream_t stream) {
+    auto partials = random_vector<float>((size_t)P * C), w = random_vector<floatX>((size_t)C * K, 0.05f);
+    auto out = random_vector<floatX>(K);
+    std::vector<double> colsum(C, 0.0);
+    for (int p = 0; p < P; p++)
+        for (int c = 0; c < C; c++) colsum[c] += partials[(size_t)p * C + c];
+    std::vector<float> out_ref(K);
+    for (int k = 0; k < K; k++) {
+        double acc = out[k];
+        for (int c = 0; c < C; c++) acc += colsum[c] * w[(size_t)c * K + k];
+        out_ref[k] = (float)acc;
+    }
+    DeviceBuffer<float> partials_d(partials), scratch(colsum_times_weight_scratch_floats(C, K));
+    DeviceBuffer<floatX> w_d(w), out_d(out);
+    colsum_times_weight(out_d.ptr, scratch.ptr, partials_d.ptr, P, w_d.ptr, C, K, stream);
+    compare(tag + " colsum_times_weight " + std::to_string(P) + "x" + std::to_string(C) + "x" + std::to_string(K),
+            out_d.download(), out_ref, tolerance<floatX>().simple);
+}
+
 template <typename floatX>
 void test_gelu(size_t n, const std::string& tag, cudaStream_t stream) {
     auto x = random_vector<floatX>(n, 2.0f), dout = random_vector<floatX>(n);
@@ -497,6 +520,10 @@ void test_precision(cudaStream_t stream) {
     test_matmul<floatX>(111, 200, 600, tag, stream);
     test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
+    // 124M's shape on an H200 (528 partial rows); C not a multiple of 32 with fewer rows than threads; K < C (tp)
+    test_colsum_times_weight<floatX>(528, 768, 768, tag, stream);
+    test_colsum_times_weight<floatX>(7, 100, 72, tag, stream);
+    test_colsum_times_weight<floatX>(200, 1600, 400, tag, stream);
     test_gelu<floatX>(8 * 1001, tag, stream);
     // GELU widths 600 and 1032: multiples of 8 (cuBLASLt's rule), not of 16; 768 -> 3072 is d12's MLP
     test_matmul_gelu<floatX>(111, 200, 600, tag, stream);
