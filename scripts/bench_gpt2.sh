@@ -21,8 +21,8 @@
 #   deterministic-B1 (B default 64 32, B1 the first)
 # Environment: STEPS (timed steps, default 30), TORCH_WARMUP (default 5), BACKENDS (both | flash | cudnn),
 #   COMPILE_MODE (space-separated torch.compile modes, each timed, the fastest taken; default "default
-#   reduce-overhead"; under reduce-overhead's CUDA graphs the profiler cannot see which SDPA operator ran, so
-#   those results say "ran its SDPA operator: NO"), OURS_FLAGS (extra train_gpt flags), NO_TORCH=1
+#   reduce-overhead"; under reduce-overhead, whose replayed CUDA graphs dispatch no operator, the SDPA operator
+#   is checked on the first step, before the graphs are recorded), OURS_FLAGS (extra train_gpt flags), NO_TORCH=1
 #   (train_gpt only), PYTHON (default python3). Logs: build/bench/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
