@@ -256,29 +256,37 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
 // combine in row order: with one thread per column, LayerNorm's 528 partial rows were one long chain of
 // dependent loads per thread (about 7 us a call on an H200, 73 calls a step).
 constexpr int kPartialsRowThreads = 16;
-template <typename floatX>
-__global__ void partials_accumulate_kernel(floatX* out, const float* partials, int num_partials, int width) {
-    __shared__ float shared[kPartialsRowThreads][32];
-    const int i = blockIdx.x * 32 + threadIdx.x;
+// The block's fixed-order sum of column i (< width; other columns add nothing) over the partial rows, for a block
+// of (32, kRowThreads) threads: threadIdx.y takes every kRowThreads-th row, four rows' loads in flight, added in
+// row order; the rows of threads are then added to `start` in order. The result is valid in the threads with
+// threadIdx.y == 0; every thread of the block must call it (it synchronises).
+template <int kRowThreads>
+__device__ __forceinline__ float partial_rows_sum(const float* partials, int num_partials, int width, int i, float start) {
+    __shared__ float shared[kRowThreads][32];
     float acc = 0.0f;
     if (i < width) {
         int p = threadIdx.y;
-        // four rows' loads in flight, added in the same row order
-        for (; p + 3 * kPartialsRowThreads < num_partials; p += 4 * kPartialsRowThreads) {
+        for (; p + 3 * kRowThreads < num_partials; p += 4 * kRowThreads) {
             float v[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = partials[(long)(p + u * kPartialsRowThreads) * width + i];
+            for (int u = 0; u < 4; u++) v[u] = partials[(long)(p + u * kRowThreads) * width + i];
 #pragma unroll
             for (int u = 0; u < 4; u++) acc += v[u];
         }
-        for (; p < num_partials; p += kPartialsRowThreads) acc += partials[(long)p * width + i];
+        for (; p < num_partials; p += kRowThreads) acc += partials[(long)p * width + i];
     }
     shared[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
-    if (threadIdx.y != 0 || i >= width) return;
-    float total = to_float(out[i]);
-    for (int y = 0; y < kPartialsRowThreads; y++) total += shared[y][threadIdx.x];
-    out[i] = from_float<floatX>(total);
+    if (threadIdx.y == 0)
+        for (int y = 0; y < kRowThreads; y++) start += shared[y][threadIdx.x];
+    return start;
+}
+template <typename floatX>
+__global__ void partials_accumulate_kernel(floatX* out, const float* partials, int num_partials, int width) {
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    const float start = threadIdx.y == 0 && i < width ? to_float(out[i]) : 0.0f;
+    const float total = partial_rows_sum<kPartialsRowThreads>(partials, num_partials, width, i, start);
+    if (threadIdx.y == 0 && i < width) out[i] = from_float<floatX>(total);
 }
 template <typename floatX>
 void partials_accumulate(floatX* out, const float* partials, int num_partials, int width, cudaStream_t stream) {

@@ -296,38 +296,20 @@ void bias_backward(floatX* dbias, float* scratch, const floatX* dout, int N, int
 // out[K] += s weight, where s[c] is the sum of the num_partials rows (C wide) of `partials` and weight is [C, K]
 // row-major: the column sums of a product's input gradient dinp = dout weight, taken from dout's column sums
 // (colsum(dout weight) = colsum(dout) weight) without reading dinp. Each block owns kColsumProductRows rows of
-// weight: it adds their partials in row order, multiplies, and writes one fp32 partial row of K that
+// weight: it adds their partials in row order (partial_rows_sum), multiplies, and writes one fp32 partial row of K that
 // partials_accumulate adds in block order: deterministic, no atomics. `scratch` holds
 // colsum_times_weight_scratch_floats(C, K) floats.
 constexpr int kColsumProductRows = 32, kColsumPartialThreads = 32;
+static_assert(kColsumProductRows == 32, "partial_rows_sum takes one column per thread of a 32-wide block");
 inline size_t colsum_times_weight_scratch_floats(int C, int K) { return (size_t)ceil_div(C, kColsumProductRows) * K; }
 
 template <typename floatX>
 __global__ void colsum_times_weight_kernel(float* out_partials, const float* partials, int num_partials, const floatX* weight,
                                            int C, int K) {
-    __shared__ float shared[kColsumPartialThreads][kColsumProductRows];
     __shared__ float s[kColsumProductRows];
-    const int c0 = blockIdx.x * kColsumProductRows, c = c0 + threadIdx.x;
-    float acc = 0.0f;
-    if (c < C) {
-        int p = threadIdx.y;
-        // four rows' loads in flight, added in the same row order
-        for (; p + 3 * kColsumPartialThreads < num_partials; p += 4 * kColsumPartialThreads) {
-            float v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = partials[(long)(p + u * kColsumPartialThreads) * C + c];
-#pragma unroll
-            for (int u = 0; u < 4; u++) acc += v[u];
-        }
-        for (; p < num_partials; p += kColsumPartialThreads) acc += partials[(long)p * C + c];
-    }
-    shared[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0) {
-        float total = 0.0f;
-        for (int y = 0; y < kColsumPartialThreads; y++) total += shared[y][threadIdx.x];
-        s[threadIdx.x] = total;
-    }
+    const int c0 = blockIdx.x * kColsumProductRows;
+    const float total = partial_rows_sum<kColsumPartialThreads>(partials, num_partials, C, c0 + threadIdx.x, 0.0f);
+    if (threadIdx.y == 0) s[threadIdx.x] = total;
     __syncthreads();
     const int rows = min(kColsumProductRows, C - c0);
     for (int k = threadIdx.y * kColsumProductRows + threadIdx.x; k < K; k += kColsumPartialThreads * kColsumProductRows) {

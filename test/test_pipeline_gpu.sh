@@ -18,9 +18,10 @@
 # reductions, the one-rank losses unchanged. A wrong gradient or a lost micro-batch moves them by over 1e-3.
 # bf16 runs round differently from pp 1 (fp32 runs do not): BF16_TOL = 3e-2. The four bf16 pipeline runs agree
 # with each other within 1.2e-3 at every step but step 4, a loss spike (back to 10.87, the first step's loss) that
-# magnifies rounding noise: there they spread over 0.02, and pp 4 interleaved differed from pp 1 by 0.0078 (session 15's kernels) and
-# 0.0207 (session 16's qkv bias gradient from dO and dQ alone, exact in real arithmetic), on an H200. The fp32 runs
-# are the exactness check; the bf16 ones check the bf16 path through the stages.
+# magnifies rounding noise: there they spread over 0.02, and pp 4 interleaved differed from pp 1 by 0.0078
+# (session 15's kernels) and 0.0207 (session 16's qkv bias gradient from dO and dQ alone, exact in real
+# arithmetic), on an H200. The fp32 runs are the exactness check; the bf16 ones check the bf16 path through the
+# stages.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/pipeline
