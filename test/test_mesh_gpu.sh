@@ -30,7 +30,12 @@ start=$SECONDS
 timeout 120 scripts/launch.sh $(launch_mode 2) 2 build/test_mesh_gpu 2 1 --die > "$W/die.log" 2>&1; rc=$?
 elapsed=$((SECONDS - start))
 message=$(grep -m 1 "rank 0: " "$W/die.log")
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$message" | grep -q "NCCL failed .* in the tensor-parallel communicator"; then
+# With one rank per GPU, NCCL's peer-to-peer transport (NVLink) reports no error when a peer leaves (two H200s,
+# session 17: rank 0 ended at the deadline, 23 s), so there the deadline's message within 30 s passes; the
+# communicator polling is checked by the run that shares a GPU (socket transport).
+expected="NCCL failed .* in the tensor-parallel communicator"
+spreads 2 && [ $elapsed -le 30 ] && expected="$expected|a collective did not finish within 20 s"
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s' "$message" | grep -qE "$expected"; then
     echo "PASS mesh: a peer that left ends its tensor-parallel partner in ${elapsed} s with: ${message#error: }"
 else
     echo "FAIL mesh: after a peer left, rank 0 exited $rc after ${elapsed} s: $(tail -n 2 "$W/die.log" | tr '\n' ' ')"
