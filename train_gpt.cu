@@ -178,7 +178,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, at_least(1), "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
         {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, one_of({"1f1b", "interleaved"}), "1f1b, or interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
         {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, at_least(0), "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
-        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4 (empty: an even split, the remainder to the last stages)"},
+        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4; balanced: the split whose simulated step is shortest, counting the LM head's work on the last stage; empty: an even split, the remainder to the last stages"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, anything(), "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, at_least(1), "seconds before a hung or failed rank ends the job"},
     };
@@ -470,6 +470,12 @@ HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSw
 // ---------------------------------------------------------------------------------------------
 // The training loop
 
+// The pipeline simulation's work model (pipeline_stage_work), in units of one layer's forward: the LM head's forward
+// and backward, 6 Vp C FLOPs per token against a layer's forward, (72 C^2 + 12 C T) / 3 (MFU's count); a layer's
+// backward, twice its forward, or three times when --recompute 3 runs the forward again.
+static double lm_head_work(const ModelConfig& config, int T) { return 3.0 * config.padded_vocab_size / (12.0 * config.channels + 2.0 * T); }
+static double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
+
 // The pipeline's shape from the flags: schedule, chunks per stage and layers per virtual stage.
 struct PipelineOptions {
     PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
@@ -495,7 +501,13 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     std::vector<std::vector<int>> stage_chunks(shape.pp);
     for (int s = 0; s < shape.pp; s++) stage_parts.push_back(pipeline_stage_model(po.per_virtual_stage, shape.pp, s, &stage_chunks[s]));
     std::unique_ptr<PipelineSchedule> schedule;
-    if (shape.pp > 1) schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, shape.pp, grad_accum, po.virtual_stages)));
+    double bubble_with_work = 0;  // the first stage's idle share simulated with each stage's work (the LM head's on the last)
+    if (shape.pp > 1) {
+        schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, shape.pp, grad_accum, po.virtual_stages)));
+        std::vector<double> forward_work, backward_work;
+        pipeline_stage_work(po.per_virtual_stage, layer_backward_work(o.recompute), lm_head_work(config, T), &forward_work, &backward_work);
+        bubble_with_work = simulate_pipeline(po.kind, shape.pp, grad_accum, po.virtual_stages, forward_work, backward_work).idle_share[0];
+    }
     FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");  // rank 0 reports
 
     // data first: a bad shard is reported before anything else can fail (also on a machine without a GPU)
@@ -569,9 +581,10 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                      "the formula %.2f GiB for %zu parameters per rank (bf16 parameters and gradients, fp32 master + Adam)\n",
                 pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
     if (schedule) {
-        fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula; per stage:\n",
+        fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula, %.1f%% "
+                     "on the first stage simulated with each stage's work (the LM head adds %.1f layer forwards to the last); per stage:\n",
                 shape.pp, pipeline_schedule_name(po.kind), po.virtual_stages, po.virtual_stages > 1 ? "s" : "", grad_accum,
-                100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages));
+                100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages), 100.0 * bubble_with_work, lm_head_work(config, T));
         for (int s = 0; s < shape.pp; s++) {
             const MemoryPlan p = stage_plan(s, split);
             std::string chunks, slots;
@@ -747,8 +760,8 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         if (std::is_same<floatX, __half>::value) fprintf(out, " | scale %g", model.trained().scaler.scale);
         fprintf(out, " | skipped %ld%s", model.trained().scaler.skipped_steps, result.skipped ? " (this step: non-finite loss or gradients)" : "");
         if (pipeline)  // rank 0's stage: the first
-            fprintf(out, " | bubble %.1f%% (theory %.1f%%)", 100.0 * pipeline->measured_bubble(),
-                    100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages));
+            fprintf(out, " | bubble %.1f%% (theory %.1f%%, with the head %.1f%%)", 100.0 * pipeline->measured_bubble(),
+                    100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages), 100.0 * bubble_with_work);
         fprintf(out, "\n");
         fflush(out);
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
@@ -855,9 +868,21 @@ int main(int argc, char** argv) {
     }
     const std::string split_problem = tensor_parallel_problem(config, shape.tp);
     if (!split_problem.empty()) die(split_problem);
-    const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages, o.pipeline_layers,
-                                                            &pipeline.per_virtual_stage);
-    if (!layers_problem.empty()) die(layers_problem);
+    if (o.pipeline_layers == "balanced") {
+        // the simulated step needs the micro-batch count; a bad one is refused here as train() would refuse it
+        const long tokens_per_micro = (long)o.batch_size * o.seq_len * shape.dp;
+        const long total = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
+        const int micro_batches = total % tokens_per_micro == 0 ? (int)(total / tokens_per_micro) : 1;
+        const std::string problem =
+            pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers);
+        if (!problem.empty()) die(problem);
+        pipeline.per_virtual_stage = pipeline_balanced_split(pipeline.kind, config.num_layers, shape.pp, micro_batches, pipeline.virtual_stages,
+                                                             layer_backward_work(o.recompute), lm_head_work(config, o.seq_len));
+    } else {
+        const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages, o.pipeline_layers,
+                                                                &pipeline.per_virtual_stage);
+        if (!layers_problem.empty()) die(layers_problem);
+    }
     if (shape.pp > 1 && o.zero_stage >= 2)
         die("--pipeline-parallel " + std::to_string(shape.pp) + " runs with --zero-stage 0 or 1 (got " + std::to_string(o.zero_stage) +
             "): stages 2-3 would reduce-scatter every micro-batch's gradients, which a pipeline's interleaved micro-batches make a "

@@ -6,6 +6,9 @@
 // The simulated times are not a prediction the driver relies on; they give every message a key (its send
 // time) that both sides agree on, so that sorting each rank's messages by key orders them the same way on
 // every rank (no deadlock), and they decide which activation set ("slot") each micro-batch uses.
+// simulate_pipeline runs the same orders with each virtual stage's own work (the LM head makes the last one
+// heavier): the idle share that predicts, and the layer split that shortens the step (pipeline_layer_split's
+// "balanced").
 //
 // Model chunks and virtual stages: with v chunks per rank, the model's layers form P*v virtual stages;
 // virtual stage k = chunk * P + stage runs on rank k % P. 1F1B is the case v = 1.
@@ -13,6 +16,7 @@
 // Header-only with no CUDA or NCCL (test/test_pipeline_schedule.cpp compiles it with g++).
 #pragma once
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -191,11 +195,65 @@ inline std::vector<Step> interleaved_order(int P, int m, int v, int s) {
 
 }  // namespace pipeline_detail
 
-// Builds each rank's order and simulates it: an action starts at max(end of this rank's previous action, end
-// of the producing action of each input); a forward takes forward_time / v and a backward backward_time / v.
-// A forward of virtual stage k > 0 needs the activation of virtual stage k-1, a backward of virtual stage
-// k < P*v-1 the gradient of virtual stage k+1; the backward of the last virtual stage needs only its own
-// forward. Then it lays out each rank's messages and activation sets (slots): a slot of a chunk is taken when
+namespace pipeline_detail {
+
+struct Times {
+    double start = -1, end = -1;
+    bool done() const { return end >= 0; }
+};
+struct Simulated {
+    std::vector<std::vector<Step>> orders;  // per rank
+    std::vector<Times> forward, backward;   // indexed by virtual stage * m + micro-batch
+};
+// The action whose output a step of virtual stage k consumes (K virtual stages); null for virtual stage 0's forward.
+inline const Times* input_of(const Simulated& sim, const Step& step, int k, int K, int m) {
+    const int i = step.micro_batch;
+    if (!step.backward) return k > 0 ? &sim.forward[(k - 1) * m + i] : nullptr;
+    return k < K - 1 ? &sim.backward[(k + 1) * m + i] : &sim.forward[k * m + i];
+}
+
+// Each rank's order, run as far as the inputs exist until all actions have run: an action starts at max(end of
+// this rank's previous action, end of the producing action of its input) and takes forward_cost[k] or
+// backward_cost[k] on virtual stage k. A forward of virtual stage k > 0 needs the activation of virtual stage
+// k-1, a backward of virtual stage k < P*v-1 the gradient of virtual stage k+1; the backward of the last
+// virtual stage needs only its own forward.
+inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v, const std::vector<double>& forward_cost,
+                                 const std::vector<double>& backward_cost) {
+    const int K = P * v;  // virtual stages
+    Simulated sim;
+    sim.orders.resize(P);
+    for (int s = 0; s < P; s++)
+        sim.orders[s] = kind == PipelineScheduleKind::kOneFOneB ? one_f_one_b_order(P, m, s) : interleaved_order(P, m, v, s);
+    sim.forward.assign(K * m, Times{});
+    sim.backward.assign(K * m, Times{});
+    std::vector<size_t> next(P, 0);
+    std::vector<double> rank_free(P, 0.0);
+    for (size_t remaining = 2 * (size_t)K * m; remaining > 0;) {
+        bool progressed = false;
+        for (int s = 0; s < P; s++) {
+            while (next[s] < sim.orders[s].size()) {
+                const Step& step = sim.orders[s][next[s]];
+                const int k = step.chunk * P + s;
+                const Times* input = input_of(sim, step, k, K, m);
+                if (input && !input->done()) break;
+                Times& t = (step.backward ? sim.backward : sim.forward)[k * m + step.micro_batch];
+                t.start = std::max(rank_free[s], input ? input->end : 0.0);
+                t.end = rank_free[s] = t.start + (step.backward ? backward_cost[k] : forward_cost[k]);
+                next[s]++;
+                remaining--;
+                progressed = true;
+            }
+        }
+        if (!progressed) throw std::logic_error("pipeline schedule: the stages' orders wait on each other");
+    }
+    return sim;
+}
+
+}  // namespace pipeline_detail
+
+// Builds each rank's order and simulates it (pipeline_detail::simulate_orders) with every chunk's forward taking
+// forward_time / v and its backward backward_time / v. Then it lays out each rank's messages and activation sets
+// (slots): a slot of a chunk is taken when
 // the micro-batch's activation arrives (at its forward's start for virtual stage 0) and freed at the end of
 // its backward; the lowest free slot is taken, and at equal times frees come first. Integer forward_time and
 // backward_time keep the times exact, so that messages sent at the same moment share one key (one group).
@@ -209,41 +267,10 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
 
     // Simulate in units of 1/v of the final times (a chunk's forward takes forward_time), so that integer
     // times stay exact sums; they are divided by v at the end.
-    std::vector<std::vector<Step>> orders(P);
-    for (int s = 0; s < P; s++)
-        orders[s] = kind == PipelineScheduleKind::kOneFOneB ? one_f_one_b_order(P, m, s) : interleaved_order(P, m, v, s);
-    struct Times {
-        double start = -1, end = -1;
-        bool done() const { return end >= 0; }
-    };
-    std::vector<Times> forward(K * m), backward(K * m);  // indexed by virtual stage * m + micro-batch
-    // The action whose output a step of virtual stage k consumes; null for virtual stage 0's forward.
-    auto input_of = [&](const Step& step, int k) -> Times* {
-        const int i = step.micro_batch;
-        if (!step.backward) return k > 0 ? &forward[(k - 1) * m + i] : nullptr;
-        return k < K - 1 ? &backward[(k + 1) * m + i] : &forward[k * m + i];
-    };
-    // Runs each rank's next actions as far as their inputs exist, until all have run.
-    std::vector<size_t> next(P, 0);
-    std::vector<double> rank_free(P, 0.0);
-    for (size_t remaining = 2 * (size_t)K * m; remaining > 0;) {
-        bool progressed = false;
-        for (int s = 0; s < P; s++) {
-            while (next[s] < orders[s].size()) {
-                const Step& step = orders[s][next[s]];
-                const int k = step.chunk * P + s;
-                const Times* input = input_of(step, k);
-                if (input && !input->done()) break;
-                Times& t = (step.backward ? backward : forward)[k * m + step.micro_batch];
-                t.start = std::max(rank_free[s], input ? input->end : 0.0);
-                t.end = rank_free[s] = t.start + (step.backward ? backward_time : forward_time);
-                next[s]++;
-                remaining--;
-                progressed = true;
-            }
-        }
-        if (!progressed) throw std::logic_error("pipeline schedule: the stages' orders wait on each other");
-    }
+    const Simulated sim = simulate_orders(kind, P, m, v, std::vector<double>(K, forward_time), std::vector<double>(K, backward_time));
+    const std::vector<std::vector<Step>>& orders = sim.orders;
+    const std::vector<Times>&forward = sim.forward, &backward = sim.backward;
+    auto input_of = [&](const Step& step, int k) { return pipeline_detail::input_of(sim, step, k, K, m); };
 
     // Slots of each virtual stage, handed out in time order of the takes and frees.
     std::vector<int> slot_of(K * m), slots_needed(K);
@@ -305,4 +332,83 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
 inline double pipeline_bubble_theory(PipelineScheduleKind kind, int P, int m, int v) {
     const int chunks = kind == PipelineScheduleKind::kOneFOneB ? 1 : v;
     return double(P - 1) / (chunks * m + P - 1);
+}
+
+// A pipeline step in which virtual stage k's forward takes forward_cost[k] and its backward backward_cost[k] (any
+// unit): each stage's idle share of its span, (span - busy) / span from its first action's start to its last
+// action's end (what the step log measures on the first stage), and the step's length. With equal work on every
+// virtual stage the first stage's share is pipeline_bubble_theory's; a heavier stage makes the others wait.
+// Throws std::invalid_argument for a shape that pipeline_schedule_problem rejects or costs of the wrong length.
+struct PipelineSimulation {
+    std::vector<double> idle_share;  // per stage
+    double makespan = 0;
+};
+inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, int m, int v, const std::vector<double>& forward_cost,
+                                            const std::vector<double>& backward_cost) {
+    const std::string problem = pipeline_schedule_problem(kind, P, m, v, P * v);
+    if (!problem.empty()) throw std::invalid_argument(problem);
+    if ((int)forward_cost.size() != P * v || (int)backward_cost.size() != P * v)
+        throw std::invalid_argument("simulate_pipeline: one forward and one backward cost per virtual stage");
+    const pipeline_detail::Simulated sim = pipeline_detail::simulate_orders(kind, P, m, v, forward_cost, backward_cost);
+    PipelineSimulation result;
+    for (int s = 0; s < P; s++) {
+        double first = 1e300, last = 0, busy = 0;
+        for (const pipeline_detail::Step& step : sim.orders[s]) {
+            const pipeline_detail::Times& t = (step.backward ? sim.backward : sim.forward)[(step.chunk * P + s) * m + step.micro_batch];
+            first = std::min(first, t.start);
+            last = std::max(last, t.end);
+            busy += t.end - t.start;
+        }
+        result.idle_share.push_back(last > first ? (last - first - busy) / (last - first) : 0.0);
+        result.makespan = std::max(result.makespan, last);
+    }
+    return result;
+}
+
+// Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1 and
+// its backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward), and
+// on the last virtual stage, whose forward action also runs the LM head's forward and backward, head_work more (a
+// GPT's head: 3 Vp / (12 C + 2 T) by the FLOP count that MFU uses). The first stage's embedding (a gather) is free.
+inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, double layer_backward, double head_work,
+                                std::vector<double>* forward, std::vector<double>* backward) {
+    forward->clear();
+    backward->clear();
+    for (int layers : per_virtual_stage) {
+        forward->push_back(layers);
+        backward->push_back(layers * layer_backward);
+    }
+    if (!forward->empty()) forward->back() += head_work;
+}
+
+// --pipeline-layers balanced: the split whose simulated step (simulate_pipeline with pipeline_stage_work) is the
+// shortest, among those that give the last virtual stage c layers (c = 1 .. layers - P*v + 1) and the others
+// layers - c evenly (the remainder to the later ones); of equally short ones the nearest to the even split. The
+// even split (pipeline_layer_split's default) loads the LM head's stage most: a GPT-2 124M head is about 4.5
+// layers' work, 1.5B's 2.4, a 6.6B GPT's (C = 4096) 1.0. The shape must pass pipeline_schedule_problem.
+inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int layers, int P, int m, int v, double layer_backward,
+                                                double head_work) {
+    const int K = P * v;
+    if (K == 1) return {layers};
+    auto even = [](int n, int parts) {
+        std::vector<int> split;
+        for (int k = 0; k < parts; k++) split.push_back(n / parts + (k >= parts - n % parts));
+        return split;
+    };
+    const int even_last = even(layers, K).back();
+    std::vector<int> best;
+    double best_makespan = 0;
+    for (int c = 1; c <= layers - (K - 1); c++) {
+        std::vector<int> split = even(layers - c, K - 1);
+        split.push_back(c);
+        std::vector<double> forward, backward;
+        pipeline_stage_work(split, layer_backward, head_work, &forward, &backward);
+        const double makespan = simulate_pipeline(kind, P, m, v, forward, backward).makespan;
+        const bool shorter = makespan < best_makespan * (1 - 1e-12);
+        const bool as_short_and_nearer = !shorter && makespan <= best_makespan * (1 + 1e-12) && std::abs(c - even_last) < std::abs(best.back() - even_last);
+        if (best.empty() || shorter || as_short_and_nearer) {
+            best = split;
+            best_makespan = makespan;
+        }
+    }
+    return best;
 }

@@ -8,7 +8,8 @@
 #   pp       the 6.6B GPT at pp = 2, 4, 8 with m = 2P, 4P, 8P micro-batches of 2 rows, 1F1B and interleaved
 #            (2 chunks per stage): tokens/s, ratio against torch.distributed.pipelining's Schedule1F1B /
 #            ScheduleInterleaved1F1B, and train_gpt's measured bubble (median over the timed steps of its step
-#            log) against the formula's.
+#            log) against the formula's and against the schedule simulated with the LM head's work on the last stage.
+#            PP_LAYERS=balanced passes --pipeline-layers balanced to train_gpt (default: the even split).
 #   3d       8 GPUs, dp 2 x tp 2 x pp 2 (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
 #            the 1.4B GPT of tp and a 13B GPT (40 layers, C=5120, 40 heads): tokens/s, MFU, peak memory against the
 #            memory plan train_gpt prints (train_gpt only).
@@ -101,7 +102,7 @@ for section in "${SECTIONS[@]}"; do
         done ;;
     pp)
         echo; echo "== pipeline parallelism, 6.6B GPT, 2 rows per micro-batch (train_gpt vs torch.distributed.pipelining) =="
-        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory |"
+        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory / with the head |"
         echo "|---|---|---|---|---|---|---|---|---|"
         for P in $(counts_upto ${PP_SIZES:-2 4 8}); do
             for per_stage in ${PP_MICRO:-2 4 8}; do
@@ -109,11 +110,13 @@ for section in "${SECTIONS[@]}"; do
                 for sched in ${PP_SCHEDULES:-1f1b interleaved}; do
                     name="pp_p${P}_m${m}_$sched"
                     ours "$name" "$P" --model d48 "${P66[@]}" --batch-size 2 --total-batch-tokens $((2 * T * m)) \
-                        --pipeline-parallel "$P" --pipeline-schedule $sched --zero-stage 0
+                        --pipeline-parallel "$P" --pipeline-schedule $sched --zero-stage 0 ${PP_LAYERS:+--pipeline-layers $PP_LAYERS}
                     torch_run "$name" "$P" --mode pp "${P66[@]}" -b 2 --microbatches $m --schedule $sched --virtual-stages 2
-                    # the step log's "bubble X% (theory Y%)" of the timed steps: median measured, and the formula
-                    bubble=$(grep -E '^step' "$W/$name.log" | tail -n "$STEPS" | sed -n 's/.*bubble \([0-9.]*\)% (theory \([0-9.]*\)%).*/\1 \2/p' |
-                             sort -n | awk '{ v[NR] = $1; t = $2 } END { if (NR) printf "%.1f%% / %.1f%%", v[int((NR + 1) / 2)], t; else printf "-" }')
+                    # the step log's "bubble X% (theory Y%, with the head Z%)" of the timed steps: median measured, the
+                    # formula, and the schedule simulated with each stage's work (the LM head's on the last)
+                    bubble=$(grep -E '^step' "$W/$name.log" | tail -n "$STEPS" |
+                             sed -n 's/.*bubble \([0-9.]*\)% (theory \([0-9.]*\)%, with the head \([0-9.]*\)%).*/\1 \2 \3/p' |
+                             sort -n | awk '{ v[NR] = $1; t = $2; h = $3 } END { if (NR) printf "%.1f%% / %.1f%% / %.1f%%", v[int((NR + 1) / 2)], t, h; else printf "-" }')
                     printf '%s | %s |\n' "$(row "pp $P $sched m=$m" | sed 's/ |$//')" "$bubble"
                 done
             done

@@ -5,12 +5,13 @@
 # same global batch:
 #   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within FP32_TOL, bf16 within BF16_TOL (below), pp 2
 #     fp16 within 2e-2;
-#   - uneven splits: --pipeline-layers 3,5 and a 6-layer model on 4 stages;
+#   - uneven splits: --pipeline-layers 3,5, --pipeline-layers balanced and a 6-layer model on 4 stages;
 #   - the first and the last stage's copies of the tied wte bitwise identical after the steps;
 #   - 3D: tp 2 x pp 2 x dp 2 (8 ranks; ZeRO-1) and pp 2 x dp 2 with ZeRO-0 against one rank;
 #   - checkpoints resume across pipeline sizes (2 -> 1, 1 -> 4, 2 -> interleaved 2 x tp 2); the exported model file
 #     equals the whole model the pp 2 run loaded; the evaluation and a sample go through all stages;
-#   - the step log shows the measured bubble next to the schedule's theory; the memory plan shows each stage.
+#   - the step log shows the measured bubble next to the schedule's theory and its simulation with the LM head's
+#     work; the memory plan shows each stage.
 # fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
 # FP32_TOL = 2e-5 is about 20 fp32 ulps of a loss near 9: reordered sums move a loss by a few ulps, and AdamW's
 # normalisation magnifies rounding noise in gradients near zero. On an H200 the 6-layer run on 4 stages differed
@@ -70,6 +71,15 @@ compare pp2_fp16 single_fp16 2e-2 0 10 "pp 2 1f1b fp16: 10 losses match pp 1"
 # uneven splits
 run uneven 2 --precision fp32 --pipeline-parallel 2 --pipeline-layers 3,5
 compare uneven single_fp32 $FP32_TOL 0 10 "pp 2 with --pipeline-layers 3,5 fp32"
+# --pipeline-layers balanced: this model's LM head is 47 layer forwards' work (3 Vp / (12 C + 2 T)), so the
+# simulated step is shortest with 7 + 1 layers (test_pipeline_schedule checks the search on the CPU)
+run balanced 2 --precision fp32 --pipeline-parallel 2 --pipeline-layers balanced
+compare balanced single_fp32 $FP32_TOL 0 10 "pp 2 with --pipeline-layers balanced fp32"
+if grep -q '^  stage 0: 7 blocks' "$W/balanced.out" && grep -q '^  stage 1: 1 blocks' "$W/balanced.out"; then
+    echo "PASS pipeline --pipeline-layers balanced: 7 + 1 layers for a head of 47 layer forwards"
+else
+    echo "FAIL pipeline --pipeline-layers balanced: not 7 + 1 layers: $(grep -E '^  stage|error' "$W/balanced.out" | tr '\n' ' ')"
+fi
 SHAPE=(--layers 6 --heads 4 --channels 256 --max-seq-len 64)
 run six_single 1 --precision fp32
 run six_pp4 4 --precision fp32 --pipeline-parallel 4
@@ -83,9 +93,10 @@ tied_identical 3d "3D tp 2 x pp 2 x dp 2"
 run pp2dp2_s0 4 --precision fp32 --pipeline-parallel 2 --zero-stage 0
 compare pp2dp2_s0 single_fp32 $FP32_TOL 0 10 "pp 2 x dp 2 ZeRO-0 fp32: 10 losses match one rank"
 
-# the memory plan shows every stage; the step log the measured bubble next to the theory
-if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%)' "$W/pp4_fp32.out"; then
-    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11)"
+# the memory plan shows every stage; the step log the measured bubble next to the theory, and next to the simulation
+# with the LM head's work on the last stage (47 layer forwards against 2 layers per stage: 89.2%, test_pipeline_schedule's model)
+if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%, with the head 89.2%)' "$W/pp4_fp32.out"; then
+    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11) and the simulation with the head (89.2%)"
 else
     echo "FAIL pipeline pp 4 log: no per-stage plan or bubble: $(grep -m1 -E 'bubble|error' "$W/pp4_fp32.out")"
 fi

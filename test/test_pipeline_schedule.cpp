@@ -3,7 +3,8 @@
 // backward once, in Megatron-LM's order and after its inputs; the micro-batches in flight and the activation
 // sets stay within what the memory plan assumes; every message has one partner on a neighbouring stage, with
 // the key conditions the driver's two streams need, and the stages' message groups complete without
-// deadlock; the bubble equals its formula. Also the flag checks and the layer split.
+// deadlock; the bubble equals its formula. Also the flag checks, the layer split, the simulation with each
+// stage's own work (the LM head on the last) and the split balanced by it.
 //
 // Needs no GPU, CUDA or NCCL. Prints one PASS/FAIL line per check group (test/check.h); exits 1 on any FAIL.
 #include <algorithm>
@@ -498,6 +499,102 @@ void test_interleaved_beats_1f1b() {
     v.detail = std::to_string(cases) + " shapes";
 }
 
+
+// simulate_pipeline with each virtual stage's own work: equal work gives the formula on the first stage; a case
+// worked by hand; a heavier last stage adds idle time to the first.
+void test_simulation_with_work() {
+    {
+        Verdict v{"simulate_pipeline: equal work gives pipeline_bubble_theory on the first stage, and no stage idles more"};
+        int cases = 0;
+        for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+            for (const Shape& shape : accepted_shapes(kind)) {
+                v.where = shape_name(shape);
+                const int K = shape.P * shape.v;
+                const PipelineSimulation sim = simulate_pipeline(kind, shape.P, shape.m, shape.v, std::vector<double>(K, 1.0), std::vector<double>(K, 2.0));
+                const double theory = pipeline_bubble_theory(kind, shape.P, shape.m, shape.v);
+                if (std::fabs(sim.idle_share[0] - theory) > 1e-9) v.fail(fmt("first stage idle %.9f, theory %.9f", sim.idle_share[0], theory));
+                for (double idle : sim.idle_share) v.expect(idle <= theory + 1e-9, "a later stage idles more than the first");
+                const double makespan = make_pipeline_schedule(kind, shape.P, shape.m, shape.v).makespan * shape.v;
+                v.expect(std::fabs(sim.makespan - makespan) < 1e-9, "makespan differs from make_pipeline_schedule's");
+                cases++;
+            }
+        v.detail = std::to_string(cases) + " shapes";
+    }
+    {
+        // 1F1B, P 2, m 2; stage 1's forward takes 2 (it holds the head), every backward 2. Stage 0: F0 0-1, F1 1-2,
+        // B0 after stage 1's B0 (1-3 forward, 3-5 backward) 5-7, B1 after stage 1's F1 5-7, B1 7-9: 9-11. Stage 0
+        // idles 11 - 6 = 5 of 11; stage 1 from 1 to 9 never.
+        const PipelineSimulation sim = simulate_pipeline(PipelineScheduleKind::kOneFOneB, 2, 2, 1, {1.0, 2.0}, {2.0, 2.0});
+        expect(std::fabs(sim.idle_share[0] - 5.0 / 11.0) < 1e-12 && sim.idle_share[1] == 0.0 && sim.makespan == 11.0,
+               "simulate_pipeline: 1f1b P 2, m 2 with a heavier last stage, by hand (first stage idle 5/11 against the formula's 1/3)",
+               fmt("idle %.6f and %.6f, makespan %g", sim.idle_share[0], sim.idle_share[1], sim.makespan));
+    }
+    {
+        Verdict v{"simulate_pipeline: the LM head's work on the last stage adds idle time to the first"};
+        int cases = 0;
+        for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+            for (const Shape& shape : accepted_shapes(kind)) {
+                if (shape.P < 2) continue;
+                v.where = shape_name(shape);
+                std::vector<double> forward, backward;
+                pipeline_stage_work(std::vector<int>(shape.P * shape.v, 4), 2.0, 3.0, &forward, &backward);
+                const double idle = simulate_pipeline(kind, shape.P, shape.m, shape.v, forward, backward).idle_share[0];
+                v.expect(idle > pipeline_bubble_theory(kind, shape.P, shape.m, shape.v) + 1e-9, "not more idle than the formula");
+                cases++;
+            }
+        v.detail = std::to_string(cases) + " shapes";
+    }
+    {
+        std::vector<double> forward, backward;
+        pipeline_stage_work({3, 5}, 2.0, 1.5, &forward, &backward);
+        expect(forward == std::vector<double>{3.0, 6.5} && backward == std::vector<double>{6.0, 10.0},
+               "pipeline_stage_work: layers' forward and backward, the head's work on the last virtual stage's forward",
+               fmt("forward %g %g", forward[0], forward[1]) + fmt(", backward %g %g", backward[0], backward[1]));
+    }
+}
+
+// pipeline_balanced_split: a split of the layers, never slower (simulated) than the even one, 1F1B's equal parts
+// when they exist and the head costs nothing (the interleaved schedule's drain can favour a lighter last chunk), and GPT-2 124M's head (13.4 layer forwards at T 1024) moved off 4 of the last stage's 6 layers.
+void test_balanced_split() {
+    Verdict v{"pipeline_balanced_split: a split of the layers, simulated no slower than the even split; 1f1b's equal parts without a head"};
+    int cases = 0;
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+        for (int P = 1; P <= 8; P *= 2)
+            for (int chunks = 1; chunks <= 2; chunks++)
+                for (int layers : {8, 12, 24, 32, 48})
+                    for (double head : {0.0, 1.0, 3.0, 13.4}) {
+                        const int m = 2 * P;
+                        if (!pipeline_schedule_problem(kind, P, m, chunks, layers).empty()) continue;
+                        v.where = std::string(pipeline_schedule_name(kind)) + fmt(" P %g v %g, %g layers", P, chunks, layers) + fmt(", head %g", head);
+                        const std::vector<int> split = pipeline_balanced_split(kind, layers, P, m, chunks, 2.0, head);
+                        std::vector<int> even;
+                        pipeline_layer_split(layers, P, chunks, "", &even);
+                        int sum = 0;
+                        for (int n : split) sum += n;
+                        v.expect((int)split.size() == P * chunks && sum == layers && *std::min_element(split.begin(), split.end()) >= 1,
+                                 "not a split of the layers into P*v non-empty parts");
+                        if ((int)split.size() != P * chunks) continue;
+                        auto makespan = [&](const std::vector<int>& s) {
+                            std::vector<double> forward, backward;
+                            pipeline_stage_work(s, 2.0, head, &forward, &backward);
+                            return simulate_pipeline(kind, P, m, chunks, forward, backward).makespan;
+                        };
+                        v.expect(makespan(split) <= makespan(even) * (1 + 1e-12), "slower than the even split");
+                        if (kind == PipelineScheduleKind::kOneFOneB && head == 0.0 && layers % P == 0) v.expect(split == even, "not the even split of equal parts when the head costs nothing");
+                        cases++;
+                    }
+    v.detail = std::to_string(cases) + " cases";
+    v.report();
+    const double head_124m = 3.0 * 50304 / (12.0 * 768 + 2.0 * 1024);
+    const std::vector<int> split = pipeline_balanced_split(PipelineScheduleKind::kOneFOneB, 12, 2, 8, 1, 2.0, head_124m);
+    std::vector<double> forward, backward;
+    pipeline_stage_work({6, 6}, 2.0, head_124m, &forward, &backward);
+    const double even = simulate_pipeline(PipelineScheduleKind::kOneFOneB, 2, 8, 1, forward, backward).makespan;
+    pipeline_stage_work(split, 2.0, head_124m, &forward, &backward);
+    const double balanced = simulate_pipeline(PipelineScheduleKind::kOneFOneB, 2, 8, 1, forward, backward).makespan;
+    expect(split == std::vector<int>{8, 4} && balanced < 0.9 * even, "pipeline_balanced_split: GPT-2 124M on 2 stages, 1f1b, m 8: 8 + 4 layers",
+           fmt("%g parts, simulated step %.1f against the even split's %.1f", split.size(), balanced, even));
+}
 }  // namespace
 
 int main() {
@@ -508,5 +605,7 @@ int main() {
     for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
         guarded(std::string(pipeline_schedule_name(kind)) + " schedules", [&] { test_schedules(kind); });
     guarded("interleaved bubble < 1f1b bubble", test_interleaved_beats_1f1b);
+    guarded("simulate_pipeline with each stage's work", test_simulation_with_work);
+    guarded("pipeline_balanced_split", test_balanced_split);
     return check_failures() ? 1 : 0;
 }
