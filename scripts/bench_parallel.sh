@@ -13,9 +13,10 @@
 #   3d       8 GPUs, dp 2 x tp 2 x pp 2 (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
 #            the 1.4B GPT of tp and a 13B GPT (40 layers, C=5120, 40 heads): tokens/s, MFU, peak memory against the
 #            memory plan train_gpt prints (train_gpt only).
-#   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B) that trains 20 steps with tp 2 x pp 2 x the
-#            rest data parallel under ZeRO-3 (fewer GPUs: tp 2, or one GPU), 1 row per micro-batch, 2 micro-batches
-#            per pipeline stage: train_gpt's memory plan refuses what does not fit before allocating (train_gpt only).
+#   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B, 6.6B) that trains 20 steps with tp 2 x pp 2 x
+#            the rest data parallel under ZeRO-1 (pipelines take stages 0-1; fewer than 4 GPUs: tp 2 or one GPU, under
+#            ZeRO-3), 1 row per micro-batch, 2 micro-batches per pipeline stage: train_gpt's memory plan refuses what
+#            does not fit before allocating (train_gpt only).
 # Usage: scripts/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
 # SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
 #   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
@@ -134,19 +135,19 @@ for section in "${SECTIONS[@]}"; do
             echo "| $label | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | ${plan:--} |"
         done ;;
     largest)
-        echo; echo "== the largest GPT that trains 20 steps here with 3D + ZeRO-3 (train_gpt) =="
         tp=1; pp=1; [ "$G" -ge 2 ] && tp=2; [ "$G" -ge 4 ] && pp=2
-        dp=$((G / (tp * pp)))
+        dp=$((G / (tp * pp))); zero=3; [ $pp -gt 1 ] && zero=1  # pipelines run ZeRO stages 0-1 only
+        echo; echo "== the largest GPT that trains 20 steps here with tp $tp x pp $pp x dp $dp, ZeRO-$zero (train_gpt) =="
         found=""
-        for m in "70B 80 8192 64" "40B 48 8192 64" "30B 60 6656 52" "20B 44 6144 48" "13B 40 5120 40"; do
+        for m in "70B 80 8192 64" "40B 48 8192 64" "30B 60 6656 52" "20B 44 6144 48" "13B 40 5120 40" "6.6B 32 4096 32"; do
             read -r label L C H <<< "$m"
             name="largest_$label"
             STEPS_SAVED=$STEPS; STEPS=17  # 20 steps in all
             ours "$name" "$G" --model d48 --layers "$L" --channels "$C" --heads "$H" --batch-size 1 \
-                --total-batch-tokens $((dp * T * 2 * pp)) --tensor-parallel $tp --pipeline-parallel $pp --zero-stage 3
+                --total-batch-tokens $((dp * T * 2 * pp)) --tensor-parallel $tp --pipeline-parallel $pp --zero-stage $zero
             STEPS=$STEPS_SAVED
             if [ -n "$OURS" ]; then
-                echo "| $label (L=$L C=$C H=$H), tp $tp x pp $pp x dp $dp, ZeRO-3: $(kv "$OURS" tokens_per_s) tok/s, MFU $(kv "$OURS" mfu)%, peak $(kv "$OURS" peak_mem_gib) GiB"
+                echo "| $label (L=$L C=$C H=$H), tp $tp x pp $pp x dp $dp, ZeRO-$zero: $(kv "$OURS" tokens_per_s) tok/s, MFU $(kv "$OURS" mfu)%, peak $(kv "$OURS" peak_mem_gib) GiB"
                 echo "|   $(grep -m1 'memory plan per GPU' "$W/$name.log")"
                 found=$label; break
             fi
