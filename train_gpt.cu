@@ -675,6 +675,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                                    12.0 * config.num_layers * config.channels * T;
     const double peak_flops = 989e12 * pg.world;  // H100/H200 dense bf16, per GPU: MFU is of all GPUs together
     std::vector<double> step_ms;  // for the closing summary
+    std::vector<typename PipelineParallel<GPT2<floatX>>::StageTiming> stage_timings;  // this rank's stage, per step
     size_t peak_memory = 0;
     int skipped_in_a_row = 0;  // steps skipped for a non-finite loss or gradient norm, up to this one
 
@@ -759,9 +760,11 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
         if (std::is_same<floatX, __half>::value) fprintf(out, " | scale %g", model.trained().scaler.scale);
         fprintf(out, " | skipped %ld%s", model.trained().scaler.skipped_steps, result.skipped ? " (this step: non-finite loss or gradients)" : "");
-        if (pipeline)  // rank 0's stage: the first
-            fprintf(out, " | bubble %.1f%% (theory %.1f%%, with the head %.1f%%)", 100.0 * pipeline->measured_bubble(),
+        if (pipeline) {  // rank 0's stage: the first
+            stage_timings.push_back(pipeline->measured());
+            fprintf(out, " | bubble %.1f%% (theory %.1f%%, with the head %.1f%%)", 100.0 * stage_timings.back().bubble(),
                     100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages), 100.0 * bubble_with_work);
+        }
         fprintf(out, "\n");
         fflush(out);
         if (log) fprintf(log, "%d %.9g %.9g %.9g %.3f\n", step, loss, lr, result.grad_norm, seconds * 1e3);
@@ -785,6 +788,19 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         const double ms = timed[timed.size() / 2];
         fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
                gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
+        // every stage's timing (the step log shows the first stage's): a slower stage makes the others wait
+        if (pipeline && coord.tp == 0 && coord.dp == 0) {
+            auto median = [](std::vector<double> v) { std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end()); return v[v.size() / 2]; };
+            std::vector<double> busy, span, bubble;
+            for (size_t i = 3; i < stage_timings.size(); i++) {
+                busy.push_back(stage_timings[i].busy_ms);
+                span.push_back(stage_timings[i].span_ms);
+                bubble.push_back(stage_timings[i].bubble());
+            }
+            printf("pipeline stage %d: median over the timed steps: busy %.2f ms of a %.2f ms span, bubble %.1f%%\n", coord.pp,
+                   median(busy), median(span), 100.0 * median(bubble));
+            fflush(stdout);
+        }
     }
     if (lora.enabled() && (!o.lora_save.empty() || !o.lora_merge.empty())) {
         const std::vector<float> adapter_values = model.adapters->parameters_host();

@@ -121,18 +121,23 @@ public:
         trained.end_backward();
     }
 
-    // After the step has been waited for: this stage's idle share of the step, from the compute stream's timing
-    // of its actions: (span - busy) / span.
-    double measured_bubble() const {
-        const size_t actions = timing_.size() / 2;
-        if (actions == 0) return 0.0;
-        float span = 0.0f, busy = 0.0f, ms;
-        cudaCheck(cudaEventElapsedTime(&span, timing_.front(), timing_.back()));
-        for (size_t i = 0; i < actions; i++) {
+    // After the step has been waited for: this stage's actions on the compute stream, from the first one's start
+    // to the last one's end (span), and the time inside them (busy); the idle share is the stage's bubble.
+    struct StageTiming {
+        double span_ms = 0, busy_ms = 0;
+        double bubble() const { return span_ms > 0 ? std::max(0.0, (span_ms - busy_ms) / span_ms) : 0.0; }
+    };
+    StageTiming measured() const {
+        StageTiming t;
+        float ms;
+        if (timing_.empty()) return t;
+        cudaCheck(cudaEventElapsedTime(&ms, timing_.front(), timing_.back()));
+        t.span_ms = ms;
+        for (size_t i = 0; i < timing_.size() / 2; i++) {
             cudaCheck(cudaEventElapsedTime(&ms, timing_[2 * i], timing_[2 * i + 1]));
-            busy += ms;
+            t.busy_ms += ms;
         }
-        return span > 0.0f ? std::max(0.0, (double)(span - busy) / span) : 0.0;
+        return t;
     }
 
 private:

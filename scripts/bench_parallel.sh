@@ -103,8 +103,8 @@ for section in "${SECTIONS[@]}"; do
         done ;;
     pp)
         echo; echo "== pipeline parallelism, 6.6B GPT, 2 rows per micro-batch (train_gpt vs torch.distributed.pipelining) =="
-        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory / with the head |"
-        echo "|---|---|---|---|---|---|---|---|---|"
+        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory / with the head | busy ms per stage |"
+        echo "|---|---|---|---|---|---|---|---|---|---|"
         for P in $(counts_upto ${PP_SIZES:-2 4 8}); do
             for per_stage in ${PP_MICRO:-2 4 8}; do
                 m=$((per_stage * P))
@@ -118,7 +118,9 @@ for section in "${SECTIONS[@]}"; do
                     bubble=$(grep -E '^step' "$W/$name.log" | tail -n "$STEPS" |
                              sed -n 's/.*bubble \([0-9.]*\)% (theory \([0-9.]*\)%, with the head \([0-9.]*\)%).*/\1 \2 \3/p' |
                              sort -n | awk '{ v[NR] = $1; t = $2; h = $3 } END { if (NR) printf "%.1f%% / %.1f%% / %.1f%%", v[int((NR + 1) / 2)], t, h; else printf "-" }')
-                    printf '%s | %s |\n' "$(row "pp $P $sched m=$m" | sed 's/ |$//')" "$bubble"
+                    # each stage's median busy time (train_gpt's closing "pipeline stage S: ..." lines), stage 0 first
+                    busy=$(sed -n 's/^pipeline stage \([0-9]*\): .* busy \([0-9.]*\) ms.*/\1 \2/p' "$W/$name.log" | sort -n | awk '{ printf "%s%s", (NR > 1 ? " / " : ""), $2 }')
+                    printf '%s | %s | %s |\n' "$(row "pp $P $sched m=$m" | sed 's/ |$//')" "$bubble" "${busy:--}"
                 done
             done
         done ;;

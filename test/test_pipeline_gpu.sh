@@ -11,7 +11,7 @@
 #   - checkpoints resume across pipeline sizes (2 -> 1, 1 -> 4, 2 -> interleaved 2 x tp 2); the exported model file
 #     equals the whole model the pp 2 run loaded; the evaluation and a sample go through all stages;
 #   - the step log shows the measured bubble next to the schedule's theory and its simulation with the LM head's
-#     work; the memory plan shows each stage.
+#     work; the memory plan shows each stage; every stage reports its timing at the end.
 # fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
 # FP32_TOL = 2e-5 is about 20 fp32 ulps of a loss near 9: reordered sums move a loss by a few ulps, and AdamW's
 # normalisation magnifies rounding noise in gradients near zero. On an H200 the 6-layer run on 4 stages differed
@@ -94,11 +94,14 @@ run pp2dp2_s0 4 --precision fp32 --pipeline-parallel 2 --zero-stage 0
 compare pp2dp2_s0 single_fp32 $FP32_TOL 0 10 "pp 2 x dp 2 ZeRO-0 fp32: 10 losses match one rank"
 
 # the memory plan shows every stage; the step log the measured bubble next to the theory, and next to the simulation
-# with the LM head's work on the last stage (47 layer forwards against 2 layers per stage: 89.2%, test_pipeline_schedule's model)
-if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%, with the head 89.2%)' "$W/pp4_fp32.out"; then
-    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11) and the simulation with the head (89.2%)"
+# with the LM head's work on the last stage (47 layer forwards against 2 layers per stage: 89.2%); each stage
+# reports its median timing at the end
+stage_lines=$(grep -cE '^pipeline stage [0-3]: median over the timed steps: busy [0-9.]+ ms' "$W/pp4_fp32.out")
+if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%, with the head 89.2%)' "$W/pp4_fp32.out" &&
+   [ "$stage_lines" -eq 4 ]; then
+    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11) and the simulation with the head (89.2%), each stage's timing"
 else
-    echo "FAIL pipeline pp 4 log: no per-stage plan or bubble: $(grep -m1 -E 'bubble|error' "$W/pp4_fp32.out")"
+    echo "FAIL pipeline pp 4 log: no per-stage plan, bubble or $stage_lines of 4 stage timings: $(grep -m1 -E 'bubble|error' "$W/pp4_fp32.out")"
 fi
 
 # resume across pipeline sizes: the step-5 checkpoint of one mesh continues on another (fp32, steps 5-9)
