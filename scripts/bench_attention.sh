@@ -10,8 +10,11 @@
 # qkv gradient is timed); dout has the strides of out.
 # FLOP convention (causal, as test/bench_attention.cu): forward 4*B*H*T^2*d / 2, backward 2.5x forward,
 # forward + backward 3.5x.
+# ROUNDS=R (default 1): R rounds, each timing ours and then SDPA on one shape before the next shape, so that both
+# sides of a shape run close together; each side keeps its best round (the backward's time at T = 4096 moves by
+# up to 6% with a state of the GPU, docs/perf.md session 16).
 # Usage: scripts/bench_attention.sh [reps]   (default 30; SHAPES="B H T D" lines override the shapes;
-#        SDPA_LAYOUTS="qkv bhtd" the layouts; SDPA_BACKENDS="flash cudnn" the backends)
+#        SDPA_LAYOUTS="qkv bhtd" the layouts; SDPA_BACKENDS="flash cudnn" the backends; ROUNDS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-30}
@@ -20,13 +23,10 @@ make -s build/bench_attention
 SHAPES=${SHAPES:-"64 12 1024 64
 8 16 2048 128
 16 12 4096 64"}
-OURS=$(while read -r B H T D; do
-    if [ -n "$B" ]; then ./build/bench_attention "$B" "$H" "$T" "$D" bf16 "$REPS"; fi
-done <<< "$SHAPES")
-printf '%s\n' "$OURS"
-REPS=$REPS OURS="$OURS" SHAPES="$SHAPES" SDPA_LAYOUTS=${SDPA_LAYOUTS:-"qkv bhtd"} SDPA_BACKENDS=${SDPA_BACKENDS:-"flash cudnn"} \
+REPS=$REPS ROUNDS=${ROUNDS:-1} SHAPES="$SHAPES" SDPA_LAYOUTS=${SDPA_LAYOUTS:-"qkv bhtd"} SDPA_BACKENDS=${SDPA_BACKENDS:-"flash cudnn"} \
     ${PYTHON:-python3} - <<'PY'
 import os
+import subprocess
 import sys
 import warnings
 
@@ -39,13 +39,23 @@ except ImportError:
     sys.exit(f"torch {torch.__version__}: torch.nn.attention.sdpa_kernel needed (torch >= 2.3)")
 
 reps = int(os.environ["REPS"])
+rounds = int(os.environ["ROUNDS"])
 layouts = os.environ["SDPA_LAYOUTS"].split()
-ours = {}
-for line in os.environ["OURS"].splitlines():
-    if not line.startswith("ours "):
-        continue
-    _, what, B, H, T, D, ms, tflops = line.split()
-    ours[(what, int(B), int(H), int(T), int(D))] = float(tflops)
+ours = {}  # (what, B, H, T, D) -> best TFLOP/s over the rounds
+
+
+def run_ours(B, H, T, D):
+    """build/bench_attention on one shape: its lines printed, its "ours WHAT B H T D MS TFLOPS" lines kept."""
+    done = subprocess.run(["./build/bench_attention", str(B), str(H), str(T), str(D), "bf16", str(reps)],
+                          capture_output=True, text=True)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        sys.exit(f"build/bench_attention {B} {H} {T} {D} exited {done.returncode}: {first_line(done.stderr)}")
+    for line in done.stdout.splitlines():
+        if line.startswith("ours "):
+            _, what, b, h, t, d, ms, tflops = line.split()
+            key = (what, int(b), int(h), int(t), int(d))
+            ours[key] = max(ours.get(key, 0.0), float(tflops))
 
 BACKENDS = {}
 for name in os.environ["SDPA_BACKENDS"].split():
@@ -104,17 +114,10 @@ def time_sdpa(backend, layout, B, H, T, D):
         return median_ms(fwd), median_ms(fwd_bwd)
 
 
-print(f"\nGPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-      f"bf16, causal, median of {reps}")
-print("FLOPs: forward 4*B*H*T^2*d/2, backward 2.5x forward, forward + backward 3.5x (as test/bench_attention.cu)")
-rows = []
-for shape in os.environ["SHAPES"].splitlines():
-    if not shape.strip():
-        continue
-    B, H, T, D = map(int, shape.split())
+def time_shape(shape):
+    """SDPA on one shape with every backend and layout; keeps each backend's best and the best of all."""
+    B, H, T, D = shape
     fwd_flops = 4 * B * H * T * T * D / 2
-    best = {"fwd": (0.0, "-"), "fwdbwd": (0.0, "-")}
-    per_backend = {name: {"fwd": None, "fwdbwd": None} for name in BACKENDS}
     for name, backend in BACKENDS.items():
         for layout in layouts:
             with warnings.catch_warnings(record=True) as caught:
@@ -131,14 +134,32 @@ for shape in os.environ["SHAPES"].splitlines():
             print(f"sdpa {name} {layout} {B} {H} {T} {D} fwd {fwd_ms:.4f} ms {tf['fwd']:.1f} TFLOP/s, "
                   f"fwd+bwd {fb_ms:.4f} ms {tf['fwdbwd']:.1f} TFLOP/s")
             for what in ("fwd", "fwdbwd"):
-                if per_backend[name][what] is None or tf[what] > per_backend[name][what]:
-                    per_backend[name][what] = tf[what]
-                if tf[what] > best[what][0]:
-                    best[what] = (tf[what], f"{name}/{layout}")
+                mine = per_backend[shape][name]
+                if mine[what] is None or tf[what] > mine[what]:
+                    mine[what] = tf[what]
+                if tf[what] > best[shape][what][0]:
+                    best[shape][what] = (tf[what], f"{name}/{layout}")
+
+
+print(f"\nGPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+      f"bf16, causal, median of {reps}" + (f", best of {rounds} rounds (ours and SDPA alternated per shape)" if rounds > 1 else ""))
+print("FLOPs: forward 4*B*H*T^2*d/2, backward 2.5x forward, forward + backward 3.5x (as test/bench_attention.cu)")
+shapes = [tuple(map(int, line.split())) for line in os.environ["SHAPES"].splitlines() if line.strip()]
+best = {shape: {"fwd": (0.0, "-"), "fwdbwd": (0.0, "-")} for shape in shapes}
+per_backend = {shape: {name: {"fwd": None, "fwdbwd": None} for name in BACKENDS} for shape in shapes}
+for r in range(rounds):
+    if rounds > 1:
+        print(f"round {r + 1} of {rounds}")
+    for shape in shapes:
+        run_ours(*shape)
+        time_shape(shape)
+rows = []
+for shape in shapes:
+    B, H, T, D = shape
     for label, what, mine_key in (("fwd", "fwd", "fwd"), ("fwd+bwd", "fwdbwd", "fwdbwd_det"),
                                   ("fwd+bwd*", "fwdbwd", "fwdbwd_atomic")):
-        rows.append(((B, H, T, D), label, ours.get((mine_key, B, H, T, D)),
-                     {name: per_backend[name][what] for name in BACKENDS}, best[what]))
+        rows.append((shape, label, ours.get((mine_key, B, H, T, D)),
+                     {name: per_backend[shape][name][what] for name in BACKENDS}, best[shape][what]))
 
 names = list(BACKENDS)
 fmt = lambda x: f"{x:.1f}" if x else "n/a"
