@@ -884,19 +884,18 @@ int main(int argc, char** argv) {
     }
     const std::string split_problem = tensor_parallel_problem(config, shape.tp);
     if (!split_problem.empty()) die(split_problem);
-    if (o.pipeline_layers == "balanced") {
-        // the simulated step needs the micro-batch count; a bad one is refused here as train() would refuse it
-        const long tokens_per_micro = (long)o.batch_size * o.seq_len * shape.dp;
-        const long total = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
-        const int micro_batches = total % tokens_per_micro == 0 ? (int)(total / tokens_per_micro) : 1;
-        const std::string problem =
-            pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers);
-        if (!problem.empty()) die(problem);
+    // the balanced split simulates the step, which needs a micro-batch count the schedule accepts; otherwise the even
+    // split stands in and train() refuses the count with its own message
+    const long tokens_per_micro = (long)o.batch_size * o.seq_len * shape.dp;
+    const long total_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
+    const int micro_batches = (int)(total_tokens / tokens_per_micro);
+    if (o.pipeline_layers == "balanced" && total_tokens % tokens_per_micro == 0 &&
+        pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers).empty()) {
         pipeline.per_virtual_stage = pipeline_balanced_split(pipeline.kind, config.num_layers, shape.pp, micro_batches, pipeline.virtual_stages,
                                                              layer_backward_work(o.recompute), lm_head_work(config, o.seq_len));
     } else {
-        const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages, o.pipeline_layers,
-                                                                &pipeline.per_virtual_stage);
+        const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages,
+                                                                o.pipeline_layers == "balanced" ? "" : o.pipeline_layers, &pipeline.per_virtual_stage);
         if (!layers_problem.empty()) die(layers_problem);
     }
     if (shape.pp > 1 && o.zero_stage >= 2)
