@@ -166,5 +166,10 @@ expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parall
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2
 expect_error "pipeline refuses LoRA" "LoRA runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --lora-rank 4
 expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 192
+# --pipeline-layers balanced with a batch or micro-batch count that is refused: the refusal's own message, not one
+# about the split
+expect_error "balanced split, interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 192
+expect_error "balanced split, total batch" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 100
+expect_error "balanced split, layers per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced
 unset WORLD_SIZE RANK
 exit 0
