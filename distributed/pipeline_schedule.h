@@ -41,6 +41,12 @@ namespace pipeline_detail {
 inline std::string stages_flags(int P, int v) {
     return "--pipeline-parallel " + std::to_string(P) + (v > 1 ? " x --virtual-stages " + std::to_string(v) : "");
 }
+// n layers in `parts` equal parts, the remainder one each to the last parts (pipeline_layer_split says why).
+inline std::vector<int> even_split(int n, int parts) {
+    std::vector<int> split;
+    for (int k = 0; k < parts; k++) split.push_back(n / parts + (k >= parts - n % parts));
+    return split;
+}
 // "" when every one of the P*v virtual stages can get a layer.
 inline std::string layers_problem(int layers, int P, int v) {
     if (layers >= P * v) return "";
@@ -82,7 +88,7 @@ inline std::string pipeline_layer_split(int layers, int P, int v, const std::str
     if (counts.empty()) {
         const std::string problem = pipeline_detail::layers_problem(layers, P, v);
         if (!problem.empty()) return problem;
-        for (int k = 0; k < stages; k++) per_virtual_stage->push_back(layers / stages + (k >= stages - layers % stages));
+        *per_virtual_stage = pipeline_detail::even_split(layers, stages);
         return "";
     }
     const std::string flag = "--pipeline-layers " + counts;
@@ -383,22 +389,17 @@ inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, doubl
 // --pipeline-layers balanced: the split whose simulated step (simulate_pipeline with pipeline_stage_work) is the
 // shortest, among those that give the last virtual stage c layers (c = 1 .. layers - P*v + 1) and the others
 // layers - c evenly (the remainder to the later ones); of equally short ones the nearest to the even split. The
-// even split (pipeline_layer_split's default) loads the LM head's stage most: a GPT-2 124M head is about 4.5
-// layers' work, 1.5B's 2.4, a 6.6B GPT's (C = 4096) 1.0. The shape must pass pipeline_schedule_problem.
+// even split (pipeline_layer_split's default) loads the LM head's stage most: at T = 1024 a GPT-2 124M head is
+// 13.4 layer forwards of work (4.5 layers' forward and backward), 1.5B's 7.1, a 6.6B GPT's (C = 4096) 2.9. The shape must pass pipeline_schedule_problem.
 inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int layers, int P, int m, int v, double layer_backward,
                                                 double head_work) {
     const int K = P * v;
     if (K == 1) return {layers};
-    auto even = [](int n, int parts) {
-        std::vector<int> split;
-        for (int k = 0; k < parts; k++) split.push_back(n / parts + (k >= parts - n % parts));
-        return split;
-    };
-    const int even_last = even(layers, K).back();
+    const int even_last = pipeline_detail::even_split(layers, K).back();
     std::vector<int> best;
     double best_makespan = 0;
     for (int c = 1; c <= layers - (K - 1); c++) {
-        std::vector<int> split = even(layers - c, K - 1);
+        std::vector<int> split = pipeline_detail::even_split(layers - c, K - 1);
         split.push_back(c);
         std::vector<double> forward, backward;
         pipeline_stage_work(split, layer_backward, head_work, &forward, &backward);
