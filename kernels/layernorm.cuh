@@ -1,7 +1,7 @@
 // LayerNorm (eps 1e-5, fp32 statistics): forward, forward fused with the residual add that precedes it,
 // and a deterministic backward.
 // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats,
-//          layernorm_backward_fuses_colsum, layernorm_backward_colsum_partials
+//          layernorm_backward_colsum_partials, kLayerNormWideMaxC
 #pragma once
 #include "common.cuh"
 
@@ -83,7 +83,8 @@ void residual_forward(floatX* residual, const floatX* a, const floatX* b, long n
     cudaCheckLaunch();
 }
 
-// Backward. One warp per row; each warp accumulates its rows' dweight/dbias contributions in its own
+// Backward of rows up to kLayerNormWideFrom wide (wider: layernorm_backward_wide_kernel, below). One warp per row;
+// each warp accumulates its rows' dweight/dbias contributions in its own
 // shared-memory region (no atomics), the block adds its warps in order into one partial row, and
 // partials_accumulate adds the blocks in order: bitwise reproducible.
 // dinp is accumulated (+=): it is the residual stream's gradient, which the LayerNorm joins.
@@ -227,6 +228,91 @@ layernorm_backward_colsum_kernel(floatX* dinp, float* partials, const floatX* do
     layernorm_backward_rows<floatX, kColsumChunks>(dinp, partials, dout, inp, weight, mean, rstd, N, C);
 }
 
+// Wide rows. The kernels above keep a warp's dweight and dbias in 8 C bytes of shared memory: at C = 4096 a block
+// holds one warp and a multiprocessor four (0.58 TB/s on an H200; layernorm_backward was 14.5 of a 339 ms step of
+// the 6.6B GPT). Here a block takes a row at a time: each thread owns 16 columns (32 above 8192), in chunks of X a
+// block's width apart, and keeps their dweight, dbias (and dinp's column sums) in registers; a row's two sums are
+// added over the block's warps through shared memory, in warp order (bitwise reproducible). The three rows it
+// reads are loaded before that reduction, so their loads are in flight during it.
+constexpr int kLayerNormWideMaxThreads = 512;
+constexpr int kLayerNormWideMaxC = 32 * kLayerNormWideMaxThreads;
+inline int layernorm_backward_wide_columns(int C) { return C <= 16 * kLayerNormWideMaxThreads ? 16 : 32; }
+inline int layernorm_backward_wide_threads(int C) {
+    return std::max(32, ceil_div(ceil_div(C, layernorm_backward_wide_columns(C)), 32) * 32);
+}
+
+template <typename floatX, int kColumns, bool kSums>
+__global__ void __launch_bounds__(kLayerNormWideMaxThreads, 1)
+layernorm_backward_wide_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
+                               const float* mean, const float* rstd, int N, int C) {
+    constexpr int X = Packed128<floatX>::size, K = kColumns / X;
+    __shared__ float row_sums[2][kLayerNormWideMaxThreads / 32][2];  // two buffers: one barrier a row, not two
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    float dw[K][X] = {}, db[K][X] = {}, colsum[kSums ? K : 1][X] = {};
+    int buffer = 0;
+    for (long row = blockIdx.x; row < N; row += gridDim.x, buffer ^= 1) {
+        Packed128<floatX> x[K], dy[K], dx[K];
+        const float m = mean[row], s = rstd[row];
+        for (int k = 0; k < K; k++) {
+            const int c = (k * blockDim.x + threadIdx.x) * X;
+            x[k] = c < C ? load128cs(inp + row * C + c) : Packed128<floatX>::zeros();
+            dy[k] = c < C ? load128cs(dout + row * C + c) : Packed128<floatX>::zeros();
+            dx[k] = c < C ? load128cs(dinp + row * C + c) : Packed128<floatX>::zeros();
+        }
+        float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const int c = (k * blockDim.x + threadIdx.x) * X;
+            const Packed128<floatX> w = c < C ? load128(weight + c) : Packed128<floatX>::zeros();  // L1-resident
+            for (int i = 0; i < X; i++) {
+                const float dnorm = to_float(w[i]) * to_float(dy[k][i]);
+                sum_dnorm += dnorm;
+                sum_dnorm_xhat += dnorm * (to_float(x[k][i]) - m) * s;
+            }
+        }
+        sum_dnorm = warp_reduce_sum(sum_dnorm);
+        sum_dnorm_xhat = warp_reduce_sum(sum_dnorm_xhat);
+        if (lane == 0) {
+            row_sums[buffer][warp][0] = sum_dnorm;
+            row_sums[buffer][warp][1] = sum_dnorm_xhat;
+        }
+        __syncthreads();
+        float mean_dnorm = 0.0f, mean_dnorm_xhat = 0.0f;
+        for (int v = 0; v < num_warps; v++) {
+            mean_dnorm += row_sums[buffer][v][0];
+            mean_dnorm_xhat += row_sums[buffer][v][1];
+        }
+        mean_dnorm /= C;
+        mean_dnorm_xhat /= C;
+        for (int k = 0; k < K; k++) {
+            const int c = (k * blockDim.x + threadIdx.x) * X;
+            if (c >= C) continue;
+            const Packed128<floatX> w = load128(weight + c);
+            Packed128<floatX> out;
+            for (int i = 0; i < X; i++) {
+                const float old = to_float(dx[k][i]), xhat = (to_float(x[k][i]) - m) * s, g = to_float(dy[k][i]);
+                if constexpr (kSums) colsum[k][i] += old;
+                dw[k][i] += g * xhat;
+                db[k][i] += g;
+                out[i] = from_float<floatX>(old + s * (to_float(w[i]) * g - mean_dnorm - xhat * mean_dnorm_xhat));
+            }
+            store128(dinp + row * C + c, out);
+        }
+    }
+    // this block's partial rows, in the layout of the kernels above
+    for (int k = 0; k < K; k++) {
+        const int c = (k * blockDim.x + threadIdx.x) * X;
+        if (c >= C) continue;
+        float* dw_row = partials + (long)blockIdx.x * 2 * C;
+        for (int i = 0; i < X; i += 4) {
+            *reinterpret_cast<float4*>(dw_row + c + i) = make_float4(dw[k][i], dw[k][i + 1], dw[k][i + 2], dw[k][i + 3]);
+            *reinterpret_cast<float4*>(dw_row + C + c + i) = make_float4(db[k][i], db[k][i + 1], db[k][i + 2], db[k][i + 3]);
+            if constexpr (kSums)
+                *reinterpret_cast<float4*>(partials + (long)gridDim.x * 2 * C + (long)blockIdx.x * C + c + i) =
+                    make_float4(colsum[k][i], colsum[k][i + 1], colsum[k][i + 2], colsum[k][i + 3]);
+        }
+    }
+}
+
 inline int layernorm_backward_blocks() { return 4 * device_sm_count(); }  // 4 per SM fit: more loads in flight
 // a block's partial rows: dweight and dbias (2C), and dinp's column sums (C)
 inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 3 * C; }
@@ -236,15 +322,17 @@ inline const float* layernorm_backward_colsum_partials(const float* scratch, int
     return scratch + (size_t)layernorm_backward_blocks() * 2 * C;
 }
 
-// dinp's column sums fit the registers for C up to kLayerNormColsumMaxChunks * 32 * X (X columns a lane a chunk):
-// 2048 in bf16 and fp16, 1024 in fp32. Wider rows keep bias_backward.
-constexpr int kLayerNormColsumMaxChunks = 8;
+// Rows wider than this take layernorm_backward_wide_kernel. Measured on an H200 (bf16, 4096 and 8192 rows): the warp
+// kernels are faster at C = 768 with 8192 rows (20.3 against 23.7 us), the wide one from C = 1024 on (1.25-1.4x at
+// 1024 and 1536, 1.9-2.3x at 1600 and 2048, 4.1-4.2x at 4096).
+constexpr int kLayerNormWideFrom = 768;
+inline bool layernorm_backward_is_wide(int C) { return C > kLayerNormWideFrom; }
+
+// layernorm_backward_colsum_kernel's chunks of 32 X columns (X a lane a chunk) for rows up to kLayerNormWideFrom wide:
+// at most 6 (fp32).
+constexpr int kLayerNormColsumMaxChunks = kLayerNormWideFrom / (32 * 4);
 template <typename floatX>
 inline int layernorm_backward_colsum_chunks(int C) { return ceil_div(C, 32 * Packed128<floatX>::size); }
-template <typename floatX>
-inline bool layernorm_backward_fuses_colsum(int C) {
-    return layernorm_backward_colsum_chunks<floatX>(C) <= kLayerNormColsumMaxChunks;
-}
 
 // Launches layernorm_backward_colsum_kernel<floatX, chunks> (kColsumChunks counts up to it).
 template <typename floatX, int kColsumChunks = 1>
@@ -264,29 +352,34 @@ void layernorm_backward_colsum_launch(int chunks, int blocks, int threads, size_
 
 // dinp += d/dinp; dweight, dbias += their gradients (skipped when dweight_then_dbias is null: frozen
 // parameters). dbias must directly follow dweight in memory (the block layout keeps every LayerNorm's
-// weight and bias adjacent). With dinp_colsum (layernorm_backward_fuses_colsum<floatX>(C) must hold):
-// dinp_colsum[c] += the sum over rows of dinp[., c] as it was on entry. `scratch` holds
+// weight and bias adjacent). With dinp_colsum: dinp_colsum[c] += the sum over rows of dinp[., c] as it was on entry. `scratch` holds
 // layernorm_backward_scratch_floats(C) floats.
 template <typename floatX>
 void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                         int C, cudaStream_t stream, floatX* dinp_colsum = nullptr) {
-    if (dinp_colsum != nullptr && !layernorm_backward_fuses_colsum<floatX>(C)) {
-        die("layernorm_backward: C=" + std::to_string(C) + " is too wide for dinp's column sums in registers");
-    }
-    const int chunks = dinp_colsum != nullptr ? layernorm_backward_colsum_chunks<floatX>(C) : 0;
-    const int width = layernorm_backward_width<floatX>(chunks, C), warps = layernorm_backward_warps(width);
     const int blocks = layernorm_backward_blocks();
-    const size_t shared_bytes = (size_t)warps * 2 * width * sizeof(float);
-    if (shared_bytes > 48 * 1024) {
-        die("layernorm_backward: C=" + std::to_string(C) + " is too large for its shared-memory accumulators");
-    }
-    if (chunks == 0) {
-        layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
-                                                                                rstd, N, C);
+    if (layernorm_backward_is_wide(C)) {
+        if (C > kLayerNormWideMaxC) {
+            die("layernorm_backward: C=" + std::to_string(C) + " is wider than the " + std::to_string(kLayerNormWideMaxC) +
+                " columns its kernel holds in registers");
+        }
+        const int threads = layernorm_backward_wide_threads(C);
+        const bool sums = dinp_colsum != nullptr, narrow = layernorm_backward_wide_columns(C) == 16;
+        auto kernel = narrow ? (sums ? layernorm_backward_wide_kernel<floatX, 16, true> : layernorm_backward_wide_kernel<floatX, 16, false>)
+                             : (sums ? layernorm_backward_wide_kernel<floatX, 32, true> : layernorm_backward_wide_kernel<floatX, 32, false>);
+        kernel<<<blocks, threads, 0, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     } else {
-        layernorm_backward_colsum_launch(chunks, blocks, warps * 32, shared_bytes, stream, dinp, scratch, dout, inp,
-                                         weight, mean, rstd, N, C);
+        const int chunks = dinp_colsum != nullptr ? layernorm_backward_colsum_chunks<floatX>(C) : 0;
+        const int width = layernorm_backward_width<floatX>(chunks, C), warps = layernorm_backward_warps(width);
+        const size_t shared_bytes = (size_t)warps * 2 * width * sizeof(float);
+        if (chunks == 0) {
+            layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dinp, scratch, dout, inp, weight, mean,
+                                                                                    rstd, N, C);
+        } else {
+            layernorm_backward_colsum_launch(chunks, blocks, warps * 32, shared_bytes, stream, dinp, scratch, dout, inp,
+                                             weight, mean, rstd, N, C);
+        }
     }
     cudaCheckLaunch();
     if (dweight_then_dbias != nullptr) partials_accumulate(dweight_then_dbias, scratch, blocks, 2 * C, stream);

@@ -11,7 +11,7 @@
 #include "../kernels/common.cuh"
 #include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant
 #include "../kernels/encoder.cuh"              // defines: encoder_forward, encoder_backward, EncoderBuckets
-#include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward (and layernorm_backward_fuses_colsum)
+#include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, kLayerNormWideMaxC
 #include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
 #include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
@@ -24,6 +24,9 @@
 #include "../distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
+
+// every width --channels accepts has a LayerNorm backward
+static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
 
 // ---------------------------------------------------------------------------------------------
 // The model
@@ -808,8 +811,8 @@ struct GPT2 {
             const floatX* dmlp = row_output_grad(dresidual);
             // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
-            // sequence parallelism leaves this rank only its rows of dresidual or C is too wide for that kernel.
-            const bool bias_in_layernorm = sequence_split() == 1 && layernorm_backward_fuses_colsum<floatX>(C);
+            // sequence parallelism leaves this rank only its rows of dresidual.
+            const bool bias_in_layernorm = sequence_split() == 1;
             matmul_backward(dbig, grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), reduce_scratch, dmlp,
                             a.fch_gelu, param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {

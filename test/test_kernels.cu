@@ -517,6 +517,13 @@ void test_precision(cudaStream_t stream) {
     // more rows than the LayerNorm backward has warps (8 in each of 4 blocks a multiprocessor: 4224 on an H200), so
     // that warps accumulate several rows
     test_layernorm<floatX>({8, 1024, 768, 12}, tag, stream);
+    // rows past kLayerNormWideFrom take the wide kernel: just past it (a block's last warp partly idle), C not a
+    // multiple of a block's width (4200), more rows than its blocks take at once (4 x 1100), and the widest rows of
+    // 16 and of 32 columns a thread
+    test_layernorm<floatX>({1, 37, 2056, 1}, tag, stream);
+    test_layernorm<floatX>({4, 1100, 4200, 1}, tag, stream);
+    test_layernorm<floatX>({1, 19, 8192, 1}, tag, stream);
+    test_layernorm<floatX>({1, 9, kLayerNormWideMaxC, 1}, tag, stream);
     test_matmul<floatX>(111, 200, 600, tag, stream);
     test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
