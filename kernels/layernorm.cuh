@@ -84,9 +84,9 @@ void residual_forward(floatX* residual, const floatX* a, const floatX* b, long n
 }
 
 // Backward of rows up to kLayerNormWideFrom wide (wider: layernorm_backward_wide_kernel, below). One warp per row;
-// each warp accumulates its rows' dweight/dbias contributions in its own
-// shared-memory region (no atomics), the block adds its warps in order into one partial row, and
-// partials_accumulate adds the blocks in order: bitwise reproducible.
+// each warp accumulates its rows' dweight/dbias contributions in its own shared-memory region (no atomics), the
+// block adds its warps in order into one partial row, and partials_accumulate adds the blocks in order: bitwise
+// reproducible.
 // dinp is accumulated (+=): it is the residual stream's gradient, which the LayerNorm joins.
 // layernorm_backward_colsum_kernel also sums dinp's columns as they were on entry: where dinp holds the gradient of
 // a row-parallel projection's output, that is the projection's bias gradient, and the model needs no bias_backward
@@ -232,8 +232,8 @@ layernorm_backward_colsum_kernel(floatX* dinp, float* partials, const floatX* do
 // holds one warp and a multiprocessor four (0.58 TB/s on an H200; layernorm_backward was 14.5 of a 339 ms step of
 // the 6.6B GPT). Here a block takes a row at a time: each thread owns 16 columns (32 above 8192), in chunks of X a
 // block's width apart, and keeps their dweight, dbias (and dinp's column sums) in registers; a row's two sums are
-// added over the block's warps through shared memory, in warp order (bitwise reproducible). The three rows it
-// reads are loaded before that reduction, so their loads are in flight during it.
+// added over the block's warps through shared memory, in warp order (bitwise reproducible). The row's x, dy and
+// dinp are all loaded before that reduction, so the loads are in flight during it.
 constexpr int kLayerNormWideMaxThreads = 512;
 constexpr int kLayerNormWideMaxC = 32 * kLayerNormWideMaxThreads;
 inline int layernorm_backward_wide_columns(int C) { return C <= 16 * kLayerNormWideMaxThreads ? 16 : 32; }
