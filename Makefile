@@ -24,7 +24,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/bench_attention $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
+            $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
 
 .PHONY: all tests test train clean
 all: train_gpt $(BUILD)/prepare_shards
@@ -71,8 +71,11 @@ $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_refe
 $(BUILD)/test_attention: test/test_attention.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_attention.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
 
-$(BUILD)/bench_attention: test/bench_attention.cu $(KERNELS) | $(BUILD)
+$(BUILD)/bench_attention: test/bench_attention.cu test/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/bench_attention.cu $(CUDA_LIBS) -o $@
+
+$(BUILD)/bench_memory_bound: test/bench_memory_bound.cu test/bench_util.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/bench_memory_bound.cu $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

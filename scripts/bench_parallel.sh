@@ -23,7 +23,8 @@
 # Environment: STEPS (timed steps, default 10; train_gpt runs 3 more as warm-up, PyTorch WARMUP more),
 #   WARMUP (PyTorch's untimed steps, the first compiles; default 3), NO_TORCH=1 (train_gpt only), PYTHON.
 #   Subsets, so that a section fits a device call: TP_MODELS (labels, default "1.4B 6.6B"), TP_SIZES (default
-#   "1 2 4 8"), PP_SIZES (default "2 4 8"), PP_MICRO (micro-batches per stage, default "2 4 8"), PP_SCHEDULES
+#   "1 2 4 8"), TP_SP (sequence parallelism off and on at tp > 1, default "0 1"), PP_SIZES (default "2 4 8"),
+#   PP_MICRO (micro-batches per stage, default "2 4 8"), PP_SCHEDULES
 #   (default "1f1b interleaved"); sizes above the GPU count are skipped.
 # Logs: build/bench_parallel/. Summary lines start with "| ".
 set -uo pipefail
@@ -92,7 +93,7 @@ for section in "${SECTIONS[@]}"; do
             [ "$SMOKE" = 1 ] || [[ " ${TP_MODELS:-1.4B 6.6B} " == *" $label "* ]] || continue
             shape=(--layers "$L" --channels "$C" --heads "$H")
             for tp in $(counts_upto ${TP_SIZES:-1 2 4 8}); do
-                for sp in 0 1; do
+                for sp in ${TP_SP:-0 1}; do
                     [ "$tp" = 1 ] && [ $sp = 1 ] && continue
                     name="tp_${label}_tp${tp}_sp${sp}"
                     ours "$name" "$tp" --model d48 "${shape[@]}" --batch-size "$B" --tensor-parallel "$tp" --sequence-parallel $sp
