@@ -313,6 +313,14 @@ layernorm_backward_wide_kernel(floatX* dinp, float* partials, const floatX* dout
     }
 }
 
+// The wide kernel's instance for rows of C columns, with or without dinp's column sums.
+template <typename floatX>
+auto layernorm_backward_wide_kernel_for(int C, bool sums) {
+    if (layernorm_backward_wide_columns(C) == 16)
+        return sums ? layernorm_backward_wide_kernel<floatX, 16, true> : layernorm_backward_wide_kernel<floatX, 16, false>;
+    return sums ? layernorm_backward_wide_kernel<floatX, 32, true> : layernorm_backward_wide_kernel<floatX, 32, false>;
+}
+
 inline int layernorm_backward_blocks() { return 4 * device_sm_count(); }  // 4 per SM fit: more loads in flight
 // a block's partial rows: dweight and dbias (2C), and dinp's column sums (C)
 inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)layernorm_backward_blocks() * 3 * C; }
@@ -330,7 +338,7 @@ inline bool layernorm_backward_is_wide(int C) { return C > kLayerNormWideFrom; }
 
 // layernorm_backward_colsum_kernel's chunks of 32 X columns (X a lane a chunk) for rows up to kLayerNormWideFrom wide:
 // at most 6 (fp32).
-constexpr int kLayerNormColsumMaxChunks = kLayerNormWideFrom / (32 * 4);
+constexpr int kLayerNormColsumMaxChunks = kLayerNormWideFrom / (32 * Packed128<float>::size);
 template <typename floatX>
 inline int layernorm_backward_colsum_chunks(int C) { return ceil_div(C, 32 * Packed128<floatX>::size); }
 
@@ -352,8 +360,8 @@ void layernorm_backward_colsum_launch(int chunks, int blocks, int threads, size_
 
 // dinp += d/dinp; dweight, dbias += their gradients (skipped when dweight_then_dbias is null: frozen
 // parameters). dbias must directly follow dweight in memory (the block layout keeps every LayerNorm's
-// weight and bias adjacent). With dinp_colsum: dinp_colsum[c] += the sum over rows of dinp[., c] as it was on entry. `scratch` holds
-// layernorm_backward_scratch_floats(C) floats.
+// weight and bias adjacent). With dinp_colsum: dinp_colsum[c] += the sum over rows of dinp[., c] as it was on
+// entry. `scratch` holds layernorm_backward_scratch_floats(C) floats.
 template <typename floatX>
 void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
@@ -364,11 +372,8 @@ void layernorm_backward(floatX* dinp, floatX* dweight_then_dbias, float* scratch
             die("layernorm_backward: C=" + std::to_string(C) + " is wider than the " + std::to_string(kLayerNormWideMaxC) +
                 " columns its kernel holds in registers");
         }
-        const int threads = layernorm_backward_wide_threads(C);
-        const bool sums = dinp_colsum != nullptr, narrow = layernorm_backward_wide_columns(C) == 16;
-        auto kernel = narrow ? (sums ? layernorm_backward_wide_kernel<floatX, 16, true> : layernorm_backward_wide_kernel<floatX, 16, false>)
-                             : (sums ? layernorm_backward_wide_kernel<floatX, 32, true> : layernorm_backward_wide_kernel<floatX, 32, false>);
-        kernel<<<blocks, threads, 0, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
+        auto kernel = layernorm_backward_wide_kernel_for<floatX>(C, dinp_colsum != nullptr);
+        kernel<<<blocks, layernorm_backward_wide_threads(C), 0, stream>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     } else {
         const int chunks = dinp_colsum != nullptr ? layernorm_backward_colsum_chunks<floatX>(C) : 0;
         const int width = layernorm_backward_width<floatX>(chunks, C), warps = layernorm_backward_warps(width);

@@ -65,8 +65,7 @@ void bench_layernorm_backward(long N, int C, cudaStream_t stream) {
                    layernorm_backward_kernel<<<blocks, warps * 32, shared_bytes, stream>>>(dx, scratch, dy, x, w, mean, rstd, (int)N, C);
                }, warmup, reps, stream));
     const int threads = layernorm_backward_wide_threads(C);
-    auto wide = layernorm_backward_wide_columns(C) == 16 ? layernorm_backward_wide_kernel<bf16, 16, false>
-                                                         : layernorm_backward_wide_kernel<bf16, 32, false>;
+    auto wide = layernorm_backward_wide_kernel_for<bf16>(C, false);
     report("wide kernel alone", median_ms([&] { wide<<<blocks, threads, 0, stream>>>(dx, scratch, dy, x, w, mean, rstd, (int)N, C); },
                                           warmup, reps, stream));
     cudaCheck(cudaGetLastError());
