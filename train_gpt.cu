@@ -483,17 +483,25 @@ struct PipelineOptions {
     std::vector<int> per_virtual_stage;
 };
 
+// The micro-batches of a step (gradient-accumulation steps, and the pipeline's micro-batches): --total-batch-tokens
+// (default: one micro-batch) over the tokens of a micro-batch on all data-parallel ranks; 0 when it does not divide.
+static int micro_batches_per_step(const Options& o, int dp) {
+    const long per_micro = (long)o.batch_size * o.seq_len * dp;
+    const long total = o.total_batch_tokens > 0 ? o.total_batch_tokens : per_micro;
+    return total % per_micro == 0 ? (int)(total / per_micro) : 0;
+}
+
 template <typename floatX>
 int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::vector<float>* initial_values,
           const LoraSpec& lora, const std::vector<float>* initial_adapters, const PipelineOptions& po) {
     const int B = o.batch_size, T = o.seq_len;  // per data-parallel rank (its tensor-parallel ranks share the rows)
     const MeshCoord coord = mesh_coord(shape, pg.rank);
     const long tokens_per_micro = (long)B * T * shape.dp;
-    const long total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
-    if (total_batch_tokens % tokens_per_micro != 0)
-        die("--total-batch-tokens " + std::to_string(total_batch_tokens) + " is not a multiple of --batch-size x --seq-len" +
+    const int grad_accum = micro_batches_per_step(o, shape.dp);
+    if (grad_accum == 0)
+        die("--total-batch-tokens " + std::to_string(o.total_batch_tokens) + " is not a multiple of --batch-size x --seq-len" +
             (shape.dp > 1 ? " x data-parallel ranks (" + std::to_string(shape.dp) + ")" : std::string()) + " = " + std::to_string(tokens_per_micro));
-    const int grad_accum = (int)(total_batch_tokens / tokens_per_micro);
+    const long total_batch_tokens = grad_accum * tokens_per_micro;
     // pipeline parallelism: the gradient-accumulation steps are the micro-batches
     const std::string schedule_problem = pipeline_schedule_problem(po.kind, shape.pp, grad_accum, po.virtual_stages, config.num_layers);
     if (!schedule_problem.empty()) die(schedule_problem);
@@ -886,10 +894,8 @@ int main(int argc, char** argv) {
     if (!split_problem.empty()) die(split_problem);
     // the balanced split simulates the step, which needs a micro-batch count the schedule accepts; otherwise the even
     // split stands in and train() refuses the count with its own message
-    const long tokens_per_micro = (long)o.batch_size * o.seq_len * shape.dp;
-    const long total_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
-    const int micro_batches = (int)(total_tokens / tokens_per_micro);
-    if (o.pipeline_layers == "balanced" && total_tokens % tokens_per_micro == 0 &&
+    const int micro_batches = micro_batches_per_step(o, shape.dp);
+    if (o.pipeline_layers == "balanced" && micro_batches > 0 &&
         pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers).empty()) {
         pipeline.per_virtual_stage = pipeline_balanced_split(pipeline.kind, config.num_layers, shape.pp, micro_batches, pipeline.virtual_stages,
                                                              layer_backward_work(o.recompute), lm_head_work(config, o.seq_len));
