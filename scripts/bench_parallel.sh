@@ -10,7 +10,7 @@
 #            ScheduleInterleaved1F1B, and train_gpt's measured bubble (median over the timed steps of its step
 #            log) against the formula's and against the schedule simulated with the LM head's work on the last stage.
 #            PP_LAYERS=balanced passes --pipeline-layers balanced to train_gpt (default: the even split).
-#   3d       8 GPUs, dp 2 x tp 2 x pp 2 (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
+#   3d       8 GPUs, dp 2 x tp 2 x pp 2 (4 GPUs: dp 1) (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
 #            the 1.4B GPT of tp and a 13B GPT (40 layers, C=5120, 40 heads): tokens/s, MFU, peak memory against the
 #            memory plan train_gpt prints (train_gpt only).
 #   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B, 6.6B) that trains 20 steps with tp 2 x pp 2 x
@@ -126,13 +126,15 @@ for section in "${SECTIONS[@]}"; do
             done
         done ;;
     3d)
-        echo; echo "== 3D: dp 2 x tp 2 x pp 2, ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank (train_gpt) =="
-        if [ "$G" -lt 8 ]; then echo "  not run: needs 8 GPUs, this machine has $G"; continue; fi
+        # dp 2 on 8 GPUs; on 4, the same tp 2 x pp 2 without data parallelism
+        dp=0; [ "$G" -ge 4 ] && dp=1; [ "$G" -ge 8 ] && dp=2
+        echo; echo "== 3D: dp $dp x tp 2 x pp 2, ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank (train_gpt) =="
+        if [ $dp = 0 ]; then echo "  not run: needs 4 GPUs (8 for dp 2), this machine has $G"; continue; fi
         echo "| model | tok/s | MFU % | peak GiB | plan GiB |"; echo "|---|---|---|---|---|"
         for m in "1.4B 48 1536 24" "13B 40 5120 40"; do
             read -r label L C H <<< "$m"
-            name="3d_$label"
-            ours "$name" 8 --model d48 --layers "$L" --channels "$C" --heads "$H" --batch-size 2 --total-batch-tokens $((2 * 2 * T * 8)) \
+            name="3d_dp${dp}_$label"
+            ours "$name" $((dp * 4)) --model d48 --layers "$L" --channels "$C" --heads "$H" --batch-size 2 --total-batch-tokens $((dp * 2 * T * 8)) \
                 --tensor-parallel 2 --pipeline-parallel 2 --pipeline-schedule interleaved --zero-stage 1
             plan=$(grep -m1 'memory plan per GPU' "$W/$name.log" | sed -n 's/.*| total \([0-9.]*\) of.*/\1/p')
             echo "| $label | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | ${plan:--} |"
