@@ -856,6 +856,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time also into a file or a pipe (launchers, Slurm), not at exit
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     Options o = parse_options(argc, argv);
     // the process mesh: data parallel x pipeline parallel x tensor parallel

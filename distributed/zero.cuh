@@ -438,6 +438,23 @@ public:
         ring_unit_[0] = ring_unit_[1] = -1;
     }
 
+    // set_parameters for one unit, from `values` on the device (fp32, the unit's padded length), nothing on the
+    // host: the initialisation, unit by unit.
+    void set_unit(int u, const float* values) {
+        wait_for_parameters();
+        const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
+        if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
+        else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
+        if (kHasMaster && trainable_) {
+            if (stage_ >= 1)
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+            else
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+        }
+        persistent_gathered_ = false;
+        ring_unit_[0] = ring_unit_[1] = -1;
+    }
+
     // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
     std::vector<float> parameters_host() {
         wait_for_parameters();

@@ -1,5 +1,5 @@
 // Parameter initialisation and precision conversion on the device.
-// defines: fill_normal, fill_uniform, fill_constant, convert_precision
+// defines: fill_normal, fill_uniform, fill_constant, CopyRun, copy_runs, convert_precision
 #pragma once
 #include "common.cuh"
 
@@ -34,6 +34,22 @@ __global__ void fill_constant_kernel(float* out, long n, float value) {
 }
 inline void fill_constant(float* out, long n, float value, cudaStream_t stream) {
     fill_constant_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, value);
+    cudaCheckLaunch();
+}
+
+// A contiguous piece of one array copied to another: dst[to + i] = src[from + i] for i < count.
+struct CopyRun { size_t from, to, count; };
+// All `n` runs (on the device) in one launch, a block per run: a tensor-parallel slice of a unit is thousands of
+// short runs (a row-parallel weight: one per output row), too many for a copy call each.
+__global__ void copy_runs_kernel(float* dst, const float* src, const CopyRun* runs, int n) {
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const CopyRun run = runs[r];
+        for (size_t i = threadIdx.x; i < run.count; i += blockDim.x) dst[run.to + i] = src[run.from + i];
+    }
+}
+inline void copy_runs(float* dst, const float* src, const CopyRun* runs, int n, cudaStream_t stream) {
+    if (n == 0) return;
+    copy_runs_kernel<<<std::min(n, 65535), 256, 0, stream>>>(dst, src, runs, n);
     cudaCheckLaunch();
 }
 

@@ -1,7 +1,7 @@
 // The model: GPT-2 on one rank -- its parameters (sharded by ZeRO, split by tensor parallelism, a pipeline
 // stage's part), LoRA adapters, activation sets, the start-up memory plan, initialisation, forward, backward
 // and the losses, one kernel call per operation.
-// defines: LayerActivations, ActivationSet, ActivationPlan, gib, device_memory_in_use, MemoryPlan, GPT2
+// defines: LayerActivations, ActivationSet, ActivationPlan, gib, device_memory_in_use, UnitRuns, unit_runs, MemoryPlan, GPT2
 #pragma once
 #include <algorithm>
 #include <array>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 #include "../kernels/common.cuh"
-#include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant
+#include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant, CopyRun, copy_runs
 #include "../kernels/encoder.cuh"              // defines: encoder_forward, encoder_backward, EncoderBuckets
 #include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, kLayerNormWideMaxC
 #include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
@@ -68,6 +68,30 @@ inline size_t device_memory_in_use() {
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     return total_bytes - free_bytes;
+}
+
+// Tensor-parallel rank `tp_rank`'s runs of `local` (a stage's slices) in `full` (the whole model, tp = 1), by
+// local unit: runs[u] are relative to local unit u and to the one full unit they all come from, source[u]. What
+// the initialisation copies out of each whole unit it draws.
+struct UnitRuns {
+    std::vector<std::vector<CopyRun>> runs;
+    std::vector<int> source;
+};
+inline UnitRuns unit_runs(const ParameterLayout& local, const ParameterLayout& full, int tp_rank) {
+    auto unit_at = [](const std::vector<size_t>& offsets, size_t offset) {
+        return (int)(std::upper_bound(offsets.begin(), offsets.end(), offset) - offsets.begin()) - 1;
+    };
+    UnitRuns r{std::vector<std::vector<CopyRun>>(local.num_units()), std::vector<int>(local.num_units(), -1)};
+    local.for_each_full_run(full, tp_rank, [&](size_t from, size_t to, size_t n) {
+        const int u = unit_at(local.unit_offsets, to), f = unit_at(full.unit_offsets, from);
+        if (r.source[u] < 0) r.source[u] = f;
+        if (f != r.source[u] || from + n > full.unit_offset(f) + full.unit_size(f) || to + n > local.unit_offset(u) + local.unit_size(u))
+            die("internal: a parameter run crosses a unit");
+        r.runs[u].push_back({from - full.unit_offset(f), to - local.unit_offset(u), n});
+    });
+    for (int u = 0; u < local.num_units(); u++)
+        if (r.source[u] < 0) die("internal: a parameter unit without runs");
+    return r;
 }
 
 // Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
@@ -267,9 +291,11 @@ struct GPT2 {
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
-        // the initialisation's transient staging (init_parameters: one fp32 unit; set_parameters: its chunks) included
-        const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters makes whole units
-        const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()), ZeroOptimizer<floatX>::kStagingFloats);
+        // the initialisation's transient staging (init_parameters: a whole fp32 unit and this rank's part of one;
+        // set_parameters: its chunks) included
+        const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
+        const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end()),
+                                        ZeroOptimizer<floatX>::kStagingFloats);
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
                     (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                     flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
@@ -452,20 +478,32 @@ struct GPT2 {
     std::vector<StageModel> stage_parts = {StageModel()};
     // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank.
     std::vector<float> full_parameters_host() { return assemble_whole_model(zero->parameters_host(), stage_parts); }
-    // Made unit by unit through one unit-sized device buffer: a model too large for one GPU still initialises.
+    // Unit by unit on the device: each unit this rank holds is drawn whole (a unit of full_layout, so that every
+    // tensor- and pipeline-parallel split makes the same model), this rank's slices are copied out of it, and
+    // ZeRO stores them. Nothing passes through the host: a rank neither holds nor draws more than its own
+    // stage's units (the whole model in host memory on every rank ran a 4-rank 30B GPT out of host memory).
     void init_parameters(uint64_t seed) {
-        const std::vector<size_t>& offsets = full_layout.unit_offsets;
-        const std::vector<size_t>& sizes = full_layout.unit_sizes;
-        float* staging;
-        cudaCheck(cudaMalloc(&staging, *std::max_element(sizes.begin(), sizes.end()) * sizeof(float)));
-        std::vector<float> values(full_layout.total, 0.0f);
-        for (size_t u = 0; u < sizes.size(); u++) {
-            init_unit(seed, (int)u, staging);
-            cudaCheck(cudaMemcpyAsync(values.data() + offsets[u], staging, sizes[u] * sizeof(float), cudaMemcpyDeviceToHost, stream));
-            cudaCheck(cudaStreamSynchronize(stream));
+        const UnitRuns r = unit_runs(layout, full_layout, mesh.tensor.rank);
+        size_t most_runs = 0, largest_full = 0, largest_local = 0;
+        for (int u = 0; u < layout.num_units(); u++) {
+            most_runs = std::max(most_runs, r.runs[u].size());
+            largest_full = std::max(largest_full, full_layout.unit_size(r.source[u]));
+            largest_local = std::max(largest_local, layout.unit_size(u));
         }
-        cudaCheck(cudaFree(staging));
-        set_parameters(values);
+        float *full_unit, *local_unit;
+        CopyRun* device_runs;
+        cudaCheck(cudaMalloc(&full_unit, largest_full * sizeof(float)));
+        cudaCheck(cudaMalloc(&local_unit, largest_local * sizeof(float)));
+        cudaCheck(cudaMalloc(&device_runs, most_runs * sizeof(CopyRun)));
+        for (int u = 0; u < layout.num_units(); u++) {
+            init_unit(seed, r.source[u], full_unit);
+            cudaCheck(cudaMemsetAsync(local_unit, 0, layout.unit_size(u) * sizeof(float), stream));  // the padding
+            cudaCheck(cudaMemcpyAsync(device_runs, r.runs[u].data(), r.runs[u].size() * sizeof(CopyRun), cudaMemcpyHostToDevice, stream));
+            copy_runs(local_unit, full_unit, device_runs, (int)r.runs[u].size(), stream);
+            zero->set_unit(u, local_unit);
+            cudaCheck(cudaStreamSynchronize(stream));  // before the next unit overwrites the buffers
+        }
+        for (void* p : {(void*)full_unit, (void*)local_unit, (void*)device_runs}) cudaCheck(cudaFree(p));
     }
 
     // Copies a device buffer of `count` elements to fp32 on the host.

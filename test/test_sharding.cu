@@ -5,7 +5,8 @@
 // weight decay covers exactly the matrices and embeddings, and LayoutMask::contains_bits (AdamW's per-vector
 // form) equals contains. Checkpoints: optimizer state written by N ranks at
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
-// pipeline-parallel sizes. The pipeline stages' parts cover the model once (the tied wte twice).
+// pipeline-parallel sizes. The pipeline stages' parts cover the model once (the tied wte twice). The
+// initialisation's runs, unit by unit, give each rank's part.
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -241,6 +242,47 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
                     std::to_string(new_world) + " ranks", "");
 }
 
+// The initialisation's runs (unit_runs): copied unit by unit out of a whole model of distinct values, they give
+// each rank's part exactly as for_each_full_run maps it (padding zero), at tp 1-4 and on every pipeline stage
+// of 1-4 stages with 1 or 2 chunks each.
+static void check_unit_runs(const ModelConfig& config, const std::string& name) {
+    const ParameterLayout full(config, 8 * 3);
+    std::vector<float> values(full.total);
+    for (size_t i = 0; i < full.total; i++) values[i] = (float)(i + 1);  // distinct: the model has fewer than 2^24
+    bool exact = true;
+    int parts = 0;
+    for (int tp : {1, 2, 4}) {
+        if (tensor_parallel_problem(config, tp) != "") continue;
+        for (int pp = 1; pp <= 4; pp++)
+            for (int v : {1, 2}) {
+                std::vector<int> per_virtual_stage;
+                if (pp == 1 && v == 2) continue;
+                if (pp > 1 && !pipeline_layer_split(config.num_layers, pp, v, "", &per_virtual_stage).empty()) continue;
+                for (int p = 0; p < pp; p++) {
+                    std::vector<int> chunks;
+                    const StageModel part = pp == 1 ? StageModel() : pipeline_stage_model(per_virtual_stage, pp, p, &chunks);
+                    const ParameterLayout local(config, 8 * 3, tp, part);
+                    for (int r = 0; r < tp; r++) {
+                        std::vector<float> expected(local.total, 0.0f), made(local.total, 0.0f);
+                        local.for_each_full_run(full, r, [&](size_t from, size_t to, size_t n) {
+                            std::copy(values.begin() + from, values.begin() + from + n, expected.begin() + to);
+                        });
+                        const UnitRuns runs = unit_runs(local, full, r);
+                        for (int u = 0; u < local.num_units(); u++)
+                            for (const CopyRun& c : runs.runs[u])
+                                std::copy(values.begin() + full.unit_offset(runs.source[u]) + c.from,
+                                          values.begin() + full.unit_offset(runs.source[u]) + c.from + c.count,
+                                          made.begin() + local.unit_offset(u) + c.to);
+                        exact = exact && made == expected;
+                        parts++;
+                    }
+                }
+            }
+    }
+    check(exact && parts > 0, "initialisation runs " + name + ": unit by unit, each rank's part of the whole model",
+          std::to_string(parts) + " parts (tp 1-4, pp 1-4, 1-2 chunks a stage)");
+}
+
 int main() {
     ModelConfig d12;
     config_from_descriptor("d12", d12);
@@ -264,6 +306,9 @@ int main() {
     ModelConfig eight = split;
     eight.num_layers = 8;
     check_pipeline_layout(eight, "8 layers");
+    check_unit_runs(toy, "toy");
+    check_unit_runs(split, "4 heads");
+    check_unit_runs(eight, "8 layers");
     for (const auto& c : {std::make_tuple(2, 1, 1, 1), std::make_tuple(2, 3, 2, 1), std::make_tuple(4, 1, 0, 2), std::make_tuple(2, 2, 2, 2),
                           std::make_tuple(4, 2, 3, 3), std::make_tuple(2, 2, 0, 1)})
         check_resharding(split, std::get<1>(c), std::get<2>(c), std::get<3>(c), true, std::get<0>(c));
