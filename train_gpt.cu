@@ -25,7 +25,7 @@
 #include "distributed/pipeline_parallel.cuh"  // defines: PipelineParallel (runs a stage's schedule: compute and transfers)
 #include "model/config.h"                 // defines: ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
 #include "model/lora.h"                   // defines: LoraSpec, AdapterLayout, read_adapter_file, write_adapter_file, merge_adapters
-#include "model/model_file.h"             // defines: read_model_header, read_model_file, write_model_file (llm.c model files)
+#include "model/model_file.h"             // defines: read_model_header, open_model_file, read_model_part, write_model_file (llm.c model files)
 #include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories
 
@@ -407,7 +407,7 @@ struct SampleText {
 
 // --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
 template <typename floatX>
-int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::vector<float>* initial_values) {
+int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::string& model_file) {
     if (pg.world > 1) die("--generate runs on one GPU");
     pg.connect({o.nccl_init_file, o.nccl_timeout});
     matmul_setup(o.tf32 != 0);
@@ -417,7 +417,7 @@ int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config,
         const ProcessMesh single;  // one rank: no communicators
         GPT2<floatX> model(config, pg, single, 0, stream);
         model.allocate(1, config.max_seq_len);
-        if (initial_values) model.set_parameters(*initial_values);
+        if (!model_file.empty()) model.load_parameters(model_file);
         else model.init_parameters((uint64_t)o.seed);
         SampleText text(o.tokenizer);
         std::vector<int> prompt = text.prompt_tokens(o.prompt);
@@ -492,7 +492,7 @@ static int micro_batches_per_step(const Options& o, int dp) {
 }
 
 template <typename floatX>
-int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::vector<float>* initial_values,
+int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::string& model_file,
           const LoraSpec& lora, const std::vector<float>* initial_adapters, const PipelineOptions& po) {
     const int B = o.batch_size, T = o.seq_len;  // per data-parallel rank (its tensor-parallel ranks share the rows)
     const MeshCoord coord = mesh_coord(shape, pg.rank);
@@ -654,7 +654,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         fprintf(out, "resumed from %s at step %d\n", checkpoint_path(o.output_dir, "model", resume_step).c_str(), resume_step);
     }
     if (resume_step < 0) {
-        if (initial_values) model.set_parameters(*initial_values);
+        if (!model_file.empty()) model.load_parameters(model_file);
         else model.init_parameters((uint64_t)o.seed);
         if (lora.enabled()) {
             if (initial_adapters) model.adapters->set_parameters(*initial_adapters);
@@ -872,7 +872,6 @@ int main(int argc, char** argv) {
     pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages : pipeline.kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
     // model shape: a dN descriptor (plus overrides), or a model file
     ModelConfig config;
-    std::vector<float> initial_values;
     std::string descriptor_problem;
     const bool from_file = !config_from_descriptor(o.model, config, &descriptor_problem);
     if (!descriptor_problem.empty()) die("--model " + o.model + ": " + descriptor_problem);
@@ -880,7 +879,8 @@ int main(int argc, char** argv) {
     if (from_file && stat(o.model.c_str(), &model_stat) == 0 && S_ISDIR(model_stat.st_mode))
         die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
-        config = read_model_file(o.model, initial_values, 8 * shape.dp);
+        size_t element_bytes;
+        fclose(open_model_file(o.model, &config, &element_bytes));  // its shape and size; each rank reads its part later
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
             die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
     } else {
@@ -945,7 +945,7 @@ int main(int argc, char** argv) {
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");
     if ((o.keep_checkpoints > 0 || o.checkpoint_every > 0) && o.output_dir.empty())
         die(std::string(o.keep_checkpoints > 0 ? "--keep-checkpoints" : "--checkpoint-every") + " needs --output-dir (where the checkpoints go)");
-    const std::vector<float>* initial = from_file ? &initial_values : nullptr;
+    const std::string initial = from_file ? o.model : "";  // empty: a random initialisation
     int rc;
     if (o.generate > 0)
         rc = o.precision == "fp32" ? generate_only<float>(o, pg, config, initial)

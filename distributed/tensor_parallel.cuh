@@ -111,12 +111,13 @@ struct TensorParallel {
 
     // Every rank's `local` (fp32 on the host, the same length on every rank), in rank order. Through the device
     // in chunks of at most 64 MB per rank, so that no GPU ever holds the whole model; each chunk is waited for
-    // within pg's deadline. A collective of the group.
-    std::vector<std::vector<float>> all_gather_host(const std::vector<float>& local, cudaStream_t stream, const ProcessGroup& pg) const {
-        if (group.size == 1) return {local};
+    // within pg's deadline. A collective of the group; keep = false: this rank only sends, and gets nothing back.
+    std::vector<std::vector<float>> all_gather_host(const std::vector<float>& local, cudaStream_t stream, const ProcessGroup& pg,
+                                                    bool keep = true) const {
+        if (group.size == 1) return keep ? std::vector<std::vector<float>>{local} : std::vector<std::vector<float>>{};
         const size_t n = local.size(), chunk = std::max<size_t>(1, std::min(n, (size_t)1 << 24));
         const int ranks = group.size;
-        std::vector<std::vector<float>> all(ranks, std::vector<float>(n));
+        std::vector<std::vector<float>> all(keep ? ranks : 0, std::vector<float>(n));
         float *send, *receive, *host;
         cudaCheck(cudaMalloc(&send, chunk * sizeof(float)));
         cudaCheck(cudaMalloc(&receive, chunk * ranks * sizeof(float)));
@@ -125,9 +126,10 @@ struct TensorParallel {
             const size_t count = std::min(chunk, n - offset);
             cudaCheck(cudaMemcpyAsync(send, local.data() + offset, count * sizeof(float), cudaMemcpyHostToDevice, stream));
             ncclCheck(ncclAllGather(send, receive, count, ncclFloat32, group.comm, stream));
-            cudaCheck(cudaMemcpyAsync(host, receive, count * ranks * sizeof(float), cudaMemcpyDeviceToHost, stream));
-            pg.synchronize(stream);
-            for (int q = 0; q < ranks; q++) std::copy(host + q * count, host + (q + 1) * count, all[q].begin() + offset);
+            if (keep) cudaCheck(cudaMemcpyAsync(host, receive, count * ranks * sizeof(float), cudaMemcpyDeviceToHost, stream));
+            pg.synchronize(stream);  // also before the next chunk overwrites `send`
+            if (keep)
+                for (int q = 0; q < ranks; q++) std::copy(host + q * count, host + (q + 1) * count, all[q].begin() + offset);
         }
         cudaCheck(cudaFree(send));
         cudaCheck(cudaFree(receive));

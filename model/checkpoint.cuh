@@ -186,15 +186,17 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
     return h;
 }
 
-// The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as whole-model arrays in `full`
-// (tp = 1, this run's padding): for each tensor-parallel rank of the writer, its data-parallel shards are put
-// back together unit by unit, then its slices go to their places in the whole model.
+// The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as arrays in `part` (this rank's
+// layout: its pipeline stage's tensor-parallel slices `rank`, this run's padding). For each tensor-parallel rank
+// of the writer whose slices share elements with `part`, its data-parallel shards are put back together unit by
+// unit, then the shared elements go to their places in `part`. A rank so holds its part and one writer's, never
+// the whole model's state.
 struct SavedOptimizerState {
     StateHeader header;               // rank 0's
-    std::vector<float> master, m, v;  // master empty when the precision keeps none
+    std::vector<float> master, m, v;  // in `part`; master empty when the precision keeps none
     DataLoaderState data_state;
 };
-inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& full) {
+inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& part, int tp_rank) {
     SavedOptimizerState saved;
     const std::string first = state_path(dir, step, 0);
     FILE* f = fopen(first.c_str(), "rb");
@@ -209,53 +211,63 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
     const int files = s.stage >= 1 ? s.data_parallel : 1;  // at stage 0 data rank 0's file holds everything
     std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
     if (s.has_master) arrays.insert(arrays.begin(), &saved.master);
-    for (auto* a : arrays) a->assign(full.total, 0.0f);
-    std::vector<std::vector<float>> local(arrays.size());
+    for (auto* a : arrays) a->assign(part.total, 0.0f);
+    const ParameterLayout whole(part.config);  // the frame in which the writer's slices and this rank's meet
+    const std::vector<LayoutRun> mine = sorted_full_runs(part, whole, tp_rank);
     // from the last stage to the first: the first stage's tied wte (the same values) overwrites the last's copy
     for (int p = writer.pp - 1; p >= 0; p--) {
         for (int t = 0; t < s.tensor_parallel; t++) {
-            StageModel part;
+            StageModel writer_part;
             std::unique_ptr<ParameterLayout> slices;  // one writer rank's layout, from its header
+            std::vector<LayoutRun> shared;            // what it holds of `part`: `full` its offset, `local` this rank's
+            std::vector<std::vector<float>> local(arrays.size());
             for (int d = 0; d < files; d++) {
                 MeshCoord coord;
                 coord.tp = t;
                 coord.pp = p;
                 coord.dp = d;
-                const int rank = mesh_rank(writer, coord);
-                const std::string path = state_path(dir, step, rank);
+                const int writer_rank = mesh_rank(writer, coord);
+                const std::string path = state_path(dir, step, writer_rank);
                 FILE* g = fopen(path.c_str(), "rb");
                 if (g == nullptr)
                     die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
                 StageModel file_part;
                 const StateHeader h = read_state_header(g, path, &file_part);
                 if (d == 0) {
-                    part = file_part;
-                    slices.reset(new ParameterLayout(full.config, 8 * s.data_parallel, s.tensor_parallel, part));
-                    for (auto& a : local) a.assign(slices->total, 0.0f);
+                    writer_part = file_part;
+                    slices.reset(new ParameterLayout(part.config, 8 * s.data_parallel, s.tensor_parallel, writer_part));
+                    for_each_shared_run(sorted_full_runs(*slices, whole, t), mine,
+                                        [&](size_t at_writer, size_t at_part, size_t n) { shared.push_back({at_writer, at_part, n}); });
+                    if (!shared.empty())
+                        for (auto& a : local) a.assign(slices->total, 0.0f);
                 }
                 const size_t expected = s.stage >= 1 ? slices->total / s.data_parallel : slices->total;
                 if (h.data_parallel != s.data_parallel || h.tensor_parallel != s.tensor_parallel || h.pipeline_parallel != s.pipeline_parallel ||
-                    h.stage != s.stage || h.data_rank != d || h.tensor_rank != t || h.pipeline_rank != p || file_part.layers != part.layers ||
+                    h.stage != s.stage || h.data_rank != d || h.tensor_rank != t || h.pipeline_rank != p || file_part.layers != writer_part.layers ||
                     h.optimizer_elements != (long long)expected)
                     die(path + ": does not belong with " + first);
-                std::vector<float> buffer(expected);
-                for (size_t k = 0; k < arrays.size(); k++) {
-                    if (fread(buffer.data(), sizeof(float), expected, g) != expected) die(path + ": truncated");
-                    size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
-                    for (int u = 0; u < slices->num_units(); u++) {
-                        const size_t slice = s.stage >= 1 ? slices->unit_size(u) / s.data_parallel : slices->unit_size(u);
-                        const size_t begin = s.stage >= 1 ? d * slice : 0;
-                        std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices->unit_offset(u) + begin);
-                        next += slice;
+                if (!shared.empty()) {
+                    std::vector<float> buffer(expected);
+                    for (size_t k = 0; k < arrays.size(); k++) {
+                        if (fread(buffer.data(), sizeof(float), expected, g) != expected) die(path + ": truncated");
+                        size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
+                        for (int u = 0; u < slices->num_units(); u++) {
+                            const size_t slice = s.stage >= 1 ? slices->unit_size(u) / s.data_parallel : slices->unit_size(u);
+                            const size_t begin = s.stage >= 1 ? d * slice : 0;
+                            std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices->unit_offset(u) + begin);
+                            next += slice;
+                        }
                     }
+                } else if (writer_rank == 0) {  // nothing of `part`: only the data position, after the arrays
+                    if (fseek(g, (long)(arrays.size() * expected * sizeof(float)), SEEK_CUR) != 0) die(path + ": truncated");
                 }
-                if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
+                if (writer_rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
                     die(path + ": truncated while reading the data position");
                 fclose(g);
             }
-            slices->for_each_full_run(full, t, [&](size_t to, size_t from, size_t n) {
-                for (size_t k = 0; k < arrays.size(); k++) std::copy(local[k].begin() + from, local[k].begin() + from + n, arrays[k]->begin() + to);
-            });
+            for (const LayoutRun& r : shared)
+                for (size_t k = 0; k < arrays.size(); k++)
+                    std::copy(local[k].begin() + r.full, local[k].begin() + r.full + r.count, arrays[k]->begin() + r.local);
         }
     }
     return saved;
@@ -306,7 +318,8 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     const ProcessGroup& pg = model.pg;
     const ProcessMesh& mesh = model.mesh;
     if (pg.is_main()) make_directories(dir);
-    std::vector<float> params = model.full_parameters_host();  // a collective (ZeRO-3, tensor parallelism): every rank takes part
+    // a collective (ZeRO-3, tensor and pipeline parallelism): every rank takes part, rank 0 alone gets the whole model
+    const std::vector<float> params = model.full_parameters_host(false);
     if (zero.stage() >= 1 || mesh.data.rank == 0) {
         StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
                       mesh.pipeline.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,
@@ -328,15 +341,10 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
 template <typename floatX>
 DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
     ZeroOptimizer<floatX>& zero = *model.zero;
-    std::vector<float> values;
-    const std::string model_path = checkpoint_path(dir, "model", step);
-    read_model_file(model_path, values, 8 * model.mesh.data.size);
-    model.set_parameters(values);
-    const SavedOptimizerState saved = read_optimizer_state(dir, step, model.full_layout);
-    auto mine = [&](const std::vector<float>& whole) {  // at tp = 1 the whole model is this rank's layout: no slicing copy
-        return model.holds_whole_model() ? zero.optimizer_part(whole) : zero.optimizer_part(model.local_part(whole));
-    };
-    zero.optimizer_state_from_host(saved.master.empty() ? saved.master : mine(saved.master), mine(saved.m), mine(saved.v));
+    model.load_parameters(checkpoint_path(dir, "model", step));  // this rank's part only, as the state below
+    const SavedOptimizerState saved = read_optimizer_state(dir, step, model.layout, model.mesh.tensor.rank);
+    zero.optimizer_state_from_host(saved.master.empty() ? saved.master : zero.optimizer_part(saved.master), zero.optimizer_part(saved.m),
+                                   zero.optimizer_part(saved.v));
     zero.scaler.scale = saved.header.loss_scale;
     zero.scaler.clean_steps = saved.header.clean_steps;
     zero.scaler.skipped_steps = saved.header.skipped_steps;

@@ -2,7 +2,8 @@
 // "dN" descriptor or a model file's header) and their checks, and where every parameter lives in the flat
 // device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
 // defines: ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
-//          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout
+//          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout,
+//          LayoutRun, sorted_full_runs, for_each_shared_run
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -307,3 +308,26 @@ private:
         return mask;
     }
 };
+
+// A run of ParameterLayout::for_each_full_run: `count` elements at `full` in the whole model, at `local` in a part.
+struct LayoutRun {
+    size_t full, local, count;
+};
+// Tensor-parallel rank `rank`'s runs of `part` in `full`, in the whole model's order.
+inline std::vector<LayoutRun> sorted_full_runs(const ParameterLayout& part, const ParameterLayout& full, int rank) {
+    std::vector<LayoutRun> runs;
+    part.for_each_full_run(full, rank, [&](size_t f, size_t l, size_t n) { runs.push_back({f, l, n}); });
+    std::sort(runs.begin(), runs.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    return runs;
+}
+// The pieces of the whole model that two parts both hold, from their runs (each list sorted by `full`, its runs
+// disjoint): visit(a_local, b_local, count) for each, in the whole model's order.
+template <typename F> void for_each_shared_run(const std::vector<LayoutRun>& a, const std::vector<LayoutRun>& b, F visit) {
+    for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+        const size_t begin = std::max(a[i].full, b[j].full);
+        const size_t a_end = a[i].full + a[i].count, b_end = b[j].full + b[j].count;
+        if (begin < std::min(a_end, b_end)) visit(a[i].local + (begin - a[i].full), b[j].local + (begin - b[j].full), std::min(a_end, b_end) - begin);
+        if (a_end <= b_end) i++;
+        else j++;
+    }
+}

@@ -23,6 +23,7 @@
 #include "../distributed/zero.cuh"             // defines: ZeroOptimizer, ZeroMemory
 #include "../distributed/tensor_parallel.cuh"  // defines: TensorParallel (the f and g operators, vocabulary-parallel loss)
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
+#include "model_file.h"                        // defines: read_model_part
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 
 // every width --channels accepts has a LayerNorm backward
@@ -427,6 +428,8 @@ struct GPT2 {
         }
     }
 
+    // This rank's part of an llm.c model file of this model's shape (only that part is read).
+    void load_parameters(const std::string& path) { zero->set_parameters(read_model_part(path, layout, mesh.tensor.rank)); }
     // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its part. With one
     // rank per layer the layouts are the same and `values` goes on as it is (no copy of the whole model).
     void set_parameters(const std::vector<float>& values) {
@@ -445,22 +448,29 @@ struct GPT2 {
     // The inverse, over the tensor-parallel and pipeline groups: every rank's part (gathered, fp32 host) put back
     // into the whole model. A collective of both groups. With one rank per layer `local` is the whole model and
     // is returned as it is (moved when the caller passes a temporary). The pipeline stages' layouts are made from
-    // `stage_parts` (every stage's StageModel).
-    std::vector<float> assemble_whole_model(std::vector<float> local, const std::vector<StageModel>& stage_parts) const {
+    // `stage_parts` (every stage's StageModel). everywhere = false: only the main rank gets the whole model, the
+    // other ranks (that do not hold it anyway) an empty vector, so that their hosts hold no more than their part.
+    std::vector<float> assemble_whole_model(std::vector<float> local, const std::vector<StageModel>& stage_parts, bool everywhere = true) const {
         if (holds_whole_model()) return local;
-        const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg);
+        // not everywhere: the main rank's data-parallel replica (data rank 0) assembles, its other tensor-parallel
+        // ranks only send; the other replicas' groups, whose ranks all share a data rank, skip both gathers
+        if (!everywhere && mesh.data.rank != 0) return {};
+        const bool keeps_stage = everywhere || mesh.tensor.rank == 0, keeps_model = everywhere || pg.is_main();
+        const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg, keeps_stage);
+        if (!keeps_stage) return {};  // its pipeline group (tensor rank != 0: none keeps anything) skips the stages' gather
         const ParameterLayout whole_stage(config, 8 * mesh.data.size, 1, layout.part);
         std::vector<float> stage(whole_stage.total, 0.0f);  // this stage's tensor-parallel slices in a tp = 1 layout of its part
         for (int q = 0; q < layout.tp; q++)
             layout.for_each_full_run(whole_stage, q, [&](size_t to, size_t from, size_t n) {
                 std::copy(slices[q].begin() + from, slices[q].begin() + from + n, stage.begin() + to);
             });
-        std::vector<float> full(full_layout.total, 0.0f);
         // the stages' parts, padded to one length for the gather; the tied wte is taken from the first stage
         size_t longest = 0;
         for (const StageModel& m : stage_parts) longest = std::max(longest, ParameterLayout(config, 8 * mesh.data.size, 1, m).total);
         stage.resize(longest, 0.0f);
-        const std::vector<std::vector<float>> parts = gather_over_pipeline(stage);
+        const std::vector<std::vector<float>> parts = gather_over_pipeline(stage, keeps_model);
+        if (!keeps_model) return {};
+        std::vector<float> full(full_layout.total, 0.0f);
         for (int s = (int)parts.size() - 1; s >= 0; s--) {
             const ParameterLayout l(config, 8 * mesh.data.size, 1, stage_parts[s]);
             l.for_each_full_run(full_layout, 0, [&](size_t to, size_t from, size_t n) {
@@ -469,15 +479,18 @@ struct GPT2 {
         }
         return full;
     }
-    std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local) const {
+    std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local, bool keep = true) const {
         TensorParallel<floatX> over_stages;  // its host gather, on the pipeline group
         over_stages.group = mesh.pipeline;
-        return over_stages.all_gather_host(local, stream, pg);
+        return over_stages.all_gather_host(local, stream, pg, keep);
     }
     // Every stage's part of the model (set by the pipeline; the whole model by default).
     std::vector<StageModel> stage_parts = {StageModel()};
-    // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank.
-    std::vector<float> full_parameters_host() { return assemble_whole_model(zero->parameters_host(), stage_parts); }
+    // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank;
+    // everywhere = false: on the main rank only (see assemble_whole_model).
+    std::vector<float> full_parameters_host(bool everywhere = true) {
+        return assemble_whole_model(zero->parameters_host(), stage_parts, everywhere);
+    }
     // Unit by unit on the device: each unit this rank holds is drawn whole (a unit of full_layout, so that every
     // tensor- and pipeline-parallel split makes the same model), this rank's slices are copied out of it, and
     // ZeRO stores them. Nothing passes through the host: a rank neither holds nor draws more than its own

@@ -1,8 +1,9 @@
 // llm.c model files: a 256-int header (magic, version, shape), then every parameter as fp32 (version 3) or bf16
 // (version 5) in llm.c's tensor-major order, converted to and from the device's block-major layout.
 // defines: kModelMagic, kModelVersionFP32, kModelVersionBF16, float_to_bf16_bits, bf16_bits_to_float, read_model_header,
-//          read_model_file, write_model_file
+//          open_model_file, read_model_part, read_model_file, write_model_file
 #pragma once
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -51,35 +52,69 @@ inline ModelConfig read_model_header(FILE* f, const std::string& path, int* vers
     return c;
 }
 
-// Reads an llm.c model file into `values` (fp32, device order).
-// `values` uses the device layout with the given unit padding (see ParameterLayout).
-inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values, size_t unit_multiple = 8) {
+// Opens an llm.c model file and checks its size against its header's shape; leaves the position after the header.
+inline FILE* open_model_file(const std::string& path, ModelConfig* config, size_t* element_bytes) {
     FILE* f = fopen(path.c_str(), "rb");
     if (f == nullptr) die(path + ": cannot open model file: " + strerror(errno));
     int version;
-    ModelConfig config = read_model_header(f, path, &version);
-    ParameterLayout layout(config, unit_multiple);
-    const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
+    *config = read_model_header(f, path, &version);
+    *element_bytes = version == kModelVersionFP32 ? 4 : 2;
     fseek(f, 0, SEEK_END);
     const long file_size = ftell(f);
-    const long expected = 1024 + (long)(layout.count * element_bytes);
+    const long expected = 1024 + (long)(ParameterLayout(*config).count * *element_bytes);
     if (file_size != expected)
         die(path + ": size " + std::to_string(file_size) + " bytes, expected " + std::to_string(expected) + " for its header's shape");
     fseek(f, 1024, SEEK_SET);
-    std::vector<uint8_t> raw(layout.count * element_bytes);
-    if (fread(raw.data(), 1, raw.size(), f) != raw.size()) die(path + ": read failed");
-    fclose(f);
-    values.assign(layout.total, 0.0f);
-    layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
-        for (size_t i = 0; i < count; i++) {
-            if (element_bytes == 4) memcpy(&values[device_offset + i], &raw[(file_offset + i) * 4], 4);
+    return f;
+}
+
+// Reads tensor-parallel rank `rank`'s slices of `part` (a layout of part.config's model: one pipeline stage's,
+// any padding) out of an llm.c model file of that shape, fp32 in `part`'s order. Only those bytes are read: a
+// rank's host memory holds its part, not the whole model.
+inline std::vector<float> read_model_part(const std::string& path, const ParameterLayout& part, int rank) {
+    ModelConfig c;
+    size_t element_bytes;
+    FILE* f = open_model_file(path, &c, &element_bytes);
+    if (c.num_layers != part.config.num_layers || c.channels != part.config.channels || c.num_heads != part.config.num_heads ||
+        c.max_seq_len != part.config.max_seq_len || c.vocab_size != part.config.vocab_size || c.padded_vocab_size != part.config.padded_vocab_size)
+        die(path + ": the model file's shape differs from this run's");
+    const ParameterLayout whole(c);  // tp 1, every layer: the file's tensors
+    std::vector<LayoutRun> in_file;  // whole-model offset -> file offset
+    whole.for_each_file_run([&](size_t file_offset, size_t offset, size_t n) { in_file.push_back({offset, file_offset, n}); });
+    std::sort(in_file.begin(), in_file.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    std::vector<LayoutRun> reads;  // `full` holds the file offset here
+    for_each_shared_run(in_file, sorted_full_runs(part, whole, rank), [&](size_t file_offset, size_t local, size_t n) {
+        reads.push_back({file_offset, local, n});
+    });
+    std::sort(reads.begin(), reads.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    std::vector<float> values(part.total, 0.0f);
+    std::vector<uint8_t> raw;
+    size_t position = 0;  // in elements after the header
+    for (const LayoutRun& r : reads) {
+        raw.resize(r.count * element_bytes);
+        if (r.full != position && fseek(f, 1024 + (long)(r.full * element_bytes), SEEK_SET) != 0) die(path + ": seek failed");
+        if (fread(raw.data(), 1, raw.size(), f) != raw.size()) die(path + ": read failed");
+        position = r.full + r.count;
+        for (size_t i = 0; i < r.count; i++) {
+            if (element_bytes == 4) memcpy(&values[r.local + i], &raw[i * 4], 4);
             else {
                 uint16_t b;
-                memcpy(&b, &raw[(file_offset + i) * 2], 2);
-                values[device_offset + i] = bf16_bits_to_float(b);
+                memcpy(&b, &raw[i * 2], 2);
+                values[r.local + i] = bf16_bits_to_float(b);
             }
         }
-    });
+    }
+    fclose(f);
+    return values;
+}
+
+// Reads a whole llm.c model file into `values` (fp32, device order) in the layout with the given unit padding
+// (see ParameterLayout); returns its shape.
+inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values, size_t unit_multiple = 8) {
+    ModelConfig config;
+    size_t element_bytes;
+    fclose(open_model_file(path, &config, &element_bytes));
+    values = read_model_part(path, ParameterLayout(config, unit_multiple), 0);
     return config;
 }
 

@@ -1,7 +1,7 @@
 // File formats and schedules, without a GPU: the learning-rate schedule against the formulas of
 // docs/formats.md and against the PyTorch reference's own (scripts/gpt2_reference.py lr_at) when a Python is
 // at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
-// layouts of 1 and 3 ranks; checkpoint discovery finds the newest complete checkpoint; checkpoint retention deletes what
+// layouts of 1 and 3 ranks, and each tensor- and pipeline-parallel rank's part reads alone; checkpoint discovery finds the newest complete checkpoint; checkpoint retention deletes what
 // --keep-checkpoints and --keep-every no longer keep, whole checkpoints only.
 #define TESTING
 #include "../train_gpt.cu"
@@ -65,6 +65,42 @@ static void test_model_files() {
             check((size_t)st.st_size == 1024 + layout.count * (bf16 ? 2 : 4), "model file size is llm.c's, " + tag,
                   std::to_string(st.st_size) + " bytes");
         }
+    }
+    // a rank's part read alone (read_model_part): each tensor-parallel rank's slices of each pipeline stage,
+    // in its own padding, equal to the whole model's values at those places
+    ModelConfig split = config;  // 4 heads of 64: splits over 1, 2 and 4 tensor-parallel ranks
+    split.num_layers = 4; split.num_heads = 4; split.channels = 256;
+    const ParameterLayout whole(split);
+    std::vector<float> values(whole.total, 0.0f);
+    uint64_t state = 9;
+    whole.for_each_file_run([&](size_t, size_t device_offset, size_t count) {
+        for (size_t i = 0; i < count; i++) values[device_offset + i] = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+    });
+    for (bool bf16 : {false, true}) {
+        const std::string path = dir + "/split.bin";
+        write_model_file(path, whole, values, bf16);
+        int parts = 0;
+        bool same = true;
+        for (int tp : {1, 2, 4})
+            for (int pp : {1, 2, 4}) {
+                std::vector<int> per_virtual_stage;
+                if (!pipeline_layer_split(split.num_layers, pp, 1, "", &per_virtual_stage).empty()) die("internal: the test's split");
+                for (int stage = 0; stage < pp; stage++) {
+                    std::vector<int> chunks;
+                    const ParameterLayout part(split, 8 * 3, tp, pipeline_stage_model(per_virtual_stage, pp, stage, &chunks));
+                    for (int r = 0; r < tp; r++) {
+                        std::vector<float> expected(part.total, 0.0f);
+                        part.for_each_full_run(whole, r, [&](size_t from, size_t to, size_t n) {
+                            for (size_t i = 0; i < n; i++)
+                                expected[to + i] = bf16 ? bf16_bits_to_float(float_to_bf16_bits(values[from + i])) : values[from + i];
+                        });
+                        same = same && read_model_part(path, part, r) == expected;
+                        parts++;
+                    }
+                }
+            }
+        check(same, std::string("model file, each rank's part read alone (") + (bf16 ? "bf16" : "fp32") + ")",
+              std::to_string(parts) + " parts: tp 1, 2, 4 x pp 1, 2, 4");
     }
     // round to nearest even: 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7 and goes to 1
     check(bf16_bits_to_float(float_to_bf16_bits(1.0f + 1.0f / 256)) == 1.0f &&

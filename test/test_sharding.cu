@@ -5,7 +5,7 @@
 // weight decay covers exactly the matrices and embeddings, and LayoutMask::contains_bits (AdamW's per-vector
 // form) equals contains. Checkpoints: optimizer state written by N ranks at
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
-// pipeline-parallel sizes. The pipeline stages' parts cover the model once (the tied wte twice). The
+// pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
 // initialisation's runs, unit by unit, give each rank's part.
 #define TESTING
 #include "../train_gpt.cu"
@@ -226,20 +226,38 @@ static void check_resharding(const ModelConfig& config, int world, int stage, in
             write_state_file(state_path(dir, 3, mesh_rank(shape, coord)), h, stage_part, master, part(local[1]), part(local[2]), data);
         }
     }
-    const SavedOptimizerState saved = read_optimizer_state(dir, 3, new_layout);
+    const SavedOptimizerState saved = read_optimizer_state(dir, 3, new_layout, 0);
     bool same = saved.data_state.epoch == 7 && saved.master.empty() == !has_master;
-    for (int a = has_master ? 0 : 1; a < 3; a++) {
-        const std::vector<float>& got = a == 0 ? saved.master : a == 1 ? saved.m : saved.v;
+    std::vector<std::vector<float>> whole(3, std::vector<float>(new_layout.total, 0.0f));  // the written state in new_layout
+    for (int a = 0; a < 3; a++)
         for (int u = 0; u < new_layout.num_units(); u++)
-            for (size_t i = 0; i < new_layout.unit_size(u); i++) {
-                const float expected = i < new_layout.unit_real_size(u) ? full[a][old_full.unit_offset(u) + i] : 0.0f;
-                same = same && got[new_layout.unit_offset(u) + i] == expected;
+            for (size_t i = 0; i < new_layout.unit_real_size(u); i++) whole[a][new_layout.unit_offset(u) + i] = full[a][old_full.unit_offset(u) + i];
+    for (int a = has_master ? 0 : 1; a < 3; a++) same = same && (a == 0 ? saved.master : a == 1 ? saved.m : saved.v) == whole[a];
+    // each rank's part of other tensor- and pipeline-parallel sizes, read alone, equals those places of the whole
+    for (int new_tp : {1, 2})
+        for (int new_pp : {1, 2}) {
+            std::vector<int> new_split;
+            if (tensor_parallel_problem(config, new_tp) != "" || !pipeline_layer_split(config.num_layers, new_pp, 1, "", &new_split).empty()) continue;
+            for (int p = 0; p < new_pp; p++) {
+                std::vector<int> chunks;
+                const ParameterLayout part(config, 8 * new_world, new_tp, pipeline_stage_model(new_split, new_pp, p, &chunks));
+                for (int t = 0; t < new_tp; t++) {
+                    const SavedOptimizerState mine = read_optimizer_state(dir, 3, part, t);
+                    same = same && mine.data_state.epoch == 7;
+                    for (int a = has_master ? 0 : 1; a < 3; a++) {
+                        std::vector<float> expected(part.total, 0.0f);
+                        part.for_each_full_run(new_layout, t, [&](size_t from, size_t to, size_t n) {
+                            std::copy(whole[a].begin() + from, whole[a].begin() + from + n, expected.begin() + to);
+                        });
+                        same = same && (a == 0 ? mine.master : a == 1 ? mine.m : mine.v) == expected;
+                    }
+                }
             }
-    }
+        }
     check(same, "checkpoint written by " + std::to_string(world) + " ranks" + (tp > 1 ? " x tensor parallel " + std::to_string(tp) : "") +
                     (pp > 1 ? " x pipeline parallel " + std::to_string(pp) + (v > 1 ? " (" + std::to_string(v) + " chunks per stage)" : "") : "") +
                     " at stage " + std::to_string(stage) + (has_master ? " (with master weights)" : "") + " reads back exactly on " +
-                    std::to_string(new_world) + " ranks", "");
+                    std::to_string(new_world) + " ranks, whole and in each part at tp 1-2 x pp 1-2", "");
 }
 
 // The initialisation's runs (unit_runs): copied unit by unit out of a whole model of distinct values, they give
