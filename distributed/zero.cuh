@@ -20,6 +20,7 @@
 // Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
 #pragma once
+#include <algorithm>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
@@ -415,31 +416,21 @@ public:
     // ------------------------------------------------------------------------------------------
     // State transfer. Full arrays use the padded layout; shards follow plan().
 
-    // Sets the parameters (and master weights) from the full fp32 values (host, padded layout), converted
-    // through a staging buffer of at most kStagingFloats: no full fp32 copy of the model is ever on the device.
-    static constexpr size_t kStagingFloats = (size_t)1 << 26;  // 256 MB
+    // Sets the parameters (and master weights) from the full fp32 values (host, padded layout), unit by unit
+    // through one unit-sized device buffer (set_unit): no full fp32 copy of the model is ever on the device.
     void set_parameters(const std::vector<float>& full) {
-        wait_for_parameters();
-        std::vector<float> mine = optimizer_part(full);
-        const std::vector<float>& source = stage_ < 3 ? full : mine;  // stage 3 stores only this rank's shard
-        floatX* target = stage_ < 3 ? params_ : param_shards_;
-        const size_t n = stage_ < 3 ? total_ : mine.size();
         float* staging;
-        cudaCheck(cudaMalloc(&staging, std::min(n, kStagingFloats) * sizeof(float)));
-        for (size_t offset = 0; offset < n; offset += kStagingFloats) {
-            const size_t count = std::min(kStagingFloats, n - offset);
-            cudaCheck(cudaMemcpy(staging, source.data() + offset, count * sizeof(float), cudaMemcpyHostToDevice));
-            convert_precision(target + offset, staging, (long)count, compute_);
-            cudaCheck(cudaStreamSynchronize(compute_));  // before the next chunk overwrites the staging buffer
+        cudaCheck(cudaMalloc(&staging, *std::max_element(plan_.unit_size.begin(), plan_.unit_size.end()) * sizeof(float)));
+        for (int u = 0; u < plan_.num_units(); u++) {
+            cudaCheck(cudaMemcpy(staging, full.data() + plan_.unit_offset[u], plan_.unit_size[u] * sizeof(float), cudaMemcpyHostToDevice));
+            set_unit(u, staging);
+            cudaCheck(cudaStreamSynchronize(compute_));  // before the next unit overwrites the staging buffer
         }
         cudaCheck(cudaFree(staging));
-        if (kHasMaster && trainable_) cudaCheck(cudaMemcpy(master_, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
-        persistent_gathered_ = false;
-        ring_unit_[0] = ring_unit_[1] = -1;
     }
 
-    // set_parameters for one unit, from `values` on the device (fp32, the unit's padded length), nothing on the
-    // host: the initialisation, unit by unit.
+    // Unit u's parameters (and master weights) from `values` on the device (fp32, the unit's padded length):
+    // the compute-precision copy (stage 3: this rank's shard of it) and this rank's master weights.
     void set_unit(int u, const float* values) {
         wait_for_parameters();
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;

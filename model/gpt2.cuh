@@ -292,11 +292,10 @@ struct GPT2 {
         size_t x_elements, stat_elements;
         activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
         p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
-        // the initialisation's transient staging (init_parameters: a whole fp32 unit and this rank's part of one;
-        // set_parameters: its chunks) included
+        // the initialisation's transient staging included (init_parameters: a whole fp32 unit and this rank's part
+        // of one; set_parameters: one of this rank's units)
         const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
-        const size_t staging = std::max(*std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end()),
-                                        ZeroOptimizer<floatX>::kStagingFloats);
+        const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
         p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
                     (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                     flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
