@@ -447,9 +447,11 @@ public:
     }
 
     // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
-    std::vector<float> parameters_host() {
+    // keep = false: this rank only takes part in the gathers and gets an empty vector.
+    std::vector<float> parameters_host(bool keep = true) {
         wait_for_parameters();
-        std::vector<floatX> raw(total_);
+        if (!keep && stage_ < 3) return {};
+        std::vector<floatX> raw(keep ? total_ : 0);
         if (stage_ < 3) {
             cudaCheck(cudaMemcpyAsync(raw.data(), params_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
         } else {  // unit by unit through one unit-sized buffer: the full model need not fit one GPU
@@ -460,8 +462,9 @@ public:
             for (int u = 0; u < plan_.num_units(); u++) {
                 ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], unit, plan_.shard_size[u], nccl_type<floatX>(),
                                         data_.comm, compute_));
-                cudaCheck(cudaMemcpyAsync(raw.data() + plan_.unit_offset[u], unit, plan_.unit_size[u] * sizeof(floatX),
-                                          cudaMemcpyDeviceToHost, compute_));
+                if (keep)
+                    cudaCheck(cudaMemcpyAsync(raw.data() + plan_.unit_offset[u], unit, plan_.unit_size[u] * sizeof(floatX),
+                                              cudaMemcpyDeviceToHost, compute_));
                 pg_.synchronize(compute_);
             }
             cudaCheck(cudaFree(unit));

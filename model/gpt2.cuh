@@ -486,9 +486,9 @@ struct GPT2 {
     // Every stage's part of the model (set by the pipeline; the whole model by default).
     std::vector<StageModel> stage_parts = {StageModel()};
     // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank;
-    // everywhere = false: on the main rank only (see assemble_whole_model).
+    // everywhere = false: on the main rank only (see assemble_whole_model; only data rank 0 keeps its part).
     std::vector<float> full_parameters_host(bool everywhere = true) {
-        return assemble_whole_model(zero->parameters_host(), stage_parts, everywhere);
+        return assemble_whole_model(zero->parameters_host(everywhere || mesh.data.rank == 0), stage_parts, everywhere);
     }
     // Unit by unit on the device: each unit this rank holds is drawn whole (a unit of full_layout, so that every
     // tensor- and pipeline-parallel split makes the same model), this rank's slices are copied out of it, and
