@@ -485,6 +485,31 @@ struct PipelineOptions {
 
 // The micro-batches of a step (gradient-accumulation steps, and the pipeline's micro-batches): --total-batch-tokens
 // (default: one micro-batch) over the tokens of a micro-batch on all data-parallel ranks; 0 when it does not divide.
+// Checksums of a rank's parameters: all of them, and those that tensor parallelism replicates (not in `split`).
+// Chunk by chunk on all cores, the chunks' hashes then chained in order: the same values for any thread count
+// (on one thread about 3.6 ns an element: 6 s at the end of a 6.6B GPT's run at tp 4, 24 s at pp 2 x dp 2).
+static void parameter_checksums(const std::vector<float>& params, const LayoutMask& split, uint64_t* all, uint64_t* replicated) {
+    const size_t chunk = (size_t)1 << 20, chunks = (params.size() + chunk - 1) / chunk;
+    std::vector<uint64_t> all_of(chunks), replicated_of(chunks);
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < (long)chunks; c++) {
+        uint64_t h = 0, r = 0;
+        for (size_t i = c * chunk; i < std::min(params.size(), (c + 1) * chunk); i++) {
+            uint32_t bits;
+            memcpy(&bits, &params[i], 4);
+            h = splitmix64(h ^ bits);
+            if (!split.contains((long)i)) r = splitmix64(r ^ bits);
+        }
+        all_of[c] = h;
+        replicated_of[c] = r;
+    }
+    *all = *replicated = 0;
+    for (size_t c = 0; c < chunks; c++) {
+        *all = splitmix64(*all ^ all_of[c]);
+        *replicated = splitmix64(*replicated ^ replicated_of[c]);
+    }
+}
+
 static int micro_batches_per_step(const Options& o, int dp) {
     const long per_micro = (long)o.batch_size * o.seq_len * dp;
     const long total = o.total_batch_tokens > 0 ? o.total_batch_tokens : per_micro;
@@ -826,14 +851,8 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         // the ranks of a data-parallel group must end with the same parameters, and the tensors that tensor
         // parallelism replicates must be the same on every rank: each rank prints checksums of its copies
         std::vector<float> params = model.trained().parameters_host();
-        const LayoutMask split = model.layout.split_mask();
-        uint64_t hash = 0, replicated = 0;
-        for (size_t i = 0; i < params.size(); i++) {
-            uint32_t bits;
-            memcpy(&bits, &params[i], 4);
-            hash = splitmix64(hash ^ bits);
-            if (!split.contains((long)i)) replicated = splitmix64(replicated ^ bits);
-        }
+        uint64_t hash, replicated;
+        parameter_checksums(params, model.layout.split_mask(), &hash, &replicated);
         fprintf(stderr, "rank %d parameter checksum %016llx tensor-parallel rank %d replicated checksum %016llx\n", pg.rank,
                 (unsigned long long)hash, mesh.tensor.rank, (unsigned long long)replicated);
         if (shape.pp > 1 && model.layout.part.has_wte()) {  // the two copies of the tied token embedding must agree
