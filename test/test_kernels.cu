@@ -2,6 +2,7 @@
 // and fp16, on several shapes (row counts and widths that are not multiples of any block size), with
 // fresh random inputs each run (the seed is printed) and outputs poisoned with NaN before each launch.
 // Usage: test_kernels [seed]
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "../kernels/classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/global_norm.cuh"
+#include "../kernels/init.cuh"
 #include "cpu_reference.h"
 #include "gpu_check.h"
 
@@ -501,6 +503,28 @@ static void test_stochastic_rounding() {
     check(neighbours && fabs(mean - x) < 5e-5, "bf16 stochastic rounding is unbiased", buf);
 }
 
+// copy_runs (the initialisation's slices of a unit): 70000 runs (more than the grid's 65535 blocks) of 1 to 700
+// elements (under and over a block's 256 threads) from random places; the elements no run writes keep their values.
+static void test_copy_runs(cudaStream_t stream) {
+    const size_t n = 1000000;
+    std::uniform_int_distribution<size_t> length(1, 700), from(0, n - 700);
+    std::vector<CopyRun> runs(70000);
+    for (CopyRun& r : runs) r = {from(rng), 0, length(rng)};
+    size_t to = 5;
+    for (CopyRun& r : runs) { r.to = to; to += r.count + 3; }  // disjoint destinations, gaps between them
+    const std::vector<float> src = random_vector<float>(n), before = random_vector<float>(to);
+    std::vector<float> expected = before;
+    for (const CopyRun& r : runs) std::copy(src.begin() + r.from, src.begin() + r.from + r.count, expected.begin() + r.to);
+    DeviceBuffer<float> src_d(src), dst_d(before);
+    CopyRun* runs_d;
+    cudaCheck(cudaMalloc(&runs_d, runs.size() * sizeof(CopyRun)));
+    cudaCheck(cudaMemcpy(runs_d, runs.data(), runs.size() * sizeof(CopyRun), cudaMemcpyHostToDevice));
+    copy_runs(dst_d.ptr, src_d.ptr, runs_d, (int)runs.size(), stream);
+    cudaCheck(cudaStreamSynchronize(stream));
+    cudaCheck(cudaFree(runs_d));
+    check(dst_d.download() == expected, "copy_runs: " + std::to_string(runs.size()) + " runs, exact, the rest untouched", "");
+}
+
 template <typename floatX>
 void test_precision(cudaStream_t stream) {
     const std::string tag = type_name<floatX>();
@@ -568,6 +592,7 @@ int main(int argc, char** argv) {
     test_precision<__nv_bfloat16>(stream);
     test_precision<__half>(stream);
     test_stochastic_rounding();
+    test_copy_runs(stream);
     cudaCheck(cudaStreamDestroy(stream));
     matmul_teardown();
     return check_failures() == 0 ? 0 : 1;
