@@ -535,9 +535,9 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     for (int s = 0; s < shape.pp; s++) stage_parts.push_back(pipeline_stage_model(po.per_virtual_stage, shape.pp, s, &stage_chunks[s]));
     std::unique_ptr<PipelineSchedule> schedule;
     double bubble_with_work = 0;  // the first stage's idle share simulated with each stage's work (the LM head's on the last)
+    std::vector<double> forward_work, backward_work;  // each virtual stage's, in layer forwards
     if (shape.pp > 1) {
         schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, shape.pp, grad_accum, po.virtual_stages)));
-        std::vector<double> forward_work, backward_work;
         pipeline_stage_work(po.per_virtual_stage, layer_backward_work(o.recompute), lm_head_work(config, T), &forward_work, &backward_work);
         bubble_with_work = simulate_pipeline(po.kind, shape.pp, grad_accum, po.virtual_stages, forward_work, backward_work).idle_share[0];
     }
@@ -833,6 +833,24 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
             printf("pipeline stage %d: median over the timed steps: busy %.2f ms of a %.2f ms span, bubble %.1f%%\n", coord.pp,
                    median(busy), median(span), 100.0 * median(bubble));
             fflush(stdout);
+            // the schedule simulated with each stage's measured busy time (split over its chunks, and each chunk's
+            // over forward and backward, as the work model splits them): what the stages' unequal speeds alone leave
+            const std::vector<std::vector<float>> stage_busy = model.gather_over_pipeline({(float)median(busy)});
+            if (coord.pp == 0) {
+                const int P = shape.pp, K = P * po.virtual_stages;
+                std::vector<double> forward(K), backward(K);
+                for (int s = 0; s < P; s++) {
+                    double work = 0;  // the stage's modelled work per micro-batch
+                    for (int k = s; k < K; k += P) work += forward_work[k] + backward_work[k];
+                    for (int k = s; k < K; k += P) {
+                        forward[k] = stage_busy[s][0] / grad_accum * forward_work[k] / work;
+                        backward[k] = stage_busy[s][0] / grad_accum * backward_work[k] / work;
+                    }
+                }
+                printf("pipeline: the schedule simulated with each stage's measured busy time leaves the first stage %.1f%% idle\n",
+                       100.0 * simulate_pipeline(po.kind, P, grad_accum, po.virtual_stages, forward, backward).idle_share[0]);
+                fflush(stdout);
+            }
         }
     }
     if (lora.enabled() && (!o.lora_save.empty() || !o.lora_merge.empty())) {

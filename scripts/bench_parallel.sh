@@ -8,7 +8,8 @@
 #   pp       the 6.6B GPT at pp = 2, 4, 8 with m = 2P, 4P, 8P micro-batches of 2 rows, 1F1B and interleaved
 #            (2 chunks per stage): tokens/s, ratio against torch.distributed.pipelining's Schedule1F1B /
 #            ScheduleInterleaved1F1B, and train_gpt's measured bubble (median over the timed steps of its step
-#            log) against the formula's and against the schedule simulated with the LM head's work on the last stage.
+#            log) against the formula's, the schedule simulated with the LM head's work on the last stage, and the
+#            schedule simulated with each stage's measured busy time.
 #            PP_LAYERS=balanced passes --pipeline-layers balanced to train_gpt (default: the even split).
 #   3d       8 GPUs, dp 2 x tp 2 x pp 2 (4 GPUs: dp 1) (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
 #            the 1.4B GPT of tp and a 13B GPT (40 layers, C=5120, 40 heads): tokens/s, MFU, peak memory against the
@@ -104,7 +105,7 @@ for section in "${SECTIONS[@]}"; do
         done ;;
     pp)
         echo; echo "== pipeline parallelism, 6.6B GPT, 2 rows per micro-batch (train_gpt vs torch.distributed.pipelining) =="
-        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory / with the head | busy ms per stage |"
+        echo "| pp, schedule, micro-batches | ours tok/s | MFU % | GiB | torch tok/s | MFU % | GiB | ratio | bubble measured / theory / with the head / with the stages' busy times | busy ms per stage |"
         echo "|---|---|---|---|---|---|---|---|---|---|"
         for P in $(counts_upto ${PP_SIZES:-2 4 8}); do
             for per_stage in ${PP_MICRO:-2 4 8}; do
@@ -119,6 +120,9 @@ for section in "${SECTIONS[@]}"; do
                     bubble=$(grep -E '^step' "$W/$name.log" | tail -n "$STEPS" |
                              sed -n 's/.*bubble \([0-9.]*\)% (theory \([0-9.]*\)%, with the head \([0-9.]*\)%).*/\1 \2 \3/p' |
                              sort -n | awk '{ v[NR] = $1; t = $2; h = $3 } END { if (NR) printf "%.1f%% / %.1f%% / %.1f%%", v[int((NR + 1) / 2)], t, h; else printf "-" }')
+                    # the schedule simulated with the stages' measured busy times (train_gpt's closing line)
+                    staged=$(sed -n 's/^pipeline: the schedule simulated with .* leaves the first stage \([0-9.]*\)% idle/\1/p' "$W/$name.log")
+                    if [ "$bubble" != "-" ]; then [ -n "$staged" ] && bubble="$bubble / $staged%" || bubble="$bubble / -"; fi
                     # each stage's median busy time (train_gpt's closing "pipeline stage S: ..." lines), stage 0 first
                     busy=$(sed -n 's/^pipeline stage \([0-9]*\): .* busy \([0-9.]*\) ms.*/\1 \2/p' "$W/$name.log" | sort -n | awk '{ printf "%s%s", (NR > 1 ? " / " : ""), $2 }')
                     printf '%s | %s | %s |\n' "$(row "pp $P $sched m=$m" | sed 's/ |$//')" "$bubble" "${busy:--}"

@@ -95,11 +95,12 @@ compare pp2dp2_s0 single_fp32 $FP32_TOL 0 10 "pp 2 x dp 2 ZeRO-0 fp32: 10 losses
 
 # the memory plan shows every stage; the step log the measured bubble next to the theory, and next to the simulation
 # with the LM head's work on the last stage (47 layer forwards against 2 layers per stage: 89.2%); each stage
-# reports its median timing at the end
+# reports its median timing at the end, and the first stage the schedule simulated with those timings
 stage_lines=$(grep -cE '^pipeline stage [0-3]: median over the timed steps: busy [0-9.]+ ms' "$W/pp4_fp32.out")
 if grep -q '^  stage 3: ' "$W/pp4_fp32.out" && grep -q 'bubble [0-9.]*% (theory 27.3%, with the head 89.2%)' "$W/pp4_fp32.out" &&
-   [ "$stage_lines" -eq 4 ]; then
-    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11) and the simulation with the head (89.2%), each stage's timing"
+   [ "$stage_lines" -eq 4 ] &&
+   [ "$(grep -cE "^pipeline: the schedule simulated with each stage's measured busy time leaves the first stage [0-9]+\.[0-9]% idle" "$W/pp4_fp32.out")" -eq 1 ]; then
+    echo "PASS pipeline pp 4 log: a plan line per stage, measured bubble next to the theory ((P-1)/(m+P-1) = 3/11) and the simulation with the head (89.2%), each stage's timing, the simulation with those timings"
 else
     echo "FAIL pipeline pp 4 log: no per-stage plan, bubble or $stage_lines of 4 stage timings: $(grep -m1 -E 'bubble|error' "$W/pp4_fp32.out")"
 fi
