@@ -41,9 +41,11 @@ else
     echo "FAIL mesh: after a peer left, rank 0 exited $rc after ${elapsed} s: $(tail -n 2 "$W/die.log" | tr '\n' ' ')"
 fi
 
-# A rank killed in a 3D run (tp 2 x pp 2 x dp 2, 8 ranks on this GPU or one per GPU): every other rank must end with a message
-# (NCCL's error in one of its communicators, or --nccl-timeout's deadline, 30 s here) well within that deadline
-# plus the time a failing rank takes to abort its communicators, not hang.
+# A rank killed in a 3D run (tp 2 x pp 2 x dp 2, 8 ranks: one per GPU; on four GPUs as two nodes of four, each
+# rank its GPU's node's tensor and pipeline partner over NVLink and its data-parallel partner over sockets; else
+# all on this GPU): every other rank must end with a message (NCCL's error in one of its communicators, or
+# --nccl-timeout's deadline, 30 s here) well within that deadline plus the time a failing rank takes to abort its
+# communicators, not hang.
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 [ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1
 if [ -z "$(ls $TRAIN 2>/dev/null)" ]; then
@@ -52,7 +54,9 @@ else
     export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=8
     pids=()
     for r in 0 1 2 3 4 5 6 7; do
-        if spreads 8; then place=(LOCAL_RANK=$r); else place=(LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo); fi
+        if spreads 8; then place=(LOCAL_RANK=$r); placement="one rank per GPU"
+        elif spreads 4; then place=(LOCAL_RANK=$((r % 4)) NCCL_HOSTID=node$((r / 4)) NCCL_SOCKET_IFNAME=lo); placement="two nodes of 4 GPUs"
+        else place=(LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo); placement="all on GPU 0"; fi
         env RANK=$r "${place[@]}" NCCL_NVLS_ENABLE=0 ./train_gpt --layers 4 --heads 2 \
             --channels 128 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0 --sample-every 0 \
             --batch-size 2 --total-batch-tokens 2048 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1 \
@@ -78,8 +82,8 @@ else
     kill $guard 2> /dev/null
     unset MASTER_ADDR MASTER_PORT WORLD_SIZE
     if [ $ended -eq 7 ] && [ $worst -le 60 ]; then
-        echo "PASS mesh 3D killed rank: the 7 other ranks ended with a message within ${worst} s (--nccl-timeout 30), e.g. $(grep -m1 'rank 0: ' "$W/kill3d_0.out")"
+        echo "PASS mesh 3D killed rank ($placement): the 7 other ranks ended with a message within ${worst} s (--nccl-timeout 30), e.g. $(grep -m1 'rank 0: ' "$W/kill3d_0.out")"
     else
-        echo "FAIL mesh 3D killed rank: $ended of 7 ranks ended with a message, the last after ${worst} s;$bad"
+        echo "FAIL mesh 3D killed rank ($placement): $ended of 7 ranks ended with a message, the last after ${worst} s;$bad"
     fi
 fi
