@@ -1,8 +1,9 @@
 // File formats and schedules, without a GPU: the learning-rate schedule against the formulas of
 // docs/formats.md and against the PyTorch reference's own (scripts/gpt2_reference.py lr_at) when a Python is
 // at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
-// layouts of 1 and 3 ranks, and each tensor- and pipeline-parallel rank's part reads alone; checkpoint discovery finds the newest complete checkpoint; checkpoint retention deletes what
-// --keep-checkpoints and --keep-every no longer keep, whole checkpoints only.
+// layouts of 1 and 3 ranks, and each tensor- and pipeline-parallel rank's part reads alone; checkpoint discovery
+// finds the newest complete checkpoint; checkpoint retention deletes what --keep-checkpoints and --keep-every no
+// longer keep, whole checkpoints only.
 #define TESTING
 #include "../train_gpt.cu"
 #include "check.h"
