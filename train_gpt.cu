@@ -816,14 +816,12 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     }
     // Summary for benchmarks: the median step time, leaving out the first steps (cuBLAS heuristics, warm-up).
     if (step_ms.size() > 3) {
-        std::vector<double> timed(step_ms.begin() + 3, step_ms.end());
-        std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
-        const double ms = timed[timed.size() / 2];
+        auto median = [](std::vector<double> v) { std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end()); return v[v.size() / 2]; };
+        const double ms = median(std::vector<double>(step_ms.begin() + 3, step_ms.end()));
         fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
                gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
         // every stage's timing (the step log shows the first stage's): a slower stage makes the others wait
         if (pipeline && coord.tp == 0 && coord.dp == 0) {
-            auto median = [](std::vector<double> v) { std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end()); return v[v.size() / 2]; };
             std::vector<double> busy, span, bubble;
             for (size_t i = 3; i < stage_timings.size(); i++) {
                 busy.push_back(stage_timings[i].busy_ms);
