@@ -16,7 +16,7 @@
 #            memory plan train_gpt prints (train_gpt only).
 #   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B, 6.6B) that trains 20 steps with tp 2 x pp 2 x
 #            the rest data parallel under ZeRO-1 (pipelines take stages 0-1; fewer than 4 GPUs: tp 2 or one GPU, under
-#            ZeRO-3), 1 row per micro-batch, 2 micro-batches per pipeline stage: train_gpt's memory plan refuses what
+#            ZeRO-3; with one data-parallel rank, as on 4 GPUs, nothing is sharded), 1 row per micro-batch, 2 micro-batches per pipeline stage: train_gpt's memory plan refuses what
 #            does not fit before allocating (train_gpt only).
 # Usage: scripts/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
 # SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
@@ -146,7 +146,8 @@ for section in "${SECTIONS[@]}"; do
     largest)
         tp=1; pp=1; [ "$G" -ge 2 ] && tp=2; [ "$G" -ge 4 ] && pp=2
         dp=$((G / (tp * pp))); zero=3; [ $pp -gt 1 ] && zero=1  # pipelines run ZeRO stages 0-1 only
-        echo; echo "== the largest GPT that trains 20 steps here with tp $tp x pp $pp x dp $dp, ZeRO-$zero (train_gpt) =="
+        zero_label="ZeRO-$zero"; [ $dp -eq 1 ] && zero_label="no ZeRO (one data-parallel rank: nothing to shard)"
+        echo; echo "== the largest GPT that trains 20 steps here with tp $tp x pp $pp x dp $dp, $zero_label (train_gpt) =="
         found=""
         for m in "70B 80 8192 64" "40B 48 8192 64" "30B 60 6656 52" "20B 44 6144 48" "13B 40 5120 40" "6.6B 32 4096 32"; do
             read -r label L C H <<< "$m"
@@ -156,7 +157,7 @@ for section in "${SECTIONS[@]}"; do
                 --total-batch-tokens $((dp * T * 2 * pp)) --tensor-parallel $tp --pipeline-parallel $pp --zero-stage $zero
             STEPS=$STEPS_SAVED
             if [ -n "$OURS" ]; then
-                echo "| $label (L=$L C=$C H=$H), tp $tp x pp $pp x dp $dp, ZeRO-$zero: $(kv "$OURS" tokens_per_s) tok/s, MFU $(kv "$OURS" mfu)%, peak $(kv "$OURS" peak_mem_gib) GiB"
+                echo "| $label (L=$L C=$C H=$H), tp $tp x pp $pp x dp $dp, $zero_label: $(kv "$OURS" tokens_per_s) tok/s, MFU $(kv "$OURS" mfu)%, peak $(kv "$OURS" peak_mem_gib) GiB"
                 echo "|   $(grep -m1 'memory plan per GPU' "$W/$name.log")"
                 found=$label; break
             fi
