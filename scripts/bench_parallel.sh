@@ -16,8 +16,9 @@
 #            memory plan train_gpt prints (train_gpt only).
 #   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B, 6.6B) that trains 20 steps with tp 2 x pp 2 x
 #            the rest data parallel under ZeRO-1 (pipelines take stages 0-1; fewer than 4 GPUs: tp 2 or one GPU, under
-#            ZeRO-3; with one data-parallel rank, as on 4 GPUs, nothing is sharded), 1 row per micro-batch, 2 micro-batches per pipeline stage: train_gpt's memory plan refuses what
-#            does not fit before allocating (train_gpt only).
+#            ZeRO-3; with one data-parallel rank, as on 4 GPUs, nothing is sharded), 1 row per micro-batch, 2
+#            micro-batches per pipeline stage: train_gpt's memory plan refuses what does not fit before allocating
+#            (train_gpt only).
 # Usage: scripts/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
 # SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
 #   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
