@@ -319,7 +319,7 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     const ProcessMesh& mesh = model.mesh;
     if (pg.is_main()) make_directories(dir);
     // a collective (ZeRO-3, tensor and pipeline parallelism): every rank takes part, rank 0 alone gets the whole model
-    const std::vector<float> params = model.full_parameters_host(false);
+    const std::vector<float> params = model.full_parameters_host();
     if (zero.stage() >= 1 || mesh.data.rank == 0) {
         StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
                       mesh.pipeline.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,

@@ -485,10 +485,10 @@ struct GPT2 {
     }
     // Every stage's part of the model (set by the pipeline; the whole model by default).
     std::vector<StageModel> stage_parts = {StageModel()};
-    // The whole model's parameters in compute precision (full_layout, fp32 host): a collective of every rank;
-    // everywhere = false: on the main rank only (see assemble_whole_model; only data rank 0 keeps its part).
-    std::vector<float> full_parameters_host(bool everywhere = true) {
-        return assemble_whole_model(zero->parameters_host(everywhere || mesh.data.rank == 0), stage_parts, everywhere);
+    // The whole model's parameters in compute precision (full_layout, fp32 host) on the main rank, an empty vector
+    // on the others: a collective of every rank (see assemble_whole_model; only data rank 0 keeps its part).
+    std::vector<float> full_parameters_host() {
+        return assemble_whole_model(zero->parameters_host(mesh.data.rank == 0), stage_parts, false);
     }
     // Unit by unit on the device: each unit this rank holds is drawn whole (a unit of full_layout, so that every
     // tensor- and pipeline-parallel split makes the same model), this rank's slices are copied out of it, and
