@@ -483,30 +483,65 @@ struct PipelineOptions {
     std::vector<int> per_virtual_stage;
 };
 
-// Checksums of a rank's parameters: all of them, and those that tensor parallelism replicates (not in `split`).
-// Chunk by chunk on all cores, the chunks' hashes then chained in order: the same values for any thread count
-// (on one thread about 3.6 ns an element: 6 s at the end of a 6.6B GPT's run at tp 4, 24 s for a whole 6.6B model).
-static void parameter_checksums(const std::vector<float>& params, const LayoutMask& split, uint64_t* all, uint64_t* replicated) {
-    const size_t chunk = (size_t)1 << 20, chunks = (params.size() + chunk - 1) / chunk;
-    std::vector<uint64_t> all_of(chunks), replicated_of(chunks);
-#pragma omp parallel for schedule(static)
-    for (long c = 0; c < (long)chunks; c++) {
-        uint64_t h = 0, r = 0;
-        for (size_t i = c * chunk; i < std::min(params.size(), (c + 1) * chunk); i++) {
+// Checksums of a rank's parameters, fed in index order a unit at a time (the whole model need not be in host
+// memory): of all of them, of those that tensor parallelism replicates (not in `split`), and of the token
+// embedding's range [wte_begin, wte_end). All and replicated hash chunks of 2^20 elements on all cores and chain
+// the chunks' hashes in order: the same values for any thread count and any cut into units (on one thread about
+// 3.6 ns an element: 6 s at the end of a 6.6B GPT's run at tp 4, 24 s for a whole 6.6B model).
+struct ParameterChecksums {
+    static constexpr size_t kChunk = (size_t)1 << 20;
+    const LayoutMask& split;
+    size_t wte_begin = 0, wte_end = 0;
+    uint64_t all = 0, replicated = 0, wte = 0;
+    size_t next = 0;                   // index of the next element
+    uint64_t chunk_all = 0, chunk_replicated = 0;  // the running hashes of the chunk `next` is in
+
+    ParameterChecksums(const LayoutMask& split_mask, size_t wte_from, size_t wte_to) : split(split_mask), wte_begin(wte_from), wte_end(wte_to) {}
+    void add(size_t index, float value, uint64_t* h, uint64_t* r) const {
+        uint32_t bits;
+        memcpy(&bits, &value, 4);
+        *h = splitmix64(*h ^ bits);
+        if (!split.contains((long)index)) *r = splitmix64(*r ^ bits);
+    }
+    void chain(uint64_t h, uint64_t r) {
+        all = splitmix64(all ^ h);
+        replicated = splitmix64(replicated ^ r);
+    }
+    // values[i] is element offset + i; offset must be where the last feed ended.
+    void feed(size_t offset, const float* values, size_t n) {
+        if (offset != next) die("parameter checksums: a unit at " + std::to_string(offset) + ", expected the next at " + std::to_string(next));
+        for (size_t i = std::max(offset, wte_begin); i < std::min(offset + n, wte_end); i++) {
             uint32_t bits;
-            memcpy(&bits, &params[i], 4);
-            h = splitmix64(h ^ bits);
-            if (!split.contains((long)i)) r = splitmix64(r ^ bits);
+            memcpy(&bits, &values[i - offset], 4);
+            wte = splitmix64(wte ^ bits);
         }
-        all_of[c] = h;
-        replicated_of[c] = r;
+        size_t i = 0;
+        for (; i < n && next % kChunk != 0; i++, next++) {  // the open chunk's rest
+            add(next, values[i], &chunk_all, &chunk_replicated);
+            if ((next + 1) % kChunk == 0) {
+                chain(chunk_all, chunk_replicated);
+                chunk_all = chunk_replicated = 0;
+            }
+        }
+        const size_t whole = (n - i) / kChunk;  // whole chunks, on all cores
+        std::vector<uint64_t> all_of(whole), replicated_of(whole);
+#pragma omp parallel for schedule(static)
+        for (long c = 0; c < (long)whole; c++) {
+            uint64_t h = 0, r = 0;
+            for (size_t k = i + c * kChunk; k < i + (c + 1) * kChunk; k++) add(next + k - i, values[k], &h, &r);
+            all_of[c] = h;
+            replicated_of[c] = r;
+        }
+        for (size_t c = 0; c < whole; c++) chain(all_of[c], replicated_of[c]);
+        i += whole * kChunk;
+        next += whole * kChunk;
+        for (; i < n; i++, next++) add(next, values[i], &chunk_all, &chunk_replicated);  // opens the next chunk
     }
-    *all = *replicated = 0;
-    for (size_t c = 0; c < chunks; c++) {
-        *all = splitmix64(*all ^ all_of[c]);
-        *replicated = splitmix64(*replicated ^ replicated_of[c]);
+    void finish() {
+        if (next % kChunk != 0) chain(chunk_all, chunk_replicated);
+        chunk_all = chunk_replicated = 0;
     }
-}
+};
 
 // The micro-batches of a step (gradient-accumulation steps, and the pipeline's micro-batches): --total-batch-tokens
 // (default: one micro-batch) over the tokens of a micro-batch on all data-parallel ranks; 0 when it does not divide.
@@ -866,21 +901,15 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     if (pg.world > 1) {
         // the ranks of a data-parallel group must end with the same parameters, and the tensors that tensor
         // parallelism replicates must be the same on every rank: each rank prints checksums of its copies
-        std::vector<float> params = model.trained().parameters_host();
-        uint64_t hash, replicated;
-        parameter_checksums(params, model.layout.split_mask(), &hash, &replicated);
+        const bool tied_copy = shape.pp > 1 && model.layout.part.has_wte();  // the two copies of the tied token embedding must agree
+        ParameterChecksums sums(model.layout.split_mask(), tied_copy ? model.layout.wte : 0, tied_copy ? model.layout.wte_end() : 0);
+        model.trained().for_each_unit_host([&](size_t offset, const float* values, size_t n) { sums.feed(offset, values, n); });
+        sums.finish();
         fprintf(stderr, "rank %d parameter checksum %016llx tensor-parallel rank %d replicated checksum %016llx\n", pg.rank,
-                (unsigned long long)hash, mesh.tensor.rank, (unsigned long long)replicated);
-        if (shape.pp > 1 && model.layout.part.has_wte()) {  // the two copies of the tied token embedding must agree
-            uint64_t wte = 0;
-            for (size_t i = model.layout.wte; i < model.layout.wte + (size_t)model.layout.vocab_rows() * config.channels; i++) {
-                uint32_t bits;
-                memcpy(&bits, &params[i], 4);
-                wte = splitmix64(wte ^ bits);
-            }
+                (unsigned long long)sums.all, mesh.tensor.rank, (unsigned long long)sums.replicated);
+        if (tied_copy)
             fprintf(stderr, "rank %d pipeline stage %d tensor-parallel rank %d data-parallel rank %d wte checksum %016llx\n", pg.rank, mesh.pipeline.rank,
-                    mesh.tensor.rank, mesh.data.rank, (unsigned long long)wte);
-        }
+                    mesh.tensor.rank, mesh.data.rank, (unsigned long long)sums.wte);
     }
     if (log) fclose(log);
     if (out != stdout) fclose(out);

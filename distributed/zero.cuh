@@ -21,6 +21,7 @@
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
 #pragma once
 #include <algorithm>
+#include <functional>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
@@ -446,31 +447,42 @@ public:
         ring_unit_[0] = ring_unit_[1] = -1;
     }
 
+    // The parameters in compute precision as fp32 on the host, unit by unit in order: visit(offset, values, n)
+    // with the unit's offset in the whole and its padded size. Host memory: one unit, so a 30B model's checksum
+    // or save need not hold it whole on every rank. Stage 3 gathers each unit: every rank calls; an empty visit
+    // only takes part in the gathers.
+    void for_each_unit_host(const std::function<void(size_t, const float*, size_t)>& visit) {
+        wait_for_parameters();
+        if (!visit && stage_ < 3) return;
+        const size_t largest = *std::max_element(plan_.unit_size.begin(), plan_.unit_size.end());
+        floatX* gathered = nullptr;  // stage 3: a unit-sized buffer, so the full model need not fit one GPU
+        if (stage_ == 3) cudaCheck(cudaMalloc(&gathered, largest * sizeof(floatX)));
+        std::vector<floatX> raw(visit ? largest : 0);
+        std::vector<float> values(visit ? largest : 0);
+        for (int u = 0; u < plan_.num_units(); u++) {
+            const size_t n = plan_.unit_size[u];
+            const floatX* unit = params_ + plan_.unit_offset[u];
+            if (stage_ == 3) {
+                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], gathered, plan_.shard_size[u], nccl_type<floatX>(), data_.comm,
+                                        compute_));
+                unit = gathered;
+            }
+            if (visit) cudaCheck(cudaMemcpyAsync(raw.data(), unit, n * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
+            pg_.synchronize(compute_);
+            if (!visit) continue;
+            for (size_t i = 0; i < n; i++) values[i] = host_float(raw[i]);
+            visit(plan_.unit_offset[u], values.data(), n);
+        }
+        if (gathered != nullptr) cudaCheck(cudaFree(gathered));
+    }
     // The full parameters in compute precision, as fp32 on the host (stage 3 gathers them: every rank calls).
     // keep = false: this rank only takes part in the gathers and gets an empty vector.
     std::vector<float> parameters_host(bool keep = true) {
-        wait_for_parameters();
-        if (!keep && stage_ < 3) return {};
-        std::vector<floatX> raw(keep ? total_ : 0);
-        if (stage_ < 3) {
-            cudaCheck(cudaMemcpyAsync(raw.data(), params_, total_ * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
-        } else {  // unit by unit through one unit-sized buffer: the full model need not fit one GPU
-            size_t largest = 0;
-            for (int u = 0; u < plan_.num_units(); u++) largest = std::max(largest, plan_.unit_size[u]);
-            floatX* unit;
-            cudaCheck(cudaMalloc(&unit, largest * sizeof(floatX)));
-            for (int u = 0; u < plan_.num_units(); u++) {
-                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], unit, plan_.shard_size[u], nccl_type<floatX>(),
-                                        data_.comm, compute_));
-                if (keep)
-                    cudaCheck(cudaMemcpyAsync(raw.data() + plan_.unit_offset[u], unit, plan_.unit_size[u] * sizeof(floatX),
-                                              cudaMemcpyDeviceToHost, compute_));
-                pg_.synchronize(compute_);
-            }
-            cudaCheck(cudaFree(unit));
-        }
-        pg_.synchronize(compute_);
-        return host_floats(raw);
+        std::vector<float> all(keep ? total_ : 0);
+        std::function<void(size_t, const float*, size_t)> copy;
+        if (keep) copy = [&](size_t offset, const float* values, size_t n) { std::copy(values, values + n, all.begin() + offset); };
+        for_each_unit_host(copy);
+        return all;
     }
     // The compute stream waits until every unit's parameters are current: at stages 1/2, until the gathers of
     // the last step() are done. The forward hooks wait unit by unit instead; other readers and writers call this.

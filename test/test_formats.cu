@@ -122,6 +122,68 @@ static void test_checkpoint_discovery() {
 }
 
 // --keep-checkpoints / --keep-every: which checkpoints go, and that deleting leaves only whole checkpoints.
+// The end-of-run checksums fed a unit at a time equal the one-pass definition (chunks of 2^20 hashed alone, their
+// hashes chained) for any cut into units, and each moves when an element it covers changes.
+static void test_parameter_checksums() {
+    ModelConfig config;
+    config.num_layers = 3; config.num_heads = 2; config.channels = 128; config.max_seq_len = 64;
+    const ParameterLayout layout(config, 8, 2);  // tensor parallel: the split mask covers the vocabulary rows and the split block tensors
+    const LayoutMask split = layout.split_mask();
+    std::vector<float> values(layout.total);
+    uint64_t state = 7;
+    for (float& v : values) v = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+    auto one_pass = [&](const std::vector<float>& p, uint64_t* all, uint64_t* replicated, uint64_t* wte) {
+        *all = *replicated = *wte = 0;
+        const size_t chunk = ParameterChecksums::kChunk;
+        for (size_t c = 0; c < (p.size() + chunk - 1) / chunk; c++) {
+            uint64_t h = 0, r = 0;
+            for (size_t i = c * chunk; i < std::min(p.size(), (c + 1) * chunk); i++) {
+                uint32_t bits;
+                memcpy(&bits, &p[i], 4);
+                h = splitmix64(h ^ bits);
+                if (!split.contains((long)i)) r = splitmix64(r ^ bits);
+                if (i >= layout.wte && i < layout.wte_end()) *wte = splitmix64(*wte ^ bits);
+            }
+            *all = splitmix64(*all ^ h);
+            *replicated = splitmix64(*replicated ^ r);
+        }
+    };
+    auto streamed = [&](const std::vector<float>& p, const std::vector<size_t>& cuts) {  // cuts: the units' ends
+        ParameterChecksums sums(split, layout.wte, layout.wte_end());
+        size_t begin = 0;
+        for (size_t end : cuts) {
+            sums.feed(begin, p.data() + begin, end - begin);
+            begin = end;
+        }
+        sums.finish();
+        return sums;
+    };
+    uint64_t all, replicated, wte;
+    one_pass(values, &all, &replicated, &wte);
+    const size_t n = values.size(), chunk = ParameterChecksums::kChunk;
+    std::vector<size_t> units;
+    for (int u = 0; u < layout.num_units(); u++) units.push_back(layout.unit_offset(u) + layout.unit_size(u));
+    const std::vector<std::vector<size_t>> cuts = {{n}, units, {7, chunk, chunk + 1, 3 * chunk + 5, n}, {chunk - 1, 2 * chunk, n}};
+    bool same = true;
+    for (const std::vector<size_t>& c : cuts) {
+        const ParameterChecksums s = streamed(values, c);
+        same = same && s.all == all && s.replicated == replicated && s.wte == wte;
+    }
+    check(n > 3 * chunk + 5 && same, "parameter checksums: fed a unit at a time, any cut (4 cuts, " + std::to_string(n) + " elements) equals one pass", "");
+    const ParameterChecksums base = streamed(values, units);
+    auto changed = [&](size_t i) {
+        std::vector<float> p = values;
+        p[i] = nextafterf(p[i], 1.0f);
+        return streamed(p, units);
+    };
+    const size_t in_wte = layout.wte + 12345, in_qkvw = layout.tensor(1, QKVW) + 77, in_ln = layout.tensor(2, LN1W) + 3;
+    const ParameterChecksums a = changed(in_wte), b = changed(in_qkvw), c = changed(in_ln);
+    check(split.contains((long)in_wte) && split.contains((long)in_qkvw) && !split.contains((long)in_ln) && a.all != base.all &&
+              a.replicated == base.replicated && a.wte != base.wte && b.all != base.all && b.replicated == base.replicated && b.wte == base.wte &&
+              c.all != base.all && c.replicated != base.replicated && c.wte == base.wte,
+          "parameter checksums: one element changed moves the checksums that cover it (all; replicated: not the split ones; wte: its range)", "");
+}
+
 static void test_checkpoint_retention() {
     const std::vector<int> steps = {3, 6, 9, 12, 15, 18};
     check(checkpoints_to_delete(steps, 2, 0) == std::vector<int>({3, 6, 9, 12}), "retention: keep the newest 2", "");
@@ -165,5 +227,6 @@ int main() {
     test_model_files();
     test_checkpoint_discovery();
     test_checkpoint_retention();
+    test_parameter_checksums();
     return check_failures() == 0 ? 0 : 1;
 }
