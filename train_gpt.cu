@@ -857,14 +857,17 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
                gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
         // every stage's timing (the step log shows the first stage's): a slower stage makes the others wait
         if (pipeline && coord.tp == 0 && coord.dp == 0) {
-            std::vector<double> busy, span, bubble;
+            std::vector<double> busy, forward, backward, span, bubble;
             for (size_t i = 3; i < stage_timings.size(); i++) {
                 busy.push_back(stage_timings[i].busy_ms);
+                forward.push_back(stage_timings[i].forward_ms);
+                backward.push_back(stage_timings[i].backward_ms);
                 span.push_back(stage_timings[i].span_ms);
                 bubble.push_back(stage_timings[i].bubble());
             }
-            printf("pipeline stage %d: median over the timed steps: busy %.2f ms of a %.2f ms span, bubble %.1f%%\n", coord.pp,
-                   median(busy), median(span), 100.0 * median(bubble));
+            printf("pipeline stage %d: median over the timed steps: busy %.2f ms (forward actions %.2f%s, backward %.2f) of a %.2f ms span, "
+                   "bubble %.1f%%\n", coord.pp, median(busy), median(forward), model.layout.part.last ? " with the LM head's forward and backward" : "",
+                   median(backward), median(span), 100.0 * median(bubble));
             fflush(stdout);
             // the schedule simulated with each stage's measured busy time (split over its chunks, and each chunk's
             // over forward and backward, as the work model splits them): what the stages' unequal speeds alone leave

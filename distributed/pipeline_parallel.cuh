@@ -122,9 +122,10 @@ public:
     }
 
     // After the step has been waited for: this stage's actions on the compute stream, from the first one's start
-    // to the last one's end (span), and the time inside them (busy); the idle share is the stage's bubble.
+    // to the last one's end (span), and the time inside them (busy: in forward actions, which on the last stage
+    // include the LM head's forward and backward, and in backward actions); the idle share is the stage's bubble.
     struct StageTiming {
-        double span_ms = 0, busy_ms = 0;
+        double span_ms = 0, busy_ms = 0, forward_ms = 0, backward_ms = 0;
         double bubble() const { return span_ms > 0 ? std::max(0.0, (span_ms - busy_ms) / span_ms) : 0.0; }
     };
     StageTiming measured() const {
@@ -135,8 +136,9 @@ public:
         t.span_ms = ms;
         for (size_t i = 0; i < timing_.size() / 2; i++) {
             cudaCheck(cudaEventElapsedTime(&ms, timing_[2 * i], timing_[2 * i + 1]));
-            t.busy_ms += ms;
+            (mine().actions[i].type == PipelineAction::kForward ? t.forward_ms : t.backward_ms) += ms;
         }
+        t.busy_ms = t.forward_ms + t.backward_ms;
         return t;
     }
 
