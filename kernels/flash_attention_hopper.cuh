@@ -649,14 +649,17 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: pair-major (a cluster
-// is two consecutive blocks), from pair 0 up (longest first). Deterministic mode adds each query block's dQ in
-// the same order, pair 0 first: a pair only waits for lower ones of its head, all launched before it.
+// The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: sections of
+// `per_section` heads whose Q, dO, lse, D and fp32 dQ fit in L2 (so that the pairs of a head, which all read its
+// Q and dO and add into its dQ, find them there), inside a section pair-major (a cluster is two consecutive
+// blocks), from pair 0 up (longest first). Deterministic mode adds each query block's dQ in the same order, pair
+// 0 first: a pair only waits for lower ones of its head, all launched before it.
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq, T* dqkv, float* dq_accum,
-                int* dq_turn, const float* lse2p, const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, float scale, float scale_log2) {
+                int* dq_turn, const float* lse2p, const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, int per_section, float scale,
+                float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = BwdConfig<HS>;
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
@@ -676,8 +679,10 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
     const int npairs = (nkb + 1) / 2, heads = (int)(gridDim.x / (2 * npairs));
     const int member = (int)(blockIdx.x & 1), slot = (int)(blockIdx.x >> 1);
-    const int pair = slot / heads;
-    const int bh = slot % heads, b = bh / NH, h = bh % NH;
+    const int section = slot / (per_section * npairs), within = slot - section * per_section * npairs;
+    const int in_section = min(per_section, heads - section * per_section);
+    const int pair = within / in_section;
+    const int bh = section * per_section + within % in_section, b = bh / NH, h = bh % NH;
     const int kb = 2 * pair + member;
     const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
@@ -1176,6 +1181,10 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
                          out, lse, B, Tn, Tpad, NH, stream);
     auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
     set_smem(kernel, Cfg::SMEM_BYTES);
+    // heads per L2 section: what every pair of a head reads (Q, dO, lse, D) and adds into (fp32 dQ) in 32 MB (on
+    // one H200, 32 and 48 MB ran forward + backward at T = 4096 5.5% faster than one section; 8 MB 3% faster)
+    const double head_bytes = (double)Tpad * (2 * HS * sizeof(T) + 2 * sizeof(float) + HS * sizeof(float));
+    const int heads = B * NH, per_section = std::max(1, std::min(heads, (int)(32.0 * 1024 * 1024 / head_bytes)));
     // clusters of two CTAs: key blocks 2p and 2p + 1 of one head
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3((unsigned)((long)B * NH * ((nkb + 1) / 2) * 2));
@@ -1190,7 +1199,7 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     config.attrs = &cluster;
     config.numAttrs = 1;
     cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, tm_dq, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH,
-                                 nkb, nqb, scale, scale * kLog2e));
+                                 nkb, nqb, per_section, scale, scale * kLog2e));
     if (!deterministic) {  // deterministic mode: the main kernel wrote dQ
         dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
         cudaCheckLaunch();
