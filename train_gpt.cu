@@ -490,10 +490,10 @@ struct PipelineOptions {
 // 3.6 ns an element: 6 s at the end of a 6.6B GPT's run at tp 4, 24 s for a whole 6.6B model).
 struct ParameterChecksums {
     static constexpr size_t kChunk = (size_t)1 << 20;
-    const LayoutMask& split;
+    LayoutMask split;  // a copy: callers pass split_mask()'s temporary
     size_t wte_begin = 0, wte_end = 0;
     uint64_t all = 0, replicated = 0, wte = 0;
-    size_t next = 0;                   // index of the next element
+    size_t next = 0;                               // index of the next element
     uint64_t chunk_all = 0, chunk_replicated = 0;  // the running hashes of the chunk `next` is in
 
     ParameterChecksums(const LayoutMask& split_mask, size_t wte_from, size_t wte_to) : split(split_mask), wte_begin(wte_from), wte_end(wte_to) {}

@@ -121,7 +121,6 @@ static void test_checkpoint_discovery() {
     check(latest_checkpoint(dir + "/missing") == -1, "checkpoint discovery: none in a missing folder", "");
 }
 
-// --keep-checkpoints / --keep-every: which checkpoints go, and that deleting leaves only whole checkpoints.
 // The end-of-run checksums fed a unit at a time equal the one-pass definition (chunks of 2^20 hashed alone, their
 // hashes chained) for any cut into units, and each moves when an element it covers changes.
 static void test_parameter_checksums() {
@@ -184,6 +183,7 @@ static void test_parameter_checksums() {
           "parameter checksums: one element changed moves the checksums that cover it (all; replicated: not the split ones; wte: its range)", "");
 }
 
+// --keep-checkpoints / --keep-every: which checkpoints go, and that deleting leaves only whole checkpoints.
 static void test_checkpoint_retention() {
     const std::vector<int> steps = {3, 6, 9, 12, 15, 18};
     check(checkpoints_to_delete(steps, 2, 0) == std::vector<int>({3, 6, 9, 12}), "retention: keep the newest 2", "");
