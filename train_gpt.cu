@@ -497,11 +497,14 @@ struct ParameterChecksums {
     uint64_t chunk_all = 0, chunk_replicated = 0;  // the running hashes of the chunk `next` is in
 
     ParameterChecksums(const LayoutMask& split_mask, size_t wte_from, size_t wte_to) : split(split_mask), wte_begin(wte_from), wte_end(wte_to) {}
-    void add(size_t index, float value, uint64_t* h, uint64_t* r) const {
+    static uint64_t mixed(uint64_t h, float value) {
         uint32_t bits;
         memcpy(&bits, &value, 4);
-        *h = splitmix64(*h ^ bits);
-        if (!split.contains((long)index)) *r = splitmix64(*r ^ bits);
+        return splitmix64(h ^ bits);
+    }
+    void add(size_t index, float value, uint64_t* h, uint64_t* r) const {
+        *h = mixed(*h, value);
+        if (!split.contains((long)index)) *r = mixed(*r, value);
     }
     void chain(uint64_t h, uint64_t r) {
         all = splitmix64(all ^ h);
@@ -510,11 +513,7 @@ struct ParameterChecksums {
     // values[i] is element offset + i; offset must be where the last feed ended.
     void feed(size_t offset, const float* values, size_t n) {
         if (offset != next) die("parameter checksums: a unit at " + std::to_string(offset) + ", expected the next at " + std::to_string(next));
-        for (size_t i = std::max(offset, wte_begin); i < std::min(offset + n, wte_end); i++) {
-            uint32_t bits;
-            memcpy(&bits, &values[i - offset], 4);
-            wte = splitmix64(wte ^ bits);
-        }
+        for (size_t i = std::max(offset, wte_begin); i < std::min(offset + n, wte_end); i++) wte = mixed(wte, values[i - offset]);
         size_t i = 0;
         for (; i < n && next % kChunk != 0; i++, next++) {  // the open chunk's rest
             add(next, values[i], &chunk_all, &chunk_replicated);
@@ -874,17 +873,17 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
             const std::vector<std::vector<float>> stage_busy = model.gather_over_pipeline({(float)median(busy)});
             if (coord.pp == 0) {
                 const int P = shape.pp, K = P * po.virtual_stages;
-                std::vector<double> forward(K), backward(K);
+                std::vector<double> chunk_forward(K), chunk_backward(K);
                 for (int s = 0; s < P; s++) {
                     double work = 0;  // the stage's modelled work per micro-batch
                     for (int k = s; k < K; k += P) work += forward_work[k] + backward_work[k];
                     for (int k = s; k < K; k += P) {
-                        forward[k] = stage_busy[s][0] / grad_accum * forward_work[k] / work;
-                        backward[k] = stage_busy[s][0] / grad_accum * backward_work[k] / work;
+                        chunk_forward[k] = stage_busy[s][0] / grad_accum * forward_work[k] / work;
+                        chunk_backward[k] = stage_busy[s][0] / grad_accum * backward_work[k] / work;
                     }
                 }
                 printf("pipeline: the schedule simulated with each stage's measured busy time leaves the first stage %.1f%% idle\n",
-                       100.0 * simulate_pipeline(po.kind, P, grad_accum, po.virtual_stages, forward, backward).idle_share[0]);
+                       100.0 * simulate_pipeline(po.kind, P, grad_accum, po.virtual_stages, chunk_forward, chunk_backward).idle_share[0]);
                 fflush(stdout);
             }
         }
