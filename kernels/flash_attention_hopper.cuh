@@ -6,9 +6,12 @@
 // defines: flash::hopper::forward, flash::hopper::backward (and flash::hopper::available, which says whether
 // they can run here)
 //
-// How the pipeline works. A persistent grid (one CTA per SM) walks a static list of tiles of BM = 64 * NC
-// query rows of one (b, head), longest first (the tiles closest to the end of the sequence see the most key
-// blocks), in sections of heads whose K and V fit in 32 MB of L2. A CTA is NC + 1 warpgroups:
+// How the pipeline works. A persistent grid (one CTA per SM) walks a list of tiles of BM = 64 * NC query rows
+// of one (b, head), longest first (the tiles closest to the end of the sequence see the most key blocks), in
+// sections of heads whose K and V fit in 32 MB of L2. Each CTA starts with tile blockIdx.x and claims its next
+// through an atomic counter, so that a CTA whose tiles ran short takes more of them: a static stride through
+// the list (tile += gridDim.x) left the busiest CTA with 2-15% more key blocks than the mean at the benchmark's
+// shapes, the least busy with 4-15% fewer. A CTA is NC + 1 warpgroups:
 //   producer (warpgroup 0, one warp issues): TMA loads of the Q tile and of the key blocks (BN = 128 keys) of
 //     K and V into a ring of STAGES buffers, straight from the strided qkv (B,T,3,NH,hs) through one tensor map
 //     (dims hs, 3*NH, T, B: a dense 4-D view; rows past T come back as zeros). Each buffer has a "full"
@@ -60,9 +63,11 @@ template <int HS, int NC> struct Config {
     // and V rings
     static constexpr uint32_t OFF_Q = 0, OFF_K = OFF_Q + 2 * Q_BYTES, OFF_V = OFF_K + STAGES * KV_BYTES,
                               OFF_BAR = OFF_V + STAGES * KV_BYTES;
-    // mbarriers: Q full[2], Q empty[2], then per stage K full, K empty, V full, V empty
+    // mbarriers: Q full[2], Q empty[2], then per stage K full, K empty, V full, V empty; then the tile index of
+    // each Q buffer (the producer writes it before the buffer's "full" arrival)
     static constexpr int NUM_MBARS = 4 + 4 * STAGES;
-    static constexpr size_t SMEM_BYTES = OFF_BAR + NUM_MBARS * 8 + 1024;  // + slack to align the base
+    static constexpr uint32_t OFF_TILE = OFF_BAR + NUM_MBARS * 8;
+    static constexpr size_t SMEM_BYTES = OFF_TILE + 2 * 4 + 1024;  // + slack to align the base
     // named barriers (0 is __syncthreads): the ping-pong ring, each warpgroup's epilogue
     static constexpr int BAR_SCHED = 1, BAR_EPILOGUE = 1 + NC;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per CTA");
@@ -283,6 +288,12 @@ template <int ROWS> __device__ __forceinline__ uint32_t tma_chunk(int r, int c) 
     return (c / 8) * ROWS * 128 + swz<64>(r, c % 8);
 }
 
+// Tiles handed out so far beyond each CTA's first, over the current launch: the producers claim tiles
+// gridDim.x + counter++, and the claim that takes the launch's last value (num_tiles - 1: every launch makes
+// exactly num_tiles claims, one failing per CTA) sets it back to 0 for the next launch. One forward at a time per
+// device, then: launches on one stream are ordered, and nothing here runs two forwards on two streams at once.
+__device__ unsigned int forward_tiles_claimed;
+
 // ---------------------------------------------------------------------------------------------
 // The kernel. tm_q boxes 64 rows (one warpgroup's Q), tm_kv BN rows; both 64 values wide (one swizzle atom).
 template <typename T, int HS, int NC>
@@ -297,6 +308,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
     unsigned char* smem = smem_raw + (base - raw);
     const uint32_t sQ = base + Cfg::OFF_Q, sK = base + Cfg::OFF_K, sV = base + Cfg::OFF_V, bars = base + Cfg::OFF_BAR;
+    const uint32_t tile_of_buffer = base + Cfg::OFF_TILE;  // + 4 * buffer
     auto q_full = [&](int buf) { return bars + 8 * buf; };
     auto q_empty = [&](int buf) { return bars + 8 * (2 + buf); };
     auto k_full = [&](int st) { return bars + 8 * (4 + st); };
@@ -328,7 +340,24 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (tid >= 32) return;
         int it = 0;  // key blocks loaded so far over all tiles: block it uses stage it % STAGES
-        for (int tile = blockIdx.x, ti = 0; tile < num_tiles; tile += gridDim.x, ti++) {
+        for (int tile = blockIdx.x, ti = 0;; ti++) {
+            const int qbuf = ti & 1;  // Q buffer of this tile, once the consumers are done with the tile two back
+            if (tile >= num_tiles) {  // no tile left: tell the consumers through the buffer's tile index
+                mbar_wait(q_empty(qbuf), ((ti >> 1) & 1) ^ 1);
+                if (lane == 0) {
+                    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(tile_of_buffer + 4 * qbuf), "r"(tile) : "memory");
+                    mbar_arrive(q_full(qbuf));
+                }
+                return;
+            }
+            // claim the next tile now, a tile ahead: the atomic's round trip hides behind this tile's loads
+            int next = 0;
+            if (lane == 0) {
+                const unsigned claim = atomicAdd(&forward_tiles_claimed, 1u);
+                if (claim == (unsigned)num_tiles - 1) atomicExch(&forward_tiles_claimed, 0u);
+                next = (int)(gridDim.x + claim);
+            }
+            next = __shfl_sync(0xffffffff, next, 0);
             const Tile tl = tile_at(tile, nqb, heads, per_section);
             const int b = tl.bh / NH, h = tl.bh % NH, q0 = tl.qb * BM;
             const int nb = (min(q0 + BM, Tn) - 1) / BN + 1;  // key blocks up to the tile's last row
@@ -347,10 +376,10 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
                 __syncwarp();
             };
             load(1, nb - 1, it);
-            // Q buffer ti % 2, once the consumers are done with the tile two back (its rows staged their O)
-            const int qbuf = ti & 1;
-            mbar_wait(q_empty(qbuf), ((ti >> 1) & 1) ^ 1);
+            mbar_wait(q_empty(qbuf), ((ti >> 1) & 1) ^ 1);  // the tile two back has staged its O in these rows
             if (lane == 0) {
+                // before the arrival, which releases it to the consumers
+                asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(tile_of_buffer + 4 * qbuf), "r"(tile) : "memory");
                 // a warpgroup whose rows all lie past T gets rows from T - 1 on (it computes rows nobody reads):
                 // every box then starts inside the tensor
                 mbar_arrive_expect_tx(q_full(qbuf), Cfg::Q_BYTES);
@@ -368,8 +397,8 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
             }
             load(2, 0, it + nb - 1);
             it += nb;
+            tile = next;
         }
-        return;
     }
 
     // ---- consumers: warpgroup cw owns query rows q0 + 64 cw .. q0 + 64 cw + 63 of each tile
@@ -378,13 +407,17 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
     if (cw == 0) named_arrive(Cfg::BAR_SCHED, 256);  // the ping-pong token starts with warpgroup 0
     const int sched_own = Cfg::BAR_SCHED + cw, sched_next = Cfg::BAR_SCHED + (cw + 1) % NC;
     int it = 0;
-    for (int tile = blockIdx.x, ti = 0; tile < num_tiles; tile += gridDim.x, ti++) {
+    for (int ti = 0;; ti++) {
+        const int qbuf = ti & 1;
+        mbar_wait(q_full(qbuf), (ti >> 1) & 1);
+        int tile;
+        asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(tile) : "r"(tile_of_buffer + 4 * qbuf) : "memory");
+        if (tile >= num_tiles) break;
         const Tile tl = tile_at(tile, nqb, heads, per_section);
         const int b = tl.bh / NH, h = tl.bh % NH, q0 = tl.qb * BM;
         const int nb = (min(q0 + BM, Tn) - 1) / BN + 1;
         const int nomask_max = (q0 + 1) / BN - 1;  // blocks <= this are below the diagonal of every row of the tile
         const int row0 = q0 + 64 * cw + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
-        const int qbuf = ti & 1;
         const uint32_t q_addr = sQ + qbuf * Cfg::Q_BYTES + cw * 64 * 128;  // this warpgroup's rows, first half
 
         float o[HS / 2], s[BN / 2];
@@ -393,7 +426,6 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 #pragma unroll
         for (int i = 0; i < HS / 2; i++) o[i] = 0.0f;
 
-        mbar_wait(q_full(qbuf), (ti >> 1) & 1);
         {  // first block (the diagonal one): S, softmax, P
             const int st = it % STAGES;
             mbar_wait(k_full(st), (it / STAGES) & 1);
