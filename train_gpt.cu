@@ -25,7 +25,7 @@
 #include "distributed/pipeline_parallel.cuh"  // defines: PipelineParallel (runs a stage's schedule: compute and transfers)
 #include "model/config.h"                 // defines: ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
 #include "model/lora.h"                   // defines: LoraSpec, AdapterLayout, read_adapter_file, write_adapter_file, merge_adapters
-#include "model/model_file.h"             // defines: read_model_header, open_model_file, read_model_part, write_model_file (llm.c model files)
+#include "model/model_file.h"             // defines: read_model_header, read_model_config, read_model_part, write_model_file (llm.c model files)
 #include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories
 
@@ -945,8 +945,7 @@ int main(int argc, char** argv) {
     if (from_file && stat(o.model.c_str(), &model_stat) == 0 && S_ISDIR(model_stat.st_mode))
         die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
-        size_t element_bytes;
-        fclose(open_model_file(o.model, &config, &element_bytes));  // its shape and size; each rank reads its part later
+        config = read_model_config(o.model);  // its shape and size; each rank reads its part later
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
             die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
     } else {

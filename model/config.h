@@ -3,7 +3,7 @@
 // device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
 // defines: ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
 //          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout,
-//          LayoutRun, sorted_full_runs, for_each_shared_run
+//          LayoutRun, sort_by_full, sorted_full_runs, for_each_shared_run
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -313,11 +313,14 @@ private:
 struct LayoutRun {
     size_t full, local, count;
 };
+inline void sort_by_full(std::vector<LayoutRun>& runs) {
+    std::sort(runs.begin(), runs.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+}
 // Tensor-parallel rank `rank`'s runs of `part` in `full`, in the whole model's order.
 inline std::vector<LayoutRun> sorted_full_runs(const ParameterLayout& part, const ParameterLayout& full, int rank) {
     std::vector<LayoutRun> runs;
     part.for_each_full_run(full, rank, [&](size_t f, size_t l, size_t n) { runs.push_back({f, l, n}); });
-    std::sort(runs.begin(), runs.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    sort_by_full(runs);
     return runs;
 }
 // The pieces of the whole model that two parts both hold, from their runs (each list sorted by `full`, its runs

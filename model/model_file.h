@@ -1,7 +1,7 @@
 // llm.c model files: a 256-int header (magic, version, shape), then every parameter as fp32 (version 3) or bf16
 // (version 5) in llm.c's tensor-major order, converted to and from the device's block-major layout.
 // defines: kModelMagic, kModelVersionFP32, kModelVersionBF16, float_to_bf16_bits, bf16_bits_to_float, read_model_header,
-//          open_model_file, read_model_part, read_model_file, write_model_file
+//          open_model_file, read_model_config, read_model_part, read_model_file, write_model_file
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -67,6 +67,13 @@ inline FILE* open_model_file(const std::string& path, ModelConfig* config, size_
     fseek(f, 1024, SEEK_SET);
     return f;
 }
+// An llm.c model file's shape, its size checked against it (no parameter read).
+inline ModelConfig read_model_config(const std::string& path) {
+    ModelConfig config;
+    size_t element_bytes;
+    fclose(open_model_file(path, &config, &element_bytes));
+    return config;
+}
 
 // Reads tensor-parallel rank `rank`'s slices of `part` (a layout of part.config's model: one pipeline stage's,
 // any padding) out of an llm.c model file of that shape, fp32 in `part`'s order. Only those bytes are read: a
@@ -81,12 +88,12 @@ inline std::vector<float> read_model_part(const std::string& path, const Paramet
     const ParameterLayout whole(c);  // tp 1, every layer: the file's tensors
     std::vector<LayoutRun> in_file;  // whole-model offset -> file offset
     whole.for_each_file_run([&](size_t file_offset, size_t offset, size_t n) { in_file.push_back({offset, file_offset, n}); });
-    std::sort(in_file.begin(), in_file.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    sort_by_full(in_file);
     std::vector<LayoutRun> reads;  // `full` holds the file offset here
     for_each_shared_run(in_file, sorted_full_runs(part, whole, rank), [&](size_t file_offset, size_t local, size_t n) {
         reads.push_back({file_offset, local, n});
     });
-    std::sort(reads.begin(), reads.end(), [](const LayoutRun& a, const LayoutRun& b) { return a.full < b.full; });
+    sort_by_full(reads);
     std::vector<float> values(part.total, 0.0f);
     std::vector<uint8_t> raw;
     size_t position = 0;  // in elements after the header
@@ -111,9 +118,7 @@ inline std::vector<float> read_model_part(const std::string& path, const Paramet
 // Reads a whole llm.c model file into `values` (fp32, device order) in the layout with the given unit padding
 // (see ParameterLayout); returns its shape.
 inline ModelConfig read_model_file(const std::string& path, std::vector<float>& values, size_t unit_multiple = 8) {
-    ModelConfig config;
-    size_t element_bytes;
-    fclose(open_model_file(path, &config, &element_bytes));
+    const ModelConfig config = read_model_config(path);
     values = read_model_part(path, ParameterLayout(config, unit_multiple), 0);
     return config;
 }

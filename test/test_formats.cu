@@ -40,6 +40,9 @@ static void test_schedule() {
     check(worst <= 1e-6, "schedule: same as the PyTorch reference's at every step", fmt("max relative difference %.3g", worst));
 }
 
+// A test parameter value from a running hash state: 24 random bits, scaled to within +-0.84.
+static float test_value(uint64_t& state) { return (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f; }
+
 static void test_model_files() {
     const std::string dir = "build/test_work/formats";
     make_directories(dir);
@@ -50,7 +53,7 @@ static void test_model_files() {
         std::vector<float> values(layout.total, 0.0f);
         uint64_t state = 5;
         layout.for_each_file_run([&](size_t, size_t device_offset, size_t count) {
-            for (size_t i = 0; i < count; i++) values[device_offset + i] = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+            for (size_t i = 0; i < count; i++) values[device_offset + i] = test_value(state);
         });
         for (bool bf16 : {false, true}) {
             const std::string path = dir + "/model.bin", tag = std::string(bf16 ? "bf16" : "fp32") + " on " + std::to_string(world) + " rank(s)";
@@ -75,7 +78,7 @@ static void test_model_files() {
     std::vector<float> values(whole.total, 0.0f);
     uint64_t state = 9;
     whole.for_each_file_run([&](size_t, size_t device_offset, size_t count) {
-        for (size_t i = 0; i < count; i++) values[device_offset + i] = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+        for (size_t i = 0; i < count; i++) values[device_offset + i] = test_value(state);
     });
     for (bool bf16 : {false, true}) {
         const std::string path = dir + "/split.bin";
@@ -130,7 +133,7 @@ static void test_parameter_checksums() {
     const LayoutMask split = layout.split_mask();
     std::vector<float> values(layout.total);
     uint64_t state = 7;
-    for (float& v : values) v = (float)((int64_t)(splitmix64(state++) >> 40) - (1 << 23)) * 1e-7f;
+    for (float& v : values) v = test_value(state);
     auto one_pass = [&](const std::vector<float>& p, uint64_t* all, uint64_t* replicated, uint64_t* wte) {
         *all = *replicated = *wte = 0;
         const size_t chunk = ParameterChecksums::kChunk;
