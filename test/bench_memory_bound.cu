@@ -5,7 +5,7 @@
 //     kLayerNormWideFrom can be checked on a new GPU;
 //   AdamW (kernels/adamw.cuh) over 2^30 parameters, beside a copy of its eight streams without the arithmetic (read
 //     bf16 gradients and fp32 m, v, master weights; write those three and the bf16 parameters): the bandwidth that
-//     access pattern allows, with AdamW's one 16-byte gradient vector a thread an iteration and with two and four.
+//     access pattern allows, with AdamW's 4 elements a thread an iteration and with 8.
 // TB/s counts the bytes each kernel must move: the LayerNorm backward reads x, dy and dinp and writes dinp (8 bytes
 // a value); AdamW moves 28 bytes a parameter. CUDA events, median of the repetitions after warm-up; random inputs.
 // Usage: bench_memory_bound [rows ...]   (default 4096 8192)
@@ -21,27 +21,28 @@
 using bf16 = __nv_bfloat16;
 
 // AdamW's memory traffic alone: the same loads and stores as adamw_kernel, element i's outputs from its inputs by
-// additions only. Each thread takes kVectors consecutive 16-byte vectors of the gradients an iteration (adamw_kernel:
-// one), so that a warp reads and writes longer contiguous pieces of each of the eight streams. n: a multiple of 8 kVectors.
-template <int kVectors>
+// additions only, with kElements consecutive elements a thread an iteration: 4 as adamw_kernel (one float4 of each
+// fp32 array, 8 bytes of each bf16 one), 8 as it did before session 23 (one 16-byte bf16 vector, two float4 of each
+// fp32 array). n: a multiple of kElements.
+template <int kElements>
 __global__ void adamw_streams_copy_kernel(bf16* params, float* master, const bf16* grads, float* m, float* v, long n) {
-    constexpr int X = Packed128<bf16>::size, E = kVectors * X;
-    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * E; i < n; i += (long)gridDim.x * blockDim.x * E) {
-        Packed128<bf16> g[kVectors];
-        float4 mm[E / 4], vv[E / 4], pm[E / 4];
-        for (int u = 0; u < kVectors; u++) g[u] = load128cs(grads + i + u * X);
-        for (int k = 0; k < E / 4; k++) {
+    constexpr int F = kElements / 4;  // float4 a thread of each fp32 array
+    using BF16Bits = std::conditional_t<kElements == 4, uint2, uint4>;
+    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * kElements; i < n; i += (long)gridDim.x * blockDim.x * kElements) {
+        const BF16Bits g = __ldcs(reinterpret_cast<const BF16Bits*>(grads + i));
+        float4 mm[F], vv[F], pm[F];
+        for (int k = 0; k < F; k++) {
             mm[k] = __ldcs(reinterpret_cast<const float4*>(m + i) + k);
             vv[k] = __ldcs(reinterpret_cast<const float4*>(v + i) + k);
             pm[k] = __ldcs(reinterpret_cast<const float4*>(master + i) + k);
         }
-        for (int k = 0; k < E / 4; k++) {
+        for (int k = 0; k < F; k++) {
             mm[k].x += 1.0f; vv[k].x += 1.0f; pm[k].x += 1.0f;
             __stcs(reinterpret_cast<float4*>(m + i) + k, mm[k]);
             __stcs(reinterpret_cast<float4*>(v + i) + k, vv[k]);
             __stcs(reinterpret_cast<float4*>(master + i) + k, pm[k]);
         }
-        for (int u = 0; u < kVectors; u++) store128cs(params + i + u * X, g[u]);
+        __stcs(reinterpret_cast<BF16Bits*>(params + i), g);
     }
 }
 
@@ -96,17 +97,16 @@ void bench_adamw(cudaStream_t stream) {
     mask.range_begin[1] = 5 * C + 3 * C * C, mask.range_end[1] = 12 * C * C;
     const double gb = 28.0 * n / 1e9;
     const float adamw_ms = median_ms([&] { adamw_update(params, master, grads, m, v, n, 0, h, norm_squared, mask, stream); }, 1, 5, stream);
-    printf("adamw %ld parameters: %.2f ms %.2f TB/s | its eight streams copied, by vectors a thread an iteration:", n, adamw_ms,
+    printf("adamw %ld parameters: %.2f ms %.2f TB/s | its eight streams copied, by elements a thread an iteration:", n, adamw_ms,
            gb / adamw_ms);
-    const int grid = std::max(1, (int)std::min<long>(ceil_div(n / Packed128<bf16>::size, 512), (long)device_sm_count() * 8));  // adamw_update's
-    auto copy = [&](int vectors, auto kernel) {
+    const int grid = std::max(1, (int)std::min<long>(ceil_div(n / 4, 512), (long)device_sm_count() * 8));  // adamw_update's
+    auto copy = [&](int elements, auto kernel) {
         const float ms = median_ms([&] { kernel<<<grid, 512, 0, stream>>>(params, master, grads, m, v, n); }, 1, 5, stream);
         cudaCheck(cudaGetLastError());
-        printf(" | %d: %.2f ms %.2f TB/s", vectors, ms, gb / ms);
+        printf(" | %d: %.2f ms %.2f TB/s", elements, ms, gb / ms);
     };
-    copy(1, adamw_streams_copy_kernel<1>);
-    copy(2, adamw_streams_copy_kernel<2>);
     copy(4, adamw_streams_copy_kernel<4>);
+    copy(8, adamw_streams_copy_kernel<8>);
     printf("\n");
     for (void* p : {(void*)params, (void*)grads, (void*)master, (void*)m, (void*)v, (void*)norm_squared}) cudaCheck(cudaFree(p));
 }
