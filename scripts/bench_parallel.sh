@@ -18,7 +18,8 @@
 #            the rest data parallel under ZeRO-1 (pipelines take stages 0-1; fewer than 4 GPUs: tp 2 or one GPU, under
 #            ZeRO-3; with one data-parallel rank, as on 4 GPUs, nothing is sharded), 1 row per micro-batch, 2
 #            micro-batches per pipeline stage: train_gpt's memory plan refuses what does not fit before allocating
-#            (train_gpt only).
+#            (train_gpt only). LARGEST_PP=1: no pipeline, the GPUs beyond tp 2 data parallel under ZeRO-3 (4 GPUs:
+#            tp 2 x dp 2, so that ZeRO has a data-parallel group to shard over).
 # Usage: scripts/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
 # SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
 #   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
@@ -27,7 +28,7 @@
 #   Subsets, so that a section fits a device call: TP_MODELS (labels, default "1.4B 6.6B"), TP_SIZES (default
 #   "1 2 4 8"), TP_SP (sequence parallelism off and on at tp > 1, default "0 1"), PP_SIZES (default "2 4 8"),
 #   PP_MICRO (micro-batches per stage, default "2 4 8"), PP_SCHEDULES
-#   (default "1f1b interleaved"); sizes above the GPU count are skipped.
+#   (default "1f1b interleaved"), LARGEST_PP (1 or 2); sizes above the GPU count are skipped.
 # Logs: build/bench_parallel/. Summary lines start with "| ".
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -36,6 +37,7 @@ W=build/bench_parallel; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
 SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || { [ "${SMOKE:-0}" = 1 ] && SECTIONS=(tp pp) || SECTIONS=(tp pp 3d largest); }
 for s in "${SECTIONS[@]}"; do case $s in tp|pp|3d|largest) ;; *) echo "bench_parallel: unknown section '$s' (tp, pp, 3d, largest)" >&2; exit 2 ;; esac; done
+case ${LARGEST_PP:-2} in 1|2) ;; *) echo "bench_parallel: LARGEST_PP must be 1 or 2, got '$LARGEST_PP'" >&2; exit 2 ;; esac
 make -s train_gpt || exit 1
 G=$(scripts/visible_gpus.sh)
 [ "$G" -ge 1 ] || { echo "bench_parallel: no GPU" >&2; exit 1; }
@@ -145,7 +147,7 @@ for section in "${SECTIONS[@]}"; do
             echo "| $label | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | ${plan:--} |"
         done ;;
     largest)
-        tp=1; pp=1; [ "$G" -ge 2 ] && tp=2; [ "$G" -ge 4 ] && pp=2
+        tp=1; pp=1; [ "$G" -ge 2 ] && tp=2; [ "$G" -ge 4 ] && pp=${LARGEST_PP:-2}
         dp=$((G / (tp * pp))); zero=3; [ $pp -gt 1 ] && zero=1  # pipelines run ZeRO stages 0-1 only
         zero_label="ZeRO-$zero"; [ $dp -eq 1 ] && zero_label="no ZeRO (one data-parallel rank: nothing to shard)"
         echo; echo "== the largest GPT that trains 20 steps here with tp $tp x pp $pp x dp $dp, $zero_label (train_gpt) =="

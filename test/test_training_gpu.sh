@@ -143,6 +143,24 @@ else
     echo "FAIL resume without a checkpoint: rc=$rc: $(tail -n 1 "$W/fresh.out")"
 fi
 
+# The memory plan refuses what does not fit before allocating, in one line with the hint that can help: a smaller
+# batch when the activations overflow (96 thin layers, 256,000 tokens a step: ~240 GB of activations, 1.4 GB of
+# model states), more GPUs when the model states alone do (80 layers of C = 8192: about 1 TB).
+expect_plan_refusal() {
+    local name=$1 pattern=$2; shift 2
+    local err rc
+    err=$(./train_gpt --train-data "$TRAIN" --val-every 0 --sample-every 0 --steps 1 --precision bf16 --max-seq-len 256 \
+        --seq-len 256 -o "$W/plan" "$@" 2>&1 > /dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s' "$err" | grep -q -- "$pattern"; then
+        echo "PASS memory plan refuses $name: $err"
+    else
+        echo "FAIL memory plan refuses $name: rc=$rc: $err"
+    fi
+}
+expect_plan_refusal "activations past the GPU" "GiB free: lower --batch-size" --layers 96 --heads 4 --channels 256 --batch-size 1000
+expect_plan_refusal "model states past the GPU" "the model states and scratch alone need .* GiB: spread the model over more GPUs" \
+    --layers 80 --heads 64 --channels 8192 --batch-size 1
+
 # curve parity: same initial model file, same batches, same schedule
 PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
 $PY scripts/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \
