@@ -144,8 +144,8 @@ else
 fi
 
 # The memory plan refuses what does not fit before allocating, in one line with the hint that can help: a smaller
-# batch when the activations overflow (96 thin layers, 256,000 tokens a step: ~240 GB of activations, 1.4 GB of
-# model states), more GPUs when the model states alone do (80 layers of C = 8192: about 1 TB).
+# batch when the activations overflow (96 thin layers, 256,000 tokens a step: a plan of 215 GiB, 1.4 of it model
+# states), more GPUs when the model states alone do (80 layers of C = 8192: 972 GiB).
 expect_plan_refusal() {
     local name=$1 pattern=$2; shift 2
     local err rc
