@@ -681,13 +681,14 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     if (plan.total() > free_bytes) {
         // a smaller batch only shrinks the activations: when the rest alone does not fit, only more GPUs help. A
         // higher ZeRO stage helps only with data-parallel ranks to shard over, and pipelines run stages 0-1
+        auto gib_text = [](size_t bytes) { return std::to_string(gib(bytes)).substr(0, 5); };
         const size_t without_activations = plan.total() - plan.activations;
         const std::string hint = without_activations > free_bytes
-            ? "the model states and scratch alone need " + std::to_string(gib(without_activations)).substr(0, 5) +
+            ? "the model states and scratch alone need " + gib_text(without_activations) +
                   " GiB: spread the model over more GPUs (--tensor-parallel, --pipeline-parallel, or more data-parallel ranks under --zero-stage 3)"
             : "lower --batch-size (and raise --total-batch-tokens to keep the step size)";
-        die("the plan needs " + std::to_string(gib(plan.total())).substr(0, 5) + " GiB but the GPU has " +
-            std::to_string(gib(free_bytes)).substr(0, 5) + " GiB free: " + hint + (stage < 3 && shape.pp == 1 && shape.dp > 1 ? ", or raise --zero-stage" : ""));
+        die("the plan needs " + gib_text(plan.total()) + " GiB but the GPU has " + gib_text(free_bytes) + " GiB free: " + hint +
+            (stage < 3 && shape.pp == 1 && shape.dp > 1 ? ", or raise --zero-stage" : ""));
     }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
