@@ -1,10 +1,24 @@
 # Builds train_gpt, the data tools and every test. `make test` runs the whole suite (GPU parts are
-# reported as skipped on a machine without a GPU). Override GPU_ARCH for other GPUs, e.g.
-#   make GPU_ARCH="-gencode arch=compute_80,code=sm_80"
+# reported as skipped on a machine without a GPU); `make test-portable` runs it on a build with only
+# compute_80 PTX, which the driver compiles for the GPU at hand: the mma.sync kernels every Ampere, Ada and
+# Blackwell GPU runs, checked on a Hopper GPU.
 NVCC ?= nvcc
 CXX ?= g++
-GPU_ARCH ?= -gencode arch=compute_90a,code=sm_90a
-NVCC_FLAGS ?= -O3 -std=c++17 $(GPU_ARCH) -Xcompiler -Wall,-fopenmp -Wno-deprecated-gpu-targets
+# Target GPUs (scripts/gpu_code.sh): the compute capability of each GPU nvidia-smi lists, sm_90a on Hopper (wgmma
+# and TMA); without a GPU, every supported architecture in one binary (machine code for each, plus compute_120 PTX
+# that newer GPUs compile at load). GPU_ARCH="-gencode arch=compute_86,code=sm_86" (or several) overrides.
+ifeq ($(origin GPU_ARCH),undefined)
+  GPU_ARCH := $(shell bash scripts/gpu_code.sh flags)
+  GPU_ARCH_REASON := $(shell bash scripts/gpu_code.sh reason)
+else
+  GPU_ARCH_REASON := GPU_ARCH given
+endif
+comma = ,
+$(info GPU code: $(patsubst code=%,%,$(filter code=%,$(subst $(comma), ,$(GPU_ARCH)))) ($(GPU_ARCH_REASON)))
+# Binaries are rebuilt when the target GPUs change: every CUDA target depends on this file, rewritten only then.
+GPU_CODE_STAMP := build/gpu_code.txt
+$(shell mkdir -p build && (echo '$(GPU_ARCH)' | cmp -s - $(GPU_CODE_STAMP) || echo '$(GPU_ARCH)' > $(GPU_CODE_STAMP)))
+NVCC_FLAGS ?= -O3 -std=c++17 --threads 0 $(GPU_ARCH) -Xcompiler -Wall,-fopenmp -Wno-deprecated-gpu-targets
 CXX_FLAGS ?= -O3 -std=c++17 -Wall -Wextra -pthread
 CUDA_LIBS = -lcublasLt -lcublas -lnccl -lgomp
 # MPI is optional: with mpicxx found (or USE_MPI=1) train_gpt bootstraps from mpirun; without it, from
@@ -16,17 +30,17 @@ endif
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
-          $(wildcard model/*.h) $(wildcard model/*.cuh)
+          $(wildcard model/*.h) $(wildcard model/*.cuh) $(GPU_CODE_STAMP)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
-            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule
+            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
 
-.PHONY: all tests test train clean
+.PHONY: all tests test test-portable train clean
 all: train_gpt $(BUILD)/prepare_shards
 tests: $(CPU_TESTS) $(GPU_TESTS)
 
@@ -62,7 +76,11 @@ $(BUILD)/test_mesh: test/test_mesh.cpp distributed/mesh.h test/check.h | $(BUILD
 $(BUILD)/test_pipeline_schedule: test/test_pipeline_schedule.cpp distributed/pipeline_schedule.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_pipeline_schedule.cpp -o $@
 
-$(BUILD)/test_mesh_gpu: test/test_mesh_gpu.cu distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
+# The GPU support check and the MFU peaks are plain C++ (kernels/gpu_support.h): a plain g++ test.
+$(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_gpu_support.cpp -o $@
+
+$(BUILD)/test_mesh_gpu: test/test_mesh_gpu.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_mesh_gpu.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
@@ -92,8 +110,15 @@ $(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check
 $(BUILD)/test_tensor_parallel: test/test_tensor_parallel.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
+# SUITES="kernels attention ..." runs only the suites of those names (run_tests.sh's labels).
 test: all tests
-	bash test/run_tests.sh
+	TEST_SUITES="$(SUITES)" bash test/run_tests.sh
+
+# The suite on a build with compute_80 PTX only (no sm_90a code), which the driver compiles for the GPU at
+# load: on a Hopper GPU this runs and checks the mma.sync kernels that Ampere, Ada and Blackwell GPUs run. The
+# JIT cache is raised to hold every kernel, so only the first run of each program compiles.
+test-portable:
+	CUDA_CACHE_MAXSIZE=4294967296 $(MAKE) GPU_ARCH="-gencode arch=compute_80,code=compute_80" test
 
 # The default job: a small GPT-2 (d12) trained from scratch on tinyshakespeare for a few minutes.
 train: all

@@ -405,11 +405,20 @@ struct SampleText {
     }
 };
 
+// Selects this rank's GPU and connects the ranks; first refuses, with one line and before anything is allocated, a
+// GPU that train_gpt cannot run on, or that this binary holds no code for.
+static GpuInfo connect_gpu(ProcessGroup& pg, const ProcessGroupOptions& options) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) == cudaSuccess && pg.local_rank < devices) require_supported_gpu(pg.local_rank);
+    pg.connect(options);
+    return current_gpu();
+}
+
 // --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
 template <typename floatX>
 int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::string& model_file) {
     if (pg.world > 1) die("--generate runs on one GPU");
-    pg.connect({o.nccl_init_file, o.nccl_timeout});
+    connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout});
     matmul_setup(o.tf32 != 0);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -613,7 +622,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch\n", o.output_dir.c_str());
     }
     if (!have_gpu) die("no CUDA GPU found");
-    pg.connect({o.nccl_init_file, o.nccl_timeout});
+    const GpuInfo gpu = connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout});
     ProcessMesh mesh;
     mesh.build(pg, shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
@@ -748,7 +757,15 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
     const double flops_per_token = 6.0 * (model.num_parameters() - (size_t)config.max_seq_len * config.channels) +
                                    12.0 * config.num_layers * config.channels * T;
-    const double peak_flops = 989e12 * pg.world;  // H100/H200 dense bf16, per GPU: MFU is of all GPUs together
+    // MFU is of all GPUs together, against the GPU's dense bf16 peak (kernels/gpu_support.h); n/a when not known
+    const double peak_flops = gpu.peak_tflops * 1e12 * pg.world;
+    auto mfu_text = [&](double tokens_per_second) {
+        char text[32] = "n/a";
+        if (peak_flops > 0) snprintf(text, sizeof(text), "%.1f%%", 100.0 * flops_per_token * tokens_per_second / peak_flops);
+        return std::string(text);
+    };
+    if (peak_flops > 0) fprintf(out, "MFU against the dense bf16 peak of %s: %g TFLOP/s per GPU\n", gpu.name.c_str(), gpu.peak_tflops);
+    else fprintf(out, "MFU: n/a (%s is not in the table of dense bf16 peaks, kernels/gpu_support.h)\n", gpu.name.c_str());
     std::vector<double> step_ms;  // for the closing summary
     std::vector<typename PipelineParallel<GPT2<floatX>>::StageTiming> stage_timings;  // this rank's stage, per step
     size_t peak_memory = 0;
@@ -830,9 +847,9 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         skipped_in_a_row = result.skipped ? skipped_in_a_row + 1 : 0;
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = total_batch_tokens / seconds;
-        fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | data %.2f ms | mem %.1f GiB",
-               step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second,
-               100.0 * flops_per_token * tokens_per_second / peak_flops, data_seconds * 1e3, gib(device_memory_in_use()));
+        fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s | data %.2f ms | mem %.1f GiB",
+               step + 1, steps, loss, lr, result.grad_norm, seconds * 1e3, tokens_per_second, mfu_text(tokens_per_second).c_str(),
+               data_seconds * 1e3, gib(device_memory_in_use()));
         if (std::is_same<floatX, __half>::value) fprintf(out, " | scale %g", model.trained().scaler.scale);
         fprintf(out, " | skipped %ld%s", model.trained().scaler.skipped_steps, result.skipped ? " (this step: non-finite loss or gradients)" : "");
         if (pipeline) {  // rank 0's stage: the first
@@ -860,8 +877,10 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     if (step_ms.size() > 3) {
         auto median = [](std::vector<double> v) { std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end()); return v[v.size() / 2]; };
         const double ms = median(std::vector<double>(step_ms.begin() + 3, step_ms.end()));
-        fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%.1f\n", total_batch_tokens / ms * 1e3, ms,
-               gib(peak_memory), 100.0 * flops_per_token * total_batch_tokens / (ms * 1e-3) / peak_flops);
+        std::string mfu = mfu_text(total_batch_tokens / (ms * 1e-3));
+        if (mfu.back() == '%') mfu.pop_back();
+        fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%s\n", total_batch_tokens / ms * 1e3, ms,
+               gib(peak_memory), mfu.c_str());
         // every stage's timing (the step log shows the first stage's): a slower stage makes the others wait
         if (pipeline && coord.tp == 0 && coord.dp == 0) {
             std::vector<double> busy, forward, backward, span, bubble;

@@ -1,6 +1,6 @@
 // Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
-// 128-bit packed loads/stores, warp/block reductions, layout masks, a fast exp2, stochastic rounding, and the
-// sm_90 mbarrier and bulk-copy wrappers.
+// 128-bit packed loads/stores, warp/block reductions, layout masks, a fast exp2, stochastic rounding, the
+// sm_90 mbarrier and bulk-copy wrappers, and the check of the GPU (gpu_support.h) with its MFU peak.
 // It holds no layer logic.
 #pragma once
 #include <cstdio>
@@ -16,6 +16,7 @@
 #include <cublasLt.h>
 #include <string>
 #include "die.h"
+#include "gpu_support.h"
 
 // ---------------------------------------------------------------------------------------------
 // Error checking: every CUDA / cuBLAS call and every launch goes through one of these.
@@ -209,6 +210,18 @@ template <> __device__ __forceinline__ __nv_bfloat16 round_stochastic<__nv_bfloa
 template <> __device__ __forceinline__ __half round_stochastic<__half>(float x, uint32_t) { return __float2half_rn(x); }
 
 // ---------------------------------------------------------------------------------------------
+// *p += v for two adjacent fp32 values: one vector atomic from sm_90 on, two scalar ones before (the float2
+// overload of atomicAdd exists only from sm_90). Either way each element is added atomically.
+__device__ __forceinline__ void atomic_add_float2(float2* p, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(p, v);
+#else
+    atomicAdd(&p->x, v.x);
+    atomicAdd(&p->y, v.y);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // mbarriers and 1-D bulk async copies (sm_90 and later): the Hopper attention and the single-pass classifier.
 // A `full` barrier counts one arrival (the issuing thread's expect_tx) plus the copy's bytes; a phase's parity
 // alternates 0, 1, 0, ...; a wait on the parity of the phase before the first (1 on a fresh barrier) returns at once.
@@ -293,6 +306,39 @@ void partials_accumulate(floatX* out, const float* partials, int num_partials, i
     partials_accumulate_kernel<<<ceil_div(width, 32), dim3(32, kPartialsRowThreads), 0, stream>>>(out, partials,
                                                                                                   num_partials, width);
     cudaCheckLaunch();
+}
+
+// Refuses, with one line, a GPU that train_gpt cannot run on (below compute capability 8.0, gpu_support.h). It
+// reads the device's properties only: no context is created and nothing is allocated.
+inline void require_supported_gpu(int device) {
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    const std::string problem = gpu_support_problem(prop.name, prop.major, prop.minor);
+    if (!problem.empty()) die(problem);
+}
+
+// The current device's name, its dense bf16 peak for MFU (0: not in gpu_support.h's table) and whether this binary
+// holds code it can run: one built for other GPUs (say sm_90a only, on an A100) is refused with one line here
+// instead of failing at its first kernel.
+struct GpuInfo {
+    std::string name;
+    double peak_tflops = 0;
+};
+__global__ void gpu_code_probe_kernel() {}
+inline GpuInfo current_gpu() {
+    int device;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    const std::string capability = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, gpu_code_probe_kernel) != cudaSuccess) {
+        cudaGetLastError();
+        const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor);
+        die(std::string("this binary holds no code for ") + prop.name + " (compute capability " + capability +
+            "): rebuild on this machine (make clean && make), or with GPU_ARCH=\"-gencode arch=compute_" + sm + ",code=sm_" + sm + "\"");
+    }
+    return GpuInfo{prop.name, dense_bf16_peak_tflops(prop.name)};
 }
 
 // Multiprocessor count of the current device, read once: grid sizes of persistent-style kernels.

@@ -641,7 +641,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     float2* p = reinterpret_cast<float2*>(acc + (long)r * HS + col);
                     float2 v = make_float2(dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
                     if (!DET) {
-                        atomicAdd(p, v);
+                        atomic_add_float2(p, v);
                     } else if (kb == 0) {
                         if (turn > 0) {
                             const float2 prev = __ldcg(p);
@@ -653,7 +653,7 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
                     } else if (turn == 0) {
                         __stcg(p, v);
                     } else {
-                        atomicAdd(p, v);
+                        atomic_add_float2(p, v);
                     }
                 }
             }

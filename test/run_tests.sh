@@ -9,9 +9,13 @@ WORK=build/test_work
 mkdir -p "$WORK"
 : > "$LOG"
 
+# TEST_SUITES="kernels attention ...": only the suites whose label's first word is listed run (all when empty).
+selected() { [ -z "${TEST_SUITES:-}" ] || [[ " $TEST_SUITES " == *" ${1%% *} "* ]]; }
+
 # Runs a command whose stdout holds check lines; a crash or non-zero exit without a FAIL line counts as one FAIL.
 run() {
     local name=$1; shift
+    selected "$name" || return 0
     local out rc
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" >> "$LOG"
@@ -30,6 +34,7 @@ run dataloader build/test_dataloader
 run hellaswag build/test_hellaswag
 run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
+run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags
@@ -37,8 +42,10 @@ run prepare bash test/test_prepare.sh
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
-fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
-if [ $fixture_rc -eq 0 ]; then
+fixture_rc=3  # not selected
+selected cpu_reference && { fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?; }
+if [ $fixture_rc -eq 3 ]; then :
+elif [ $fixture_rc -eq 0 ]; then
     run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
 elif [ $fixture_rc -eq 2 ]; then
     skip "cpu reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
@@ -46,8 +53,10 @@ else
     echo "FAIL cpu reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
 fi
 
-lora_out=$(bash scripts/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?
-if [ $lora_rc -eq 0 ]; then
+lora_rc=3  # not selected
+selected cpu_lora && { lora_out=$(bash scripts/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?; }
+if [ $lora_rc -eq 3 ]; then :
+elif [ $lora_rc -eq 0 ]; then
     run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
 elif [ $lora_rc -eq 2 ]; then
     skip "cpu LoRA reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
@@ -59,7 +68,8 @@ fi
 if [ "$gpu_count" -ge 1 ]; then
     run kernels build/test_kernels
     sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
-    if python3 scripts/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
+    if ! selected attention; then :
+    elif python3 scripts/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
     else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
     run attention build/test_attention $sdpa
     run model bash test/test_model_gpu.sh
