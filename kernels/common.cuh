@@ -334,7 +334,7 @@ inline GpuInfo current_gpu() {
     cudaFuncAttributes attributes;
     if (cudaFuncGetAttributes(&attributes, gpu_code_probe_kernel) != cudaSuccess) {
         cudaGetLastError();
-        const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor);
+        const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor) + (prop.major == 9 ? "a" : "");  // Hopper: wgmma, TMA
         die(std::string("this binary holds no code for ") + prop.name + " (compute capability " + capability +
             "): rebuild on this machine (make clean && make), or with GPU_ARCH=\"-gencode arch=compute_" + sm + ",code=sm_" + sm + "\"");
     }
