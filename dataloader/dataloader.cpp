@@ -1,4 +1,12 @@
 // DataLoader: shard discovery, the (optionally shuffled) batch order, window reads, and the read-ahead thread.
+// The order and the format are documented in dataloader.h and docs/formats.md; the shard files themselves are
+// read and validated by shards.cpp. What a batch is used for (upload to the GPU, the loss) is the trainer's.
+//
+// Threads: with prefetch_depth > 0 one reader thread fills slots ahead of the consumer. A slot is in exactly
+// one of three places: `free_` (the reader may fill it), `ready_` (filled, in batch order), or `held_` (the
+// batch the caller was last given, valid until its next call to next()). Positions advance on the reader's
+// copy (reader_pos_); each slot records the position after its batch, which becomes the consumer's position
+// when it is served, so state() always describes what the caller has seen, not what was read ahead.
 #include "dataloader.h"
 
 #include <glob.h>
@@ -87,7 +95,9 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
     if (shard_paths_.size() > UINT32_MAX) fail("too many shards");
 
     scratch_.resize(size_t(c.B) * c.T + 1);
+    // inputs then targets, B*T each; the allocator is the trainer's (pinned memory, so uploads run asynchronously)
     const size_t bytes = 2 * size_t(c.B) * c.T * sizeof(int32_t);
+    // prefetch_depth batches ahead plus the one the caller holds
     slots_.resize(c.prefetch_depth == 0 ? 1 : c.prefetch_depth + 1);
     try {
         for (Slot& slot : slots_) {
@@ -124,6 +134,8 @@ const std::vector<uint32_t>& DataLoader::shard_order(uint64_t epoch) {
     return shard_order_;
 }
 
+// Shuffled runs visit the windows of each shard in a permutation of their own (stream = shard + 1; stream 0 is the
+// shard order), cached for the shard being read: it changes only once per shard.
 const std::vector<uint32_t>& DataLoader::window_order(uint64_t epoch, uint32_t shard) {
     if (window_order_epoch_ != epoch || window_order_shard_ != shard) {
         window_order_ = permutation(windows_per_shard_[shard], config_.seed, epoch, uint64_t(shard) + 1);
@@ -156,6 +168,7 @@ void DataLoader::fill(Slot& slot, Position& pos) {
     const uint64_t window = config_.shuffle ? window_order(pos.epoch, shard)[pos.window_pos] : pos.window_pos;
     const size_t rank_tokens = size_t(config_.B) * config_.T;
     const uint64_t first = window * global_tokens_ + uint64_t(config_.rank) * rank_tokens;
+    // one shard open at a time: consecutive windows come from the same shard, so it is reopened once per shard
     if (!open_shard_ || open_shard_index_ != shard) {
         open_shard_.reset();
         auto reader = std::make_unique<ShardReader>(shard_paths_[shard]);
@@ -191,12 +204,14 @@ Batch DataLoader::next() {
         return {slots_[0].data, slots_[0].data + rank_tokens, seconds()};
     }
     std::unique_lock<std::mutex> lock(mutex_);
+    // the batch served last time is no longer the caller's: its slot goes back to the reader
     if (held_ >= 0) {
         free_.push_back(held_);
         held_ = -1;
         free_cv_.notify_one();
     }
     ready_cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+    // a read error reaches the caller at the batch it would have filled, after every good batch before it
     if (ready_.empty()) std::rethrow_exception(error_);
     held_ = ready_.front();
     ready_.pop_front();
@@ -215,7 +230,7 @@ void DataLoader::reader_loop() {
             free_.pop_back();
         }
         try {
-            fill(slots_[slot], reader_pos_);
+            fill(slots_[slot], reader_pos_);  // outside the lock: reading a window is the slow part
         } catch (...) {
             std::lock_guard<std::mutex> lock(mutex_);
             error_ = std::current_exception();
@@ -279,7 +294,9 @@ void DataLoader::restore(const DataLoaderState& s) {
     if (s.global_rows != uint64_t(config_.num_ranks) * config_.B)
         mismatch("num_ranks*B", s.global_rows, uint64_t(config_.num_ranks) * config_.B);
     if (s.T != uint64_t(config_.T)) mismatch("T", s.T, config_.T);
-    stop_reader();  // the order caches below belong to the reader while it runs
+    // the order caches below belong to the reader while it runs; batches it read ahead are dropped, and it restarts
+    // from the restored position
+    stop_reader();
     if (s.shard_pos >= shard_paths_.size() ||
         s.window_pos >= windows_per_shard_[shard_order(s.epoch)[s.shard_pos]]) {
         start_reader();
@@ -290,6 +307,7 @@ void DataLoader::restore(const DataLoaderState& s) {
     start_reader();
 }
 
+// Back to the first batch (validation runs the same batches at every evaluation).
 void DataLoader::reset() {
     stop_reader();
     consumer_pos_ = first_position();

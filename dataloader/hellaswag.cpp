@@ -1,4 +1,5 @@
-// HellaSwag: a strict reader for the jsonl lines, and the batcher that renders, packs and scores items.
+// HellaSwag: a strict reader for the jsonl lines, and the batcher that renders, packs and scores items (the
+// rendering convention is in hellaswag.h). The model's forward and the per-position losses are the trainer's.
 #include "hellaswag.h"
 
 #include <algorithm>
@@ -277,6 +278,7 @@ HellaSwagBatcher::HellaSwagBatcher(const std::vector<HellaSwagItem>& items, cons
                                      " tokens leaves no room for context at T=" + std::to_string(T));
         const size_t length = r.ctx.size() + longest;
         max_length_ = std::max(max_length_, static_cast<int>(length));
+        // too long for a row of T + 1 tokens: the context loses its oldest tokens, as llm.c's evaluation does
         if (length > static_cast<size_t>(T) + 1) {
             r.ctx.erase(r.ctx.begin(), r.ctx.begin() + (length - T - 1));
             ++truncated_;
@@ -289,6 +291,8 @@ int HellaSwagBatcher::fill(int batch, int32_t* inputs, int32_t* targets, uint8_t
     if (batch < 0 || batch >= num_batches())
         throw std::out_of_range("HellaSwagBatcher::fill: batch " + std::to_string(batch) + " of " +
                                 std::to_string(num_batches()));
+    // an item is 4 rows, one per candidate; rows past the last item stay EOT with nothing masked, so a short
+    // last batch runs at full shape and scores only its items
     const size_t size = static_cast<size_t>(B_) * T_;
     std::fill(inputs, inputs + size, eot_);
     std::fill(targets, targets + size, eot_);
@@ -307,7 +311,7 @@ int HellaSwagBatcher::fill(int batch, int32_t* inputs, int32_t* targets, uint8_t
                 inputs[row + t] = token(t);
                 targets[row + t] = token(t + 1);
             }
-            std::fill(mask + row + c - 1, mask + row + n - 1, 1);
+            std::fill(mask + row + c - 1, mask + row + n - 1, 1);  // the positions whose targets are the ending
         }
     }
     return count;

@@ -1,4 +1,5 @@
-// Writing and validated reading of llm.c token shards.
+// Writing and validated reading of llm.c token shards (the format: shards.h, docs/formats.md). Which windows of
+// a shard make a batch is the DataLoader's; tokenizing text into shards is prepare_shards'.
 #include "shards.h"
 
 #include <fcntl.h>
@@ -45,6 +46,8 @@ void write_shard(const std::string& path, const uint16_t* tokens, size_t count) 
     header[0] = kShardMagic;
     header[1] = kShardVersion;
     header[2] = static_cast<int32_t>(count);
+    // written under a temporary name, synced, then renamed into place: a reader (or a crash) never sees half a
+    // shard, and two writers of the same path cannot interleave (the pid keeps their temporary files apart)
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) fail(path, "cannot create the temporary file " + tmp + ": " + std::strerror(errno));
@@ -77,6 +80,8 @@ void check_token_ids(const std::string& path, const uint16_t* tokens, size_t cou
     }
 }
 
+// Everything a later read relies on is checked here, once: the magic, the version, and a file size that agrees
+// with the header's count (a truncated or still-growing shard is refused by name instead of read short).
 ShardReader::ShardReader(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail(path, std::string("cannot open shard: ") + std::strerror(errno));
@@ -106,6 +111,7 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
 
 ShardReader::~ShardReader() { ::close(fd_); }
 
+// pread: reads at an absolute offset, with no file position to keep in step between reads or threads.
 void ShardReader::read(uint64_t first, size_t count, uint16_t* out) const {
     if (first > num_tokens_ || count > num_tokens_ - first)
         fail(path_, "read of tokens [" + std::to_string(first) + ", " + std::to_string(first + count) +

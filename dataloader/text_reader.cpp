@@ -1,4 +1,5 @@
-// TextFileReader: plain files are read directly; .xz files through an `xz -dc` child process.
+// TextFileReader: plain files are read directly; .xz files through an `xz -dc` child process (text_reader.h says
+// why a child process rather than liblzma). Tokenizing what it reads is the tokenizer's and prepare_shards'.
 #include "text_reader.h"
 
 #include <fcntl.h>
@@ -44,6 +45,9 @@ TextFileReader::TextFileReader(const std::string& path) : path_(path) {
     }
 }
 
+// posix_spawnp rather than fork + exec: nothing runs in the child between the two, so it is safe in a program
+// with threads (prepare_shards tokenizes on several). xz's stderr goes to a pipe of its own so that its message
+// can be reported with the file's name if it fails.
 void TextFileReader::start_xz() {
     int out_pipe[2], err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
