@@ -278,7 +278,7 @@ HellaSwagBatcher::HellaSwagBatcher(const std::vector<HellaSwagItem>& items, cons
                                      " tokens leaves no room for context at T=" + std::to_string(T));
         const size_t length = r.ctx.size() + longest;
         max_length_ = std::max(max_length_, static_cast<int>(length));
-        // too long for a row of T + 1 tokens: the context loses its oldest tokens, as llm.c's evaluation does
+        // too long for a row of T + 1 tokens: the context loses its oldest tokens (counted in truncated_)
         if (length > static_cast<size_t>(T) + 1) {
             r.ctx.erase(r.ctx.begin(), r.ctx.begin() + (length - T - 1));
             ++truncated_;
