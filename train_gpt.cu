@@ -28,278 +28,7 @@
 #include "model/model_file.h"             // defines: read_model_header, read_model_config, read_model_part, write_model_file (llm.c model files)
 #include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories
-
-// ---------------------------------------------------------------------------------------------
-// Command-line flags. One table drives both the parser and --help, so they cannot disagree.
-
-struct Options {
-    std::string model = "d12";  // dN, or an llm.c model file to start from
-    int layers = -1, heads = -1, channels = -1, max_seq_len = -1;  // override the dN shape (random init only)
-    std::string train_data = "data/tinyshakespeare/tinyshakespeare_train_*.bin";
-    std::string val_data = "data/tinyshakespeare/tinyshakespeare_val_*.bin";
-    std::string tokenizer = "data/gpt2";
-    int batch_size = 4;
-    int seq_len = 1024;
-    long total_batch_tokens = -1;  // -1: one micro-batch per step
-    std::string precision = "bf16";
-    int tf32 = 0;
-    float lr = 3e-4f;
-    int warmup_steps = 0;
-    std::string lr_schedule = "cosine";
-    float final_lr_frac = 1.0f;
-    float weight_decay = 0.1f;
-    float grad_clip = 1.0f;
-    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    int steps = -1;  // -1: one epoch of the training data
-    int val_every = 20, val_batches = 20;
-    int sample_every = 20, sample_tokens = 64, top_k = 40;
-    float temperature = 1.0f;
-    int hellaswag = 0;
-    std::string hellaswag_data = "data/hellaswag/hellaswag_val.jsonl.xz";
-    std::string prompt = "";
-    int generate = 0;  // > 0: only generate this many tokens from --prompt with --model, no training
-    std::string output_dir = "";
-    int checkpoint_every = 0;
-    int keep_checkpoints = 0;  // 0: keep every checkpoint
-    int keep_every = 0;        // 0: no milestones
-    int resume = 0;
-    int max_skipped_steps = 16;
-    long seed = 1337;
-    int shuffle = 0;
-    float fp16_initial_scale = 65536.0f;
-    int fp16_growth_interval = 2000;
-    int zero_stage = 1;
-    int tensor_parallel = 1;
-    int sequence_parallel = 0;
-    int pipeline_parallel = 1;
-    std::string pipeline_schedule = "1f1b";
-    int virtual_stages = 0;  // 0: 2 for the interleaved schedule, 1 for 1f1b
-    std::string pipeline_layers = "";
-    int lora_rank = 0;
-    float lora_alpha = -1.0f;  // -1: the rank
-    std::string lora_targets = "qkv";
-    float lora_dropout = 0.0f;
-    float lora_weight_decay = 0.0f;
-    std::string lora_load = "", lora_save = "", lora_merge = "";
-    int deterministic = 0;
-    int gelu_fusion = 1;
-    int recompute = 0;
-    std::string nccl_init_file = "";
-    int nccl_timeout = 600;
-};
-
-// What a flag accepts: numbers in a range, each bound inclusive or exclusive (with -1 as well where -1 means
-// "from elsewhere"), or one of a list of choices (integers as std::to_string writes them). Integer flags are also
-// bounded by their type, so that no value is cut to fit, and float flags take finite values only.
-struct Accepts {
-    double lo = -INFINITY, hi = INFINITY;
-    bool lo_open = false, hi_open = false;
-    bool minus_one = false;
-    std::vector<std::string> choices;
-};
-static Accepts anything() { return {}; }
-static Accepts at_least(double lo) { Accepts a; a.lo = lo; return a; }
-static Accepts above(double lo) { Accepts a; a.lo = lo; a.lo_open = true; return a; }
-static Accepts closed(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; return a; }                       // [lo, hi]
-static Accepts half_open(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; a.hi_open = true; return a; }  // [lo, hi)
-static Accepts or_minus_one(Accepts a) { a.minus_one = true; return a; }
-static Accepts one_of(std::vector<std::string> choices) { Accepts a; a.choices = std::move(choices); return a; }
-static const Accepts kOffOn = one_of({"0", "1"});
-
-struct Flag {
-    const char* name;
-    const char* alias;  // llm.c's single-letter flag where one exists
-    enum Kind { INT, LONG, FLOAT, STRING } kind;
-    void* target;
-    Accepts accepts;
-    const char* help;
-};
-
-static std::vector<Flag> flag_table(Options& o) {
-    return {
-        {"--model", "-e", Flag::STRING, &o.model, anything(), "dN (d12 = 124M, d24, d36, d48 = 1.5B, any N) or an llm.c model file to start from"},
-        {"--init-from", nullptr, Flag::STRING, &o.model, anything(), "same as --model (a model file)"},
-        {"--layers", nullptr, Flag::INT, &o.layers, or_minus_one(closed(1, kMaxLayers)), "override the number of layers (-1: from --model)"},
-        {"--heads", nullptr, Flag::INT, &o.heads, or_minus_one(closed(1, kMaxChannels / 64)), "override the number of attention heads (-1: from --model)"},
-        {"--channels", nullptr, Flag::INT, &o.channels, or_minus_one(closed(1, kMaxChannels)), "override the width C (-1: from --model)"},
-        {"--max-seq-len", nullptr, Flag::INT, &o.max_seq_len, or_minus_one(closed(1, kMaxSeqLen)), "override the maximum sequence length (-1: 1024)"},
-        {"--train-data", "-i", Flag::STRING, &o.train_data, anything(), "training token shards (glob)"},
-        {"--val-data", "-j", Flag::STRING, &o.val_data, anything(), "validation token shards (glob; empty: none)"},
-        {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, anything(), "folder with encoder.json and vocab.bpe, or an llm.c tokenizer file, to decode samples"},
-        {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
-        {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
-        {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32"}), "bf16 | fp16 (dynamic loss scaling) | fp32"},
-        {"--tf32", nullptr, Flag::INT, &o.tf32, kOffOn, "1: allow TF32 matrix products in fp32 mode"},
-        {"--lr", "-l", Flag::FLOAT, &o.lr, at_least(0), "maximum learning rate"},
-        {"--warmup-steps", "-u", Flag::INT, &o.warmup_steps, at_least(0), "linear warm-up steps"},
-        {"--lr-schedule", nullptr, Flag::STRING, &o.lr_schedule, one_of({"cosine", "linear", "constant"}), "decay after warm-up"},
-        {"--final-lr-frac", "-q", Flag::FLOAT, &o.final_lr_frac, closed(0, 1), "final learning rate as a fraction of --lr"},
-        {"--weight-decay", "-c", Flag::FLOAT, &o.weight_decay, at_least(0), "AdamW weight decay (matrices and embeddings only)"},
-        {"--grad-clip", nullptr, Flag::FLOAT, &o.grad_clip, at_least(0), "clip the global gradient norm to this (0: off)"},
-        {"--beta1", nullptr, Flag::FLOAT, &o.beta1, half_open(0, 1), "AdamW beta1"},
-        {"--beta2", nullptr, Flag::FLOAT, &o.beta2, half_open(0, 1), "AdamW beta2"},
-        {"--eps", nullptr, Flag::FLOAT, &o.eps, above(0), "AdamW epsilon"},
-        {"--steps", "-x", Flag::INT, &o.steps, or_minus_one(at_least(0)), "optimizer steps (-1: one epoch of --train-data; 0: only evaluate)"},
-        {"--val-every", "-v", Flag::INT, &o.val_every, at_least(0), "validation loss every N steps (0: never)"},
-        {"--val-batches", "-m", Flag::INT, &o.val_batches, at_least(1), "batches per validation"},
-        {"--hellaswag", nullptr, Flag::INT, &o.hellaswag, kOffOn, "1: HellaSwag accuracy at every validation (with --steps 0: evaluate only)"},
-        {"--hellaswag-data", nullptr, Flag::STRING, &o.hellaswag_data, anything(), "HellaSwag items (jsonl, plain or .xz)"},
-        {"--sample-every", "-s", Flag::INT, &o.sample_every, at_least(0), "print a text sample every N steps (0: never)"},
-        {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, at_least(1), "tokens per sample"},
-        {"--temperature", nullptr, Flag::FLOAT, &o.temperature, at_least(0), "sampling temperature (0: the most likely token)"},
-        {"--top-k", nullptr, Flag::INT, &o.top_k, at_least(0), "sample from the k most likely tokens (0: all)"},
-        {"--prompt", nullptr, Flag::STRING, &o.prompt, anything(), "text that samples continue (after <|endoftext|>)"},
-        {"--generate", nullptr, Flag::INT, &o.generate, at_least(0), "only generate this many tokens from --prompt with --model, then exit (no training data needed; 0: train)"},
-        {"--output-dir", "-o", Flag::STRING, &o.output_dir, anything(), "folder for checkpoints and the log (empty: none)"},
-        {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, at_least(0), "write a checkpoint every N steps (0: never)"},
-        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, at_least(0), "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
-        {"--keep-every", nullptr, Flag::INT, &o.keep_every, at_least(0), "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
-        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
-        {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, at_least(0), "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
-        {"--seed", nullptr, Flag::LONG, &o.seed, anything(), "seed for initialisation, shuffling, rounding and sampling"},
-        {"--shuffle", nullptr, Flag::INT, &o.shuffle, kOffOn, "1: shuffle shard and window order each epoch"},
-        {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, above(0), "fp16: initial loss scale"},
-        {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, at_least(1), "fp16: double the loss scale after this many clean steps"},
-        {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, kOffOn, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
-        {"--recompute", "-r", Flag::INT, &o.recompute, one_of({"0", "1", "2", "3"}), "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
-        {"--deterministic", nullptr, Flag::INT, &o.deterministic, kOffOn, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: products autotuned at their first call and, except on Hopper, atomic dQ sums, faster"},
-        {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, at_least(0), "LoRA: adapter rank r (0: off, train the whole model)"},
-        {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, or_minus_one(above(0)), "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
-        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, anything(), "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
-        {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, half_open(0, 1), "LoRA: dropout on the adapters' input while training"},
-        {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, at_least(0), "LoRA: AdamW weight decay of A and B"},
-        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file (its rank, alpha and targets)"},
-        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end"},
-        {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
-        {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
-        {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
-        {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
-        {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, at_least(1), "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
-        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, one_of({"1f1b", "interleaved"}), "1f1b, or interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
-        {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, at_least(0), "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
-        {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4; balanced: the split whose simulated step is shortest, counting the LM head's work on the last stage; empty: an even split, the remainder to the last stages"},
-        {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, anything(), "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
-        {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, at_least(1), "seconds before a hung or failed rank ends the job"},
-    };
-}
-
-static std::string flag_value_string(const Flag& f) {
-    char buf[64];
-    switch (f.kind) {
-        case Flag::INT: return std::to_string(*(int*)f.target);
-        case Flag::LONG: return std::to_string(*(long*)f.target);
-        case Flag::FLOAT: snprintf(buf, sizeof(buf), "%g", *(float*)f.target); return buf;
-        case Flag::STRING: return "\"" + *(std::string*)f.target + "\"";
-    }
-    return "";
-}
-
-// The range of values an integer flag's type holds (all doubles for a float flag).
-static double type_min(const Flag& f) { return f.kind == Flag::INT ? INT_MIN : f.kind == Flag::LONG ? (double)LONG_MIN : -INFINITY; }
-static double type_max(const Flag& f) { return f.kind == Flag::INT ? INT_MAX : f.kind == Flag::LONG ? (double)LONG_MAX : INFINITY; }
-
-static bool flag_accepts(const Flag& f, double v) {
-    const Accepts& a = f.accepts;
-    if (!a.choices.empty()) return std::find(a.choices.begin(), a.choices.end(), std::to_string((long long)v)) != a.choices.end();
-    if (a.minus_one && v == -1) return true;
-    return (a.lo_open ? v > a.lo : v >= a.lo) && (a.hi_open ? v < a.hi : v <= a.hi);
-}
-
-// What a flag accepts, in words: for --help (empty when anything goes), or for an error, which spells out the
-// bounds of an integer flag's type and says that floats must be finite.
-static std::string flag_accepts_string(const Flag& f, bool for_error) {
-    const Accepts& a = f.accepts;
-    if (!a.choices.empty()) {
-        std::string s = "one of ";
-        for (size_t i = 0; i < a.choices.size(); i++) s += (i ? ", " : "") + a.choices[i];
-        return s;
-    }
-    if (f.kind == Flag::STRING) return "";
-    auto bound = [&](double x, bool upper) {
-        if (std::isinf(x) && f.kind == Flag::INT) return std::to_string(upper ? INT_MAX : INT_MIN);
-        if (std::isinf(x) && f.kind == Flag::LONG) return std::to_string(upper ? LONG_MAX : LONG_MIN);
-        char buf[32];
-        snprintf(buf, sizeof(buf), "%.10g", x);
-        return std::string(buf);
-    };
-    const bool no_lo = a.lo <= type_min(f), no_hi = a.hi >= type_max(f);
-    const std::string number = f.kind == Flag::FLOAT ? "a finite number" : "an integer";
-    std::string s;
-    if (no_lo && no_hi) s = for_error ? number + " in [" + bound(a.lo, false) + ", " + bound(a.hi, true) + "]" : "";
-    else if (no_hi && (f.kind == Flag::FLOAT || !for_error))
-        s = (for_error ? number + " " : "") + (a.lo_open ? "> " : ">= ") + bound(a.lo, false);
-    else s = std::string("in ") + (a.lo_open ? "(" : "[") + bound(a.lo, false) + ", " + bound(a.hi, true) + (a.hi_open ? ")" : "]");
-    return a.minus_one ? "-1 or " + s : s;
-}
-
-static void print_help(const char* program) {
-    Options defaults;
-    printf("usage: %s [flags]\nTrains GPT-2 on one or more GPUs (several: launch with mpirun, srun or scripts/launch.sh).\n"
-           "Flags (in brackets: the default; then the values accepted):\n", program);
-    for (const Flag& f : flag_table(defaults)) {
-        std::string names = std::string(f.name) + (f.alias ? std::string(", ") + f.alias : "");
-        const std::string accepts = flag_accepts_string(f, false);
-        printf("  %-26s %s [%s%s]\n", names.c_str(), f.help, flag_value_string(f).c_str(), accepts.empty() ? "" : ("; " + accepts).c_str());
-    }
-    printf("  %-26s %s\n", "--help, -h", "print this help");
-}
-
-// Sets the flag's option from `value` (the flag was given as `given`: its name or its alias), or dies with one
-// line naming the flag, the values it accepts and the value given.
-static void set_flag(const Flag& f, const std::string& given, const std::string& value) {
-    const std::string name = given == f.name ? given : given + " (" + f.name + ")";
-    auto refuse = [&](const std::string& shown) { die(name + " must be " + flag_accepts_string(f, true) + ", got " + shown); };
-    char* end = nullptr;
-    errno = 0;
-    switch (f.kind) {
-        case Flag::STRING:
-            if (!f.accepts.choices.empty() && std::find(f.accepts.choices.begin(), f.accepts.choices.end(), value) == f.accepts.choices.end())
-                refuse("'" + value + "'");
-            *(std::string*)f.target = value;
-            return;
-        case Flag::FLOAT: {
-            const double v = strtod(value.c_str(), &end);  // not strtof: it sets ERANGE for denormals such as 1e-40
-            if (value.empty() || *end != '\0') die("flag " + given + " expects a number, got '" + value + "'");
-            const float stored = (float)v;  // checked as stored: 1e39 becomes inf, 1e-50 becomes 0
-            if (!std::isfinite(stored) || !flag_accepts(f, stored)) refuse(value);
-            *(float*)f.target = stored;
-            return;
-        }
-        case Flag::INT:
-        case Flag::LONG: {
-            const long long v = strtoll(value.c_str(), &end, 10);
-            if (value.empty() || *end != '\0') die("flag " + given + " expects an integer, got '" + value + "'");
-            if (errno == ERANGE || v < type_min(f) || v > type_max(f) || !flag_accepts(f, (double)v)) refuse(value);
-            if (f.kind == Flag::INT) *(int*)f.target = (int)v;
-            else *(long*)f.target = (long)v;
-            return;
-        }
-    }
-}
-
-static Options parse_options(int argc, char** argv) {
-    Options o;
-    std::vector<Flag> table = flag_table(o);
-    for (int i = 1; i < argc; i++) {
-        std::string arg = argv[i];
-        if (arg == "--help" || arg == "-h") { print_help(argv[0]); exit(EXIT_SUCCESS); }
-        std::string value;
-        bool has_value = false;
-        size_t eq = arg.find('=');
-        if (arg.rfind("--", 0) == 0 && eq != std::string::npos) { value = arg.substr(eq + 1); arg = arg.substr(0, eq); has_value = true; }
-        const Flag* flag = nullptr;
-        for (const Flag& f : table)
-            if (arg == f.name || (f.alias && arg == f.alias)) flag = &f;
-        if (flag == nullptr) die("unknown flag '" + arg + "' (see --help)");
-        if (!has_value) {
-            if (i + 1 >= argc) die("flag " + arg + " needs a value");
-            value = argv[++i];
-        }
-        set_flag(*flag, arg, value);
-    }
-    return o;
-}
+#include "train_options.h"                // defines: Options, parse_options, validate_options, RunShape, micro_batches_per_step
 
 // ---------------------------------------------------------------------------------------------
 // Learning-rate schedule (docs/formats.md): linear warm-up, then cosine, linear or constant decay to
@@ -416,7 +145,9 @@ static GpuInfo connect_gpu(ProcessGroup& pg, const ProcessGroupOptions& options)
 
 // --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
 template <typename floatX>
-int generate_only(const Options& o, ProcessGroup& pg, const ModelConfig& config, const std::string& model_file) {
+int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
+    const ModelConfig& config = run.config;
+    const std::string& model_file = run.initial_model;
     if (pg.world > 1) die("--generate runs on one GPU");
     connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout});
     matmul_setup(o.tf32 != 0);
@@ -479,18 +210,7 @@ HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSw
 // ---------------------------------------------------------------------------------------------
 // The training loop
 
-// The pipeline simulation's work model (pipeline_stage_work), in units of one layer's forward: the LM head's forward
-// and backward, 6 Vp C FLOPs per token against a layer's forward, (72 C^2 + 12 C T) / 3 (MFU's count); a layer's
-// backward, twice its forward, or three times when --recompute 3 runs the forward again.
-static double lm_head_work(const ModelConfig& config, int T) { return 3.0 * config.padded_vocab_size / (12.0 * config.channels + 2.0 * T); }
-static double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
 
-// The pipeline's shape from the flags: schedule, chunks per stage and layers per virtual stage.
-struct PipelineOptions {
-    PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
-    int virtual_stages = 1;
-    std::vector<int> per_virtual_stage;
-};
 
 // Checksums of a rank's parameters, fed in index order a unit at a time (the whole model need not be in host
 // memory): of all of them, of those that tensor parallelism replicates (not in `split`), and of the token
@@ -551,17 +271,15 @@ struct ParameterChecksums {
     }
 };
 
-// The micro-batches of a step (gradient-accumulation steps, and the pipeline's micro-batches): --total-batch-tokens
-// (default: one micro-batch) over the tokens of a micro-batch on all data-parallel ranks; 0 when it does not divide.
-static int micro_batches_per_step(const Options& o, int dp) {
-    const long per_micro = (long)o.batch_size * o.seq_len * dp;
-    const long total = o.total_batch_tokens > 0 ? o.total_batch_tokens : per_micro;
-    return total % per_micro == 0 ? (int)(total / per_micro) : 0;
-}
 
 template <typename floatX>
-int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const ModelConfig& config, const std::string& model_file,
-          const LoraSpec& lora, const std::vector<float>* initial_adapters, const PipelineOptions& po) {
+int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
+    const MeshShape& shape = run.shape;
+    const ModelConfig& config = run.config;
+    const std::string& model_file = run.initial_model;
+    const LoraSpec& lora = run.lora;
+    const std::vector<float>* initial_adapters = run.initial_adapters.empty() ? nullptr : &run.initial_adapters;
+    const PipelineOptions& po = run.pipeline;
     const int B = o.batch_size, T = o.seq_len;  // per data-parallel rank (its tensor-parallel ranks share the rows)
     const MeshCoord coord = mesh_coord(shape, pg.rank);
     const long tokens_per_micro = (long)B * T * shape.dp;
@@ -581,7 +299,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
     std::vector<double> forward_work, backward_work;  // each virtual stage's, in layer forwards
     if (shape.pp > 1) {
         schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, shape.pp, grad_accum, po.virtual_stages)));
-        pipeline_stage_work(po.per_virtual_stage, layer_backward_work(o.recompute), lm_head_work(config, T), &forward_work, &backward_work);
+        pipeline_stage_work(po.per_virtual_stage, layer_backward_work(o.recompute), lm_head_work(config.padded_vocab_size, config.channels, T), &forward_work, &backward_work);
         bubble_with_work = simulate_pipeline(po.kind, shape.pp, grad_accum, po.virtual_stages, forward_work, backward_work).idle_share[0];
     }
     FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");  // rank 0 reports
@@ -660,7 +378,7 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
         fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula, %.1f%% "
                      "on the first stage simulated with each stage's work (the LM head adds %.1f layer forwards to the last); per stage:\n",
                 shape.pp, pipeline_schedule_name(po.kind), po.virtual_stages, po.virtual_stages > 1 ? "s" : "", grad_accum,
-                100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages), 100.0 * bubble_with_work, lm_head_work(config, T));
+                100.0 * pipeline_bubble_theory(po.kind, shape.pp, grad_accum, po.virtual_stages), 100.0 * bubble_with_work, lm_head_work(config.padded_vocab_size, config.channels, T));
         for (int s = 0; s < shape.pp; s++) {
             const MemoryPlan p = stage_plan(s, split);
             std::string chunks, slots;
@@ -951,104 +669,15 @@ int train(const Options& o, ProcessGroup& pg, const MeshShape& shape, const Mode
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time also into a file or a pipe (launchers, Slurm), not at exit
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
-    Options o = parse_options(argc, argv);
-    // the process mesh: data parallel x pipeline parallel x tensor parallel
-    const std::string mesh_problem = mesh_shape_problem(pg.world, o.tensor_parallel, o.pipeline_parallel);
-    if (!mesh_problem.empty()) die(mesh_problem);
-    MeshShape shape;
-    shape.tp = o.tensor_parallel;
-    shape.pp = o.pipeline_parallel;
-    shape.dp = pg.world / (o.tensor_parallel * o.pipeline_parallel);
-    // each flag's own range and choices are checked by parse_options (the flag table); these checks need several values
-    PipelineOptions pipeline;
-    parse_pipeline_schedule(o.pipeline_schedule, &pipeline.kind);  // one of the table's choices
-    pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages : pipeline.kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
-    // model shape: a dN descriptor (plus overrides), or a model file
-    ModelConfig config;
-    std::string descriptor_problem;
-    const bool from_file = !config_from_descriptor(o.model, config, &descriptor_problem);
-    if (!descriptor_problem.empty()) die("--model " + o.model + ": " + descriptor_problem);
-    struct stat model_stat;
-    if (from_file && stat(o.model.c_str(), &model_stat) == 0 && S_ISDIR(model_stat.st_mode))
-        die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
-    if (from_file) {
-        config = read_model_config(o.model);  // its shape and size; each rank reads its part later
-        if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
-            die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
-    } else {
-        if (o.layers > 0) config.num_layers = o.layers;
-        if (o.heads > 0) config.num_heads = o.heads;
-        if (o.channels > 0) config.channels = o.channels;
-        if (o.max_seq_len > 0) config.max_seq_len = o.max_seq_len;
-        std::string problem = config_problem(config);
-        if (!problem.empty()) die("model " + o.model + ": " + problem);
-    }
-    const std::string split_problem = tensor_parallel_problem(config, shape.tp);
-    if (!split_problem.empty()) die(split_problem);
-    // the balanced split simulates the step, which needs a micro-batch count the schedule accepts; otherwise the even
-    // split stands in and train() refuses the count with its own message
-    const int micro_batches = micro_batches_per_step(o, shape.dp);
-    if (o.pipeline_layers == "balanced" && micro_batches > 0 &&
-        pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers).empty()) {
-        pipeline.per_virtual_stage = pipeline_balanced_split(pipeline.kind, config.num_layers, shape.pp, micro_batches, pipeline.virtual_stages,
-                                                             layer_backward_work(o.recompute), lm_head_work(config, o.seq_len));
-    } else {
-        const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages,
-                                                                o.pipeline_layers == "balanced" ? "" : o.pipeline_layers, &pipeline.per_virtual_stage);
-        if (!layers_problem.empty()) die(layers_problem);
-    }
-    if (shape.pp > 1 && o.zero_stage >= 2)
-        die("--pipeline-parallel " + std::to_string(shape.pp) + " runs with --zero-stage 0 or 1 (got " + std::to_string(o.zero_stage) +
-            "): stages 2-3 would reduce-scatter every micro-batch's gradients, which a pipeline's interleaved micro-batches make a "
-            "reduction per micro-batch instead of one per step");
-    if (shape.pp > 1 && o.hellaswag) die("--hellaswag runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + ")");
-    if (o.sequence_parallel && o.seq_len % shape.tp != 0)
-        die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
-    if (o.seq_len > config.max_seq_len)
-        die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length), got " + std::to_string(o.seq_len));
-    if ((long)o.batch_size * o.seq_len > INT_MAX)  // the kernels count a micro-batch's rows in an int
-        die("--batch-size x --seq-len = " + std::to_string((long)o.batch_size * o.seq_len) + " tokens per micro-batch must be at most " +
-            std::to_string(INT_MAX));
-    // LoRA: from flags, or from an adapter file
-    LoraSpec lora;
-    std::vector<float> initial_adapters;
-    if (!o.lora_load.empty()) {
-        lora = read_adapter_file(o.lora_load, config, 8 * shape.dp, initial_adapters);
-        if (o.lora_rank > 0 && o.lora_rank != lora.rank) die("--lora-rank " + std::to_string(o.lora_rank) + " disagrees with " + o.lora_load);
-    } else if (o.lora_rank > 0) {
-        lora.rank = o.lora_rank;
-        lora.alpha = o.lora_alpha > 0.0f ? o.lora_alpha : (float)o.lora_rank;
-        lora.targets = parse_lora_targets(o.lora_targets);
-        if (lora.targets == 0) die("--lora-targets '" + o.lora_targets + "': expected a comma list of qkv, attn-proj, fc, fc-proj");
-    } else if (!o.lora_save.empty() || !o.lora_merge.empty()) {
-        die("--lora-save and --lora-merge need LoRA (--lora-rank or --lora-load)");
-    }
-    lora.dropout = o.lora_dropout;
-    if (lora.enabled() && o.zero_stage == 3 && pg.world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
-    if (lora.enabled() && shape.tp > 1)
-        die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
-    if (lora.enabled() && shape.pp > 1)
-        die("LoRA runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
-    if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
-        die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
-    if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
-    if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
-    if (o.keep_every > 0 && o.keep_checkpoints == 0)
-        die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");
-    if ((o.keep_checkpoints > 0 || o.checkpoint_every > 0) && o.output_dir.empty())
-        die(std::string(o.keep_checkpoints > 0 ? "--keep-checkpoints" : "--checkpoint-every") + " needs --output-dir (where the checkpoints go)");
-    const std::string initial = from_file ? o.model : "";  // empty: a random initialisation
+    const Options o = parse_options(argc, argv);
+    const RunShape run = validate_options(o, pg.world);  // every flag and shape error, before a GPU is touched
     int rc;
     if (o.generate > 0)
-        rc = o.precision == "fp32" ? generate_only<float>(o, pg, config, initial)
-           : o.precision == "fp16" ? generate_only<__half>(o, pg, config, initial)
-                                   : generate_only<__nv_bfloat16>(o, pg, config, initial);
-    else {
-        const std::vector<float>* adapters = initial_adapters.empty() ? nullptr : &initial_adapters;
-        rc = o.precision == "fp32" ? train<float>(o, pg, shape, config, initial, lora, adapters, pipeline)
-           : o.precision == "fp16" ? train<__half>(o, pg, shape, config, initial, lora, adapters, pipeline)
-                                   : train<__nv_bfloat16>(o, pg, shape, config, initial, lora, adapters, pipeline);
-    }
+        rc = o.precision == "fp32" ? generate_only<float>(o, pg, run) : o.precision == "fp16" ? generate_only<__half>(o, pg, run)
+                                                                      : generate_only<__nv_bfloat16>(o, pg, run);
+    else
+        rc = o.precision == "fp32" ? train<float>(o, pg, run) : o.precision == "fp16" ? train<__half>(o, pg, run)
+                                                              : train<__nv_bfloat16>(o, pg, run);
     pg.destroy();
     return rc;
 }

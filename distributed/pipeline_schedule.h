@@ -371,6 +371,12 @@ inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, in
     return result;
 }
 
+// The work model's two GPT figures, in units of one layer's forward: the LM head's forward and backward, 6 Vp C FLOPs
+// per token against a layer's forward, (72 C^2 + 12 C T) / 3 (MFU's count); a layer's backward, twice its forward,
+// or three times when --recompute 3 runs the forward again.
+inline double lm_head_work(int padded_vocab_size, int channels, int T) { return 3.0 * padded_vocab_size / (12.0 * channels + 2.0 * T); }
+inline double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
+
 // Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1 and
 // its backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward), and
 // on the last virtual stage, whose forward action also runs the LM head's forward and backward, head_work more (a
