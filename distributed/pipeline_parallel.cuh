@@ -18,8 +18,11 @@
 // Gradients: the last stage runs the LM head's backward right after its forward (so the logits need no copy
 // per micro-batch in flight); ZeRO (stages 0-1 with pipelines) reduces each unit after its last micro-batch's
 // backward, and the tied token embedding is summed over the embedding group at the end (ZeroOptimizer).
-// defines: PipelineParallel
+// Also the pipeline's report: its predicted bubble at start-up (PipelineForecast), the bubble of each step, and at
+// the end every stage's timing with the schedule simulated on the stages' measured work.
+// defines: PipelineForecast, forecast_pipeline, print_pipeline_plan, PipelineParallel
 #pragma once
+#include <cstdio>
 #include <vector>
 #include <string>
 #include <algorithm>
@@ -28,6 +31,33 @@
 #include "process_group.h"
 #include "mesh.h"
 #include "zero.cuh"
+
+// What a schedule predicts for the bubble: the formula's idle share, and the first stage's simulated with each
+// virtual stage's work (forward_work, backward_work, in layer forwards; the LM head's head_work on the last).
+struct PipelineForecast {
+    PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
+    int P = 1, m = 1, v = 1;
+    double head_work = 0, theory = 0, with_work = 0;
+    std::vector<double> forward_work, backward_work;
+};
+inline PipelineForecast forecast_pipeline(PipelineScheduleKind kind, int P, int m, int v, const std::vector<int>& per_virtual_stage,
+                                          double layer_backward, double head_work) {
+    PipelineForecast f;
+    f.kind = kind;
+    f.P = P;
+    f.m = m;
+    f.v = v;
+    f.head_work = head_work;
+    f.theory = pipeline_bubble_theory(kind, P, m, v);
+    pipeline_stage_work(per_virtual_stage, layer_backward, head_work, &f.forward_work, &f.backward_work);
+    f.with_work = simulate_pipeline(kind, P, m, v, f.forward_work, f.backward_work).idle_share[0];
+    return f;
+}
+inline void print_pipeline_plan(FILE* out, const PipelineForecast& f) {
+    fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula, %.1f%% "
+                 "on the first stage simulated with each stage's work (the LM head adds %.1f layer forwards to the last); per stage:\n",
+            f.P, pipeline_schedule_name(f.kind), f.v, f.v > 1 ? "s" : "", f.m, 100.0 * f.theory, 100.0 * f.with_work, f.head_work);
+}
 
 template <typename Model>
 class PipelineParallel {
@@ -140,6 +170,40 @@ public:
         }
         t.busy_ms = t.forward_ms + t.backward_ms;
         return t;
+    }
+
+    // Every stage's timing over `timings` (the steps after the warm-up; the step log shows the first stage's): a
+    // slower stage makes the others wait. Then, on the first stage, the schedule simulated with each stage's measured
+    // busy time (split over its chunks, and each chunk's over forward and backward, as the work model splits them):
+    // what the stages' unequal speeds alone leave. A collective of the pipeline group.
+    void report_timings(const Model& model, const std::vector<StageTiming>& timings, const PipelineForecast& f) const {
+        std::vector<double> busy, forward, backward, span, bubble;
+        for (const StageTiming& t : timings) {
+            busy.push_back(t.busy_ms);
+            forward.push_back(t.forward_ms);
+            backward.push_back(t.backward_ms);
+            span.push_back(t.span_ms);
+            bubble.push_back(t.bubble());
+        }
+        printf("pipeline stage %d: median over the timed steps: busy %.2f ms (forward actions %.2f%s, backward %.2f) of a %.2f ms span, "
+               "bubble %.1f%%\n", group_.rank, median_of(busy), median_of(forward), model.layout.part.last ? " with the LM head's forward and backward" : "",
+               median_of(backward), median_of(span), 100.0 * median_of(bubble));
+        fflush(stdout);
+        const std::vector<std::vector<float>> stage_busy = model.gather_over_pipeline({(float)median_of(busy)});
+        if (group_.rank != 0) return;
+        const int P = f.P, K = P * f.v;
+        std::vector<double> chunk_forward(K), chunk_backward(K);
+        for (int s = 0; s < P; s++) {
+            double work = 0;  // the stage's modelled work per micro-batch
+            for (int k = s; k < K; k += P) work += f.forward_work[k] + f.backward_work[k];
+            for (int k = s; k < K; k += P) {
+                chunk_forward[k] = stage_busy[s][0] / f.m * f.forward_work[k] / work;
+                chunk_backward[k] = stage_busy[s][0] / f.m * f.backward_work[k] / work;
+            }
+        }
+        printf("pipeline: the schedule simulated with each stage's measured busy time leaves the first stage %.1f%% idle\n",
+               100.0 * simulate_pipeline(f.kind, P, f.m, f.v, chunk_forward, chunk_backward).idle_share[0]);
+        fflush(stdout);
     }
 
 private:

@@ -3,6 +3,7 @@
 // sm_90 mbarrier and bulk-copy wrappers, and the check of the GPU (gpu_support.h) with its MFU peak.
 // It holds no layer logic.
 #pragma once
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
@@ -37,6 +38,12 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
 #define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
 
 inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
+// The median of a list of timings (a copy: nth_element reorders it); 0 when empty.
+inline double median_of(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+}
 
 // ---------------------------------------------------------------------------------------------
 // Precision: every kernel is a template over the storage type of parameters, activations and

@@ -4,7 +4,7 @@
 // defines: kStateMagic, kStateVersion, checkpoint_path, state_path, complete_checkpoints, latest_checkpoint, prune_checkpoints,
 //          make_directories, write_file_atomically,
 //          StateHeader, write_state_file, read_state_header, SavedOptimizerState, read_optimizer_state, save_checkpoint,
-//          resume_problem, load_checkpoint
+//          resume_problem, load_checkpoint, save_lora_outputs
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -349,4 +349,21 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
     zero.scaler.clean_steps = saved.header.clean_steps;
     zero.scaler.skipped_steps = saved.header.skipped_steps;
     return saved.data_state;
+}
+
+// LoRA's outputs at the end of a run: the adapter file (--lora-save) and the base model with the adapters merged
+// in, as a model file (--lora-merge). Every rank takes part in reading the parameters; the main rank writes.
+template <typename floatX>
+void save_lora_outputs(FILE* out, GPT2<floatX>& model, const std::string& adapter_path, const std::string& merged_path, bool main_rank) {
+    if (adapter_path.empty() && merged_path.empty()) return;
+    const std::vector<float> adapter_values = model.adapters->parameters_host();
+    const std::vector<float> base_values = model.zero->parameters_host();
+    if (main_rank && !adapter_path.empty()) {
+        write_adapter_file(adapter_path, *model.adapter_layout, adapter_values);
+        fprintf(out, "wrote adapters %s\n", adapter_path.c_str());
+    }
+    if (main_rank && !merged_path.empty()) {
+        write_model_file(merged_path, model.layout, merge_adapters(model.layout, base_values, *model.adapter_layout, adapter_values), false);
+        fprintf(out, "wrote the merged model %s\n", merged_path.c_str());
+    }
 }

@@ -25,6 +25,7 @@
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                        // defines: read_model_part
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
+#include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 
 // every width --channels accepts has a LayerNorm backward
 static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
@@ -50,26 +51,6 @@ struct ActivationSet {
     int num_buckets = 0;
 };
 
-// The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
-// flight), and whether the stage ends the model (final LayerNorm, LM head, loss).
-struct ActivationPlan {
-    std::vector<int> chunk_blocks;
-    std::vector<int> slots;
-    bool head = true;
-    static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
-    int sets() const {
-        int n = 0;
-        for (int k : slots) n += k;
-        return n;
-    }
-};
-
-inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
-inline size_t device_memory_in_use() {
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return total_bytes - free_bytes;
-}
 
 // Tensor-parallel rank `tp_rank`'s runs of `local` (a stage's slices) in `full` (the whole model, tp = 1), by
 // local unit: runs[u] are relative to local unit u and to the one full unit they all come from, source[u]. What
@@ -95,11 +76,13 @@ inline UnitRuns unit_runs(const ParameterLayout& local, const ParameterLayout& f
     return r;
 }
 
-// Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
-struct MemoryPlan {
-    size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
-    size_t working = 0;  // of parameters and gradients: the unsharded unit buffers of ZeRO stages 2-3 (ZeroMemory)
-    size_t total() const { return parameters + gradients + master_weights + adam_state + activations + scratch; }
+
+// What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
+// the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped so far.
+struct StepReport {
+    float loss = 0, grad_norm = 0, loss_scale = 1;
+    bool skipped = false;
+    long skipped_steps = 0;
 };
 
 template <typename floatX>
@@ -210,98 +193,6 @@ struct GPT2 {
 
     size_t num_parameters() const { return full_layout.count; }  // of the whole model
 
-    static size_t reduce_scratch_floats(const ModelConfig& c) {
-        const int C = c.channels;
-        // the LayerNorm backward's partial rows, then the qkv bias's value part from them (backward_chunk)
-        return std::max({layernorm_backward_scratch_floats(C) + colsum_times_weight_scratch_floats(C, C),
-                         bias_backward_scratch_floats<floatX>(4 * C),
-                         bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
-    }
-
-    // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
-    // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
-    enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
-    // The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
-    // parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units; under
-    // sequence parallelism (split = tp) the LayerNorm and residual activations hold this rank's 1/tp of the rows,
-    // which is a width of C / tp per row of the batch.
-    static std::array<size_t, 8> activation_width(const ModelConfig& c, int tp, int split) {
-        const size_t C = c.channels, Cs = C / tp, Cr = C / split;
-        return {Cr, 3 * Cs, Cs, Cr, Cr, 4 * Cs, 4 * Cs, Cr};
-    }
-    // Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
-    // recompute level.
-    static void activation_widths(const ModelConfig& c, int tp, int split, int recompute, size_t* kept, size_t* shared) {
-        const std::array<size_t, 8> width = activation_width(c, tp, split);
-        *kept = *shared = 0;
-        for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
-    }
-    static bool activation_shared(int recompute, int buffer) {
-        switch (buffer) {
-            case 6: return recompute >= kRecomputeGelu;                      // fch_gelu
-            case 0: case 4: return recompute >= kRecomputeGeluLayerNorm;     // ln1, ln2
-            case 7: return false;                                            // residual3: the next block's input
-            default: return recompute >= kRecomputeBlock;                    // qkv, atty, residual2, fch
-        }
-    }
-
-    // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
-    // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
-    // Each activation set keeps its blocks' activations, its input and its dresidual; the recomputed buffers,
-    // the head's (lnf, logits) and the scratch are shared by all sets.
-    static void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
-                                  size_t* x_elements, size_t* stat_elements) {
-        const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp;
-        size_t kept, shared;
-        activation_widths(c, tp, split, recompute, &kept, &shared);
-        const size_t lse = (size_t)B * NH * T;
-        size_t set_blocks = 0;  // blocks over all sets
-        for (size_t k = 0; k < ap.slots.size(); k++) set_blocks += (size_t)ap.slots[k] * ap.chunk_blocks[k];
-        const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
-        // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
-        const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-        *x_elements = N * (kept * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
-        *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
-                         (ap.head ? Nr * 2 : 0) + N;
-    }
-
-    // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
-    // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default).
-    static MemoryPlan plan(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
-                           const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
-        MemoryPlan p;
-        if (ap.slots.empty()) ap = ActivationPlan::whole(c);
-        const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
-        const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled());
-        p.parameters = z.parameters;
-        p.gradients = z.gradients;
-        p.master_weights = z.master_weights;
-        p.adam_state = z.adam_state;
-        p.working = z.working;
-        if (lora.enabled()) {
-            const AdapterLayout a(c, lora, 8 * dp);
-            const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
-            p.parameters += za.parameters;
-            p.gradients += za.gradients;
-            p.master_weights += za.master_weights;
-            p.adam_state += za.adam_state;
-            const size_t N = (size_t)B * T;
-            p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
-                              (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
-        }
-        size_t x_elements, stat_elements;
-        activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
-        p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
-        // the initialisation's transient staging included (init_parameters: a whole fp32 unit and this rank's part
-        // of one; set_parameters: one of this rank's units)
-        const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
-        const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
-        p.scratch = reduce_scratch_floats(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
-                    (size_t)B * T * 5 * sizeof(int) * ap.sets() +
-                    flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
-                    (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
-        return p;
-    }
 
     // `slots`: activation sets per chunk (pipeline parallelism: one per micro-batch in flight); one by default.
     void allocate(int batch, int seq_len, int recompute_level = kKeepAll, const std::vector<int>& slots = {}) {
@@ -365,7 +256,7 @@ struct GPT2 {
         losses = take_f(N);
         if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
             die("internal: activation plan and allocation disagree");
-        cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats(config) * sizeof(float)));
+        cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats<floatX>(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&nonfinite_loss, sizeof(float)));
@@ -925,9 +816,17 @@ struct GPT2 {
     }
 
     void zero_grad() { trained().zero_grad(); }
-    // The optimizer step of the trained parameters. A non-finite loss in the rows of the last request_losses()
-    // skips it, as a non-finite gradient norm does, in every precision: no parameter or optimizer state changes.
-    void step(const AdamWHyper& h) { trained().step(h, nonfinite_loss); }
+    // The optimizer step of the trained parameters after a step's forwards and backwards, and what the step log
+    // shows. One wait: the losses' gathering and the update are enqueued first. A non-finite loss in the step's rows
+    // skips the update, as a non-finite gradient norm does, in every precision: no parameter or optimizer state
+    // changes. The loss scale is the one after the step (fp16: halved on a skip, doubled after clean steps).
+    StepReport step(const AdamWHyper& h) {
+        request_losses();
+        trained().step(h, nonfinite_loss);
+        const float loss = take_mean_loss();
+        const typename ZeroOptimizer<floatX>::StepResult r = trained().finish_step();
+        return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps};
+    }
 
     // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
     // copy to the host and the clearing of the sums, without waiting: the training step asks for them before

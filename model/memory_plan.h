@@ -1,0 +1,215 @@
+// The memory plan: every device buffer a rank allocates, counted before anything is allocated, so that a run that
+// does not fit is refused with the figures and what to change instead of failing at an allocation. The model
+// (gpt2.cuh) allocates from the same counts (activation_counts), so plan and allocation cannot drift apart (its
+// allocate() checks that they agree). The start-up report prints the plan next to the GPU's free memory; the
+// ZeRO formula and the measured model states are compared after allocation. Allocating is the model's.
+// defines: ActivationPlan, MemoryPlan, Recompute, activation_counts, plan_memory, gib, device_memory_in_use,
+//          StagePlans, report_memory_plan, zero_states_formula
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/layernorm.cuh"            // defines: layernorm_backward_scratch_floats, colsum_times_weight_scratch_floats
+#include "../kernels/matmul.cuh"               // defines: matmul_context, bias_backward_scratch_floats
+#include "../kernels/flash_attention.cuh"      // defines: flash_attention_backward_scratch_bytes
+#include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats
+#include "../distributed/zero.cuh"             // defines: ZeroOptimizer::memory, ZeroMemory
+#include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
+#include "lora.h"                              // defines: LoraSpec, AdapterLayout
+
+// The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
+// flight), and whether the stage ends the model (final LayerNorm, LM head, loss).
+struct ActivationPlan {
+    std::vector<int> chunk_blocks;
+    std::vector<int> slots;
+    bool head = true;
+    static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
+    int sets() const {
+        int n = 0;
+        for (int k : slots) n += k;
+        return n;
+    }
+};
+
+inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+inline size_t device_memory_in_use() {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
+// Bytes of every buffer, for the start-up memory plan (predicted before anything is allocated).
+struct MemoryPlan {
+    size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
+    size_t working = 0;  // of parameters and gradients: the unsharded unit buffers of ZeRO stages 2-3 (ZeroMemory)
+    size_t total() const { return parameters + gradients + master_weights + adam_state + activations + scratch; }
+};
+
+// fp32 scratch of the deterministic reductions, shared by every layer.
+template <typename floatX>
+inline size_t reduce_scratch_floats(const ModelConfig& c) {
+    const int C = c.channels;
+    // the LayerNorm backward's partial rows, then the qkv bias's value part from them (backward_chunk)
+    return std::max({layernorm_backward_scratch_floats(C) + colsum_times_weight_scratch_floats(C, C),
+                     bias_backward_scratch_floats<floatX>(4 * C),
+                     bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
+}
+
+// Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
+// --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
+enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
+// The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
+// parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units; under
+// sequence parallelism (split = tp) the LayerNorm and residual activations hold this rank's 1/tp of the rows,
+// which is a width of C / tp per row of the batch.
+inline std::array<size_t, 8> activation_width(const ModelConfig& c, int tp, int split) {
+    const size_t C = c.channels, Cs = C / tp, Cr = C / split;
+    return {Cr, 3 * Cs, Cs, Cr, Cr, 4 * Cs, 4 * Cs, Cr};
+}
+// Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
+// recompute level.
+inline bool activation_shared(int recompute, int buffer);
+inline void activation_widths(const ModelConfig& c, int tp, int split, int recompute, size_t* kept, size_t* shared) {
+    const std::array<size_t, 8> width = activation_width(c, tp, split);
+    *kept = *shared = 0;
+    for (int i = 0; i < 8; i++) (activation_shared(recompute, i) ? *shared : *kept) += width[i];
+}
+inline bool activation_shared(int recompute, int buffer) {
+    switch (buffer) {
+        case 6: return recompute >= kRecomputeGelu;                      // fch_gelu
+        case 0: case 4: return recompute >= kRecomputeGeluLayerNorm;     // ln1, ln2
+        case 7: return false;                                            // residual3: the next block's input
+        default: return recompute >= kRecomputeBlock;                    // qkv, atty, residual2, fch
+    }
+}
+
+// Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
+// `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
+// Each activation set keeps its blocks' activations, its input and its dresidual; the recomputed buffers,
+// the head's (lnf, logits) and the scratch are shared by all sets.
+inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
+                              size_t* x_elements, size_t* stat_elements) {
+    const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp;
+    size_t kept, shared;
+    activation_widths(c, tp, split, recompute, &kept, &shared);
+    const size_t lse = (size_t)B * NH * T;
+    size_t set_blocks = 0;  // blocks over all sets
+    for (size_t k = 0; k < ap.slots.size(); k++) set_blocks += (size_t)ap.slots[k] * ap.chunk_blocks[k];
+    const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
+    // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
+    const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
+    *x_elements = N * (kept * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+    *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
+                     (ap.head ? Nr * 2 : 0) + N;
+}
+
+// Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
+// of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default).
+template <typename floatX>
+MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
+                       const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
+    MemoryPlan p;
+    if (ap.slots.empty()) ap = ActivationPlan::whole(c);
+    const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
+    const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled());
+    p.parameters = z.parameters;
+    p.gradients = z.gradients;
+    p.master_weights = z.master_weights;
+    p.adam_state = z.adam_state;
+    p.working = z.working;
+    if (lora.enabled()) {
+        const AdapterLayout a(c, lora, 8 * dp);
+        const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
+        p.parameters += za.parameters;
+        p.gradients += za.gradients;
+        p.master_weights += za.master_weights;
+        p.adam_state += za.adam_state;
+        const size_t N = (size_t)B * T;
+        p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
+                          (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
+    }
+    size_t x_elements, stat_elements;
+    activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
+    p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
+    // the initialisation's transient staging included (init_parameters: a whole fp32 unit and this rank's part
+    // of one; set_parameters: one of this rank's units)
+    const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
+    const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
+    p.scratch = reduce_scratch_floats<floatX>(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
+                (size_t)B * T * 5 * sizeof(int) * ap.sets() +
+                flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
+                (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
+    return p;
+}
+
+// Each pipeline stage's plan (the whole model's, without pipeline parallelism): its part of the model and one
+// activation set per micro-batch in flight on each of its chunks.
+template <typename floatX>
+struct StagePlans {
+    ModelConfig config;
+    int B = 0, T = 0, dp = 1, tp = 1, zero_stage = 0, recompute = 0;
+    LoraSpec lora;
+    std::vector<StageModel> parts;
+    std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
+    MemoryPlan of(int s, int split) const {
+        const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, lora, parts[s], sets);
+    }
+};
+
+// ZeRO's model states per GPU for P parameters on N data-parallel ranks at `stage` (0-3): 16P, 4P + 12P/N,
+// 2P + 14P/N, 16P/N bytes. Under tensor parallelism P is one rank's share: its slices plus the replicated tensors.
+inline double zero_states_formula(double P, double N, int stage) {
+    return std::vector<double>{16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N}[stage];
+}
+
+inline std::string gib_text(size_t bytes) { return std::to_string(gib(bytes)).substr(0, 5); }
+
+// The start-up report of stage `stage`'s plan (per-stage lines under pipeline parallelism; LoRA's against full
+// fine-tuning; sequence parallelism's saving) against `free_bytes`; dies with the figures and what to change when it
+// does not fit. A smaller batch only shrinks the activations: when the rest alone does not fit, only more GPUs help.
+// A higher ZeRO stage helps only with data-parallel ranks to shard over, and pipelines run stages 0-1.
+template <typename floatX>
+MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int stage, int split, size_t free_bytes, size_t parameters,
+                              size_t trainable, const std::string& lora_targets) {
+    const MemoryPlan plan = plans.of(stage, split);
+    const int P = (int)plans.parts.size();
+    for (int s = 0; P > 1 && s < P; s++) {
+        const MemoryPlan p = plans.of(s, split);
+        std::string chunks, slots;
+        for (size_t k = 0; k < plans.chunks[s].size(); k++) {
+            chunks += (k ? "+" : "") + std::to_string(plans.chunks[s][k]);
+            slots += (k ? "+" : "") + std::to_string(plans.slots[s][k]);
+        }
+        fprintf(out, "  stage %d: %s blocks%s%s, %s micro-batches in flight: parameters+gradients+optimizer %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+                s, chunks.c_str(), plans.parts[s].first ? " + embeddings" : "", plans.parts[s].last ? " + final LayerNorm and LM head" : "",
+                slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state), gib(p.activations), gib(p.total()));
+    }
+    const LoraSpec& lora = plans.lora;
+    if (lora.enabled()) {
+        const MemoryPlan full = plan_memory<floatX>(plans.config, plans.B, plans.T, plans.dp, plans.tp, split, plans.zero_stage, plans.recompute);
+        const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
+        const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
+        fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
+                lora.rank, lora.alpha, lora_targets.c_str(), trainable, 100.0 * trainable / parameters, parameters, gib(states), gib(full_states));
+    }
+    fprintf(out, "memory plan per GPU (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
+            gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),
+            gib(plan.scratch), gib(plan.total()), gib(free_bytes));
+    if (split > 1)
+        fprintf(out, "sequence parallel: activations %.2f GiB per GPU, against %.2f GiB without it (the LayerNorm and residual regions hold 1/%d of the rows)\n",
+                gib(plan.activations), gib(plans.of(stage, 1).activations), split);
+    if (plan.total() > free_bytes) {
+        const size_t without_activations = plan.total() - plan.activations;
+        const std::string hint = without_activations > free_bytes
+            ? "the model states and scratch alone need " + gib_text(without_activations) +
+                  " GiB: spread the model over more GPUs (--tensor-parallel, --pipeline-parallel, or more data-parallel ranks under --zero-stage 3)"
+            : "lower --batch-size (and raise --total-batch-tokens to keep the step size)";
+        die("the plan needs " + gib_text(plan.total()) + " GiB but the GPU has " + gib_text(free_bytes) + " GiB free: " + hint +
+            (plans.zero_stage < 3 && P == 1 && plans.dp > 1 ? ", or raise --zero-stage" : ""));
+    }
+    return plan;
+}
