@@ -6,6 +6,7 @@
 #include "check.h"
 
 int main() {
+    check_suite("gpu_support");
     // refused below 8.0, with the name, the capability and the requirement in one line
     const std::string v100 = gpu_support_problem("Tesla V100-SXM2-16GB", 7, 0);
     expect(v100.find("Tesla V100-SXM2-16GB") != std::string::npos && v100.find("compute capability 7.0") != std::string::npos &&

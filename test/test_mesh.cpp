@@ -253,6 +253,7 @@ void test_communicator_defaults() {
 }  // namespace
 
 int main() {
+    check_suite("mesh");
     test_coordinates();
     test_groups();
     test_embedding_groups();

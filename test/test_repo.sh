@@ -10,15 +10,15 @@ for f in kernels/* model/* distributed/* dataloader/*; do
     base=$(basename "$f"); stem=${base%%.*}
     grep -q -- "$stem" README.md || missing="$missing $f"
 done
-if [ -z "$missing" ]; then echo "PASS repo: README's files table names every source file"; else echo "FAIL repo: README does not name:$missing"; fi
+if [ -z "$missing" ]; then echo "PASS repo README's files table names every source file"; else echo "FAIL repo README does not name:$missing"; fi
 
 # an "error: " line printed anywhere but the helper (tests have their own reporting)
 others=$(grep -rn --include=*.h --include=*.cuh --include=*.cpp --include=*.cu -E 'fprintf\(stderr, *"error|(^|[^_])exit\(EXIT_FAILURE\)|(^|[^_])exit\(1\)' \
     kernels model distributed dataloader train_gpt.cu | grep -v '^kernels/die.h:' | grep -v 'if (!pg.is_main()) exit(EXIT_FAILURE)')
-if [ -z "$others" ]; then echo "PASS repo: fatal errors go through kernels/die.h only"; else echo "FAIL repo: other error exits: $others"; fi
+if [ -z "$others" ]; then echo "PASS repo fatal errors go through kernels/die.h only"; else echo "FAIL repo other error exits: $others"; fi
 
 missing=""
 for flag in $(grep '{"--[a-z0-9-]*"' train_gpt.cu | grep -v 'anything()' | grep -o '{"--[a-z0-9-]*"' | tr -d '{"'); do
     grep -q -- "\`$flag\`" docs/errors.md || missing="$missing $flag"
 done
-if [ -z "$missing" ]; then echo "PASS repo: docs/errors.md lists every flag's accepted values"; else echo "FAIL repo: docs/errors.md lacks:$missing"; fi
+if [ -z "$missing" ]; then echo "PASS repo docs/errors.md lists every flag's accepted values"; else echo "FAIL repo docs/errors.md lacks:$missing"; fi

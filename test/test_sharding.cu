@@ -302,6 +302,7 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
 }
 
 int main() {
+    check_suite("sharding");
     ModelConfig d12;
     config_from_descriptor("d12", d12);
     check_layout(d12, "d12");
