@@ -6,7 +6,7 @@
 // gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
 // logits bitwise.
 // Usage: test_model MODEL.bin STATE.bin fp32|bf16|fp16 [label] [ADAPTERS.bin]
-// Prints one line per check (PASS/FAIL) for the test runner; exits 1 on any failure.
+// Prints one line per check ("PASS model ..." or "FAIL model ...") for the test runner; exits 1 on any failure.
 #define TESTING
 #include "../train_gpt.cu"
 #include "debug_state.h"

@@ -8,7 +8,8 @@
 #   cuda: NCCL, needs 2 GPUs. bf16 adds the benchmark's configuration (bf16, --compile --sdpa --fused-adamw)
 #   for each mode, checked against one process within 5e-2 (autocast there, FSDP's bf16 parameters here).
 # Processes are started by scripts/launch.sh, which sets the environment torchrun sets (RANK, WORLD_SIZE,
-# LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Prints PASS/FAIL/SKIP lines like the test suite.
+# LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Prints "PASS reference_parallel ..." (FAIL, SKIP) lines like the test suite;
+# run by hand, not by test/run_tests.sh.
 # PYTHON overrides the interpreter (default: the first of /usr/bin/python3 and python3 that imports torch).
 set -u
 cd "$(dirname "$0")/.." || exit 1

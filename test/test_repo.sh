@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the repository itself, without a GPU: README's files table names every source file of kernels/,
 # model/, distributed/ and dataloader/; errors are printed only by the one helper (kernels/die.h: die, print_error);
-# every flag with a range or choices in train_gpt's table appears in docs/errors.md's flag table.
+# every flag with a range or choices in train_gpt's table appears in docs/errors.md's flag table; every test program
+# test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -22,3 +23,11 @@ for flag in $(grep '{"--[a-z0-9-]*"' train_gpt.cu | grep -v 'anything()' | grep 
     grep -q -- "\`$flag\`" docs/errors.md || missing="$missing $flag"
 done
 if [ -z "$missing" ]; then echo "PASS repo docs/errors.md lists every flag's accepted values"; else echo "FAIL repo docs/errors.md lacks:$missing"; fi
+
+misnamed=""
+for f in test/test_*.cpp test/test_*.cu; do
+    base=$(basename "$f"); suite=${base#test_}; suite=${suite%.*}
+    grep -q 'check.h' "$f" && ! grep -q "check_suite(\"$suite\")" "$f" && misnamed="$misnamed $f"
+done
+if [ -z "$misnamed" ]; then echo "PASS repo every test program's check lines start with its suite's name"
+else echo "FAIL repo test programs without check_suite(\"X\") for test_X:$misnamed"; fi
