@@ -7,7 +7,7 @@
 # 7 others with a message. Prints PASS/FAIL lines.
 set -u
 cd "$(dirname "$0")/.."
-W=build/test_work/mesh_gpu
+W=build/test_work/mesh_nccl
 rm -rf "$W"; mkdir -p "$W"
 source test/loss_logs.sh  # launch_mode, spreads
 

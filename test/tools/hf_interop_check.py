@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "reference"))
+REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "reference")
+sys.path.insert(0, REFERENCE_DIR)
 from gpt2_reference import ShardLoader  # noqa: E402  (the batch order train_gpt's dataloader follows)
 
 
