@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
     model_checks(config, pg, mesh, stream, report, false);
     if (pg.world > 1) model_checks(config, pg, mesh, stream, report, true);
     layer_checks(config, pg, mesh, stream, report);
-    report.finish("tensor parallel tp " + std::to_string(pg.world) + ": ", mesh, pg, stream);
+    report.finish("tp " + std::to_string(pg.world) + ": ", mesh, pg, stream);
     cudaCheck(cudaStreamDestroy(stream));
     matmul_teardown();
     mesh.destroy();
