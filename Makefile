@@ -1,7 +1,7 @@
-# Builds train_gpt, the data tools and every test. `make test` runs the whole suite (GPU parts are
-# reported as skipped on a machine without a GPU); `make test-portable` runs it on a build with only
-# compute_80 PTX, which the driver compiles for the GPU at hand: the mma.sync kernels every Ampere, Ada and
-# Blackwell GPU runs, checked on a Hopper GPU.
+# Builds train_gpt, the data tools, every test (test/) and the kernel benchmarks (bench/). `make test` runs the
+# whole suite (GPU parts are reported as skipped on a machine without a GPU); `make test-portable` runs it on a
+# build with only compute_80 PTX, which the driver compiles for the GPU at hand: the mma.sync kernels every
+# Ampere, Ada and Blackwell GPU runs, checked on a Hopper GPU. Scripts (data, training, interop) are in scripts/.
 NVCC ?= nvcc
 CXX ?= g++
 # Target GPUs (scripts/gpu_code.sh): the compute capability of each GPU nvidia-smi lists, sm_90a on Hopper (wgmma
@@ -35,14 +35,20 @@ DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
+# Test binaries: build/test_X from test/test_X.cpp|cu is the suite X of test/run_tests.sh (its driver, if any,
+# test/test_X.sh). CPU_TESTS build with g++ alone; GPU_TESTS with nvcc (sharding, lora_files and formats run
+# without a GPU). BENCHES: the kernel benchmarks of bench/, built with the tests so that a change breaking them
+# fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support
-GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_gpt2 $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/test_mesh_gpu $(BUILD)/test_tensor_parallel
+GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
+            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound
 
-.PHONY: all tests test test-portable train clean
+.PHONY: all tests benches test test-portable train clean
 all: train_gpt $(BUILD)/prepare_shards
-tests: $(CPU_TESTS) $(GPU_TESTS)
+tests: $(CPU_TESTS) $(GPU_TESTS) benches
+benches: $(BENCHES)
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -80,8 +86,8 @@ $(BUILD)/test_pipeline_schedule: test/test_pipeline_schedule.cpp distributed/pip
 $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_gpu_support.cpp -o $@
 
-$(BUILD)/test_mesh_gpu: test/test_mesh_gpu.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/test_mesh_gpu.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+$(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_mesh_nccl.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_kernels.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
@@ -89,11 +95,11 @@ $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_refe
 $(BUILD)/test_attention: test/test_attention.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_attention.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
 
-$(BUILD)/bench_attention: test/bench_attention.cu test/bench_util.h $(KERNELS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/bench_attention.cu $(CUDA_LIBS) -o $@
+$(BUILD)/bench_attention: bench/bench_attention.cu bench/bench_util.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) bench/bench_attention.cu $(CUDA_LIBS) -o $@
 
-$(BUILD)/bench_memory_bound: test/bench_memory_bound.cu test/bench_util.h $(KERNELS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/bench_memory_bound.cu $(CUDA_LIBS) -o $@
+$(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) bench/bench_memory_bound.cu $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
@@ -104,11 +110,11 @@ $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_referenc
 $(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/test_gpt2: test/test_gpt2.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/test_gpt2.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+$(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_model.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/test_tensor_parallel: test/test_tensor_parallel.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+$(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel_layers.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 # SUITES="kernels attention ..." runs only the suites of those names (run_tests.sh's labels).
 test: all tests
@@ -122,7 +128,7 @@ test-portable:
 
 # The default job: a small GPT-2 (d12) trained from scratch on tinyshakespeare for a few minutes.
 train: all
-	@ls data/tinyshakespeare/tinyshakespeare_train_*.bin > /dev/null 2>&1 || bash scripts/prepare_tinyshakespeare.sh
+	@ls data/tinyshakespeare/tinyshakespeare_train_*.bin > /dev/null 2>&1 || bash scripts/data/prepare_tinyshakespeare.sh
 	./train_gpt --model d12 --batch-size 32 --seq-len 512 --steps 250 --lr 6e-4 --warmup-steps 25 --final-lr-frac 0.1 \
 	    --val-every 50 --val-batches 8 --sample-every 125 --sample-tokens 128 --checkpoint-every 250 --output-dir log/tinyshakespeare
 

@@ -4,7 +4,7 @@
 // Each document becomes <|endoftext|> followed by its GPT-2 tokens (the llm.c / nanoGPT convention: every
 // document starts with EOT). Documents are whole files (--doc-per-file) or the pieces of a file between
 // literal "<|endoftext|>" separators; empty pieces are skipped, and a file's end also ends a document.
-// Input "-" is stdin, so a script can stream documents in (scripts/prepare_fineweb.py does).
+// Input "-" is stdin, so a script can stream documents in (scripts/data/prepare_fineweb.py does).
 // Documents are read in batches and encoded in parallel on all cores; the output is assembled in document
 // order, so it does not depend on the thread count. Output: PREFIX_val_000000.bin, ... and
 // PREFIX_train_000000.bin, ...

@@ -6,12 +6,12 @@
 // (implemented as a hand-written scanner with the Unicode tables in unicode_tables.h), then each piece is
 // merged by BPE rank. Bytes that are not valid UTF-8 each count as one character that is neither letter,
 // number nor space (tiktoken only accepts valid text; this is our rule for raw bytes, see
-// scripts/make_tokenizer_fixtures.py).
+// test/tools/make_tokenizer_fixtures.py).
 //
 // Unicode version: unicode_tables.h is generated from Unicode 15.1; tiktoken 0.14's regex engine uses
 // Unicode 16.0. The two split text differently only around characters first assigned in Unicode 16.0
 // (rare scripts such as Garay or Egyptian Hieroglyphs Extended-A), which are "other" here. Regenerating
-// the tables from the UCD 16.0 files (scripts/gen_unicode_tables.py --ucd) closes that gap.
+// the tables from the UCD 16.0 files (scripts/data/gen_unicode_tables.py --ucd) closes that gap.
 //
 // Errors (missing or malformed files, bad token ids) are thrown as std::runtime_error / std::out_of_range
 // with a one-line message naming the file.

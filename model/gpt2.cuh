@@ -127,7 +127,7 @@ struct GPT2 {
     int recompute = 0;  // Recompute level
     // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
     // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
-    // fc-proj in the backward). false: separate GELU kernels everywhere (test_gpt2's base model, which must
+    // fc-proj in the backward). false: separate GELU kernels everywhere (test_model's base model, which must
     // match a model with an fc adapter bit for bit).
     bool gelu_fusion = true;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state

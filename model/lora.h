@@ -138,7 +138,7 @@ inline void write_adapter_file(const std::string& path, const AdapterLayout& lay
 inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
     FILE* f = fopen(path.c_str(), "rb");
     if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
-    // the messages are docs/lora.md's, the same as scripts/gpt2_reference.py's reader
+    // the messages are docs/lora.md's, the same as scripts/reference/gpt2_reference.py's reader
     fseek(f, 0, SEEK_END);
     const long size = ftell(f);
     fseek(f, 0, SEEK_SET);

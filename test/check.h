@@ -1,5 +1,7 @@
-// The tests' output protocol and error measures. Each check prints one line, "PASS name  detail" or
-// "FAIL name: detail", which test/run_tests.sh counts; a test program exits 1 if any check failed.
+// The tests' output protocol and error measures (what each suite checks is in its own test_X.cpp|cu). Each check
+// prints one line, "PASS suite name  detail", "FAIL suite name: detail" or "SKIP suite name: why", which
+// test/run_tests.sh counts; suite is the program's suite name (build/test_X: X), set once with check_suite() at
+// the start of main. A test program exits 1 if any check failed.
 #pragma once
 #include <sys/stat.h>
 #include <cmath>
@@ -12,8 +14,15 @@ inline int& check_failures() {
     static int failures = 0;
     return failures;
 }
+// The suite name every check line starts with (test/run_tests.sh's label for this program).
+inline std::string& check_suite_name() {
+    static std::string suite = "unnamed";
+    return suite;
+}
+inline void check_suite(const std::string& suite) { check_suite_name() = suite; }
 inline void check(bool ok, const std::string& name, const std::string& detail) {
-    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name.c_str(), ok ? "  " : ": ", detail.c_str());
+    printf("%s %s %s%s%s\n", ok ? "PASS" : "FAIL", check_suite_name().c_str(), name.c_str(), ok ? "  " : ": ",
+           detail.c_str());
     fflush(stdout);
     if (!ok) check_failures()++;
 }
@@ -23,7 +32,7 @@ inline void fail(const std::string& name, const std::string& detail) { check(fal
 // Like check(), but the detail describes a failure and is printed only then.
 inline void expect(bool ok, const std::string& name, const std::string& detail) { check(ok, name, ok ? "" : detail); }
 inline void skip(const std::string& name, const std::string& why) {
-    printf("SKIP %s: %s\n", name.c_str(), why.c_str());
+    printf("SKIP %s %s: %s\n", check_suite_name().c_str(), name.c_str(), why.c_str());
     fflush(stdout);
 }
 // Runs body(); an exception it throws is a failure of `name`.

@@ -1,4 +1,4 @@
-// Reader for the debug-state file written by scripts/gpt2_reference.py (format: docs/formats.md; version 3,
+// Reader for the debug-state file written by scripts/reference/gpt2_reference.py (format: docs/formats.md; version 3,
 // with LoRA: docs/lora.md).
 // Host-only C++; used by the CPU-reference test and the GPU model test.
 #pragma once

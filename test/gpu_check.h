@@ -64,6 +64,6 @@ inline unsigned long test_seed(const char* program, const char* given) {
 inline bool gpu_present(const std::string& what) {
     int device_count = 0;
     if (cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0) return true;
-    printf("SKIP %s: no GPU\n", what.c_str());
+    skip(what, "no GPU");
     return false;
 }

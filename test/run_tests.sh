@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs the whole test suite and prints one closing line "N passed, N failed, N skipped".
-# Every test program prints one line per check: "PASS name", "FAIL name: why" or "SKIP name: why".
+# Runs the whole test suite and prints one closing line "N passed, N failed, N skipped" (the checks themselves are
+# in the suites; the benchmarks, in bench/, are not run here).
+# A suite has one name X: its label here, its driver test/test_X.sh (if any) and its program build/test_X from
+# test/test_X.cpp|cu (if any). Every check prints one line that starts with its suite's name: "PASS X name",
+# "FAIL X name: why" or "SKIP X name: why" (so `grep '^PASS X '` lists a suite's checks).
 # CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise.
 set -u
 cd "$(dirname "$0")/.."
@@ -43,25 +46,25 @@ run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
 fixture_rc=3  # not selected
-selected cpu_reference && { fixture_out=$(bash scripts/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?; }
+selected cpu_reference && { fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?; }
 if [ $fixture_rc -eq 3 ]; then :
 elif [ $fixture_rc -eq 0 ]; then
     run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
 elif [ $fixture_rc -eq 2 ]; then
-    skip "cpu reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
+    skip "cpu_reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
 else
-    echo "FAIL cpu reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
+    echo "FAIL cpu_reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
 fi
 
 lora_rc=3  # not selected
-selected cpu_lora && { lora_out=$(bash scripts/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?; }
+selected cpu_lora && { lora_out=$(bash test/tools/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?; }
 if [ $lora_rc -eq 3 ]; then :
 elif [ $lora_rc -eq 0 ]; then
     run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
 elif [ $lora_rc -eq 2 ]; then
-    skip "cpu LoRA reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
+    skip "cpu_lora reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
 else
-    echo "FAIL cpu LoRA fixture: $(printf '%s' "$lora_out" | tail -n 1)" | tee -a "$LOG"
+    echo "FAIL cpu_lora fixture: $(printf '%s' "$lora_out" | tail -n 1)" | tee -a "$LOG"
 fi
 
 # ---- GPU tests
@@ -69,34 +72,37 @@ if [ "$gpu_count" -ge 1 ]; then
     run kernels build/test_kernels
     sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
     if ! selected attention; then :
-    elif python3 scripts/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
+    elif python3 test/tools/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
     else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
     run attention build/test_attention $sdpa
-    run model bash test/test_model_gpu.sh
-    run training bash test/test_training_gpu.sh
+    run model bash test/test_model.sh
+    run training bash test/test_training.sh
     run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
-    run mesh_gpu bash test/test_mesh_gpu.sh  # several ranks on one GPU
-    run tensor_parallel bash test/test_tensor_parallel_gpu.sh  # tp ranks sharing one GPU
+    run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
+    run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
     run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (1, 2, 4 ranks on one GPU)
-    run pipeline bash test/test_pipeline_gpu.sh  # pipeline stages (and 3D) as ranks sharing one GPU
+    run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
     for n in 2 4; do
-        if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero_gpu.sh $n; else skip "ZeRO stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
+        if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero.sh $n; else skip "zero stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
     done
     # the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the others share GPU 0)
     if [ "$gpu_count" -ge 2 ]; then
         export ONE_RANK_PER_GPU=1
-        for suite in mesh_gpu tensor_parallel_gpu tensor_parallel_layers pipeline_gpu; do
-            run "${suite%_gpu} on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) /&[one rank per GPU] /"' \
+        for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
+            run "$suite on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) [a-z0-9_]+ /&[one rank per GPU] /"' \
                 "test/test_$suite.sh"
         done
         unset ONE_RANK_PER_GPU
     else
-        skip "multi-rank suites with one rank per GPU" "$gpu_count GPU(s)"
+        for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
     fi
 else
-    for t in "kernels vs CPU reference" "flash attention vs CPU reference and SDPA" "whole model vs PyTorch (fp32, bf16, fp16)" "determinism, resume and curve parity" "Hugging Face export and import" \
-             "process mesh communicators (ranks sharing one GPU)" "tensor parallelism (ranks sharing one GPU)" "tensor-parallel layers and gradients vs dense (ranks sharing one GPU)" "pipeline parallelism and 3D (ranks sharing one GPU)" "ZeRO stages 0-3 on 2 GPUs" "ZeRO stages 0-3 on 4 GPUs" \
-             "multi-rank suites with one rank per GPU"; do
+    for t in "kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" \
+             "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face" \
+             "mesh_nccl communicators (ranks sharing one GPU, and one rank per GPU)" \
+             "tensor_parallel training (ranks sharing one GPU, and one rank per GPU)" \
+             "tensor_parallel_layers vs dense (ranks sharing one GPU, and one rank per GPU)" \
+             "pipeline and 3D (ranks sharing one GPU, and one rank per GPU)" "zero stages 0-3 on 2 GPUs" "zero stages 0-3 on 4 GPUs"; do
         skip "$t" "no GPU"
     done
 fi

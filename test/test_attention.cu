@@ -5,7 +5,7 @@
 // H200 the bf16 / fp16 forward and backward are the Hopper kernels (flash_attention_hopper.cuh); the first line
 // says which. The backward cases with T > 128 have several key blocks per (b, head) (the deterministic mode's
 // turn counters at work), most of them a ragged last block.
-// Given files written by scripts/attention_vs_sdpa.py, it also compares against PyTorch SDPA (flash backend).
+// Given files written by test/tools/attention_vs_sdpa.py, it also compares against PyTorch SDPA (flash backend).
 // Usage: test_attention [seed] [sdpa_file...]   (an argument that is all digits is the seed)
 #include <chrono>
 #include <cstring>
@@ -176,7 +176,7 @@ static void test_sections(int hs, cudaStream_t stream) {
 }
 
 // ---- against PyTorch SDPA: records of (dtype, B, H, T, D) then q, k, v, dout, out, dq, dk, dv, each
-// (B,T,H,D) in that 16-bit dtype (1 = bf16, 2 = fp16); see scripts/attention_vs_sdpa.py.
+// (B,T,H,D) in that 16-bit dtype (1 = bf16, 2 = fp16); see test/tools/attention_vs_sdpa.py.
 template <typename T>
 static void sdpa_record(std::ifstream& f, int B, int H, int Tn, int D, cudaStream_t stream) {
     const size_t n = (size_t)B * Tn * H * D, rows = (size_t)B * Tn;
@@ -217,6 +217,7 @@ static void test_sdpa_file(const std::string& path, cudaStream_t stream) {
 }
 
 int main(int argc, char** argv) {
+    check_suite("attention");
     const char* seed = nullptr;
     std::vector<std::string> files;
     for (int i = 1; i < argc; i++) {

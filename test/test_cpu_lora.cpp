@@ -1,6 +1,6 @@
 // Checks LoRA in the C++ CPU reference (cpu_reference.h) against the PyTorch reference and on its own.
 //
-// Usage: test_cpu_lora FIXTURE_DIR, a directory written by `scripts/make_cpu_fixture.sh --lora FIXTURE_DIR`:
+// Usage: test_cpu_lora FIXTURE_DIR, a directory written by `test/tools/make_cpu_fixture.sh --lora FIXTURE_DIR`:
 //   model.bin         base model (2 layers, C=128, 2 heads)
 //   lora_init.bin     its initial adapters: r=4, alpha=8, all four targets, B ~ N(0, 0.02) so that the adapters
 //                     matter from step 0
@@ -113,8 +113,9 @@ bool all_tensors_changed(const std::vector<AdapterTensor>& layout, const std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
+    check_suite("cpu_lora");
     if (argc != 2) {
-        std::fprintf(stderr, "usage: %s FIXTURE_DIR (from scripts/make_cpu_fixture.sh --lora)\n", argv[0]);
+        std::fprintf(stderr, "usage: %s FIXTURE_DIR (from test/tools/make_cpu_fixture.sh --lora)\n", argv[0]);
         return 1;
     }
     const std::string dir = argv[1];

@@ -1,4 +1,4 @@
-// Checks the C++ CPU reference against the PyTorch reference (scripts/gpt2_reference.py debug-state).
+// Checks the C++ CPU reference against the PyTorch reference (scripts/reference/gpt2_reference.py debug-state).
 //
 // Usage: test_cpu_reference MODEL_FILE DEBUG_STATE_FILE
 // Prints one line per check (check.h: "PASS <name>  <detail>" or "FAIL <name>: <detail>") and exits 1 if any
@@ -36,6 +36,7 @@ std::vector<size_t> tensor_sizes(const cpuref::Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    check_suite("cpu_reference");
     if (argc != 3) {
         std::fprintf(stderr, "usage: %s MODEL_FILE DEBUG_STATE_FILE\n", argv[0]);
         return 1;

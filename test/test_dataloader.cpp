@@ -413,9 +413,10 @@ void remove_dir(const std::string& dir) {
 }  // namespace
 
 int main() {
+    check_suite("dataloader");
     char dir_template[] = "/tmp/test_dataloader_XXXXXX";
     if (!::mkdtemp(dir_template)) {
-        std::printf("FAIL setup: mkdtemp failed\n");
+        std::printf("FAIL dataloader setup: mkdtemp failed\n");
         return 1;
     }
     g_dir = dir_template;

@@ -1,5 +1,5 @@
 // File formats and schedules, without a GPU: the learning-rate schedule against the formulas of
-// docs/formats.md and against the PyTorch reference's own (scripts/gpt2_reference.py lr_at) when a Python is
+// docs/formats.md and against the PyTorch reference's own (scripts/reference/gpt2_reference.py lr_at) when a Python is
 // at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
 // layouts of 1 and 3 ranks, and each tensor- and pipeline-parallel rank's part reads alone; checkpoint discovery
 // finds the newest complete checkpoint; checkpoint retention deletes what --keep-checkpoints and --keep-every no
@@ -22,7 +22,7 @@ static void test_schedule() {
     // the reference's implementation, for every step of a run (Debian's Python has torch, or the one on PATH)
     std::vector<double> ref;
     for (const char* python : {"/usr/bin/python3", "python3"}) {
-        const std::string command = std::string(python) + " -c \"import sys; sys.path.insert(0, 'scripts'); import gpt2_reference as r; "
+        const std::string command = std::string(python) + " -c \"import sys; sys.path.insert(0, 'scripts/reference'); import gpt2_reference as r; "
                                     "print(' '.join(repr(r.lr_at(s, 6e-4, 10, 110, 'cosine', 0.1)) for s in range(110)))\" 2> /dev/null";
         FILE* p = popen(command.c_str(), "r");
         ref.clear();
@@ -32,7 +32,7 @@ static void test_schedule() {
         if (ref.size() == 110) break;
     }
     if (ref.size() != 110) {
-        skip("schedule: same as the PyTorch reference's", "no Python with torch to import scripts/gpt2_reference.py");
+        skip("schedule: same as the PyTorch reference's", "no Python with torch to import scripts/reference/gpt2_reference.py");
         return;
     }
     double worst = 0.0;
@@ -226,6 +226,7 @@ static void test_checkpoint_retention() {
 }
 
 int main() {
+    check_suite("formats");
     test_schedule();
     test_model_files();
     test_checkpoint_discovery();

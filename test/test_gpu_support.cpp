@@ -6,15 +6,16 @@
 #include "check.h"
 
 int main() {
+    check_suite("gpu_support");
     // refused below 8.0, with the name, the capability and the requirement in one line
     const std::string v100 = gpu_support_problem("Tesla V100-SXM2-16GB", 7, 0);
     expect(v100.find("Tesla V100-SXM2-16GB") != std::string::npos && v100.find("compute capability 7.0") != std::string::npos &&
                v100.find("8.0 or newer") != std::string::npos && v100.find('\n') == std::string::npos,
-           "gpu_support refuses a V100 (7.0) in one line naming it", "message: " + v100);
+           "refuses a V100 (7.0) in one line naming it", "message: " + v100);
     const std::string t4 = gpu_support_problem("Tesla T4", 7, 5);
-    expect(t4.find("compute capability 7.5") != std::string::npos, "gpu_support refuses a T4 (7.5)", "message: " + t4);
+    expect(t4.find("compute capability 7.5") != std::string::npos, "refuses a T4 (7.5)", "message: " + t4);
     for (int major : {8, 9, 10, 12})
-        expect(gpu_support_problem("some GPU", major, 0).empty(), "gpu_support accepts compute capability " + std::to_string(major) + ".0",
+        expect(gpu_support_problem("some GPU", major, 0).empty(), "accepts compute capability " + std::to_string(major) + ".0",
                gpu_support_problem("some GPU", major, 0));
 
     // the peaks, for names as the driver reports them; specific boards before their family, whole words only
@@ -29,7 +30,7 @@ int main() {
     };
     for (const Case& c : cases) {
         const double got = dense_bf16_peak_tflops(c.name);
-        check(got == c.tflops, std::string("gpu_support peak of ") + c.name, fmt("%g TFLOP/s (expected %g; 0: unknown, MFU n/a)", got, c.tflops));
+        check(got == c.tflops, std::string("peak of ") + c.name, fmt("%g TFLOP/s (expected %g; 0: unknown, MFU n/a)", got, c.tflops));
     }
     return check_failures() ? 1 : 0;
 }

@@ -335,6 +335,7 @@ void test_real(const GPT2Tokenizer& tok) {
 }  // namespace
 
 int main() {
+    check_suite("hellaswag");
     try {
         const GPT2Tokenizer tok = GPT2Tokenizer::load("data/gpt2");
         const std::vector<HellaSwagItem> items = load_hellaswag(kFixture);

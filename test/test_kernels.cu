@@ -583,8 +583,9 @@ void test_precision(cudaStream_t stream) {
 }
 
 int main(int argc, char** argv) {
+    check_suite("kernels");
     rng.seed(test_seed("test_kernels", argc > 1 ? argv[1] : nullptr));
-    if (!gpu_present("kernels")) return 0;
+    if (!gpu_present("every kernel check")) return 0;
     matmul_setup(false);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));

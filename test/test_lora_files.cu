@@ -18,6 +18,7 @@ static std::vector<char> file_bytes(const std::string& path) {
 }
 
 int main() {
+    check_suite("lora_files");
     const std::string dir = "build/test_work/lora_files";
     make_directories(dir);
     ModelConfig config;

@@ -72,8 +72,8 @@ MeshCoord without_axis(MeshCoord c, MeshGroup g) {
 bool same(const MeshCoord& a, const MeshCoord& b) { return a.tp == b.tp && a.pp == b.pp && a.dp == b.dp; }
 
 void test_coordinates() {
-    Verdict round_trip{"mesh rank -> coordinates -> rank, coordinates in range"};
-    Verdict innermost{"mesh tp innermost, then pp, then dp"};
+    Verdict round_trip{"rank -> coordinates -> rank, coordinates in range"};
+    Verdict innermost{"tp innermost, then pp, then dp"};
     for (const MeshShape& s : test_shapes()) {
         std::set<std::string> seen;
         for (int r = 0; r < s.world(); r++) {
@@ -95,10 +95,10 @@ void test_coordinates() {
 
 void test_groups() {
     const MeshGroup kinds[] = {MeshGroup::kTensor, MeshGroup::kPipeline, MeshGroup::kData};
-    Verdict along{"mesh groups lie along their own axis, in its order"};
-    Verdict agree{"mesh groups: every member sees the same list"};
-    Verdict partition{"mesh groups: every rank in exactly one group of each kind"};
-    Verdict sizes{"mesh group sizes are tp, pp, dp"};
+    Verdict along{"groups lie along their own axis, in its order"};
+    Verdict agree{"groups: every member sees the same list"};
+    Verdict partition{"groups: every rank in exactly one group of each kind"};
+    Verdict sizes{"group sizes are tp, pp, dp"};
     for (const MeshShape& s : test_shapes()) {
         for (MeshGroup g : kinds) {
             const int expected_size = g == MeshGroup::kTensor ? s.tp : g == MeshGroup::kPipeline ? s.pp : s.dp;
@@ -134,7 +134,7 @@ void test_groups() {
 }
 
 void test_embedding_groups() {
-    Verdict v{"mesh embedding groups: first and last stage of each (tp, dp), none for middle stages"};
+    Verdict v{"embedding groups: first and last stage of each (tp, dp), none for middle stages"};
     for (const MeshShape& s : test_shapes()) {
         std::vector<int> times_seen(s.world(), 0);
         std::set<std::vector<int>> groups;
@@ -175,9 +175,9 @@ void test_explicit_layouts() {
             const MeshCoord c = mesh_coord(s, r);
             if (c.tp != expected[r][0] || c.pp != expected[r][1] || c.dp != expected[r][2]) bad += " rank " + std::to_string(r) + " " + coord_name(c);
         }
-        expect(bad.empty(), "mesh tp 2 x pp 2 x dp 2 coordinates (rank 5 = tp 1, pp 0, dp 1)", "wrong:" + bad);
+        expect(bad.empty(), "tp 2 x pp 2 x dp 2 coordinates (rank 5 = tp 1, pp 0, dp 1)", "wrong:" + bad);
         const MeshCoord c5 = mesh_coord(s, 5);
-        expect(c5.tp == 1 && c5.pp == 0 && c5.dp == 1 && mesh_rank(s, {1, 0, 1}) == 5, "mesh tp 2 x pp 2 x dp 2 rank 5", coord_name(c5));
+        expect(c5.tp == 1 && c5.pp == 0 && c5.dp == 1 && mesh_rank(s, {1, 0, 1}) == 5, "tp 2 x pp 2 x dp 2 rank 5", coord_name(c5));
         struct Case { int rank; MeshGroup group; std::vector<int> ranks; };
         const Case cases[] = {
             {0, MeshGroup::kTensor, {0, 1}},     {5, MeshGroup::kTensor, {4, 5}},     {6, MeshGroup::kTensor, {6, 7}},
@@ -191,7 +191,7 @@ void test_explicit_layouts() {
             if (got != k.ranks)
                 bad += std::string(" rank ") + std::to_string(k.rank) + " " + group_name(k.group) + " " + list_name(got) + " (expected " + list_name(k.ranks) + ")";
         }
-        expect(bad.empty(), "mesh tp 2 x pp 2 x dp 2 groups", "wrong:" + bad);
+        expect(bad.empty(), "tp 2 x pp 2 x dp 2 groups", "wrong:" + bad);
     }
     {
         const MeshShape s{2, 3, 2};  // world 12: stages 0, 1, 2
@@ -209,9 +209,9 @@ void test_explicit_layouts() {
             if (got != k.ranks)
                 bad += std::string(" rank ") + std::to_string(k.rank) + " " + group_name(k.group) + " " + list_name(got) + " (expected " + list_name(k.ranks) + ")";
         }
-        expect(bad.empty(), "mesh tp 2 x pp 3 x dp 2 groups (middle stage: no embedding group)", "wrong:" + bad);
+        expect(bad.empty(), "tp 2 x pp 3 x dp 2 groups (middle stage: no embedding group)", "wrong:" + bad);
         const MeshCoord c7 = mesh_coord(s, 7);
-        expect(c7.tp == 1 && c7.pp == 0 && c7.dp == 1, "mesh tp 2 x pp 3 x dp 2 rank 7 = tp 1, pp 0, dp 1", coord_name(c7));
+        expect(c7.tp == 1 && c7.pp == 0 && c7.dp == 1, "tp 2 x pp 3 x dp 2 rank 7 = tp 1, pp 0, dp 1", coord_name(c7));
     }
 }
 
@@ -247,12 +247,13 @@ void test_communicator_defaults() {
     const ProcessMesh mesh;  // before build(): one rank, no communicators
     bool ok = mesh.shape.world() == 1;
     for (const Communicator* c : {&mesh.tensor, &mesh.pipeline, &mesh.data, &mesh.embedding}) ok = ok && c->comm == nullptr && c->rank == 0 && c->size == 1;
-    expect(ok, "mesh defaults: a 1 x 1 x 1 mesh of groups of one rank without communicators", "not so");
+    expect(ok, "defaults: a 1 x 1 x 1 mesh of groups of one rank without communicators", "not so");
 }
 
 }  // namespace
 
 int main() {
+    check_suite("mesh");
     test_coordinates();
     test_groups();
     test_embedding_groups();

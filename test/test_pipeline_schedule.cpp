@@ -598,6 +598,7 @@ void test_balanced_split() {
 }  // namespace
 
 int main() {
+    check_suite("pipeline_schedule");
     test_names();
     test_problems();
     test_layer_split();

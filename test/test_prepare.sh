@@ -17,7 +17,7 @@ with open(f"{d}/sample.jsonl", "w") as f:
 with open(f"{d}/sample.txt", "w") as f:
     f.write("<|endoftext|>".join(docs))
 PY
-python3 scripts/prepare_fineweb.py --input "$W/sample.jsonl" --out "$W/fw/fineweb" --val-docs 5 --shard-size 2000 \
+python3 scripts/data/prepare_fineweb.py --input "$W/sample.jsonl" --out "$W/fw/fineweb" --val-docs 5 --shard-size 2000 \
     --prepare-shards "$BIN" > "$W/fineweb.out" 2>&1 || echo "FAIL prepare fineweb sample: $(tail -n 1 "$W/fineweb.out")"
 mkdir -p "$W/direct" "$W/threads"
 $BIN --out "$W/direct/fineweb" --val-docs 5 --shard-size 2000 --threads 1 "$W/sample.txt" > /dev/null 2>&1
@@ -28,14 +28,14 @@ if [ "$n" -ge 3 ] && diff -r "$W/fw" "$W/direct" > /dev/null; then
 else
     echo "FAIL prepare fineweb sample: $n shards; differs from prepare_shards: $(diff -rq "$W/fw" "$W/direct" | head -n 1)"
 fi
-if diff -r "$W/direct" "$W/threads" > /dev/null; then echo "PASS prepare_shards output independent of thread count"
-else echo "FAIL prepare_shards output depends on the thread count"; fi
+if diff -r "$W/direct" "$W/threads" > /dev/null; then echo "PASS prepare prepare_shards output independent of thread count"
+else echo "FAIL prepare prepare_shards output depends on the thread count"; fi
 
-PREPARE_SHARDS=$BIN bash scripts/prepare_tinyshakespeare.sh > "$W/tiny.out" 2>&1
+PREPARE_SHARDS=$BIN bash scripts/data/prepare_tinyshakespeare.sh > "$W/tiny.out" 2>&1
 count() { python3 -c "import struct,sys; print(struct.unpack('<3i', open(sys.argv[1],'rb').read(12))[2])" "$1"; }
 train=$(count data/tinyshakespeare/tinyshakespeare_train_000000.bin); val=$(count data/tinyshakespeare/tinyshakespeare_val_000000.bin)
-if [ "$train" = 304225 ] && [ "$val" = 33803 ]; then echo "PASS tinyshakespeare shards: 304225 train + 33803 val tokens"
-else echo "FAIL tinyshakespeare shards: train $train val $val (expected 304225 + 33803)"; fi
+if [ "$train" = 304225 ] && [ "$val" = 33803 ]; then echo "PASS prepare tinyshakespeare shards: 304225 train + 33803 val tokens"
+else echo "FAIL prepare tinyshakespeare shards: train $train val $val (expected 304225 + 33803)"; fi
 
 # ---- replacing a shard set only when a run succeeded (issue #18) ------------------------------------------------
 # sums DIR BASE: name and checksum of every file the training globs BASE_{train,val}_*.bin match, plus every other
@@ -188,23 +188,23 @@ else
     echo "FAIL prepare empty splits: rc $rc1 $rc2: $(tail -n 1 "$W/empty1.out") / $(tail -n 1 "$W/empty2.out")"
 fi
 before=$(sums "$W/fw")
-python3 scripts/prepare_fineweb.py --input "$W/sample.jsonl" --out "$W/fw/fineweb" --val-docs 100 --shard-size 2000 \
+python3 scripts/data/prepare_fineweb.py --input "$W/sample.jsonl" --out "$W/fw/fineweb" --val-docs 100 --shard-size 2000 \
     --prepare-shards "$BIN" > "$W/fwempty.out" 2>&1; rc=$?
 if [ $rc != 0 ] && grep -q "the train split is empty: --val-docs 100 takes all 40 documents of the INPUTs (stdin)" "$W/fwempty.out" &&
    grep -q "^prepare_fineweb.py: prepare_shards failed with exit status 1" "$W/fwempty.out" && [ "$(sums "$W/fw")" = "$before" ]; then
-    echo "PASS prepare_fineweb empty train split: exit $rc, the earlier set unchanged"
+    echo "PASS prepare prepare_fineweb empty train split: exit $rc, the earlier set unchanged"
 else
-    echo "FAIL prepare_fineweb empty train split: exit $rc: $(tr '\n' ' ' < "$W/fwempty.out")"
+    echo "FAIL prepare prepare_fineweb empty train split: exit $rc: $(tr '\n' ' ' < "$W/fwempty.out")"
 fi
 # A bad record after some documents: prepare_fineweb stops prepare_shards before its input ends (else it would
 # take the partial input for the corpus and replace the set).
 { head -n 30 "$W/sample.jsonl"; echo '{"id": 1}'; } > "$W/bad.jsonl"
-python3 scripts/prepare_fineweb.py --input "$W/bad.jsonl" --out "$W/fw/fineweb" --val-docs 5 --shard-size 2000 \
+python3 scripts/data/prepare_fineweb.py --input "$W/bad.jsonl" --out "$W/fw/fineweb" --val-docs 5 --shard-size 2000 \
     --prepare-shards "$BIN" > "$W/fwbad.out" 2>&1; rc=$?
 if [ $rc != 0 ] && grep -q 'bad.jsonl:31: no "text" string' "$W/fwbad.out" && [ "$(sums "$W/fw")" = "$before" ]; then
-    echo "PASS prepare_fineweb bad record: exit $rc, prepare_shards stopped, the earlier set unchanged"
+    echo "PASS prepare prepare_fineweb bad record: exit $rc, prepare_shards stopped, the earlier set unchanged"
 else
-    echo "FAIL prepare_fineweb bad record: exit $rc: $(tr '\n' ' ' < "$W/fwbad.out"); folder: $(ls -A "$W/fw" | tr '\n' ' ')"
+    echo "FAIL prepare prepare_fineweb bad record: exit $rc: $(tr '\n' ' ' < "$W/fwbad.out"); folder: $(ls -A "$W/fw" | tr '\n' ' ')"
 fi
 
 # Long documents are encoded in parts cut where the tokens do not change: three tinyshakespeares as one document

@@ -32,9 +32,9 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
         }
         bool once = true;
         for (int c : owner) once = once && c == 1;
-        check(padded, "sharding " + tag + ": units padded to a multiple of 8N", "");
-        check(tiled, "sharding " + tag + ": units tile the layout", "");
-        check(local && once, "sharding " + tag + ": every element owned by exactly one rank, total/N each", "");
+        check(padded, tag + ": units padded to a multiple of 8N", "");
+        check(tiled, tag + ": units tile the layout", "");
+        check(local && once, tag + ": every element owned by exactly one rank, total/N each", "");
         // llm.c file runs: in bounds, disjoint, exactly `count` parameters, never in the padding
         std::vector<char> used(layout.total, 0);
         size_t covered = 0;
@@ -46,14 +46,14 @@ static void check_layout(const ModelConfig& config, const std::string& name) {
             }
             covered += count;
         });
-        check(disjoint && covered == layout.count, "sharding " + tag + ": file order maps onto the layout", std::to_string(covered) + " parameters");
+        check(disjoint && covered == layout.count, tag + ": file order maps onto the layout", std::to_string(covered) + " parameters");
         // weight decay: the matrices and embeddings (wte, wpe, qkvw, attprojw, fcw, fcprojw), nothing else
         const LayoutMask mask = layout.decay_mask();
         size_t decayed = 0;
         for (size_t i = 0; i < layout.total; i++) decayed += used[i] && mask.contains(i);
         const size_t C = config.channels, expected = (size_t)config.padded_vocab_size * C + (size_t)config.max_seq_len * C +
                                                       (size_t)config.num_layers * 12 * C * C;
-        check(decayed == expected, "sharding " + tag + ": weight decay on exactly the 2-D tensors",
+        check(decayed == expected, tag + ": weight decay on exactly the 2-D tensors",
               std::to_string(decayed) + " of " + std::to_string(expected));
     }
 }
@@ -84,7 +84,7 @@ static void check_mask_bits() {
             }
         }
     }
-    check(mismatches == 0, "sharding LayoutMask::contains_bits equals contains on 500 small masks",
+    check(mismatches == 0, "LayoutMask::contains_bits equals contains on 500 small masks",
           std::to_string(mismatches) + " of " + std::to_string(elements) + " elements differ");
 }
 
@@ -138,10 +138,10 @@ static void check_tensor_parallel_layout(const ModelConfig& config, const std::s
         const size_t replicated_count = full.count - (size_t)config.padded_vocab_size * C - (size_t)config.num_layers * 12 * C * C -
                                         (size_t)config.num_layers * 7 * C;  // wpe, LayerNorms, lnf, attprojb, fcprojb
         full_once = full_once && owned == full.count + (size_t)(tp - 1) * replicated_count;
-        check(full_once, "sharding " + tag + ": the ranks' slices tile the whole model (split tensors once, replicated on every rank)", "");
-        check(local_once, "sharding " + tag + ": each rank's runs fill its layout's parameters exactly once", "");
-        check(mask_exact, "sharding " + tag + ": the split mask covers exactly the split tensors", "");
-        check(heads_whole, "sharding " + tag + ": qkv split by whole heads, attn-proj by the matching input columns", "");
+        check(full_once, tag + ": the ranks' slices tile the whole model (split tensors once, replicated on every rank)", "");
+        check(local_once, tag + ": each rank's runs fill its layout's parameters exactly once", "");
+        check(mask_exact, tag + ": the split mask covers exactly the split tensors", "");
+        check(heads_whole, tag + ": qkv split by whole heads, attn-proj by the matching input columns", "");
     }
 }
 
@@ -302,6 +302,7 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
 }
 
 int main() {
+    check_suite("sharding");
     ModelConfig d12;
     config_from_descriptor("d12", d12);
     check_layout(d12, "d12");

@@ -83,7 +83,7 @@ struct Corpus {
     std::vector<int> first, last;
 };
 
-// Fixture cases and corpus lines (the format is described in scripts/make_tokenizer_fixtures.py).
+// Fixture cases and corpus lines (the format is described in test/tools/make_tokenizer_fixtures.py).
 void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora) {
     const std::string path = "test/fixtures/tokenizer_cases.txt";
     std::ifstream in(path);
@@ -237,6 +237,7 @@ void run_misc(const GPT2Tokenizer& tok) {
 }  // namespace
 
 int main() {
+    check_suite("tokenizer");
     try {
         GPT2Tokenizer tok = GPT2Tokenizer::load("data/gpt2");
         expect(tok.vocab_size() == 50257 && tok.decode_token(50256) == "<|endoftext|>", "load",

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""llm.c model file (fp32 or bf16) -> Hugging Face transformers GPT-2 folder.
+
+    python3 scripts/hf/export_hf.py MODEL.bin OUT_DIR
+
+OUT_DIR gets config.json, model.safetensors and the GPT-2 tokenizer (vocab.json, merges.txt: OpenAI's
+encoder.json and vocab.bpe from data/gpt2 under the names transformers reads, tokenizer_config.json), and
+loads with GPT2LMHeadModel.from_pretrained(OUT_DIR) and AutoTokenizer.from_pretrained(OUT_DIR).
+
+- HF's Conv1D weights are (in, out): c_attn, attn.c_proj, c_fc and mlp.c_proj are llm.c's (out, in) transposed.
+- The padded vocabulary rows (V..Vp-1 of wte) are dropped; lm_head is tied to wte (not stored, as
+  save_pretrained does it).
+- Tensors keep the file's precision: an fp32 file gives F32, a bf16 file BF16 (the bf16 values exactly, half
+  the size; transformers upcasts them when asked for float32).
+- The folder is built next to OUT_DIR and renamed into place; an existing OUT_DIR is replaced only when it
+  holds nothing but the files an export writes.
+
+Needs only numpy: the safetensors file is written by write_safetensors below. import_hf.py shares the
+model-file and safetensors code of this file. Bad input: one line on stderr, exit 1, nothing written.
+"""
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+import numpy as np
+
+MODEL_MAGIC = 20240326
+VERSION_FP32, VERSION_BF16 = 3, 5
+HEADER_INTS = 256
+GPT2_EOT = 50256
+TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "gpt2")
+# files an export writes: an OUT_DIR holding only these (or nothing) may be replaced
+EXPORT_FILES = {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json",
+                "special_tokens_map.json"}
+
+# Per-layer tensors: llm.c name, HF name inside h.{l}., and whether HF stores it transposed (Conv1D, (in, out)).
+BLOCK_TENSORS = [
+    ("ln1w", "ln_1.weight", False), ("ln1b", "ln_1.bias", False),
+    ("qkvw", "attn.c_attn.weight", True), ("qkvb", "attn.c_attn.bias", False),
+    ("attprojw", "attn.c_proj.weight", True), ("attprojb", "attn.c_proj.bias", False),
+    ("ln2w", "ln_2.weight", False), ("ln2b", "ln_2.bias", False),
+    ("fcw", "mlp.c_fc.weight", True), ("fcb", "mlp.c_fc.bias", False),
+    ("fcprojw", "mlp.c_proj.weight", True), ("fcprojb", "mlp.c_proj.bias", False),
+]
+
+
+class InputError(Exception):
+    """Bad input: main() prints it as one line on stderr and exits 1."""
+
+
+def pad_vocab(vocab_size):
+    return (vocab_size + 127) // 128 * 128
+
+
+def config_problem(c):
+    """model/config.h's config_problem(): '' when train_gpt can run the shape, else why not."""
+    if min(c["layers"], c["heads"], c["channels"], c["max_seq_len"], c["vocab"]) <= 0:
+        return "layers, heads, channels, max sequence length and vocabulary must be positive"
+    if c["channels"] % c["heads"]:
+        return f"channels ({c['channels']}) must be divisible by heads ({c['heads']})"
+    if c["channels"] // c["heads"] not in (64, 128):
+        return (f"head size channels/heads = {c['channels']}/{c['heads']} must be 64 (all GPT-2 sizes) "
+                f"or 128 (the flash attention kernels)")
+    if c["padded_vocab"] < c["vocab"] or c["padded_vocab"] % 128:
+        return f"padded vocabulary ({c['padded_vocab']}) must be >= vocabulary ({c['vocab']}) and a multiple of 128"
+    return ""
+
+
+def file_tensor_shapes(c):
+    """[(name, shape)] of an llm.c model file, in file order (docs/formats.md)."""
+    V, T, L, C = c["padded_vocab"], c["max_seq_len"], c["layers"], c["channels"]
+    per_layer = {"ln1w": (C,), "ln1b": (C,), "qkvw": (3 * C, C), "qkvb": (3 * C,), "attprojw": (C, C),
+                 "attprojb": (C,), "ln2w": (C,), "ln2b": (C,), "fcw": (4 * C, C), "fcb": (4 * C,),
+                 "fcprojw": (C, 4 * C), "fcprojb": (C,)}
+    return ([("wte", (V, C)), ("wpe", (T, C))] + [(n, (L,) + s) for n, s in per_layer.items()] +
+            [("lnfw", (C,)), ("lnfb", (C,))])
+
+
+def bf16_bits(x):
+    """float32 -> bf16 bit patterns (uint16), round to nearest even; inf/nan truncated (train_gpt's float_to_bf16_bits)."""
+    bits = np.ascontiguousarray(x, dtype="<f4").view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits >> 16, rounded).astype("<u2")
+
+
+def bf16_to_f32(bits):
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def read_model_file(path):
+    """-> (config dict, version, {name: array}): arrays in the file's shapes, float32 (version 3) or uint16
+    bf16 bit patterns (version 5). Checks what train_gpt's read_model_header/read_model_file check."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(4 * HEADER_INTS)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read model file: {e.strerror}")
+    if len(head) < 4 * HEADER_INTS:
+        raise InputError(f"{path}: too short for a model header ({size} bytes, expected at least {4 * HEADER_INTS})")
+    h = np.frombuffer(head, dtype="<i4")
+    if h[0] != MODEL_MAGIC:
+        raise InputError(f"{path}: bad magic {h[0]} (expected {MODEL_MAGIC}, an llm.c model file)")
+    version = int(h[1])
+    if version not in (VERSION_FP32, VERSION_BF16):
+        raise InputError(f"{path}: unsupported model version {version} (expected 3 = fp32 or 5 = bf16)")
+    c = dict(max_seq_len=int(h[2]), vocab=int(h[3]), layers=int(h[4]), heads=int(h[5]), channels=int(h[6]),
+             padded_vocab=int(h[7]))
+    problem = config_problem(c)
+    if problem:
+        raise InputError(f"{path}: {problem}")
+    shapes = file_tensor_shapes(c)
+    count = sum(int(np.prod(s)) for _, s in shapes)
+    elem = 4 if version == VERSION_FP32 else 2
+    expected = 4 * HEADER_INTS + elem * count
+    if size != expected:
+        raise InputError(f"{path}: size {size} bytes, expected {expected} for its header's shape "
+                         f"({count} {'fp32' if elem == 4 else 'bf16'} values)")
+    raw = np.fromfile(path, dtype="<f4" if elem == 4 else "<u2", offset=4 * HEADER_INTS, count=count)
+    tensors, offset = {}, 0
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        tensors[name] = raw[offset:offset + n].reshape(shape)
+        offset += n
+    return c, version, tensors
+
+
+def write_model_file(path, c, tensors, bf16):
+    """Writes an llm.c model file (version 5 when bf16, else 3) from float32 arrays, through path.tmp and a rename."""
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:8] = [MODEL_MAGIC, VERSION_BF16 if bf16 else VERSION_FP32, c["max_seq_len"], c["vocab"], c["layers"],
+                  c["heads"], c["channels"], c["padded_vocab"]]
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            for name, shape in file_tensor_shapes(c):
+                t = np.asarray(tensors[name], dtype=np.float32)
+                assert t.shape == shape, (name, t.shape, shape)
+                f.write(bf16_bits(t).tobytes() if bf16 else t.astype("<f4").tobytes())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise InputError(f"{tmp}: cannot write: {e.strerror}")
+
+
+# ---- safetensors: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}
+# (offsets relative to the byte buffer that follows), then the tensors' bytes, contiguous, in offset order.
+
+SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+
+
+def write_safetensors(path, named, dtype, metadata=None):
+    """named: [(name, array)] all of one dtype ("F32": float32 arrays, "BF16": uint16 bit patterns)."""
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, a in named:
+        nbytes = a.size * a.itemsize
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned (as the safetensors library writes it)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _, a in named:
+            f.write(np.ascontiguousarray(a, dtype=SAFETENSORS_DTYPES[dtype]).tobytes())
+
+
+def read_safetensors(path):
+    """-> {name: float32 array} (F32, F16, BF16, F64 tensors)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8).ljust(8, b"\0"))[0]
+            if size < 8 or n > size - 8:
+                raise InputError(f"{path}: not a safetensors file (header length {n}, file size {size} bytes)")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}")
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(f"{path}: not a safetensors file (its header is not JSON)")
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], [int(d) for d in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: tensor {name}: malformed header entry {info}")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise InputError(f"{path}: tensor {name} has dtype {dtype} (expected F32, F16 or BF16)")
+        np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
+        count = int(np.prod(shape))
+        if end - begin != count * np_dtype.itemsize or begin < 0 or 8 + n + end > size:
+            raise InputError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not hold {dtype} {shape} "
+                             f"inside the file ({size} bytes)")
+        a = np.fromfile(path, dtype=np_dtype, offset=8 + n + begin, count=count).reshape(shape)
+        tensors[name] = bf16_to_f32(a) if dtype == "BF16" else a.astype(np.float32)
+    return tensors
+
+
+# ---- llm.c -> HF
+
+def hf_config(c, dtype):
+    V = c["vocab"]
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": V, "n_positions": c["max_seq_len"], "n_ctx": c["max_seq_len"],
+        "n_embd": c["channels"], "n_layer": c["layers"], "n_head": c["heads"], "n_inner": None,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        # train_gpt trains without dropout; set these to 0.1 (GPT-2's values) to fine-tune as OpenAI did
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True, "use_cache": True,
+        "torch_dtype": "bfloat16" if dtype == "BF16" else "float32",
+    }
+    if V > GPT2_EOT:
+        config["bos_token_id"] = config["eos_token_id"] = GPT2_EOT
+    return config
+
+
+def hf_tensors(c, t):
+    """[(HF name, array)] of GPT2LMHeadModel's state dict (without the tied lm_head) from the file's tensors."""
+    out = [("transformer.wte.weight", t["wte"][:c["vocab"]]), ("transformer.wpe.weight", t["wpe"])]
+    for l in range(c["layers"]):
+        for ours, theirs, transposed in BLOCK_TENSORS:
+            a = t[ours][l]
+            out.append((f"transformer.h.{l}.{theirs}", np.ascontiguousarray(a.T) if transposed else a))
+    out += [("transformer.ln_f.weight", t["lnfw"]), ("transformer.ln_f.bias", t["lnfb"])]
+    return out
+
+
+def tokenizer_files(c):
+    """{file name in the HF folder: bytes} for the GPT-2 tokenizer (only for GPT-2's 50257-token vocabulary)."""
+    files = {}
+    for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
+        path = os.path.join(TOKENIZER_DIR, ours)
+        try:
+            with open(path, "rb") as f:
+                files[theirs] = f.read()
+        except OSError as e:
+            raise InputError(f"{os.path.normpath(path)}: cannot read the GPT-2 tokenizer: {e.strerror}")
+    eot = "<|endoftext|>"
+    special = {"bos_token": eot, "eos_token": eot, "unk_token": eot}
+    files["tokenizer_config.json"] = json.dumps(dict(
+        tokenizer_class="GPT2Tokenizer", model_max_length=c["max_seq_len"], add_prefix_space=False,
+        add_bos_token=False, clean_up_tokenization_spaces=False, errors="replace", **special), indent=2).encode()
+    files["special_tokens_map.json"] = json.dumps(special, indent=2).encode()
+    return files
+
+
+def replaceable(out_dir):
+    """OUT_DIR may be replaced: absent, or a folder holding only files an export writes."""
+    if not os.path.lexists(out_dir):
+        return True
+    if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+        raise InputError(f"{out_dir}: exists and is not a folder (expected a new or earlier export folder)")
+    other = sorted(set(os.listdir(out_dir)) - EXPORT_FILES)
+    if other:
+        raise InputError(f"{out_dir}: exists and holds other files than an export ({', '.join(other[:3])}"
+                         f"{', ...' if len(other) > 3 else ''}): not replacing it")
+    return True
+
+
+def export(model_path, out_dir):
+    c, version, t = read_model_file(model_path)
+    out_dir = os.path.normpath(out_dir)
+    replaceable(out_dir)
+    dtype = "BF16" if version == VERSION_BF16 else "F32"
+    files = tokenizer_files(c) if c["vocab"] == GPT2_EOT + 1 else {}
+    named = hf_tensors(c, t)
+    parent = os.path.dirname(out_dir) or "."
+    try:
+        tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".tmp", dir=parent)
+    except OSError as e:
+        raise InputError(f"{parent}: cannot create a folder there: {e.strerror}")
+    try:
+        write_safetensors(os.path.join(tmp, "model.safetensors"), named, dtype, {"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config(c, dtype), f, indent=2)
+            f.write("\n")
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        os.chmod(tmp, 0o755)
+        if os.path.exists(out_dir):  # an earlier export: swap, then remove it
+            old = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".old", dir=parent)
+            os.rename(out_dir, os.path.join(old, "x"))
+            try:
+                os.rename(tmp, out_dir)
+            except OSError:
+                os.rename(os.path.join(old, "x"), out_dir)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"{out_dir}: cannot write the export: {e.strerror}")
+    params = sum(a.size for _, a in named)
+    print(f"wrote {out_dir}: GPT2LMHeadModel, {c['layers']} layers, {c['heads']} heads, {c['channels']} channels, "
+          f"max T {c['max_seq_len']}, vocab {c['vocab']} (padding rows {c['vocab']}..{c['padded_vocab'] - 1} dropped): "
+          f"{params:,} parameters, {dtype} (from a {'bf16' if dtype == 'BF16' else 'fp32'} model file); "
+          f"config.json, model.safetensors" + (", tokenizer files" if files else ", no tokenizer (not GPT-2's vocabulary)"))
+
+
+def main(argv):
+    usage = "usage: export_hf.py MODEL.bin OUT_DIR  (llm.c model file, fp32 or bf16 -> Hugging Face GPT-2 folder)"
+    if argv in (["-h"], ["--help"]):
+        print(usage)
+        return 0
+    if len(argv) != 2 or argv[0].startswith("-") or argv[1].startswith("-"):
+        print(usage, file=sys.stderr)
+        return 1
+    try:
+        export(argv[0], argv[1])
+    except InputError as e:
+        print(f"export_hf.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
+# the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
+# memory), non-finite steps, checkpoint retention, resume checks, and loss-curve parity with the PyTorch reference
+# (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2
+# at every step; PARITY_* variables change the setting;
+# plotted to build/test_work/training/curve_parity.png).
+set -u
+cd "$(dirname "$0")/.."
+W=build/test_work/training
+rm -rf "$W"; mkdir -p "$W"
+PY=${PYTHON:-python3}
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
+# --deterministic 1: bitwise comparisons need the fixed attention sums and cuBLASLt's first choices (the default
+# times the candidates, so its choice can change from run to run)
+SMALL=(--layers 4 --heads 4 --channels 256 --max-seq-len 256 --seq-len 256 --batch-size 8 --train-data "$TRAIN"
+       --val-every 10 --val-batches 2 --sample-every 0 --lr 1e-3 --warmup-steps 5 --seed 7 --shuffle 1 --deterministic 1)
+
+train_log_lines() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }  # step and loss (%.9g: every bit)
+
+for p in fp32 bf16 fp16; do
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-a" > "$W/$p-a.out" 2>&1 \
+        || { echo "FAIL training $p: $(tail -n 1 "$W/$p-a.out")"; continue; }
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 -o "$W/$p-b" > "$W/$p-b.out" 2>&1
+    if [ "$(train_log_lines "$W/$p-a")" == "$(train_log_lines "$W/$p-b")" ] && [ "$(train_log_lines "$W/$p-a" | wc -l)" -eq 20 ]; then
+        echo "PASS training $p same seed twice: 20 losses bitwise equal"
+    else
+        echo "FAIL training $p same seed twice: losses differ"; diff <(train_log_lines "$W/$p-a") <(train_log_lines "$W/$p-b") | head -4
+    fi
+    # resume from the step-10 checkpoint of run a, in a fresh folder
+    mkdir -p "$W/$p-r"
+    cp "$W/$p-a"/*_00000010* "$W/$p-r/"
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-r" --resume 1 > "$W/$p-r.out" 2>&1
+    expected=$(train_log_lines "$W/$p-a" | awk '$1 >= 10')
+    if grep -q "resumed from" "$W/$p-r.out" && [ "$expected" == "$(train_log_lines "$W/$p-r")" ]; then
+        echo "PASS training $p resume at step 10: steps 10-19 bitwise equal to the uninterrupted run"
+    else
+        echo "FAIL training $p resume: $(tail -n 1 "$W/$p-r.out")"; diff <(echo "$expected") <(train_log_lines "$W/$p-r") | head -4
+    fi
+    if cmp -s "$W/$p-a/model_00000020.bin" "$W/$p-r/model_00000020.bin"; then
+        echo "PASS training $p resume: final model file bitwise equal"
+    else
+        echo "FAIL training $p resume: final model files differ"
+    fi
+done
+
+# --recompute: the backward recomputes what it did not keep with the forward's deterministic kernels, so the
+# losses must equal the run that kept everything, bit for bit, while the activation memory falls. Levels 1-2
+# keep the GELU out of the fc product (--gelu-fusion has no effect there), so their reference run is the
+# unfused one; level 3 recomputes the fused product itself.
+./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --gelu-fusion 0 -o "$W/unfused" > "$W/unfused.out" 2>&1
+for r in 1 2 3; do
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --recompute $r -o "$W/recompute$r" > "$W/recompute$r.out" 2>&1
+    reference=$([ $r -lt 3 ] && echo unfused || echo bf16-b)
+    if [ "$(train_log_lines "$W/$reference")" == "$(train_log_lines "$W/recompute$r")" ] && [ "$(train_log_lines "$W/recompute$r" | wc -l)" -eq 20 ]; then
+        echo "PASS training recompute $r: 20 bf16 losses bitwise equal to keeping every activation ($reference run)"
+    else
+        echo "FAIL training recompute $r: losses differ from --recompute 0 ($reference run): $(grep -m1 error "$W/recompute$r.out")"
+    fi
+done
+# activation memory of d12 at B=8, T=1024 (allocation only) for each level
+activations() { grep -o 'activations [0-9.]*' "$1" | awk '{print $2}'; }
+for r in 0 1 2 3; do
+    ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 --train-data "$TRAIN" \
+        --recompute $r > "$W/memory$r.out" 2>&1
+done
+sizes=$(for r in 0 1 2 3; do activations "$W/memory$r.out"; done | tr '\n' ' ')
+if echo "$sizes" | awk '{ exit !(NF == 4 && $1 > $2 && $2 > $3 && $3 > $4) }'; then
+    echo "PASS training recompute levels 0-3 shrink d12's activations (B=8, T=1024): $sizes GiB"
+else
+    echo "FAIL training recompute levels do not shrink the activations: $sizes"
+fi
+
+# LoRA: fine-tune adapters, save them, merge them; the merged model equals the reference's merge of the same
+# files (fp32: within 1e-6 relative, both sum the product in double and round once)
+./train_gpt "${SMALL[@]}" --precision fp32 --steps 10 --checkpoint-every 10 -o "$W/lora_base" > "$W/lora_base.out" 2>&1
+./train_gpt --model "$W/lora_base/model_00000010.bin" --train-data "$TRAIN" --seq-len 256 --batch-size 8 --val-every 0 \
+    --sample-every 0 --precision fp32 --steps 10 --lr 1e-3 --lora-rank 8 --lora-targets qkv,fc-proj \
+    --lora-save "$W/lora_adapters.bin" --lora-merge "$W/lora_merged.bin" > "$W/lora.out" 2>&1
+if grep -q "trainable parameters" "$W/lora.out" && [ -f "$W/lora_adapters.bin" ] && \
+   $PY scripts/reference/gpt2_reference.py export-merged --model "$W/lora_base/model_00000010.bin" --lora "$W/lora_adapters.bin" \
+       --out "$W/lora_merged_ref.bin" > /dev/null 2>&1 && \
+   $PY - "$W/lora_merged.bin" "$W/lora_merged_ref.bin" <<'PY'
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.float32, offset=1024) for p in sys.argv[1:3])
+sys.exit(0 if a.shape == b.shape and np.abs(a - b).max() <= 1e-6 * np.abs(b).max() else 1)
+PY
+then
+    echo "PASS training LoRA fine-tune: adapters saved; --lora-merge equals the reference's merge ($(grep -m1 -o '[0-9]* trainable parameters' "$W/lora.out"))"
+else
+    echo "FAIL training LoRA fine-tune/merge: $(grep -m1 error "$W/lora.out")"
+fi
+
+# Non-finite steps: --lr 1e4 drives the loss to NaN within a few steps. In every precision each such step is
+# skipped and counted in the step log, and after --max-skipped-steps 3 in a row the run stops with exit 1, naming
+# the step and the newest checkpoint.
+for p in fp32 bf16 fp16; do
+    ./train_gpt "${SMALL[@]}" --precision $p --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
+        --max-skipped-steps 3 -o "$W/nan-$p" > "$W/nan-$p.out" 2> "$W/nan-$p.err"; rc=$?
+    newest=$(ls "$W/nan-$p"/model_*.bin 2> /dev/null | sort | tail -n 1)
+    if [ $rc -ne 0 ] && grep -q "3 steps in a row .* had a non-finite loss or gradient norm" "$W/nan-$p.err" && [ -n "$newest" ] \
+        && grep -qF "the newest checkpoint is $newest" "$W/nan-$p.err" && grep -q "skipped 3 (this step: non-finite" "$W/nan-$p.out"; then
+        echo "PASS training $p non-finite steps: skipped, counted, and the run stops after 3 in a row naming $(basename "$newest")"
+    else
+        echo "FAIL training $p non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-$p.err") / $(grep -m1 skipped "$W/nan-$p.out")"
+    fi
+done
+
+# Checkpoint retention: checkpoints at steps 3, 6, ..., 18 and the last (20); --keep-checkpoints 2 keeps 18 and 20,
+# --keep-every 9 the milestone 9; the others' model and state files are gone, and no temporary file is left.
+./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --val-every 0 --checkpoint-every 3 --keep-checkpoints 2 --keep-every 9 \
+    -o "$W/keep" > "$W/keep.out" 2>&1
+left=$(cd "$W/keep" && ls model_* state_* 2> /dev/null | tr '\n' ' ')
+expected="model_00000009.bin model_00000018.bin model_00000020.bin state_00000009_00000.bin state_00000018_00000.bin state_00000020_00000.bin "
+if [ "$left" == "$expected" ] && [ "$(grep -c '^deleted checkpoint' "$W/keep.out")" -eq 4 ]; then
+    echo "PASS training retention: --keep-checkpoints 2 --keep-every 9 over 7 checkpoints leaves steps 9, 18 and 20"
+else
+    echo "FAIL training retention: left '$left', expected '$expected': $(tail -n 1 "$W/keep.out")"
+fi
+
+# Resume checks: a checkpoint of another shape or precision is refused in one line naming both values, before any
+# GPU work; --resume 1 in a folder without a checkpoint says so and starts from scratch.
+expect_refusal() {
+    local name=$1 pattern=$2; shift 2
+    local err rc
+    err=$(./train_gpt "${SMALL[@]}" --steps 22 --val-every 0 --resume 1 -o "$W/keep" "$@" 2>&1 > /dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s' "$err" | grep -q -- "$pattern"; then
+        echo "PASS training resume refuses $name: $err"
+    else
+        echo "FAIL training resume refuses $name: rc=$rc: $err"
+    fi
+}
+expect_refusal "another head count" "model_00000020.bin: the checkpoint's heads is 4, this run's 2" --precision bf16 --heads 2
+expect_refusal "another depth" "the checkpoint's layers is 4, this run's 3" --precision bf16 --layers 3
+expect_refusal "another maximum T" "the checkpoint's maximum sequence length is 256, this run's 512" --precision bf16 --max-seq-len 512
+expect_refusal "another precision" "state_00000020_00000.bin: saved with --precision bf16, this run uses fp32" --precision fp32
+./train_gpt "${SMALL[@]}" --steps 2 --val-every 0 --resume 1 -o "$W/fresh" > "$W/fresh.out" 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q "^--resume 1: no checkpoint in $W/fresh, starting from scratch" "$W/fresh.out" && grep -q "step     2/2" "$W/fresh.out"; then
+    echo "PASS training resume without a checkpoint: says so and trains from scratch"
+else
+    echo "FAIL training resume without a checkpoint: rc=$rc: $(tail -n 1 "$W/fresh.out")"
+fi
+
+# The memory plan refuses what does not fit before allocating, in one line with the hint that can help: a smaller
+# batch when the activations overflow (96 thin layers, 256,000 tokens a step: a plan of 215 GiB, 1.4 of it model
+# states), more GPUs when the model states alone do (80 layers of C = 8192: 972 GiB).
+expect_plan_refusal() {
+    local name=$1 pattern=$2; shift 2
+    local err rc
+    err=$(./train_gpt --train-data "$TRAIN" --val-every 0 --sample-every 0 --steps 1 --precision bf16 --max-seq-len 256 \
+        --seq-len 256 -o "$W/plan" "$@" 2>&1 > /dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s' "$err" | grep -q -- "$pattern"; then
+        echo "PASS training memory plan refuses $name: $err"
+    else
+        echo "FAIL training memory plan refuses $name: rc=$rc: $err"
+    fi
+}
+expect_plan_refusal "activations past the GPU" "GiB free: lower --batch-size" --layers 96 --heads 4 --channels 256 --batch-size 1000
+expect_plan_refusal "model states past the GPU" "the model states and scratch alone need .* GiB: spread the model over more GPUs" \
+    --layers 80 --heads 64 --channels 8192 --batch-size 1
+
+# curve parity: same initial model file, same batches, same schedule
+PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
+$PY scripts/reference/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \
+    $PARITY_MODEL --max-seq-len 1024 --model-out "$W/d12_init.bin" --state-out "$W/unused.bin" > /dev/null
+COMMON=(--batch-size ${PARITY_B:-16} --seq-len ${PARITY_T:-512} --steps ${PARITY_STEPS:-200} --lr ${PARITY_LR:-1e-4} --warmup-steps 20 --lr-schedule cosine --final-lr-frac 0.1)
+PRECISION=${PARITY_PRECISION:-bf16}
+$PY scripts/reference/gpt2_reference.py train --init-from "$W/d12_init.bin" --train-shards "$TRAIN" "${COMMON[@]}" \
+    --weight-decay 0.1 --grad-clip 1.0 --dtype $PRECISION --device cuda --log "$W/pytorch.log" > "$W/pytorch.out" 2>&1 \
+    || echo "FAIL training curve parity: reference: $(tail -n 1 "$W/pytorch.out")"
+./train_gpt --model "$W/d12_init.bin" --train-data "$TRAIN" "${COMMON[@]}" --weight-decay 0.1 --grad-clip 1.0 \
+    --precision $PRECISION --val-every 0 --sample-every 0 -o "$W/ours" > "$W/ours.out" 2>&1 \
+    || echo "FAIL training curve parity: train_gpt: $(tail -n 1 "$W/ours.out")"
+out=$($PY scripts/reference/plot_losses.py --out "$W/curve_parity.png" "$W/pytorch.log" "$W/ours/log.txt" --labels pytorch train_gpt 2>&1)
+echo "$out" > "$W/curve_parity.txt"
+maxdiff=$(printf '%s\n' "$out" | grep -o 'max |difference| [0-9.e+-]*' | awk '{print $3}' | head -n 1)
+if [ -n "$maxdiff" ] && awk -v d="$maxdiff" 'BEGIN { exit !(d <= 0.03) }'; then
+    echo "PASS training curve parity $PARITY_MODEL $PRECISION ${COMMON[*]}: max |loss difference| $maxdiff (tol 0.03)"
+else
+    echo "FAIL training curve parity $PARITY_MODEL $PRECISION ${COMMON[*]}: $out"
+fi

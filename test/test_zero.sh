@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Data parallelism on 2 or more GPUs (argument: the number, default all): for ZeRO stages 0-3 the losses of
+# 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2), and all
+# ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
+# different number of GPUs; per-GPU memory falls from stage to stage; launches through our launcher and
+# (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
+# by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
+set -u
+cd "$(dirname "$0")/.."
+N=${1:-$(scripts/visible_gpus.sh)}
+W=build/test_work/zero$N
+rm -rf "$W"; mkdir -p "$W"
+export NCCL_NVLS_ENABLE=0
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL zero training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
+# B per GPU = 8/N keeps the global batch at 8 rows
+BG=$((8 / N))
+MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
+       --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
+source test/loss_logs.sh  # losses, maxdiff, within
+
+for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
+    ./train_gpt "${MODEL[@]}" --precision $p --batch-size 8 --steps 10 -o "$W/single_$p" > "$W/single_$p.out" 2>&1 \
+        || { echo "FAIL zero $p single-GPU baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
+    for stage in 0 1 2 3; do
+        name="$N GPUs stage $stage $p"
+        scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision $p --batch-size $BG --steps 10 --zero-stage $stage \
+            -o "$W/s${stage}_$p" > "$W/s${stage}_$p.out" 2>&1 || { echo "FAIL zero $name: $(grep -m1 error "$W/s${stage}_$p.out")"; continue; }
+        d=$(maxdiff "$W/single_$p" "$W/s${stage}_$p")
+        if [ "$(losses "$W/s${stage}_$p" | wc -l)" -eq 10 ] && within "$d" "$tol"; then
+            echo "PASS zero $name: 10 losses match one GPU, max diff $d (tol $tol)"
+        else
+            echo "FAIL zero $name: max loss diff $d (tol $tol)"
+        fi
+        sums=$(grep -o 'parameter checksum [0-9a-f]*' "$W/s${stage}_$p.out" | sort -u | wc -l)
+        ranks=$(grep -c 'parameter checksum' "$W/s${stage}_$p.out")
+        if [ "$ranks" -eq "$N" ] && [ "$sums" -eq 1 ]; then echo "PASS zero $name: parameters bitwise identical on all $N ranks"
+        else echo "FAIL zero $name: $ranks ranks reported, $sums distinct parameter checksums"; fi
+    done
+done
+# memory, on GPT-2 124M (d12): the measured allocation per GPU falls with every stage
+for stage in 0 1 2 3; do
+    scripts/launch.sh $N ./train_gpt --model d12 --batch-size 1 --seq-len 64 --steps 0 --val-every 0 --sample-every 0 \
+        --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
+    grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
+    # this process's allocations: the memory in use after allocating less that in use before ("CUDA context"),
+    # so that another process on the same GPU cancels out
+    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{printf "%d %.2f\n", s, $7 - $13}' >> "$W/memory_d12.txt"
+    # the sharded part of the model states (measured less the unsharded working buffers) is the formula's
+    states=$(grep -m1 '^model states per GPU' "$W/memory$stage.out")
+    read -r measured formula working < <(printf '%s\n' "$states" | sed -E 's/.*measured ([0-9.]+) GiB, formula ([0-9.]+) GiB .* of which ([0-9.]+) GiB.*/\1 \2 \3/')
+    if [ -n "$states" ] && awk -v m="$measured" -v f="$formula" -v w="$working" 'BEGIN { d = (m - w) / f - 1; exit !(d < 0.10 && d > -0.10) }'; then
+        echo "PASS zero d12 stage $stage model states on $N GPUs: measured $measured GiB = $working GiB working buffers + shards within 10% of the formula's $formula GiB"
+    else
+        echo "FAIL zero d12 stage $stage model states on $N GPUs: ${states:-no model-states line}"
+    fi
+done
+if [ "$(wc -l < "$W/memory_d12.txt")" -eq 4 ] && awk 'NR > 1 && $2 >= prev { bad = 1 } { prev = $2 } END { exit bad }' "$W/memory_d12.txt"; then
+    echo "PASS zero d12 memory per GPU falls with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")(stage GiB)"
+else
+    echo "FAIL zero d12 memory per GPU does not fall with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")"
+fi
+
+# gradient accumulation (2 micro-steps of half the rows) and resume, at stage 2 in fp32
+scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $((BG / 2 > 0 ? BG / 2 : 1)) \
+    --total-batch-tokens $((8 * 128)) --steps 10 --zero-stage 2 -o "$W/accum" > "$W/accum.out" 2>&1
+if [ $BG -ge 2 ]; then
+    d=$(maxdiff "$W/single_fp32" "$W/accum")
+    if within "$d" 1e-5; then echo "PASS zero $N GPUs gradient accumulation (2 micro-steps) matches one GPU: max diff $d"
+    else echo "FAIL zero $N GPUs gradient accumulation: max diff $d"; fi
+fi
+# (--deterministic 1: the default's atomic attention sums and timed choice of product algorithms are not
+# bitwise reproducible)
+for stage in 1 3; do
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+        --deterministic 1 --checkpoint-every 5 -o "$W/ckpt$stage" > "$W/ckpt$stage.out" 2>&1
+    mkdir -p "$W/resume$stage"; cp "$W/ckpt$stage"/*_00000005* "$W/resume$stage/"
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+        --deterministic 1 -o "$W/resume$stage" --resume 1 > "$W/resume$stage.out" 2>&1
+    if [ "$(losses "$W/ckpt$stage" | awk '$1 >= 5')" == "$(losses "$W/resume$stage")" ] && [ "$(losses "$W/resume$stage" | wc -l)" -eq 5 ]; then
+        echo "PASS zero $N GPUs stage $stage resume on $N GPUs: steps 5-9 bitwise equal"
+    else
+        echo "FAIL zero $N GPUs stage $stage resume on $N GPUs: $(grep -m1 error "$W/resume$stage.out")"
+    fi
+done
+# a different number of GPUs: the stage-3 checkpoint of N GPUs continues on one GPU (stage 0)
+mkdir -p "$W/resume_one"; cp "$W/ckpt3"/*_00000005* "$W/resume_one/"
+./train_gpt "${MODEL[@]}" --precision bf16 --batch-size 8 --steps 10 -o "$W/resume_one" --resume 1 > "$W/resume_one.out" 2>&1
+d=$(maxdiff "$W/ckpt3" "$W/resume_one" 5)
+if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
+    echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
+else
+    echo "FAIL zero resume of a $N-GPU checkpoint on 1 GPU: diff $d $(grep -m1 error "$W/resume_one.out")"
+fi
+# a different number of GPUs both ways: N -> N/2 and N/2 -> N, stage 3 in bf16 (the same global batch)
+if [ $N -ge 4 ]; then
+    H=$((N / 2))
+    for move in "$N $H" "$H $N"; do
+        read -r from to <<< "$move"
+        src="$W/ckpt3"
+        if [ "$from" -ne $N ]; then
+            src="$W/ckpt3_on$from"
+            scripts/launch.sh $from ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / from)) --steps 10 --zero-stage 3 \
+                --checkpoint-every 5 -o "$src" > "$src.out" 2>&1
+        fi
+        dst="$W/move_${from}_to_$to"; mkdir -p "$dst"; cp "$src"/*_00000005* "$dst/"
+        scripts/launch.sh $to ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / to)) --steps 10 --zero-stage 3 \
+            -o "$dst" --resume 1 > "$dst.out" 2>&1
+        d=$(maxdiff "$src" "$dst" 5)
+        if [ "$(losses "$dst" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
+            echo "PASS zero stage-3 checkpoint of $from GPUs resumed on $to GPUs: steps 5-9 within $d (bf16 tol 2e-2)"
+        else
+            echo "FAIL zero stage-3 checkpoint of $from GPUs resumed on $to GPUs: diff $d $(grep -m1 error "$dst.out")"
+        fi
+    done
+fi
+# uneven shards: 3 ranks (the units are not multiples of 8 x 3), every stage, fp32
+if [ "$(scripts/visible_gpus.sh)" -ge 3 ]; then
+    ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 24 --steps 10 -o "$W/three_single" > /dev/null 2>&1
+    for stage in 0 1 2 3; do
+        scripts/launch.sh 3 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size 8 --total-batch-tokens $((24 * 128)) \
+            --steps 10 --zero-stage $stage -o "$W/three$stage" > "$W/three$stage.out" 2>&1
+        d=$(maxdiff "$W/three_single" "$W/three$stage")
+        if [ "$(losses "$W/three$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5 && [ "$(grep -o 'parameter checksum [0-9a-f]*' "$W/three$stage.out" | sort -u | wc -l)" -eq 1 ]; then
+            echo "PASS zero 3 GPUs (uneven, padded shards) stage $stage fp32: losses match one GPU (max diff $d), ranks identical"
+        else
+            echo "FAIL zero 3 GPUs (uneven shards) stage $stage: max diff $d $(grep -m1 error "$W/three$stage.out")"
+        fi
+    done
+fi
+# LoRA with ZeRO-1 and ZeRO-2: the adapters train the same on N GPUs as on one (fp32)
+LORA=(--lora-rank 4 --lora-targets qkv,attn-proj,fc,fc-proj --lora-weight-decay 0.01)
+./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size 8 --steps 10 -o "$W/lora_single" > "$W/lora_single.out" 2>&1
+for stage in 1 2; do
+    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size $BG --steps 10 --zero-stage $stage \
+        -o "$W/lora$stage" > "$W/lora$stage.out" 2>&1
+    d=$(maxdiff "$W/lora_single" "$W/lora$stage")
+    if [ "$(losses "$W/lora$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5; then
+        echo "PASS zero $N GPUs stage $stage LoRA: 10 losses match one GPU (max diff $d)"
+    else
+        echo "FAIL zero $N GPUs stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
+    fi
+done
+# a rank that dies mid-run: the other one must end with a message within --nccl-timeout, not hang
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=2
+RANK=0 LOCAL_RANK=0 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/survivor.out" 2>&1 &
+survivor=$!
+RANK=1 LOCAL_RANK=1 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/victim.out" 2>&1 &
+victim=$!
+sleep 20; kill -9 $victim 2> /dev/null
+start=$(date +%s)
+( sleep 90; kill -9 $survivor 2> /dev/null ) & guard=$!
+wait $survivor; rc=$?
+elapsed=$(( $(date +%s) - start ))
+kill $guard 2> /dev/null
+unset MASTER_ADDR MASTER_PORT WORLD_SIZE
+if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "rank 0: .*\(peer\|did not finish\)" "$W/survivor.out"; then
+    echo "PASS zero a killed rank ends the job in ${elapsed} s with: $(grep -m1 'rank 0:' "$W/survivor.out")"
+else
+    echo "FAIL zero after a rank was killed the other exited with $rc after ${elapsed} s: $(tail -n 1 "$W/survivor.out")"
+fi
+# mpirun, when train_gpt was built with MPI
+if command -v mpirun > /dev/null && ldd ./train_gpt | grep -q libmpi; then
+    mpirun --allow-run-as-root -np $N -x NCCL_NVLS_ENABLE=0 ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $BG \
+        --steps 10 --zero-stage 1 -o "$W/mpi" > "$W/mpi.out" 2>&1
+    d=$(maxdiff "$W/single_fp32" "$W/mpi")
+    if grep -q "(MPI)" "$W/mpi.out" && within "$d" 1e-5; then echo "PASS zero mpirun -np $N: losses match one GPU (max diff $d)"
+    else echo "FAIL zero mpirun -np $N: $(grep -m1 -E 'error|MPI' "$W/mpi.out")"; fi
+else
+    echo "SKIP zero mpirun: train_gpt built without MPI"
+fi
