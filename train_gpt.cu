@@ -391,7 +391,7 @@ StepReport train_step(GPT2<floatX>& model, PipelineParallel<GPT2<floatX>>* pipel
         pipeline->run_step(model, inputs, targets, model.dloss(m));
     }
     for (int micro = 0; micro < m && !pipeline; micro++) {
-        model.lora_dropout_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
+        model.lora_hooks.step_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
         const Batch b = next_batch();
         model.upload_batch(b.inputs, b.targets);
         model.forward(true, model.dloss(m));

@@ -30,7 +30,7 @@
 #include "pipeline_schedule.h"
 #include "process_group.h"
 #include "mesh.h"
-#include "zero.cuh"
+#include "nccl.h"  // defines: nccl_type
 
 // What a schedule predicts for the bubble: the formula's idle share, and the first stage's simulated with each
 // virtual stage's work (forward_work, backward_work, in layer forwards; the LM head's head_work on the last).
@@ -147,7 +147,7 @@ public:
         // the backward: ZeRO's reductions and the tied embedding's sum
         cudaCheck(cudaEventRecord(transfers_done_, transfers_));
         cudaCheck(cudaStreamWaitEvent(model.stream, transfers_done_));
-        if (!model.layout.part.last) model.forwards_summed += m;  // the losses are the last stage's
+        if (!model.layout.part.last) model.loss.forwards += m;  // the losses are the last stage's
         trained.end_backward();
     }
 

@@ -21,7 +21,8 @@
 #pragma once
 #include "../kernels/classifier.cuh"
 #include "mesh.h"
-#include "zero.cuh"  // nccl_type
+#include "process_group.h"  // defines: ProcessGroup, ncclCheck
+#include "nccl.h"           // defines: nccl_type
 
 template <typename floatX>
 struct TensorParallel {
@@ -61,8 +62,33 @@ struct TensorParallel {
     }
     void sum_over_ranks(floatX* x, size_t n, cudaStream_t stream) const { all_reduce(x, n, stream); }
 
-    // g in the forward: the row-parallel product's partial outputs summed over the ranks, in place.
-    void g_forward(floatX* y, size_t n, cudaStream_t stream) const { all_reduce(y, n, stream); }
+    // The operators as the model calls them, each pair named once, the forward beside the backward (Megatron-LM's
+    // mappings.py). `split`: tp under sequence parallelism, else 1; `n`: one rank's rows x C of the LayerNorm and
+    // residual regions (all B*T rows without sequence parallelism).
+    // f (copy to the tensor-parallel region), forward: the input of a column-parallel product, whole: x itself, or
+    // under sequence parallelism every rank's rows gathered into `gathered`. Its backward: begin_f_backward below.
+    const floatX* f_forward(const floatX* x, floatX* gathered, size_t n, int split, cudaStream_t stream) const {
+        if (split == 1) return x;
+        all_gather_rows(x, gathered, n, stream);
+        return gathered;
+    }
+    // g (reduce from the tensor-parallel region), forward: the row-parallel product's partial outputs (all B*T rows
+    // in `partial`) summed over the ranks: in place; under sequence parallelism reduce-scattered into this rank's
+    // rows, `rows` when given, else its slice of `partial`. Returns where the sum is.
+    const floatX* g_forward(floatX* partial, floatX* rows, size_t n, int split, cudaStream_t stream) const {
+        if (split == 1) {
+            all_reduce(partial, n, stream);
+            return partial;
+        }
+        floatX* mine = rows != nullptr ? rows : partial + rank() * n;
+        reduce_scatter_rows(partial, mine, n, stream);
+        return mine;
+    }
+    // g, backward: the gradient of a row-parallel product's output, whole: dy itself (the identity), or under
+    // sequence parallelism every rank's rows gathered into `gathered`.
+    const floatX* g_backward(const floatX* dy, floatX* gathered, size_t n, int split, cudaStream_t stream) const {
+        return f_forward(dy, gathered, n, split, stream);
+    }
     // f in the backward, overlapped with the weight gradients as Megatron-LM does: begin_f_backward starts the sum
     // of a column-parallel product's input gradient dx (each rank's partial) on the group's own stream as soon as
     // `stream` has produced it, the caller enqueues the weight-gradient product on `stream`, and end_f_backward

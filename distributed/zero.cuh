@@ -28,11 +28,9 @@
 #include "../kernels/global_norm.cuh"
 #include "process_group.h"
 #include "mesh.h"
+#include "nccl.h"                    // defines: nccl_type
+#include "../model/config.h"       // defines: UnitKind (each parameter unit's kind, with the layout)
 
-template <typename T> inline ncclDataType_t nccl_type();
-template <> inline ncclDataType_t nccl_type<float>() { return ncclFloat32; }
-template <> inline ncclDataType_t nccl_type<__nv_bfloat16>() { return ncclBfloat16; }
-template <> inline ncclDataType_t nccl_type<__half>() { return ncclFloat16; }
 
 // Host arithmetic of the sharding; no GPU needed (tested on the CPU).
 struct ShardPlan {
@@ -65,14 +63,6 @@ inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<
     return out;
 }
 
-// What ZeRO stages 2-3 do with a unit's full copy, and what the step does with its gradient.
-//   kGathered:   a block; its full parameters (stage 3) and gradients (stages 2-3) go through rings of two buffers.
-//   kPersistent: full buffers for the whole step (the embeddings and the final LayerNorm).
-//   kTied:       persistent, and the gradient is summed over the embedding group after the data-parallel
-//                reduction: the token embedding on the first pipeline stage, whose copy the last stage holds.
-//   kTiedCopy:   the last stage's copy of it: summed the same way, and left out of the gradient norm (the
-//                first stage counts it), so every element counts once.
-enum class UnitKind { kGathered, kPersistent, kTied, kTiedCopy };
 
 struct ZeroMemory {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;

@@ -1,7 +1,7 @@
 // The model's configuration and the block-major layout of its parameters: the shapes (ModelConfig, from a
 // "dN" descriptor or a model file's header) and their checks, and where every parameter lives in the flat
 // device buffer, also under tensor and pipeline parallelism (ParameterLayout; StageModel: one stage's part).
-// defines: ModelConfig, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
+// defines: ModelConfig, UnitKind, kMaxLayers/kMaxChannels/kMaxSeqLen/kMaxVocab, pad_vocab, config_from_descriptor, config_problem,
 //          tensor_parallel_problem, BlockTensor, block_tensor_name, StageModel, pipeline_stage_model, ParameterLayout,
 //          LayoutRun, sort_by_full, sorted_full_runs, for_each_shared_run
 #pragma once
@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 #include "../kernels/common.cuh"    // LayoutMask
-#include "../distributed/zero.cuh"  // UnitKind
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -104,6 +103,15 @@ inline std::string tensor_parallel_problem(const ModelConfig& c, int tp) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What ZeRO stages 2-3 do with a unit's full copy, and what the step does with its gradient (distributed/zero.cuh).
+//   kGathered:   a block; its full parameters (stage 3) and gradients (stages 2-3) go through rings of two buffers.
+//   kPersistent: full buffers for the whole step (the embeddings and the final LayerNorm).
+//   kTied:       persistent, and the gradient is summed over the embedding group after the data-parallel
+//                reduction: the token embedding on the first pipeline stage, whose copy the last stage holds.
+//   kTiedCopy:   the last stage's copy of it: summed the same way, and left out of the gradient norm (the
+//                first stage counts it), so every element counts once.
+enum class UnitKind { kGathered, kPersistent, kTied, kTiedCopy };
+
 // Parameter layout. On the device the parameters are one flat buffer, block-major:
 //   [wte (Vp,C)][wpe (T,C)][block 0][block 1]...[block L-1][lnfw (C)][lnfb (C)]
 // with each block's 12 tensors contiguous, so that one layer can be gathered (ZeRO-3), owned by a

@@ -25,6 +25,8 @@
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                        // defines: read_model_part
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
+#include "lora_hooks.cuh"                      // defines: LoraHooks
+#include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 
 // every width --channels accepts has a LayerNorm backward
@@ -102,11 +104,8 @@ struct GPT2 {
     LoraSpec lora;
     std::unique_ptr<AdapterLayout> adapter_layout;
     std::unique_ptr<ZeroOptimizer<floatX>> adapters;
-    floatX* lora_u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
-    floatX* lora_du = nullptr;       // (N, r) scratch of the backward
-    floatX* lora_dropped = nullptr;  // dropout(x), (N, 4C) scratch, only with dropout
-    uint64_t lora_dropout_seed = 0;  // set per micro-step; the backward regenerates the same masks
-    bool training = false;           // LoRA dropout only while training, not in evaluation or sampling
+    LoraHooks<floatX> lora_hooks;  // the adapters' products in the forward and backward
+    bool training = false;         // LoRA dropout only while training, not in evaluation or sampling
 
     // activations: sets[k][slot] holds one micro-batch's on chunk k (one set without pipeline parallelism)
     floatX* activation_memory = nullptr;
@@ -133,16 +132,7 @@ struct GPT2 {
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
-    // Per-row losses summed by accumulate_loss() until take_mean_loss(): this rank's rows are loss_sums, slice
-    // `rank` of all_loss_sums, which holds every rank's rows once request_losses() has gathered them.
-    float *all_loss_sums = nullptr, *loss_sums = nullptr;
-    // pinned host copy of all_loss_sums: a copy into pageable memory blocks until the stream drains, which a
-    // stuck collective would make an unbounded wait
-    float* loss_sums_host = nullptr;
-    bool losses_requested = false;  // request_losses() ran since the last take_mean_loss()
-    // 0, or NaN when the rows request_losses() gathered hold a non-finite loss: step() skips on it
-    float* nonfinite_loss = nullptr;
-    int forwards_summed = 0;
+    LossSums loss;  // per-row losses summed by accumulate_loss() until take_mean_loss()
     // Batches go through two pinned staging buffers (inputs, targets, encoder buckets) into an activation set's
     // tokens, so the host prepares the next micro-batch while the GPU still works on the current one.
     int* tokens_memory = nullptr;  // every set's tokens
@@ -172,6 +162,11 @@ struct GPT2 {
                                                      adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
                                                      zero_stage, s));
         }
+        lora_hooks.spec = lora;
+        lora_hooks.layout = adapter_layout.get();
+        lora_hooks.adapters = adapters.get();
+        lora_hooks.channels = c.channels;
+        lora_hooks.layers = c.num_layers;
     }
     // Chunks of blocks (pipeline parallelism's model chunks; one without it): chunk k holds the local blocks
     // [chunk_begin[k], chunk_begin[k+1]). The model's first chunk starts with the embeddings, its last ends with
@@ -203,12 +198,7 @@ struct GPT2 {
         zero->allocate();
         if (lora.enabled()) adapters->allocate();
         model_state_bytes = device_memory_in_use() - in_use_before_states;
-        if (lora.enabled()) {
-            const size_t N = (size_t)B * T;
-            cudaCheck(cudaMalloc(&lora_u, N * lora.rank * __builtin_popcount(lora.targets) * config.num_layers * sizeof(floatX)));
-            cudaCheck(cudaMalloc(&lora_du, N * lora.rank * sizeof(floatX)));
-            if (lora.dropout > 0.0f) cudaCheck(cudaMalloc(&lora_dropped, N * 4 * config.channels * sizeof(floatX)));
-        }
+        lora_hooks.allocate((size_t)B * T);
 
         const ActivationPlan ap = activation_plan(slots);
         size_t x_elements, stat_elements;
@@ -259,14 +249,8 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats<floatX>(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
-        cudaCheck(cudaMalloc(&nonfinite_loss, sizeof(float)));
-        cudaCheck(cudaMemset(nonfinite_loss, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
-        const size_t dp = mesh.data.size;  // the rows of every data-parallel rank (tensor-parallel ranks share theirs)
-        cudaCheck(cudaMalloc(&all_loss_sums, dp * N * sizeof(float)));
-        cudaCheck(cudaMemset(all_loss_sums, 0, dp * N * sizeof(float)));
-        loss_sums = all_loss_sums + mesh.data.rank * N;
-        cudaCheck(cudaMallocHost(&loss_sums_host, dp * N * sizeof(float)));
+        loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
         for (int i = 0; i < 2; i++) {
             cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
@@ -276,10 +260,8 @@ struct GPT2 {
 
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)nonfinite_loss, (void*)tokens_memory,
-                        (void*)all_loss_sums, attention_scratch, (void*)lora_u, (void*)lora_du, (void*)lora_dropped})
+                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory, attention_scratch})
             if (p != nullptr) cudaFree(p);
-        if (loss_sums_host != nullptr) cudaFreeHost(loss_sums_host);
         for (int i = 0; i < 2; i++) {
             if (staging[i] != nullptr) cudaFreeHost(staging[i]);
             if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
@@ -456,44 +438,11 @@ struct GPT2 {
         staging_index ^= 1;
     }
 
-    // LoRA: out += s B A dropout(x) after the base product of target t in block l (no-op without LoRA).
-    void adapt_forward(int l, int t, floatX* out, const floatX* x) {
-        if (!lora.enabled() || !lora.targets_has(t)) return;
-        const int N = B * T, C = config.channels;
-        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
-        lora_forward(out, lora_u_buffer(l, t), adapter_input(l, t, x), params + adapter_layout->a(l, t),
-                     params + adapter_layout->b(l, t), lora.scale(), N, lora_in(t, C), lora_out(t, C), lora.rank, stream);
-    }
-    // LoRA backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
+    // LoRA's adapter of target t in block l (no-op without it): out += s B A dropout(x), and its backward.
+    void adapt_forward(int l, int t, floatX* out, const floatX* x) { lora_hooks.forward(l, t, out, x, N(), training, stream); }
     void adapt_backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x) {
-        if (!lora.enabled() || !lora.targets_has(t)) return;
-        const int N = B * T, C = config.channels, in = lora_in(t, C);
-        const floatX* x_in = adapter_input(l, t, x);
-        const floatX* params = adapters->unit_params(l + 1) - adapter_layout->unit_begin(l);
-        floatX* grads = adapters->unit_grads(l + 1) - adapter_layout->unit_begin(l);
-        const bool dropout = x_in != x;
-        // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
-        // input copy the products have read by then), and is added afterwards
-        lora_backward(dropout ? lora_dropped : dx, grads + adapter_layout->a(l, t), grads + adapter_layout->b(l, t), lora_du,
-                      dout, lora_u_buffer(l, t), x_in, params + adapter_layout->a(l, t), params + adapter_layout->b(l, t),
-                      lora.scale(), N, in, lora_out(t, C), lora.rank, !dropout, stream);
-        if (dropout) {
-            lora_dropout(lora_dropped, lora_dropped, (long)N * in, lora.dropout, dropout_seed(l, t), stream);
-            accumulate_into(dx, lora_dropped, (long)N * in, stream);
-        }
+        lora_hooks.backward(l, t, dx, dout, x, N(), training, stream);
     }
-    // The adapter's input: x, or while training with dropout, dropout(x) from this micro-step's masks.
-    const floatX* adapter_input(int l, int t, const floatX* x) {
-        if (!training || lora.dropout <= 0.0f) return x;
-        lora_dropout(lora_dropped, x, (long)B * T * lora_in(t, config.channels), lora.dropout, dropout_seed(l, t), stream);
-        return lora_dropped;
-    }
-    floatX* lora_u_buffer(int l, int t) const {
-        int index = 0;
-        for (int k = 0; k < t; k++) index += lora.targets_has(k);
-        return lora_u + ((size_t)l * __builtin_popcount(lora.targets) + index) * B * T * lora.rank;
-    }
-    uint64_t dropout_seed(int l, int t) const { return splitmix64(lora_dropout_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
 
     // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
     // from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as separate
@@ -514,34 +463,15 @@ struct GPT2 {
     // Rows of the LayerNorm and residual regions on this rank: all B*T, or 1/tp of them under sequence parallelism.
     int region_rows() const { return B * T / sequence_split(); }
 
-    // Where the LayerNorm/residual regions meet the split products: the f and g operators of
-    // distributed/tensor_parallel.cuh, with sequence parallelism's all-gathers and reduce-scatters in place of the
-    // identities and all-reduces.
-    // f forward: the input of a column-parallel product, whole (sequence parallelism gathers the rows).
-    const floatX* column_input(const floatX* x) {
-        if (sequence_split() == 1) return x;
-        tensor_parallel.all_gather_rows(x, gathered, (size_t)region_rows() * config.channels, stream);
-        return gathered;
-    }
-    // g forward: the partial sums in `partial` (B*T rows) summed into this rank's rows: into `rows` when given
-    // under sequence parallelism, else in place (the result is `partial`, or a pointer into it).
+    // Where the LayerNorm/residual regions meet the split products: tensor_parallel.cuh's f and g operators, with
+    // sequence parallelism's all-gathers and reduce-scatters in place of the identities and all-reduces. g's
+    // backward gathers into proj_out, which the backward does not otherwise use.
+    const floatX* column_input(const floatX* x) { return tensor_parallel.f_forward(x, gathered, region_elements(), sequence_split(), stream); }
     const floatX* row_output(floatX* partial, floatX* rows = nullptr) {
-        const size_t n = (size_t)region_rows() * config.channels;
-        if (sequence_split() == 1) {
-            tensor_parallel.g_forward(partial, n, stream);
-            return partial;
-        }
-        floatX* mine = rows != nullptr ? rows : partial + tensor_parallel.rank() * n;
-        tensor_parallel.reduce_scatter_rows(partial, mine, n, stream);
-        return mine;
+        return tensor_parallel.g_forward(partial, rows, region_elements(), sequence_split(), stream);
     }
-    // g backward: the gradient of a row-parallel product's output (dresidual), whole; under sequence parallelism
-    // gathered into proj_out, which the backward does not otherwise use.
-    const floatX* row_output_grad(const floatX* dresidual) {
-        if (sequence_split() == 1) return dresidual;
-        tensor_parallel.all_gather_rows(dresidual, proj_out, (size_t)region_rows() * config.channels, stream);
-        return proj_out;
-    }
+    const floatX* row_output_grad(const floatX* dresidual) { return tensor_parallel.g_backward(dresidual, proj_out, region_elements(), sequence_split(), stream); }
+    size_t region_elements() const { return (size_t)region_rows() * config.channels; }
     // The backward of a column-parallel product y = x W^T + b (x whole; the LoRA adapter `target` of block l, or -1):
     // dx = dy W into dbtc, whose sum over the tensor-parallel group (f's backward) runs on the group's stream while
     // dW += dy^T x and db compute. Returns this rank's rows of dx.
@@ -696,11 +626,11 @@ struct GPT2 {
         gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);  // the forward's own kernel (see fc_gelu_fused)
     }
 
-    // Adds the last forward's per-row losses to the sums that take_mean_loss() reads.
-    void accumulate_loss() {
-        if (layout.part.last) accumulate_losses(loss_sums, losses, B * T, stream);  // the other stages' sums stay zero
-        forwards_summed++;
-    }
+    // The loss bookkeeping (LossSums) of this model's rows: the last forward's per-row losses added to the sums;
+    // every rank's rows gathered (a collective, not waited for); their mean (waits).
+    void accumulate_loss() { loss.accumulate(layout.part.last ? losses : nullptr, B * T, stream); }
+    void request_losses() { loss.request(mesh, (size_t)B * T, stream); }
+    float take_mean_loss() { return loss.take_mean(pg, mesh, (size_t)B * T, stream); }
 
     // Backward after forward(true, dloss != 0). Gradients accumulate (+=) over the micro-steps of a step
     // (between zero_grad() calls); `last_micro_step` tells data parallelism when to reduce them.
@@ -822,39 +752,10 @@ struct GPT2 {
     // changes. The loss scale is the one after the step (fp16: halved on a skip, doubled after clean steps).
     StepReport step(const AdamWHyper& h) {
         request_losses();
-        trained().step(h, nonfinite_loss);
+        trained().step(h, loss.nonfinite);
         const float loss = take_mean_loss();
         const typename ZeroOptimizer<floatX>::StepResult r = trained().finish_step();
         return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps};
-    }
-
-    // Enqueues the gathering of every rank's summed per-row losses (a collective: all ranks call it), their
-    // copy to the host and the clearing of the sums, without waiting: the training step asks for them before
-    // the optimizer step and reads them after its one wait, so no second round trip between ranks follows it.
-    // The data-parallel group's rows: a tensor-parallel group computes the same losses on every one of its ranks.
-    void request_losses() {
-        const size_t N = (size_t)B * T;
-        // the last pipeline stage computed the losses: summed over the stages, whose other sums are zero
-        if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(loss_sums, loss_sums, N, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
-        if (mesh.data.size > 1) ncclCheck(ncclAllGather(loss_sums, all_loss_sums, N, ncclFloat32, mesh.data.comm, stream));
-        cudaCheck(cudaMemcpyAsync(loss_sums_host, all_loss_sums, mesh.data.size * N * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        nonfinite_flag(nonfinite_loss, all_loss_sums, (long)(mesh.data.size * N), stream);  // every rank: the same rows, the same flag
-        cudaCheck(cudaMemsetAsync(loss_sums, 0, N * sizeof(float), stream));
-        losses_requested = true;
-    }
-    // Mean loss over all ranks' rows of the forwards accumulated since the last call (e.g. the micro-steps of one
-    // step). Synchronises; the rows are summed in double on the host in rank order, so the value does not depend
-    // on a reduction order.
-    float take_mean_loss() {
-        if (!losses_requested) request_losses();
-        pg.synchronize(stream);
-        losses_requested = false;
-        const size_t rows = (size_t)mesh.data.size * B * T;
-        double total = 0.0;
-        for (size_t i = 0; i < rows; i++) total += loss_sums_host[i];
-        const float mean = (float)(total / ((double)rows * std::max(1, forwards_summed)));
-        forwards_summed = 0;
-        return mean;
     }
 
     // Returns once every rank has called it: a one-float all-reduce, waited for within --nccl-timeout.
@@ -873,23 +774,5 @@ struct GPT2 {
         trained().scaler.growth_interval = growth_interval;
     }
 
-    // LoRA adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
-    void init_adapters(uint64_t seed) {
-        float* staging;
-        const size_t n = adapter_layout->total;
-        cudaCheck(cudaMalloc(&staging, n * sizeof(float)));
-        cudaCheck(cudaMemsetAsync(staging, 0, n * sizeof(float), stream));
-        for (int l = 0; l < config.num_layers; l++)
-            for (int t = 0; t < kLoraTargets; t++)
-                if (lora.targets_has(t)) {
-                    const int in = lora_in(t, config.channels);
-                    fill_uniform(staging + adapter_layout->a(l, t), (long)lora.rank * in, 1.0f / sqrtf((float)in),
-                                 splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
-                }
-        std::vector<float> values(n);
-        cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-        cudaCheck(cudaFree(staging));
-        adapters->set_parameters(values);
-    }
+    void init_adapters(uint64_t seed) { lora_hooks.init(seed, stream); }
 };

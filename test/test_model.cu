@@ -143,7 +143,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     };
     auto optimizer_step = [&](int t) {
         h.t = t;
-        model.step(h);
+        model.trained().step(h, model.loss.nonfinite);  // the optimizer alone: the losses are taken apart
         cudaCheck(cudaStreamSynchronize(stream));
         return model.trained().finish_step();  // also the fp16 loss scale's update
     };
@@ -195,7 +195,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
             if (inject == 2) {
                 const float inf = INFINITY;
                 cudaCheck(cudaStreamSynchronize(stream));
-                cudaCheck(cudaMemcpy(model.loss_sums + 3, &inf, sizeof(float), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpy(model.loss.mine + 3, &inf, sizeof(float), cudaMemcpyHostToDevice));
             }
             model.backward();
             if (inject == 1) cudaCheck(cudaMemsetAsync(zero.unit_grads(model.layout.wte_unit) + 5, 0xFF, sizeof(floatX), stream));  // all ones: NaN in fp32, bf16 and fp16

@@ -241,7 +241,7 @@ void layer_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
             const std::vector<size_t> cols(slice.begin(), slice.begin() + W_r.size() / s.out);
             const std::vector<float> x_r = columns(x, s.in, cols);
             const Product p = product(x_r, W_r, rank == 0 ? &bias : nullptr, dy, N, (int)cols.size(), s.out, scratch, pg, stream,
-                                      [&](float* y, float*) { ops.g_forward(y, (size_t)N * s.out, stream); });
+                                      [&](float* y, float*) { ops.g_forward(y, nullptr, (size_t)N * s.out, 1, stream); });
             report.add(name + "g: sum over ranks of X_r W_r^T (+ b on rank 0) = dense Y", 1e-6, p.y, d.y);
             report.add(name + "dX_r = dense dX's columns", 1e-6, p.dx, columns(d.dx, s.in, cols));
             report.add(name + "dW_r = dense dW's columns", 1e-6, p.dw, tp_slice(full, local, rank, s.w, d.dw));

@@ -1,0 +1,95 @@
+// LoRA in the model's forward and backward (Hu et al. 2021): after the base product of each targeted linear layer,
+// out += s B A dropout(x); in the backward dA, dB and the adapter's share of dx. The adapters' parameters and
+// gradients are an optimizer of their own (ZeroOptimizer, the base model frozen); their layout, files and merge
+// are lora.h's; where the hooks are called is the model's (gpt2.cuh).
+// defines: LoraHooks
+#pragma once
+#include <cmath>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/init.cuh"       // defines: fill_uniform
+#include "../kernels/lora.cuh"       // defines: lora_forward, lora_backward, lora_dropout
+#include "../distributed/zero.cuh"   // defines: ZeroOptimizer
+#include "lora.h"                    // defines: LoraSpec, AdapterLayout, lora_in, lora_out, kLoraTargets
+
+template <typename floatX>
+struct LoraHooks {
+    LoraSpec spec;
+    const AdapterLayout* layout = nullptr;  // the model's, with `adapters`
+    ZeroOptimizer<floatX>* adapters = nullptr;
+    int channels = 0, layers = 0;
+    floatX* u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
+    floatX* du = nullptr;       // (N, r) scratch of the backward
+    floatX* dropped = nullptr;  // dropout(x), (N, 4C) scratch, only with dropout
+    uint64_t step_seed = 0;     // set per micro-step; the backward regenerates the same masks from it
+
+    bool active(int t) const { return spec.enabled() && spec.targets_has(t); }
+    // Buffers for micro-batches of N rows.
+    void allocate(size_t N) {
+        if (!spec.enabled()) return;
+        cudaCheck(cudaMalloc(&u, N * spec.rank * __builtin_popcount(spec.targets) * layers * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&du, N * spec.rank * sizeof(floatX)));
+        if (spec.dropout > 0.0f) cudaCheck(cudaMalloc(&dropped, N * 4 * channels * sizeof(floatX)));
+    }
+    ~LoraHooks() {
+        for (floatX* p : {u, du, dropped})
+            if (p != nullptr) cudaFree(p);
+    }
+
+    // out += s B A dropout(x) after the base product of target t in block l, for N rows (no-op without its adapter).
+    void forward(int l, int t, floatX* out, const floatX* x, int N, bool training, cudaStream_t stream) {
+        if (!active(t)) return;
+        const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
+        lora_forward(out, u_buffer(l, t, N), input(l, t, x, N, training, stream), params + layout->a(l, t), params + layout->b(l, t),
+                     spec.scale(), N, lora_in(t, channels), lora_out(t, channels), spec.rank, stream);
+    }
+    // The backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
+    void backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x, int N, bool training, cudaStream_t stream) {
+        if (!active(t)) return;
+        const int in = lora_in(t, channels);
+        const floatX* x_in = input(l, t, x, N, training, stream);
+        const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
+        floatX* grads = adapters->unit_grads(l + 1) - layout->unit_begin(l);
+        const bool dropout = x_in != x;
+        // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
+        // input copy the products have read by then), and is added afterwards
+        lora_backward(dropout ? dropped : dx, grads + layout->a(l, t), grads + layout->b(l, t), du, dout, u_buffer(l, t, N), x_in,
+                      params + layout->a(l, t), params + layout->b(l, t), spec.scale(), N, in, lora_out(t, channels), spec.rank, !dropout, stream);
+        if (dropout) {
+            lora_dropout(dropped, dropped, (long)N * in, spec.dropout, dropout_seed(l, t), stream);
+            accumulate_into(dx, dropped, (long)N * in, stream);
+        }
+    }
+    // The adapter's input: x, or while training with dropout, dropout(x) from this micro-step's masks.
+    const floatX* input(int l, int t, const floatX* x, int N, bool training, cudaStream_t stream) {
+        if (!training || spec.dropout <= 0.0f) return x;
+        lora_dropout(dropped, x, (long)N * lora_in(t, channels), spec.dropout, dropout_seed(l, t), stream);
+        return dropped;
+    }
+    floatX* u_buffer(int l, int t, int N) const {
+        int index = 0;
+        for (int k = 0; k < t; k++) index += spec.targets_has(k);
+        return u + ((size_t)l * __builtin_popcount(spec.targets) + index) * N * spec.rank;
+    }
+    uint64_t dropout_seed(int l, int t) const { return splitmix64(step_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
+
+    // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
+    void init(uint64_t seed, cudaStream_t stream) {
+        float* staging;
+        const size_t n = layout->total;
+        cudaCheck(cudaMalloc(&staging, n * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(staging, 0, n * sizeof(float), stream));
+        for (int l = 0; l < layers; l++)
+            for (int t = 0; t < kLoraTargets; t++)
+                if (spec.targets_has(t)) {
+                    const int in = lora_in(t, channels);
+                    fill_uniform(staging + layout->a(l, t), (long)spec.rank * in, 1.0f / sqrtf((float)in),
+                                 splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
+                }
+        std::vector<float> values(n);
+        cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(staging));
+        adapters->set_parameters(values);
+    }
+};
