@@ -28,6 +28,7 @@
 #include "model/model_file.h"             // defines: read_model_header, read_model_config, read_model_part, write_model_file (llm.c model files)
 #include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/memory_plan.h"            // defines: StagePlans, report_memory_plan, zero_states_formula, gib, device_memory_in_use
+#include "model/initialization.cuh"         // defines: init_parameters (GPT-2's initialisation, on the device)
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories, save_lora_outputs
 #include "model/checksums.h"              // defines: print_parameter_checksums
 #include "train_options.h"                // defines: Options, parse_options, validate_options, RunShape, micro_batches_per_step
@@ -160,7 +161,7 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
         GPT2<floatX> model(config, pg, single, 0, stream);
         model.allocate(1, config.max_seq_len);
         if (!model_file.empty()) model.load_parameters(model_file);
-        else model.init_parameters((uint64_t)o.seed);
+        else init_parameters(model, (uint64_t)o.seed);
         SampleText text(o.tokenizer);
         std::vector<int> prompt = text.prompt_tokens(o.prompt);
         const auto start = std::chrono::steady_clock::now();
@@ -359,7 +360,7 @@ int start_parameters(FILE* out, GPT2<floatX>& model, DataLoader& train_data, con
         return resume_step;
     }
     if (!run.initial_model.empty()) model.load_parameters(run.initial_model);
-    else model.init_parameters((uint64_t)o.seed);
+    else init_parameters(model, (uint64_t)o.seed);
     if (run.lora.enabled()) {
         if (!run.initial_adapters.empty()) model.adapters->set_parameters(run.initial_adapters);
         else model.init_adapters((uint64_t)o.seed + 1);

@@ -28,6 +28,7 @@
 #include "config.h"                        // ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                    // read_model_file, write_model_file
 #include "gpt2.cuh"                        // GPT2
+#include "whole_model.cuh"                 // full_parameters_host
 
 // ---------------------------------------------------------------------------------------------
 // Checkpoints: DIR/model_NNNNNNNN.bin, an ordinary llm.c model file of the parameters as trained (bf16 in
@@ -319,7 +320,7 @@ void save_checkpoint(const std::string& dir, int step, GPT2<floatX>& model, cons
     const ProcessMesh& mesh = model.mesh;
     if (pg.is_main()) make_directories(dir);
     // a collective (ZeRO-3, tensor and pipeline parallelism): every rank takes part, rank 0 alone gets the whole model
-    const std::vector<float> params = model.full_parameters_host();
+    const std::vector<float> params = full_parameters_host(model);
     if (zero.stage() >= 1 || mesh.data.rank == 0) {
         StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
                       mesh.pipeline.rank, zero.stage(), ZeroOptimizer<floatX>::kHasMaster, zero.scaler.clean_steps, zero.scaler.scale,

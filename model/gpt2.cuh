@@ -1,7 +1,10 @@
 // The model: GPT-2 on one rank -- its parameters (sharded by ZeRO, split by tensor parallelism, a pipeline
-// stage's part), LoRA adapters, activation sets, the start-up memory plan, initialisation, forward, backward
-// and the losses, one kernel call per operation.
-// defines: LayerActivations, ActivationSet, ActivationPlan, gib, device_memory_in_use, UnitRuns, unit_runs, MemoryPlan, GPT2
+// stage's part), its activation sets, and the forward and backward over a chunk of blocks and the head, one kernel
+// call per operation. What it leaves to others: the memory plan (memory_plan.h, whose counts allocate() uses),
+// the initial values (initialization.cuh, whole_model.cuh), LoRA's products (lora_hooks.cuh), the loss
+// bookkeeping (loss.h), the tensor-parallel collectives (distributed/tensor_parallel.cuh), the optimizer and its
+// sharding (distributed/zero.cuh), the pipeline's schedule (distributed/pipeline_parallel.cuh).
+// defines: LayerActivations, ActivationSet, StepReport, GPT2
 #pragma once
 #include <algorithm>
 #include <array>
@@ -54,29 +57,6 @@ struct ActivationSet {
 };
 
 
-// Tensor-parallel rank `tp_rank`'s runs of `local` (a stage's slices) in `full` (the whole model, tp = 1), by
-// local unit: runs[u] are relative to local unit u and to the one full unit they all come from, source[u]. What
-// the initialisation copies out of each whole unit it draws.
-struct UnitRuns {
-    std::vector<std::vector<CopyRun>> runs;
-    std::vector<int> source;
-};
-inline UnitRuns unit_runs(const ParameterLayout& local, const ParameterLayout& full, int tp_rank) {
-    auto unit_at = [](const std::vector<size_t>& offsets, size_t offset) {
-        return (int)(std::upper_bound(offsets.begin(), offsets.end(), offset) - offsets.begin()) - 1;
-    };
-    UnitRuns r{std::vector<std::vector<CopyRun>>(local.num_units()), std::vector<int>(local.num_units(), -1)};
-    local.for_each_full_run(full, tp_rank, [&](size_t from, size_t to, size_t n) {
-        const int u = unit_at(local.unit_offsets, to), f = unit_at(full.unit_offsets, from);
-        if (r.source[u] < 0) r.source[u] = f;
-        if (f != r.source[u] || from + n > full.unit_offset(f) + full.unit_size(f) || to + n > local.unit_offset(u) + local.unit_size(u))
-            die("internal: a parameter run crosses a unit");
-        r.runs[u].push_back({from - full.unit_offset(f), to - local.unit_offset(u), n});
-    });
-    for (int u = 0; u < local.num_units(); u++)
-        if (r.source[u] < 0) die("internal: a parameter unit without runs");
-    return r;
-}
 
 
 // What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
@@ -268,128 +248,18 @@ struct GPT2 {
         }
     }
 
-    // GPT-2 initialisation of unit u of the whole model (wte, wpe, the blocks, the final LayerNorm) into `unit_device`
-    // (fp32, the unit's padded size): N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
-    // biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
-    // index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
-    // neither on the layout nor on the order in which units are made.
-    // Units of the whole model (full_layout): a tensor-parallel rank then keeps its slices, so that every tp makes
-    // the same model.
-    void init_unit(uint64_t seed, int u, float* unit_device) {
-        const ParameterLayout& layout = full_layout;
-        const size_t C = config.channels, V = config.vocab_size, L = config.num_layers;
-        const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * L);
-        const size_t begin = layout.unit_offset(u);
-        auto at = [&](size_t offset) { return unit_device + (offset - begin); };
-        auto seed_of = [&](uint64_t tensor_id) { return splitmix64(seed * 1000003ull + tensor_id); };
-        cudaCheck(cudaMemsetAsync(unit_device, 0, layout.unit_size(u) * sizeof(float), stream));
-        if (u == layout.wte_unit) {
-            fill_normal(at(layout.wte), V * C, std, seed_of(0), stream);
-        } else if (u == layout.wpe_unit) {
-            fill_normal(at(layout.wpe), (size_t)config.max_seq_len * C, std, seed_of(1), stream);
-        } else if (u != layout.lnf_unit) {
-            const int l = u - layout.first_block_unit;
-            fill_constant(at(layout.tensor(l, LN1W)), C, 1.0f, stream);
-            fill_normal(at(layout.tensor(l, QKVW)), 3 * C * C, std, seed_of(2 + 4 * l), stream);
-            fill_normal(at(layout.tensor(l, ATTPROJW)), C * C, residual_std, seed_of(3 + 4 * l), stream);
-            fill_constant(at(layout.tensor(l, LN2W)), C, 1.0f, stream);
-            fill_normal(at(layout.tensor(l, FCW)), 4 * C * C, std, seed_of(4 + 4 * l), stream);
-            fill_normal(at(layout.tensor(l, FCPROJW)), 4 * C * C, residual_std, seed_of(5 + 4 * l), stream);
-        } else {
-            fill_constant(at(layout.lnfw), C, 1.0f, stream);
-        }
-    }
 
     // This rank's part of an llm.c model file of this model's shape (only that part is read).
     void load_parameters(const std::string& path) { zero->set_parameters(read_model_part(path, layout, mesh.tensor.rank)); }
-    // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its part. With one
-    // rank per layer the layouts are the same and `values` goes on as it is (no copy of the whole model).
-    void set_parameters(const std::vector<float>& values) {
-        if (holds_whole_model()) zero->set_parameters(values);
-        else zero->set_parameters(local_part(values));
-    }
-    bool holds_whole_model() const { return layout.tp == 1 && layout.part.first && layout.part.last; }
-    // This rank's part (layout: its pipeline stage's tensor-parallel slices) of a whole-model array (full_layout).
-    std::vector<float> local_part(const std::vector<float>& full) const {
-        std::vector<float> local(layout.total, 0.0f);
-        layout.for_each_full_run(full_layout, mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
-            std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
-        });
-        return local;
-    }
-    // The inverse, over the tensor-parallel and pipeline groups: every rank's part (gathered, fp32 host) put back
-    // into the whole model. A collective of both groups. With one rank per layer `local` is the whole model and
-    // is returned as it is (moved when the caller passes a temporary). The pipeline stages' layouts are made from
-    // `stage_parts` (every stage's StageModel). everywhere = false: only the main rank gets the whole model, the
-    // other ranks (that do not hold it anyway) an empty vector, so that their hosts hold no more than their part.
-    std::vector<float> assemble_whole_model(std::vector<float> local, const std::vector<StageModel>& stage_parts, bool everywhere = true) const {
-        if (holds_whole_model()) return local;
-        // not everywhere: the main rank's data-parallel replica (data rank 0) assembles, its other tensor-parallel
-        // ranks only send; the other replicas' groups, whose ranks all share a data rank, skip both gathers
-        if (!everywhere && mesh.data.rank != 0) return {};
-        const bool keeps_stage = everywhere || mesh.tensor.rank == 0, keeps_model = everywhere || pg.is_main();
-        const std::vector<std::vector<float>> slices = tensor_parallel.all_gather_host(local, stream, pg, keeps_stage);
-        if (!keeps_stage) return {};  // its pipeline group (tensor rank != 0: none keeps anything) skips the stages' gather
-        const ParameterLayout whole_stage(config, 8 * mesh.data.size, 1, layout.part);
-        std::vector<float> stage(whole_stage.total, 0.0f);  // this stage's tensor-parallel slices in a tp = 1 layout of its part
-        for (int q = 0; q < layout.tp; q++)
-            layout.for_each_full_run(whole_stage, q, [&](size_t to, size_t from, size_t n) {
-                std::copy(slices[q].begin() + from, slices[q].begin() + from + n, stage.begin() + to);
-            });
-        // the stages' parts, padded to one length for the gather; the tied wte is taken from the first stage
-        size_t longest = 0;
-        for (const StageModel& m : stage_parts) longest = std::max(longest, ParameterLayout(config, 8 * mesh.data.size, 1, m).total);
-        stage.resize(longest, 0.0f);
-        const std::vector<std::vector<float>> parts = gather_over_pipeline(stage, keeps_model);
-        if (!keeps_model) return {};
-        std::vector<float> full(full_layout.total, 0.0f);
-        for (int s = (int)parts.size() - 1; s >= 0; s--) {
-            const ParameterLayout l(config, 8 * mesh.data.size, 1, stage_parts[s]);
-            l.for_each_full_run(full_layout, 0, [&](size_t to, size_t from, size_t n) {
-                std::copy(parts[s].begin() + from, parts[s].begin() + from + n, full.begin() + to);
-            });
-        }
-        return full;
-    }
+    // Every stage's part of the model (set by the pipeline; the whole model by default), and a host gather of one
+    // vector per stage over the pipeline group (model/whole_model.cuh assembles the whole model with it).
+    std::vector<StageModel> stage_parts = {StageModel()};
     std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local, bool keep = true) const {
         TensorParallel<floatX> over_stages;  // its host gather, on the pipeline group
         over_stages.group = mesh.pipeline;
         return over_stages.all_gather_host(local, stream, pg, keep);
     }
-    // Every stage's part of the model (set by the pipeline; the whole model by default).
-    std::vector<StageModel> stage_parts = {StageModel()};
-    // The whole model's parameters in compute precision (full_layout, fp32 host) on the main rank, an empty vector
-    // on the others: a collective of every rank (see assemble_whole_model; only data rank 0 keeps its part).
-    std::vector<float> full_parameters_host() {
-        return assemble_whole_model(zero->parameters_host(mesh.data.rank == 0), stage_parts, false);
-    }
-    // Unit by unit on the device: each unit this rank holds is drawn whole (a unit of full_layout, so that every
-    // tensor- and pipeline-parallel split makes the same model), this rank's slices are copied out of it, and
-    // ZeRO stores them. Nothing passes through the host: a rank neither holds nor draws more than its own
-    // stage's units (the whole model in host memory on every rank ran a 4-rank 30B GPT out of host memory).
-    void init_parameters(uint64_t seed) {
-        const UnitRuns r = unit_runs(layout, full_layout, mesh.tensor.rank);
-        size_t most_runs = 0, largest_full = 0, largest_local = 0;
-        for (int u = 0; u < layout.num_units(); u++) {
-            most_runs = std::max(most_runs, r.runs[u].size());
-            largest_full = std::max(largest_full, full_layout.unit_size(r.source[u]));
-            largest_local = std::max(largest_local, layout.unit_size(u));
-        }
-        float *full_unit, *local_unit;
-        CopyRun* device_runs;
-        cudaCheck(cudaMalloc(&full_unit, largest_full * sizeof(float)));
-        cudaCheck(cudaMalloc(&local_unit, largest_local * sizeof(float)));
-        cudaCheck(cudaMalloc(&device_runs, most_runs * sizeof(CopyRun)));
-        for (int u = 0; u < layout.num_units(); u++) {
-            init_unit(seed, r.source[u], full_unit);
-            cudaCheck(cudaMemsetAsync(local_unit, 0, layout.unit_size(u) * sizeof(float), stream));  // the padding
-            cudaCheck(cudaMemcpyAsync(device_runs, r.runs[u].data(), r.runs[u].size() * sizeof(CopyRun), cudaMemcpyHostToDevice, stream));
-            copy_runs(local_unit, full_unit, device_runs, (int)r.runs[u].size(), stream);
-            zero->set_unit(u, local_unit);
-            cudaCheck(cudaStreamSynchronize(stream));  // before the next unit overwrites the buffers
-        }
-        for (void* p : {(void*)full_unit, (void*)local_unit, (void*)device_runs}) cudaCheck(cudaFree(p));
-    }
+
 
     // Copies a device buffer of `count` elements to fp32 on the host.
     template <typename T> static std::vector<float> to_host(const T* device, size_t count) {

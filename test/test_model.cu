@@ -65,7 +65,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     const ProcessMesh mesh;
     GPT2<floatX> model(config, single, mesh, 0, stream, lora);
     model.allocate(B, T);
-    model.set_parameters(values);
+    set_parameters(model, values);
     if (lora.enabled()) model.adapters->set_parameters(adapter_values);
     if (precision == Precision::FP16) model.enable_loss_scaling(1024.0f, 2000);
     model.upload_batch(state.inputs.data(), state.targets.data());
@@ -224,7 +224,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
         GPT2<floatX> base(config, single, mesh, 0, stream);
         base.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
         base.allocate(B, T);
-        base.set_parameters(values);
+        set_parameters(base, values);
         base.upload_batch(state.inputs.data(), state.targets.data());
         model.upload_batch(state.inputs.data(), state.targets.data());
         check(unpadded_logits(model) == unpadded_logits(base), label + " LoRA: with B = 0 the logits equal the base model's bitwise", "");

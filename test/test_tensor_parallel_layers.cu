@@ -93,7 +93,7 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     for (GPT2<float>* m : {&model, &reference}) {
         m->deterministic_attention = true;
         m->allocate(B, T);
-        m->init_parameters(77);  // the whole model; a tensor-parallel rank keeps its slices
+        init_parameters(*m, 77);  // the whole model; a tensor-parallel rank keeps its slices
         m->upload_batch(inputs.data(), targets.data());
     }
     // logits (a forward without the gradient keeps them): this rank's columns [rank Vl, (rank + 1) Vl) of tp 1's
@@ -120,14 +120,14 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     report.add_error(sp + fmt("loss %.7f = tp 1's %.7f", loss[0], loss[1]), 1e-5, fabs(loss[0] - loss[1]) / fabs(loss[1]), fabs(loss[1]));
 
     const std::vector<float> local = model.zero->gradients_host();        // this rank's slices (model.layout)
-    const std::vector<float> whole = model.assemble_whole_model(local, model.stage_parts);  // all ranks' (full_layout)
+    const std::vector<float> whole = assemble_whole_model(model, local, model.stage_parts);  // all ranks' (full_layout)
     const std::vector<float> expected = reference.zero->gradients_host();
     if (whole.size() != expected.size()) report.add(sp + "reassembled gradients: size", 0, whole, expected);
     else for_each_tensor(model.full_layout, [&](const std::string& name, size_t offset, size_t count) {
         report.add(sp + "grad " + name + " (reassembled) = tp 1's", 1e-4, &whole[offset], &expected[offset], count);
     });
     // each rank's own buffer, replicated tensors included (the reassembly takes those of one rank only)
-    const std::vector<float> slices = model.local_part(expected);
+    const std::vector<float> slices = local_part(model, expected);
     double worst = 0.0, norm = INFINITY;
     for_each_tensor(model.layout, [&](const std::string&, size_t offset, size_t count) {
         const double e = relative_l2(&local[offset], &slices[offset], count);
