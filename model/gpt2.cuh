@@ -29,6 +29,7 @@
 #include "model_file.h"                        // defines: read_model_part
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 #include "lora_hooks.cuh"                      // defines: LoraHooks
+#include "batch_staging.h"                     // defines: BatchStaging
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 
@@ -113,14 +114,9 @@ struct GPT2 {
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
     LossSums loss;  // per-row losses summed by accumulate_loss() until take_mean_loss()
-    // Batches go through two pinned staging buffers (inputs, targets, encoder buckets) into an activation set's
-    // tokens, so the host prepares the next micro-batch while the GPU still works on the current one.
-    int* tokens_memory = nullptr;  // every set's tokens
-    int* staging[2] = {nullptr, nullptr};
-    cudaEvent_t staging_free[2] = {nullptr, nullptr};
-    int staging_index = 0;
-    std::vector<int> bucket_counts;
-    size_t tokens_buffer_ints() const { return (size_t)B * T * 5 + 1; }  // inputs, targets, buckets (<= 3N + 1)
+    int* tokens_memory = nullptr;  // every set's tokens, uploaded through `staging`
+    BatchStaging staging;
+    size_t tokens_buffer_ints() const { return BatchStaging::ints((size_t)B * T); }
 
     // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
     // `part`: what this pipeline stage holds (the whole model by default), in chunks of `chunk_blocks` blocks.
@@ -232,20 +228,13 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
-        for (int i = 0; i < 2; i++) {
-            cudaCheck(cudaMallocHost(&staging[i], tokens_buffer_ints() * sizeof(int)));
-            cudaCheck(cudaEventCreateWithFlags(&staging_free[i], cudaEventDisableTiming));
-        }
+        staging.allocate(N);
     }
 
     ~GPT2() {
         for (void* p : {(void*)activation_memory,
                         (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory, attention_scratch})
             if (p != nullptr) cudaFree(p);
-        for (int i = 0; i < 2; i++) {
-            if (staging[i] != nullptr) cudaFreeHost(staging[i]);
-            if (staging_free[i] != nullptr) cudaEventDestroy(staging_free[i]);
-        }
     }
 
 
@@ -283,7 +272,7 @@ struct GPT2 {
 
     // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping into the
     // tokens of activation set `slot` of chunk k (the only one without pipeline parallelism).
-    // Does not wait for the GPU, only for the copy that last used this staging buffer.
+    // Does not wait for the GPU (BatchStaging).
     // k = -1: the sets that forward_all_stages reads tokens from (set 0 of the first and of the last chunk).
     void upload_batch(const int* inputs, const int* targets, int k = -1, int slot = 0) {
         if (k < 0) {
@@ -291,21 +280,8 @@ struct GPT2 {
             if (num_chunks() > 1) upload_batch(inputs, targets, num_chunks() - 1, 0);
             return;
         }
-        const size_t N = (size_t)B * T;
-        for (size_t i = 0; i < N; i++)
-            if (inputs[i] < 0 || inputs[i] >= config.vocab_size || (targets && (targets[i] < 0 || targets[i] >= config.vocab_size)))
-                die("token id out of range [0, " + std::to_string(config.vocab_size) + ") in the batch");
-        int* s = staging[staging_index];
-        pg.wait_event(staging_free[staging_index]);  // bounded: a failed peer cannot hang this wait
-        memcpy(s, inputs, N * sizeof(int));
-        if (targets) memcpy(s + N, targets, N * sizeof(int));
-        else memset(s + N, 0, N * sizeof(int));
         ActivationSet<floatX>& set = sets[k][slot];
-        set.num_buckets = encoder_buckets(inputs, (int)N, config.vocab_size, s + 2 * N, bucket_counts);
-        const size_t ints = 2 * N + 2 * set.num_buckets + 1 + N;
-        cudaCheck(cudaMemcpyAsync(set.tokens, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
-        cudaCheck(cudaEventRecord(staging_free[staging_index], stream));
-        staging_index ^= 1;
+        set.num_buckets = staging.upload(inputs, targets, (size_t)B * T, config.vocab_size, set.tokens, pg, stream);
     }
 
     // LoRA's adapter of target t in block l (no-op without it): out += s B A dropout(x), and its backward.
