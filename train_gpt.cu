@@ -1,10 +1,13 @@
-// train_gpt.cu: GPT-2 training on one GPU, read top to bottom as the recipe.
-//   1. command-line flags and the learning-rate schedule
-//   2. sampling and the HellaSwag evaluation
-//   3. the training loop
-// The model lives in model/ (configuration and parameter layout, LoRA, model files, GPT2, checkpoints), the
-// kernels in kernels/ (one file per layer), data loading and the tokenizer in dataloader/.
-// Tests include this file with TESTING defined, which leaves out main().
+// train_gpt.cu: the training recipe, for one GPU or many (data, tensor, pipeline parallelism and ZeRO, as the flags
+// say), read top to bottom:
+//   1. the learning-rate schedule, sampling (--generate, and the samples during training), the HellaSwag evaluation
+//   2. the set-up steps, each called once by train(): the step's shape, the pipeline's stages, the data, the
+//      checkpoint to resume, the memory plan and allocation, the starting parameters, the step log
+//   3. one training step, the work between steps (evaluation, samples, checkpoints), and train() itself
+//   4. main(): parse and validate the flags (train_options.h), then train or generate
+// What it leaves to others: the flags to train_options.h; the model, its memory plan, initial values, losses and
+// files to model/; the kernels to kernels/ (one file per layer); the parallel modes to distributed/; data loading
+// and the tokenizer to dataloader/. Tests include this file with TESTING defined, which leaves out main().
 #include <string>
 #include <vector>
 #include <cstring>
