@@ -12,15 +12,11 @@
 #include <string>
 #include <vector>
 #include "../kernels/common.cuh"
-#include "../kernels/init.cuh"                 // defines: fill_normal, fill_uniform, fill_constant, CopyRun, copy_runs
 #include "../kernels/encoder.cuh"              // defines: encoder_forward, encoder_backward, EncoderBuckets
 #include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, kLayerNormWideMaxC
 #include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
 #include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
-#include "../kernels/classifier.cuh"           // defines: accumulate_losses
-#include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats, nonfinite_flag
-#include "../kernels/lora.cuh"                 // defines: lora_forward, lora_backward, lora_dropout
 #include "../distributed/process_group.h"      // defines: ProcessGroup
 #include "../distributed/mesh.h"               // defines: ProcessMesh
 #include "../distributed/zero.cuh"             // defines: ZeroOptimizer, ZeroMemory
