@@ -1,6 +1,7 @@
 // train_gpt.cu: the training recipe, for one GPU or many (data, tensor, pipeline parallelism and ZeRO, as the flags
 // say), read top to bottom:
-//   1. the learning-rate schedule, sampling (--generate, and the samples during training), the HellaSwag evaluation
+//   1. the learning-rate schedule, the samples' flags and text (--generate, and the samples during training; the
+//      sampler is model/sampling.cuh), the HellaSwag evaluation
 //   2. the set-up steps, each called once by train(): the step's shape, the pipeline's stages, the data, the
 //      checkpoint to resume, the memory plan and allocation, the starting parameters, the step log
 //   3. one training step, the work between steps (evaluation, samples, checkpoints), and train() itself
@@ -34,6 +35,7 @@
 #include "model/initialization.cuh"         // defines: init_parameters (GPT-2's initialisation, on the device)
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories, save_lora_outputs
 #include "model/checksums.h"              // defines: print_parameter_checksums
+#include "model/sampling.cuh"             // defines: SamplingRule, generate (sampling with a KV cache)
 #include "train_options.h"                // defines: Options, parse_options, validate_options, RunShape, micro_batches_per_step
 
 // ---------------------------------------------------------------------------------------------
@@ -48,60 +50,8 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
     return max_lr;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Sampling: each new token is one forward over the sequence so far (no KV cache: a 64-token sample of
-// d12 takes ~64 short forwards, well under a second, so the periodic samples cost little).
-
-template <typename floatX>
-std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int count, float temperature, int top_k, uint64_t seed) {
-    const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
-    const int Vl = model.layout.vocab_rows();
-    // every new length is a new product shape, run once: timing its candidates would cost more than it saves
-    const bool autotune = matmul_context().autotune;
-    matmul_context().autotune = false;
-    floatX* row;  // the last position's logits, whole (their columns are spread over tensor-parallel ranks)
-    cudaCheck(cudaMalloc(&row, Vp * sizeof(floatX)));
-    std::vector<float> logits;
-    std::vector<std::pair<float, int>> candidates(V);
-    std::vector<int> window;
-    for (int i = 0; i < count; i++) {
-        const int start = std::max(0, (int)tokens.size() - T);  // a window of at most T tokens
-        const int t = (int)tokens.size() - start;
-        // sequence parallelism splits the rows evenly: pad the window at its end, which the causal attention
-        // keeps from changing the positions before it (T is a multiple of the split)
-        const int split = model.sequence_split();
-        window.assign(tokens.begin() + start, tokens.end());
-        window.resize((t + split - 1) / split * split, 0);
-        model.B = 1;
-        model.T = (int)window.size();
-        model.upload_batch(window.data(), nullptr);
-        model.forward_all_stages(false);
-        // the logits are on the last pipeline stage, which sends the row to the others: every rank draws the same token
-        if (model.layout.part.last) model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
-        const Communicator& stages = model.mesh.pipeline;
-        if (stages.size > 1) ncclCheck(ncclBroadcast(row, row, Vp, nccl_type<floatX>(), stages.size - 1, stages.comm, model.stream));
-        model.pg.synchronize(model.stream);
-        logits = GPT2<floatX>::to_host(row, V);
-        for (int j = 0; j < V; j++) candidates[j] = {logits[j] / std::max(temperature, 1e-6f), j};
-        int k = (top_k > 0 && top_k < V) ? top_k : V;
-        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), std::greater<>());
-        double sum = 0.0;
-        for (int j = 0; j < k; j++) sum += exp(candidates[j].first - candidates[0].first);
-        const double u = (splitmix64(seed + i) >> 11) * (1.0 / 9007199254740992.0) * sum;
-        double acc = 0.0;
-        int chosen = candidates[k - 1].second;
-        for (int j = 0; j < k; j++) {
-            acc += exp(candidates[j].first - candidates[0].first);
-            if (u < acc) { chosen = candidates[j].second; break; }
-        }
-        tokens.push_back(chosen);
-    }
-    cudaCheck(cudaFree(row));
-    model.B = B;
-    model.T = T;
-    matmul_context().autotune = autotune;
-    return tokens;
-}
+// The sampling flags (--temperature, --top-k, --kv-cache) with a seed.
+inline SamplingRule sampling_rule(const Options& o, uint64_t seed) { return {o.temperature, o.top_k, seed, o.kv_cache != 0}; }
 
 // Encodes prompts and decodes samples with the GPT-2 vocabulary when one is found (a folder with
 // encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file); token ids otherwise.
@@ -168,10 +118,11 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
         SampleText text(o.tokenizer);
         std::vector<int> prompt = text.prompt_tokens(o.prompt);
         const auto start = std::chrono::steady_clock::now();
-        std::vector<int> tokens = generate(model, prompt, o.generate, o.temperature, o.top_k, (uint64_t)o.seed);
+        std::vector<int> tokens = generate(model, prompt, o.generate, sampling_rule(o, (uint64_t)o.seed));
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        printf("%s\n---\ngenerated %d tokens in %.2f s (%.1f tokens/s; no KV cache: each token re-runs the prefix)\n",
-               text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str(), o.generate, seconds, o.generate / seconds);
+        printf("%s\n---\ngenerated %d tokens in %.2f s (%.1f tokens/s; %s)\n", text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str(),
+               o.generate, seconds, o.generate / seconds,
+               o.kv_cache ? "KV cache: one new position per token" : "--kv-cache 0: each token re-runs the sequence");
     }
     cudaCheck(cudaStreamDestroy(stream));
     matmul_teardown();
@@ -324,11 +275,12 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n",
             batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
-    const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage);
+    const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX));
     if (pg.world > 1)
         fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x pipeline parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by "
-                     "the formula %.2f GiB for %zu parameters per rank (bf16 parameters and gradients, fp32 master + Adam)\n",
-                pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count);
+                     "the formula %.2f GiB for %zu parameters per rank (%s)\n",
+                pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count,
+                zero_states_words(o.precision).c_str());
     if (stages.schedule) print_pipeline_plan(out, stages.forecast);
     const MemoryPlan plan = report_memory_plan(out, plans, my_stage, split, free_bytes, model.num_parameters(),
                                                model.trainable_parameters(), o.lora_targets);
@@ -510,7 +462,7 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
         if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
     }
     if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
-        std::vector<int> sample = generate(model, prompt, o.sample_tokens, o.temperature, o.top_k, splitmix64((uint64_t)o.seed ^ (uint64_t)step));
+        std::vector<int> sample = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
         fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
     }
     if (o.checkpoint_every > 0 && step > start_step && (step % o.checkpoint_every == 0 || last)) {

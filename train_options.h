@@ -44,6 +44,7 @@ struct Options {
     int val_every = 20, val_batches = 20;
     int sample_every = 20, sample_tokens = 64, top_k = 40;
     float temperature = 1.0f;
+    int kv_cache = 1;
     int hellaswag = 0;
     std::string hellaswag_data = "data/hellaswag/hellaswag_val.jsonl.xz";
     std::string prompt = "";
@@ -55,7 +56,7 @@ struct Options {
     int resume = 0;
     int max_skipped_steps = 16;
     long seed = 1337;
-    int shuffle = 0;
+    int shuffle = 1;  // a seeded random order, as llm.c and nanoGPT draw their windows
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
@@ -139,6 +140,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--sample-tokens", "-g", Flag::INT, &o.sample_tokens, at_least(1), "tokens per sample"},
         {"--temperature", nullptr, Flag::FLOAT, &o.temperature, at_least(0), "sampling temperature (0: the most likely token)"},
         {"--top-k", nullptr, Flag::INT, &o.top_k, at_least(0), "sample from the k most likely tokens (0: all)"},
+        {"--kv-cache", nullptr, Flag::INT, &o.kv_cache, kOffOn, "1: sampling keeps each block's keys and values, one new position per token; 0: each token re-runs the sequence"},
         {"--prompt", nullptr, Flag::STRING, &o.prompt, anything(), "text that samples continue (after <|endoftext|>)"},
         {"--generate", nullptr, Flag::INT, &o.generate, at_least(0), "only generate this many tokens from --prompt with --model, then exit (no training data needed; 0: train)"},
         {"--output-dir", "-o", Flag::STRING, &o.output_dir, anything(), "folder for checkpoints and the log (empty: none)"},
@@ -148,7 +150,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
         {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, at_least(0), "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
         {"--seed", nullptr, Flag::LONG, &o.seed, anything(), "seed for initialisation, shuffling, rounding and sampling"},
-        {"--shuffle", nullptr, Flag::INT, &o.shuffle, kOffOn, "1: shuffle shard and window order each epoch"},
+        {"--shuffle", nullptr, Flag::INT, &o.shuffle, kOffOn, "1: a seeded random order of shards and windows each epoch (--seed); 0: the files' order"},
         {"--fp16-initial-scale", nullptr, Flag::FLOAT, &o.fp16_initial_scale, above(0), "fp16: initial loss scale"},
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, at_least(1), "fp16: double the loss scale after this many clean steps"},
         {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, kOffOn, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
@@ -372,7 +374,7 @@ inline RunShape validate_options(const Options& o, int world) {
     if (shape.pp > 1 && o.hellaswag) die("--hellaswag runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + ")");
     if (o.sequence_parallel && o.seq_len % shape.tp != 0)
         die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
-    if (o.seq_len > config.max_seq_len)
+    if (o.seq_len > config.max_seq_len && o.generate == 0)  // --generate's window is the model's whole length
         die("--seq-len must be in 1.." + std::to_string(config.max_seq_len) + " (the model's maximum sequence length), got " + std::to_string(o.seq_len));
     if ((long)o.batch_size * o.seq_len > INT_MAX)  // the kernels count a micro-batch's rows in an int
         die("--batch-size x --seq-len = " + std::to_string((long)o.batch_size * o.seq_len) + " tokens per micro-batch must be at most " +

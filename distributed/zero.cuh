@@ -1,7 +1,8 @@
 // ZeRO data parallelism (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 // Models"): which part of the parameters, gradients and optimizer state each of N ranks stores, and the
 // NCCL collectives that keep them consistent. With Ψ parameters, bf16 parameters and gradients and 12 bytes
-// of fp32 optimizer state (master weights, Adam m and v) per parameter:
+// of fp32 optimizer state (master weights, Adam m and v) per parameter (in fp32 there is no master copy: 4-byte
+// parameters and gradients and 8 bytes of Adam state, model/memory_plan.h's zero_states_formula):
 //   stage 0: everything replicated; gradients all-reduced.                              16Ψ per GPU
 //   stage 1: optimizer state sharded; gradients reduce-scattered into the owner's shard,
 //            each rank updates its shard, parameters all-gathered.                       4Ψ + 12Ψ/N

@@ -31,8 +31,8 @@ struct BatchStaging {
         }
     }
     // Copies N inputs and targets (host int32; targets may be null) and the encoder's grouping of the inputs into
-    // `tokens` (device) on `stream`; returns the number of encoder buckets. Does not wait for the GPU, only for the
-    // copy that last used this staging buffer.
+    // `tokens` (device) on `stream`; returns the number of encoder buckets (0 without targets). Does not wait for
+    // the GPU, only for the copy that last used this staging buffer.
     int upload(const int* inputs, const int* targets, size_t N, int vocab_size, int* tokens, const ProcessGroup& pg, cudaStream_t stream) {
         for (size_t i = 0; i < N; i++)
             if (inputs[i] < 0 || inputs[i] >= vocab_size || (targets && (targets[i] < 0 || targets[i] >= vocab_size)))
@@ -42,7 +42,9 @@ struct BatchStaging {
         memcpy(s, inputs, N * sizeof(int));
         if (targets) memcpy(s + N, targets, N * sizeof(int));
         else memset(s + N, 0, N * sizeof(int));
-        const int num_buckets = encoder_buckets(inputs, (int)N, vocab_size, s + 2 * N, bucket_counts);
+        // the grouping is for the embeddings' backward, which needs targets: none for a forward alone (sampling),
+        // where the three passes over the vocabulary would cost more than the forward of one token
+        const int num_buckets = targets ? encoder_buckets(inputs, (int)N, vocab_size, s + 2 * N, bucket_counts) : 0;
         const size_t ints = 2 * N + 2 * num_buckets + 1 + N;
         cudaCheck(cudaMemcpyAsync(tokens, s, ints * sizeof(int), cudaMemcpyHostToDevice, stream));
         cudaCheck(cudaEventRecord(free[index], stream));

@@ -16,6 +16,7 @@
 #include "../kernels/layernorm.cuh"            // defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, kLayerNormWideMaxC
 #include "../kernels/matmul.cuh"               // defines: matmul_forward, matmul_forward_gelu, matmul_backward (cuBLASLt), bias_backward
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_forward, flash_attention_backward
+#include "../kernels/attention_decode.cuh"     // defines: attention_decode
 #include "../kernels/gelu.cuh"                 // defines: gelu_forward, gelu_backward
 #include "../distributed/process_group.h"      // defines: ProcessGroup
 #include "../distributed/mesh.h"               // defines: ProcessMesh
@@ -98,6 +99,10 @@ struct GPT2 {
     // the rows on each rank (set before allocate()).
     bool sequence_parallel = false;
     int sequence_split() const { return sequence_parallel ? layout.tp : 1; }
+    // Sampling with a KV cache (model/sampling.cuh): 0 for a forward from position 0 (training, evaluation, a
+    // sample's prompt); p > 0 when the batch is one sequence's positions p, p + 1, ... whose earlier keys and values
+    // are still in each block's qkv buffer, at their rows, from the forwards before.
+    int kv_position = 0;
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
@@ -351,9 +356,11 @@ struct GPT2 {
     void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
         const int N = B * T, C = config.channels, Cs = heads() * head_size();
         const floatX* x = column_input(a.ln1);
-        matmul_forward(a.qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
-        adapt_forward(l, kLoraQkv, a.qkv, x);
-        flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
+        floatX* qkv = a.qkv + (size_t)kv_position * 3 * Cs;  // the KV cache's new rows
+        matmul_forward(qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
+        adapt_forward(l, kLoraQkv, qkv, x);
+        if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
+        else attention_decode(a.atty, a.qkv, kv_position, T, heads(), head_size(), stream);
         matmul_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N, Cs, C, stream);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
         residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
@@ -381,7 +388,7 @@ struct GPT2 {
         if (model_begins(k)) {
             // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
             // the positions; g sums them (into this rank's rows under sequence parallelism)
-            const floatX* wpe = tensor_parallel.rank() == 0 ? wpe_params() : nullptr;
+            const floatX* wpe = tensor_parallel.rank() == 0 ? wpe_params() + (size_t)kv_position * C : nullptr;
             floatX* lookup = sequence_split() > 1 ? proj_out : set.input;
             encoder_forward(lookup, set.tokens, wte_params(), wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
             row_output(lookup, set.input);

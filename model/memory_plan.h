@@ -160,10 +160,18 @@ struct StagePlans {
     }
 };
 
-// ZeRO's model states per GPU for P parameters on N data-parallel ranks at `stage` (0-3): 16P, 4P + 12P/N,
-// 2P + 14P/N, 16P/N bytes. Under tensor parallelism P is one rank's share: its slices plus the replicated tensors.
-inline double zero_states_formula(double P, double N, int stage) {
-    return std::vector<double>{16 * P, 4 * P + 12 * P / N, 2 * P + 14 * P / N, 16 * P / N}[stage];
+// ZeRO's model states per GPU for P parameters on N data-parallel ranks at `stage` (0-3), with parameters and
+// gradients of `w` bytes and fp32 master weights (4 bytes) unless the parameters are fp32 themselves, and Adam's
+// m and v (8 bytes): in bf16 16P, 4P + 12P/N, 2P + 14P/N, 16P/N bytes; in fp32 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
+// Under tensor parallelism P is one rank's share: its slices plus the replicated tensors.
+inline double zero_states_formula(double P, double N, int stage, int w) {
+    const double master = w == 4 ? 0 : 4, optimizer = master + 8;
+    return std::vector<double>{(2 * w + optimizer) * P, 2 * w * P + optimizer * P / N, w * P + (w + optimizer) * P / N,
+                               (2 * w + optimizer) * P / N}[stage];
+}
+// What the formula counts, in words, for the start-up line.
+inline std::string zero_states_words(const std::string& precision) {
+    return precision == "fp32" ? "fp32 parameters and gradients, Adam m + v" : precision + " parameters and gradients, fp32 master weights + Adam m + v";
 }
 
 inline std::string gib_text(size_t bytes) { return std::to_string(gib(bytes)).substr(0, 5); }

@@ -78,6 +78,7 @@ if [ "$gpu_count" -ge 1 ]; then
     run model bash test/test_model.sh
     run training bash test/test_training.sh
     run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
+    run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
     run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
     run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
     run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (1, 2, 4 ranks on one GPU)
@@ -99,6 +100,7 @@ if [ "$gpu_count" -ge 1 ]; then
 else
     for t in "kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" \
              "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face" \
+             "sampling with the KV cache against sampling without it" \
              "mesh_nccl communicators (ranks sharing one GPU, and one rank per GPU)" \
              "tensor_parallel training (ranks sharing one GPU, and one rank per GPU)" \
              "tensor_parallel_layers vs dense (ranks sharing one GPU, and one rank per GPU)" \

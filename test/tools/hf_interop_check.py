@@ -8,6 +8,9 @@
     hf_interop_check.py val-loss DIR --val-data GLOB --batch-size B --seq-len T --batches N
         mean cross-entropy over the first N validation batches in train_gpt's order (docs/formats.md)
     hf_interop_check.py tokenizer DIR           AutoTokenizer of the folder encodes as GPT-2 does
+    hf_interop_check.py greedy DIR --new-tokens N
+        generate(do_sample=False) of N tokens after <|endoftext|>, decoded (as train_gpt --generate N --temperature 0
+        prints it: the text, then a newline)
 Each prints one number or line on stdout.
 """
 import argparse
@@ -72,6 +75,16 @@ def cmd_tokenizer(a):
     print(f"{'ok' if ok else 'wrong'} {type(tok).__name__}: {len(ids)} tokens {ids[:6]}...")
 
 
+@torch.no_grad()
+def cmd_greedy(a):
+    model = load(a.dir)
+    model.generation_config.eos_token_id = None  # <|endoftext|> is a token like the others here, as in train_gpt
+    start = torch.tensor([[50256]])
+    ids = model.generate(start, attention_mask=torch.ones_like(start), do_sample=False, max_new_tokens=a.new_tokens, pad_token_id=50256)
+    assert ids.shape[1] == 1 + a.new_tokens, f"generate returned {ids.shape[1] - 1} tokens, not {a.new_tokens}"
+    sys.stdout.write(AutoTokenizer.from_pretrained(a.dir).decode(ids[0, 1:].tolist()) + "\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -89,9 +102,12 @@ def main():
         v.add_argument(flag, type=int, required=True)
     t = sub.add_parser("tokenizer")
     t.add_argument("dir")
+    n = sub.add_parser("greedy")
+    n.add_argument("dir")
+    n.add_argument("--new-tokens", type=int, required=True)
     a = p.parse_args()
     torch.set_num_threads(min(8, os.cpu_count() or 1))
-    {"random": cmd_random, "logits": cmd_logits, "val-loss": cmd_val_loss, "tokenizer": cmd_tokenizer}[a.cmd](a)
+    {"random": cmd_random, "logits": cmd_logits, "val-loss": cmd_val_loss, "tokenizer": cmd_tokenizer, "greedy": cmd_greedy}[a.cmd](a)
 
 
 if __name__ == "__main__":
