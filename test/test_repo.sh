@@ -57,3 +57,56 @@ else
     echo "FAIL repo development history in: $(printf '%s\n' "$history" | cut -d: -f1,2 | head -8 | tr '\n' ' ')"\
 "($(printf '%s\n' "$history" | wc -l) lines)"
 fi
+
+# Every Python script where the packages it needs cannot be imported (stand-ins first on PYTHONPATH that raise
+# ModuleNotFoundError): `--help` works (nothing needed up front) or the script exits non-zero with one line on
+# stderr, "error: SCRIPT needs PACKAGE: pip install ...", and no traceback. So do the packages needed only for
+# some inputs: prepare_fineweb.py's datasets (no --input) and pyarrow (.parquet input), make_tokenizer_fixtures.py's
+# tiktoken (its default reference); and a package that is there but fails to import is named with its error.
+if ! command -v python3 > /dev/null 2>&1; then
+    echo "SKIP repo python scripts name a missing package in one line: no python3"
+else
+    fake=$(mktemp -d); trap 'rm -rf "$fake"' EXIT
+    mkdir "$fake/missing" "$fake/broken"
+    for m in numpy torch transformers safetensors matplotlib tiktoken regex pyarrow datasets; do
+        echo "raise ModuleNotFoundError(\"No module named '$m'\", name='$m')" > "$fake/missing/$m.py"
+    done
+    echo 'raise ImportError("numpy C-extensions failed\nsecond line")' > "$fake/broken/numpy.py"
+    if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+        mapfile -t scripts < <(git ls-files '*.py' | grep -v '^data/')
+    else
+        mapfile -t scripts < <(find . -name '*.py' ! -path './data/*' ! -path './build/*' ! -path './.git/*' | sed 's|^\./||' | sort)
+    fi
+    bad=""; needing=0
+    # one_line NAME PATTERN PYTHONPATH ARGS...: non-zero exit, nothing on stdout, one stderr line matching PATTERN
+    one_line() {
+        local name=$1 pattern=$2 path=$3; shift 3
+        local out err rc
+        out=$(PYTHONPATH=$path python3 "$@" 2> "$fake/err"); rc=$?; err=$(cat "$fake/err")
+        if [ $rc -eq 0 ] || [ -n "$out" ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || ! printf '%s' "$err" | grep -qE -- "$pattern"; then
+            bad="$bad; $name: rc=$rc stderr: $(printf '%s' "$err" | tail -n 3 | tr '\n' ' ')"
+        fi
+    }
+    for s in "${scripts[@]}"; do
+        if PYTHONPATH=$fake/missing python3 "$s" --help > /dev/null 2> "$fake/err"; then
+            [ -s "$fake/err" ] && bad="$bad; $s --help: $(tail -n 1 "$fake/err")"
+        else
+            needing=$((needing + 1))
+            one_line "$s --help" "^error: $s needs [A-Za-z_.]+( [^:]*)?: pip install [^ ]" "$fake/missing" "$s" --help
+        fi
+    done
+    one_line "prepare_fineweb.py from the hub" "^error: scripts/data/prepare_fineweb.py needs datasets .*: pip install datasets" \
+        "$fake/missing" scripts/data/prepare_fineweb.py --out "$fake/shards"
+    one_line "prepare_fineweb.py .parquet" "^error: scripts/data/prepare_fineweb.py needs pyarrow .*: pip install pyarrow$" \
+        "$fake/missing" scripts/data/prepare_fineweb.py --input "$fake/docs.parquet" --out "$fake/shards"
+    one_line "make_tokenizer_fixtures.py tiktoken" "^error: test/tools/make_tokenizer_fixtures.py needs tiktoken .*: pip install tiktoken" \
+        "$fake/missing" test/tools/make_tokenizer_fixtures.py --out "$fake/cases.txt"
+    one_line "export_hf.py broken numpy" \
+        "^error: scripts/hf/export_hf.py needs numpy \(importing it failed: numpy C-extensions failed\): pip install numpy$" \
+        "$fake/broken" scripts/hf/export_hf.py --help
+    if [ -z "$bad" ]; then
+        echo "PASS repo python scripts name a missing package in one line (${#scripts[@]} scripts, $needing need one up front)"
+    else
+        echo "FAIL repo python scripts with a package missing:${bad#;}"
+    fi
+fi
