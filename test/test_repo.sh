@@ -2,7 +2,8 @@
 # Checks of the repository itself, without a GPU: README's files table names every source file of kernels/,
 # model/, distributed/ and dataloader/; errors are printed only by the one helper (kernels/die.h: die, print_error);
 # every flag with a range or choices in train_gpt's table (train_options.h) appears in docs/errors.md's flag table; every test program
-# test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h).
+# test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h); no file tells the
+# development history; every Python script names a package it cannot import in one line.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -84,7 +85,7 @@ else
         local out err rc
         out=$(PYTHONPATH=$path python3 "$@" 2> "$fake/err"); rc=$?; err=$(cat "$fake/err")
         if [ $rc -eq 0 ] || [ -n "$out" ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || ! printf '%s' "$err" | grep -qE -- "$pattern"; then
-            bad="$bad; $name: rc=$rc stderr: $(printf '%s' "$err" | tail -n 3 | tr '\n' ' ')"
+            bad="$bad; $name: rc=$rc stderr: $(printf '%s' "$err" | tail -n 1)"
         fi
     }
     for s in "${scripts[@]}"; do
