@@ -12,7 +12,7 @@
 # forward + backward 3.5x.
 # ROUNDS=R (default 1): R rounds, each timing ours and then SDPA on one shape before the next shape, so that both
 # sides of a shape run close together; each side keeps its best round (the backward's time at T = 4096 moves by
-# up to 6% with a state of the GPU, docs/perf.md session 16).
+# up to 6% with a state of the GPU that its sampled clock does not show: one H200, 2026-11, docs/perf.md).
 # Usage: bench/bench_attention.sh [reps]   (default 30; SHAPES="B H T D" lines override the shapes;
 #        SDPA_LAYOUTS="qkv bhtd" the layouts; SDPA_BACKENDS="flash cudnn" the backends; ROUNDS)
 set -euo pipefail

@@ -15,8 +15,8 @@
 #                   of 1024 tokens, e.g. 124M-64
 #   recompute[-B]   train_gpt alone at 124M, --recompute 0-3 (speed against activation memory); B default 64
 #   deterministic[-B]  train_gpt --deterministic 1 at 124M (ratio against 124M-B's PyTorch if that ran before)
-#   default: 124M-64 124M-8 350M-16 1.5B-8 (issue #17's configurations; mostly torch.compile time: if one call
-#   runs too long, split it, e.g. "124M-64 124M-8" then "350M-16 1.5B-8")
+#   default: 124M-64 124M-8 350M-16 1.5B-8 (the sizes of the speed targets against PyTorch; mostly torch.compile
+#   time: if one call runs too long, split it, e.g. "124M-64 124M-8" then "350M-16 1.5B-8")
 #   old form: bench/bench_gpt2.sh STEPS [B...] = STEPS=STEPS bench/bench_gpt2.sh 124M-B... recompute-B1
 #   deterministic-B1 (B default 64 32, B1 the first)
 # Environment: STEPS (timed steps, default 30), TORCH_WARMUP (default 5), BACKENDS (both | flash | cudnn),

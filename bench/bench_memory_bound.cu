@@ -22,8 +22,8 @@ using bf16 = __nv_bfloat16;
 
 // AdamW's memory traffic alone: the same loads and stores as adamw_kernel, element i's outputs from its inputs by
 // additions only, with kElements consecutive elements a thread an iteration: 4 as adamw_kernel (one float4 of each
-// fp32 array, 8 bytes of each bf16 one), 8 as it did before session 23 (one 16-byte bf16 vector, two float4 of each
-// fp32 array). n: a multiple of kElements.
+// fp32 array, 8 bytes of each bf16 one), 8 the wider access it is compared with (one 16-byte bf16 vector, two float4
+// of each fp32 array). n: a multiple of kElements.
 template <int kElements>
 __global__ void adamw_streams_copy_kernel(bf16* params, float* master, const bf16* grads, float* m, float* v, long n) {
     constexpr int F = kElements / 4;  // float4 a thread of each fp32 array

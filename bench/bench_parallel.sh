@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor, pipeline and 3D parallelism on the GPUs of one machine (issue #16): train_gpt through scripts/launch.sh
+# Tensor, pipeline and 3D parallelism on the GPUs of one machine: train_gpt through scripts/launch.sh
 # and, in the same call on the same GPUs, PyTorch's own tensor parallelism and pipelining
 # (bench/bench_pytorch_parallel.py through torchrun) on the same GPT shapes, T = 1024, bf16, random tokens.
 #   tp       GPT-2 1.5B's shape with 24 heads (48 layers, C=1536: 1.4B; its 25 heads of 64 do not split into 2, 4

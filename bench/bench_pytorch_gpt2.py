@@ -50,14 +50,20 @@ import time
 import traceback
 import warnings
 
-import numpy as np
-
 # The compiled-graph caches (inductor's FX graph cache, AOTAutograd's cache) do not key on the SDPA backend chosen
 # when the graph was traced (pytorch/pytorch#185449): with them on, the cuDNN run could silently reuse the graph
 # compiled for flash, in this process or from an earlier one. Off here (and again below, on the configs); the
 # Triton kernels' own cache stays on.
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"), ("torch", "torch")):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: bench/bench_pytorch_gpt2.py needs {_module}{_why}: pip install {_pip}")
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

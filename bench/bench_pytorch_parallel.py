@@ -38,6 +38,13 @@ import warnings
 
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"), ("torch", "torch")):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: bench/bench_pytorch_parallel.py needs {_module}{_why}: pip install {_pip}")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402

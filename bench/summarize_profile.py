@@ -1,5 +1,6 @@
 """Summarises an Nsight Compute CSV (--csv --page raw, one row per kernel launch) of two training steps:
 the kernels of the second step (after the first step's AdamW launches) grouped by name, largest time first."""
+import argparse
 import csv
 import sys
 from collections import defaultdict
@@ -36,4 +37,6 @@ def main(path):
         print(f"{name[:60]:60s} {count[name]:6d} {t / 1e6:8.2f} {100 * t / step_ns:5.1f}% {dram[name] / 1e9:7.2f} {dram[name] / t / 1e3:6.2f}")
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("csv", help="ncu --csv --page raw output of two training steps (bench/profile_step.sh)")
+    main(ap.parse_args().csv)

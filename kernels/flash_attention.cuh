@@ -1081,8 +1081,9 @@ void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH
     } else {
         // Hopper built for sm_90a: wgmma / TMA kernel; anything else (or pointers TMA cannot take): mma.sync.
         // hs 64 from T = 2048 on takes three consumer warpgroups (192-row tiles); one H200, TFLOP/s NC=3 vs NC=2:
-        // T 1024 289 vs 316, T 2048 387 vs 370 (B 32, 12 heads) and 372 vs 359 (B 16), T 4096 447 vs 424; with
-        // the tiles claimed through a counter (session 22) T 1024 290 vs 322, T 4096 (B 16) 470-476 vs 436-437.
+        // T 1024 289 vs 316, T 2048 387 vs 370 (B 32, 12 heads) and 372 vs 359 (B 16), T 4096 447 vs 424 with a
+        // static stride through the tiles; with them claimed through a counter (as here; 2026-11) T 1024 290 vs
+        // 322, T 4096 (B 16) 470-476 vs 436-437.
         bool done;
         if (HS == 64 && T >= 2048) done = hopper::forward<floatX, 64, 3>(out, lse, qkv, B, T, NH, stream);
         else done = hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, stream);

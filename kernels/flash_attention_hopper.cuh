@@ -539,7 +539,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // pairs' fp32 sum (loaded into the staging buffer) to their own and stage 16-bit dQ, which the writer stores by
 // TMA (no dq_convert_kernel). FlashAttention-3 takes the same S^T formulation and the same dQ writer. (The qkv
 // bias gradient, dqkv's column sums, is the caller's: summed here by the producer warpgroup's idle warps, it
-// lengthened every CTA by more than the separate pass over dqkv takes, session 15.)
+// lengthened every CTA by more than the separate pass over dqkv takes; one H200, 2026-11.)
 // Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the kernel
 // ran 21-33% faster, with plain stores of the same bytes 14-28%), so CTAs come in clusters of two, key blocks 2p
 // (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ

@@ -40,7 +40,7 @@ run pipeline_schedule build/test_pipeline_schedule
 run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
-run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags
+run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
 run prepare bash test/test_prepare.sh
 run sharding build/test_sharding
 run lora_files build/test_lora_files

@@ -77,7 +77,7 @@ expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 
 expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
 expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 
-# every flag's range (issue #18): integers parsed whole, never cut to fit an int; floats finite and in range
+# every flag's range: integers parsed whole, never cut to fit an int; floats finite and in range
 expect_error "integer above int" "--batch-size must be in [1, 2147483647], got 4294967297" --batch-size 4294967297
 expect_error "integer above long" "--steps must be -1 or in [0, 2147483647], got 99999999999999999999" --steps 99999999999999999999
 expect_error "ZeRO stage above int" "--zero-stage must be one of 0, 1, 2, 3, got 4294967305" --zero-stage 4294967305

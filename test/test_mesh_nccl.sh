@@ -31,7 +31,7 @@ timeout 120 scripts/launch.sh $(launch_mode 2) 2 build/test_mesh_nccl 2 1 --die 
 elapsed=$((SECONDS - start))
 message=$(grep -m 1 "rank 0: " "$W/die.log")
 # With one rank per GPU, NCCL's peer-to-peer transport (NVLink) reports no error when a peer leaves (two H200s,
-# session 17: rank 0 ended at the deadline, 23 s), so there the deadline's message within 30 s passes; the
+# 2026-11: rank 0 ends at the deadline, 23 s), so there the deadline's message within 30 s passes; the
 # communicator polling is checked by the run that shares a GPU (socket transport).
 expected="NCCL failed .* in the tensor-parallel communicator"
 spreads 2 && [ $elapsed -le 30 ] && expected="$expected|a collective did not finish within 20 s"

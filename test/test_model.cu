@@ -12,7 +12,7 @@
 #include "debug_state.h"
 #include "check.h"
 
-// Tolerances from the issue, per precision. fp32 against fp32 PyTorch: only the summation order differs
+// Tolerances per precision. fp32 against fp32 PyTorch: only the summation order differs
 // (and cuBLAS against PyTorch's kernels), so errors are ~1e-6 relative and the bounds leave 10-100x room.
 // bf16/fp16 against PyTorch autocast: both round activations to 8 (bf16) or 11 (fp16) mantissa bits, but
 // at different places (autocast keeps LayerNorm, softmax and residuals in fp32), so they differ by the
@@ -24,7 +24,7 @@ static Tolerances tolerances_for(Precision p) {
     if (p == Precision::FP32) return {1e-4f, 1e-5f, 1e-5f, 1e-4f, 1e-4f};
     return {INFINITY, 2e-2f, 2e-2f, 5e-2f, 3e-2f};
 }
-// The LoRA issue's bounds for adapter gradients and the step losses: 1e-5 (fp32), 2e-2 (bf16/fp16). Only the
+// The bounds for LoRA's adapter gradients and the step losses: 1e-5 (fp32), 2e-2 (bf16/fp16). Only the
 // small adapters train, so the losses move little and stay closer than in full training.
 static Tolerances lora_tolerances_for(Precision p) {
     Tolerances t = tolerances_for(p);

@@ -15,14 +15,14 @@
 # fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
 # FP32_TOL = 2e-5 is about 20 fp32 ulps of a loss near 9: reordered sums move a loss by a few ulps, and AdamW's
 # normalisation magnifies rounding noise in gradients near zero. On an H200 the 6-layer run on 4 stages differed
-# by 3.8e-6 at one step with session 9's kernels and by 1.24e-5 (13 ulps) after session 10's reordered
-# reductions, the one-rank losses unchanged. A wrong gradient or a lost micro-batch moves them by over 1e-3.
+# by 3.8e-6 at one step before the kernels' reductions were reordered and by 1.24e-5 (13 ulps) after (2026-11),
+# the one-rank losses unchanged. A wrong gradient or a lost micro-batch moves them by over 1e-3.
 # bf16 runs round differently from pp 1 (fp32 runs do not): BF16_TOL = 3e-2. The four bf16 pipeline runs agree
 # with each other within 1.2e-3 at every step but step 4, a loss spike (back to 10.87, the first step's loss) that
 # magnifies rounding noise: there they spread over 0.02, and pp 4 interleaved differed from pp 1 by 0.0078
-# (session 15's kernels) and 0.0207 (session 16's qkv bias gradient from dO and dQ alone, exact in real
-# arithmetic), on an H200. The fp32 runs are the exactness check; the bf16 ones check the bf16 path through the
-# stages.
+# (the qkv bias gradient summed over dqkv) and 0.0207 (the qkv bias gradient from dO and dQ alone, as taken
+# here, exact in real arithmetic), on an H200, 2026-11. The fp32 runs are the exactness check; the bf16 ones check
+# the bf16 path through the stages.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/pipeline

@@ -37,7 +37,7 @@ train=$(count data/tinyshakespeare/tinyshakespeare_train_000000.bin); val=$(coun
 if [ "$train" = 304225 ] && [ "$val" = 33803 ]; then echo "PASS prepare tinyshakespeare shards: 304225 train + 33803 val tokens"
 else echo "FAIL prepare tinyshakespeare shards: train $train val $val (expected 304225 + 33803)"; fi
 
-# ---- replacing a shard set only when a run succeeded (issue #18) ------------------------------------------------
+# ---- replacing a shard set only when a run succeeded -----------------------------------------------------------
 # sums DIR BASE: name and checksum of every file the training globs BASE_{train,val}_*.bin match, plus every other
 # entry of DIR (so leftovers such as *.tmp.PID or a staging folder show up as a difference).
 sums() { (cd "$1" && for f in $(ls -A); do if [ -f "$f" ]; then echo "$f $(md5sum < "$f" | cut -c1-32)"; else echo "$f (folder)"; fi; done); }

@@ -2,7 +2,8 @@
 # Checks of the repository itself, without a GPU: README's files table names every source file of kernels/,
 # model/, distributed/ and dataloader/; errors are printed only by the one helper (kernels/die.h: die, print_error);
 # every flag with a range or choices in train_gpt's table (train_options.h) appears in docs/errors.md's flag table; every test program
-# test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h).
+# test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h); no file tells the
+# development history; every Python script names a package it cannot import in one line.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -31,3 +32,82 @@ for f in test/test_*.cpp test/test_*.cu; do
 done
 if [ -z "$misnamed" ]; then echo "PASS repo every test program's check lines start with its suite's name"
 else echo "FAIL repo test programs without check_suite(\"X\") for test_X:$misnamed"; fi
+
+# The repository speaks of the product, not of how it was made: no mention of a development session or its number,
+# no issue or pull-request numbers (an upstream reference qualified by its repository, owner/name then a hash and
+# the number, stays), no notes of a run or a measurement still to come. Every tracked text file (every
+# file outside a git checkout) but data/; the only lines left out are this check's own patterns and messages.
+history_re='\b[Ii]ssues? #?[0-9]|\b[Ii]ssue'"'"'s\b|\b(from|in|per|by|of) the issue\b'
+history_re+='|(^|[^A-Za-z0-9_/&$#{:])#[0-9]{1,5}\b|\b(PR|[Pp]ull [Rr]equest) #?[0-9]|\b[Uu]n(run|measured)\b'
+history_re+='|\b[Nn]ot (yet )?(been )?(run|measured|tested|timed|verified|benchmarked|profiled)( [A-Za-z0-9-]+){0,4}'
+history_re+=' yet\b|\b[Nn]ot yet (been )?(run|measured|tested|timed|verified|benchmarked|profiled)\b'
+history_re+='|\b(has|have|was|were) (not|never) (yet )?(been )?(run|measured|timed|benchmarked)\b'
+session_re='\b[Ss]essions?\b'  # any mention, but of the sessions below
+session_ok='\b(ssh|SSH|login|tmux|screen|shell|terminal|interactive|user|browser|HTTP|TLS) sessions?\b'
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    mapfile -d '' files < <(git ls-files -z | grep -zv '^data/')
+else
+    mapfile -d '' files < <(find . -type f ! -path './.git/*' ! -path './data/*' ! -path './build/*' -print0 | sed -z 's|^\./||')
+fi
+history=$( (grep -nIE -- "$history_re" "${files[@]}"; grep -nIE -- "$session_re" "${files[@]}" | grep -vE -- "$session_ok") 2> /dev/null |
+    grep -vE '^test/test_repo\.sh:[0-9]+:.*(history_re|session_re|session_ok|development history|development session)' |
+    sort -t: -k1,1 -k2,2n -u)
+if [ -z "$history" ]; then
+    echo "PASS repo no development history (session or issue numbers, \"not run yet\" notes) in the repository"
+else
+    echo "FAIL repo development history in: $(printf '%s\n' "$history" | cut -d: -f1,2 | head -8 | tr '\n' ' ')"\
+"($(printf '%s\n' "$history" | wc -l) lines)"
+fi
+
+# Every Python script where the packages it needs cannot be imported (stand-ins first on PYTHONPATH that raise
+# ModuleNotFoundError): `--help` works (nothing needed up front) or the script exits non-zero with one line on
+# stderr, "error: SCRIPT needs PACKAGE: pip install ...", and no traceback. So do the packages needed only for
+# some inputs: prepare_fineweb.py's datasets (no --input) and pyarrow (.parquet input), make_tokenizer_fixtures.py's
+# tiktoken (its default reference); and a package that is there but fails to import is named with its error.
+if ! command -v python3 > /dev/null 2>&1; then
+    echo "SKIP repo python scripts name a missing package in one line: no python3"
+else
+    fake=$(mktemp -d); trap 'rm -rf "$fake"' EXIT
+    mkdir "$fake/missing" "$fake/broken"
+    for m in numpy torch transformers safetensors matplotlib tiktoken regex pyarrow datasets; do
+        echo "raise ModuleNotFoundError(\"No module named '$m'\", name='$m')" > "$fake/missing/$m.py"
+    done
+    echo 'raise ImportError("numpy C-extensions failed\nsecond line")' > "$fake/broken/numpy.py"
+    if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+        mapfile -t scripts < <(git ls-files '*.py' | grep -v '^data/')
+    else
+        mapfile -t scripts < <(find . -name '*.py' ! -path './data/*' ! -path './build/*' ! -path './.git/*' | sed 's|^\./||' | sort)
+    fi
+    bad=""; needing=0
+    # one_line NAME PATTERN PYTHONPATH ARGS...: non-zero exit, nothing on stdout, one stderr line matching PATTERN
+    one_line() {
+        local name=$1 pattern=$2 path=$3; shift 3
+        local out err rc
+        out=$(PYTHONPATH=$path python3 "$@" 2> "$fake/err"); rc=$?; err=$(cat "$fake/err")
+        if [ $rc -eq 0 ] || [ -n "$out" ] || [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || ! printf '%s' "$err" | grep -qE -- "$pattern"; then
+            bad="$bad; $name: rc=$rc stderr: $(printf '%s' "$err" | tail -n 1)"
+        fi
+    }
+    for s in "${scripts[@]}"; do
+        if PYTHONPATH=$fake/missing python3 "$s" --help > /dev/null 2> "$fake/err"; then
+            [ -s "$fake/err" ] && bad="$bad; $s --help: $(tail -n 1 "$fake/err")"
+        else
+            needing=$((needing + 1))
+            one_line "$s --help" "^error: $s needs [A-Za-z_.]+( [^:]*)?: pip install [^ ]" "$fake/missing" "$s" --help
+        fi
+    done
+    one_line "prepare_fineweb.py from the hub" "^error: scripts/data/prepare_fineweb.py needs datasets .*: pip install datasets" \
+        "$fake/missing" scripts/data/prepare_fineweb.py --out "$fake/shards"
+    one_line "prepare_fineweb.py .parquet" "^error: scripts/data/prepare_fineweb.py needs pyarrow .*: pip install pyarrow$" \
+        "$fake/missing" scripts/data/prepare_fineweb.py --input "$fake/docs.parquet" --out "$fake/shards"
+    one_line "make_tokenizer_fixtures.py tiktoken" "^error: test/tools/make_tokenizer_fixtures.py needs tiktoken .*: pip install tiktoken" \
+        "$fake/missing" test/tools/make_tokenizer_fixtures.py --out "$fake/cases.txt"
+    one_line "export_hf.py broken numpy" \
+        "^error: scripts/hf/export_hf.py needs numpy \(importing it failed: numpy C-extensions failed\): pip install numpy$" \
+        "$fake/broken" scripts/hf/export_hf.py --help
+    if [ -z "$bad" ]; then
+        echo "PASS repo python scripts name a missing package in one line (${#scripts[@]} scripts, $needing need one up front)"
+    else
+        echo "FAIL repo python scripts with a package missing:${bad#;}"
+    fi
+fi

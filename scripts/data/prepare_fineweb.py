@@ -32,6 +32,15 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 SEPARATOR = "<|endoftext|>"
 
 
+def require(module, use, pip):
+    """Exits with one line when `module`, needed for `use`, cannot be imported (checked before anything starts)."""
+    try:
+        __import__(module)
+    except ImportError as e:
+        why = "" if e.name == module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: scripts/data/prepare_fineweb.py needs {module}{why} {use}: pip install {pip}")
+
+
 def find_prepare_shards(explicit):
     candidates = [explicit] if explicit else [os.environ.get("PREPARE_SHARDS"),
                                               os.path.join(REPO, "build", "prepare_shards"),
@@ -53,10 +62,7 @@ def open_text(path):
 def local_documents(paths, field):
     for path in paths:
         if path.endswith(".parquet"):
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                sys.exit(f"prepare_fineweb.py: reading {path} needs pyarrow (pip install pyarrow)")
+            import pyarrow.parquet as pq  # main checked that it imports
             for batch in pq.ParquetFile(path).iter_batches(columns=[field]):
                 yield from batch.column(field).to_pylist()
         else:
@@ -71,11 +77,7 @@ def local_documents(paths, field):
 
 
 def hub_documents(dataset, config, field):
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        sys.exit("prepare_fineweb.py: no --input files and the `datasets` package is missing "
-                 "(pip install datasets, or pass local .jsonl/.parquet files with --input)")
+    from datasets import load_dataset  # main checked that it imports
     for record in load_dataset(dataset, name=config, split="train", streaming=True):
         yield record[field]
 
@@ -94,6 +96,10 @@ def main():
     ap.add_argument("--prepare-shards", help="path to the prepare_shards binary")
     args = ap.parse_args()
 
+    if not args.input:
+        require("datasets", "to stream from the hub without --input", "datasets (or pass local files with --input)")
+    elif any(p.endswith(".parquet") for p in args.input):
+        require("pyarrow", "to read .parquet files", "pyarrow")
     binary = find_prepare_shards(args.prepare_shards)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     cmd = [binary, "--out", args.out, "--shard-size", str(args.shard_size),

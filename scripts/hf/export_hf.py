@@ -25,7 +25,14 @@ import struct
 import sys
 import tempfile
 
-import numpy as np
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"),):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: scripts/hf/export_hf.py needs {_module}{_why}: pip install {_pip}")
+import numpy as np  # noqa: E402
 
 MODEL_MAGIC = 20240326
 VERSION_FP32, VERSION_BF16 = 3, 5

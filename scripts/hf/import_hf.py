@@ -17,7 +17,14 @@ import os
 import re
 import sys
 
-import numpy as np
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"),):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: scripts/hf/import_hf.py needs {_module}{_why}: pip install {_pip}")
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_hf import BLOCK_TENSORS, InputError, config_problem, pad_vocab, read_safetensors, write_model_file  # noqa: E402

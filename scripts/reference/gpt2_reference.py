@@ -24,12 +24,19 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"), ("torch", "torch")):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: scripts/reference/gpt2_reference.py needs {_module}{_why}: pip install {_pip}")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 HEADER_INTS = 256
 GPT2_VOCAB = 50257

@@ -9,7 +9,14 @@ import argparse
 import os
 import sys
 
-import matplotlib
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("matplotlib", "matplotlib"),):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: scripts/reference/plot_losses.py needs {_module}{_why}: pip install {_pip}")
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)

@@ -10,10 +10,18 @@ Usage: attention_vs_sdpa.py OUT_FILE [--seed N]
 """
 import argparse
 import struct
+import sys
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("torch", "torch"), ("torch.nn.attention", "'torch>=2.3'")):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: test/tools/attention_vs_sdpa.py needs {_module}{_why}: pip install {_pip}")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 # (dtype, B, H, T, D): odd head counts, ragged lengths, both head sizes, both 16-bit types
 CASES = [

@@ -17,9 +17,17 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
-from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("torch", "torch"), ("transformers", "transformers"), ("safetensors", "safetensors"),
+                      ("numpy", "numpy")):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: test/tools/hf_interop_check.py needs {_module}{_why}: pip install {_pip}")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "reference")
 sys.path.insert(0, REFERENCE_DIR)

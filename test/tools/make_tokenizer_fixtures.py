@@ -322,12 +322,17 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "test", "fixtures", "tokenizer_cases.txt"))
     args = ap.parse_args()
 
+    if args.reference == "tiktoken":  # a package that cannot be imported: one line naming it, no traceback
+        for module in ("tiktoken", "regex"):  # regex comes with tiktoken
+            try:
+                __import__(module)
+            except ImportError as e:
+                why = "" if e.name == module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+                sys.exit(f"error: test/tools/make_tokenizer_fixtures.py needs {module}{why} for --reference tiktoken: "
+                         f"pip install {module} (or use --reference python)")
     ranks = load_mergeable_ranks(args.gpt2_dir)
     if args.reference == "tiktoken":
-        try:
-            encoder = TiktokenEncoder(ranks)
-        except ImportError as e:
-            sys.exit(f"error: {e}; install tiktoken or use --reference python")
+        encoder = TiktokenEncoder(ranks)
     else:
         encoder = ReferenceEncoder(ranks)
     encode = {"ordinary": encoder.encode_ordinary, "special": encoder.encode_special}
