@@ -34,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 STEPS=${STEPS:-10}; WARMUP=${WARMUP:-3}; PY=${PYTHON:-python3}; T=1024
 W=build/bench_parallel; mkdir -p "$W"
-export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see docs/parallel.md)
 SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || { [ "${SMOKE:-0}" = 1 ] && SECTIONS=(tp pp) || SECTIONS=(tp pp 3d largest); }
 for s in "${SECTIONS[@]}"; do case $s in tp|pp|3d|largest) ;; *) echo "bench_parallel: unknown section '$s' (tp, pp, 3d, largest)" >&2; exit 2 ;; esac; done
 case ${LARGEST_PP:-2} in 1|2) ;; *) echo "bench_parallel: LARGEST_PP must be 1 or 2, got '$LARGEST_PP'" >&2; exit 2 ;; esac

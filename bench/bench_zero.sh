@@ -52,7 +52,7 @@ T=1024
 W=build/bench_zero; mkdir -p "$W"
 read -ra OURS_EXTRA <<< "${OURS_FLAGS:-}"
 FLAGS_TAG=$(printf '%s' "${OURS_FLAGS:-}" | tr -c 'A-Za-z0-9' '_')  # in the log folder's name
-export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see docs/parallel.md)
 make -s train_gpt || exit 1
 available=$(scripts/visible_gpus.sh)
 [ "$available" -ge 1 ] || { echo "bench_zero: no GPU (nvidia-smi -L lists none)" >&2; exit 1; }

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
 N=${1:-4}; B=${2:-$([ "${gpu_mib:-0}" -gt 100000 ] && echo 8 || echo 4)}; STEPS=${3:-20}
 W=build/zero3_scale; mkdir -p "$W"
-export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see README)
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see docs/parallel.md)
 PY=${PYTHON:-python3}
 make -s train_gpt
 [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 2000000 > /dev/null

@@ -25,7 +25,7 @@ if [ $one_gpu -eq 1 ] && [ "$nodes" -ne 1 ]; then echo "launch.sh: --one-gpu run
 export WORLD_SIZE=$((per_node * nodes))
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 12000))}
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see README)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see docs/parallel.md)
 pids=()
 for ((i = 0; i < per_node; i++)); do
     rank=$((node * per_node + i))
