@@ -39,8 +39,15 @@ struct MatmulContext {
     // off, the first choice is kept, so that runs are bitwise reproducible.
     bool autotune = false;
     cudaEvent_t timer_start = nullptr, timer_stop = nullptr;
-    // The choice per problem: made once, not on each of the ~150 products of a step.
-    std::map<MatmulKey, cublasLtMatmulAlgo_t> algorithms;
+    // Per problem, made once and not on each of the ~150 products of a step: the descriptors (only the bias and
+    // aux pointers change from call to call) and the algorithm. Creating them per call cost a few microseconds of
+    // host time per product, which sampling with a KV cache (a one-row forward per token) pays in full.
+    struct Plan {
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatrixLayout_t a, b, d;
+        cublasLtMatmulAlgo_t algo;
+    };
+    std::map<MatmulKey, Plan> plans;
 };
 inline MatmulContext& matmul_context() {
     static MatmulContext context;
@@ -58,6 +65,10 @@ inline void matmul_setup(bool allow_tf32, bool autotune = false) {
 }
 inline void matmul_teardown() {
     MatmulContext& ctx = matmul_context();
+    for (auto& entry : ctx.plans) {
+        cublasCheck(cublasLtMatmulDescDestroy(entry.second.desc));
+        for (cublasLtMatrixLayout_t layout : {entry.second.a, entry.second.b, entry.second.d}) cublasCheck(cublasLtMatrixLayoutDestroy(layout));
+    }
     cublasCheck(cublasLtDestroy(ctx.lt));
     cudaCheck(cudaFree(ctx.workspace));
     cudaCheck(cudaEventDestroy(ctx.timer_start));
@@ -175,53 +186,52 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
     if (gelu != MatmulGelu::kNone && m % 8 != 0) {
         die("cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got " + std::to_string(m));
     }
-    cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
-    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias != nullptr) {
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
-    }
-    if (gelu != MatmulGelu::kNone) {
-        const int64_t aux_ld = m;  // aux has D's layout, in floatX (the default aux data type: D's)
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-    }
-    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, type, m, n, m));
-    const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute,
-                        pointer_alignment(bias), pointer_alignment(aux)};
-    auto cached = ctx.algorithms.find(key);
-    if (cached == ctx.algorithms.end()) {
+    const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute, pointer_alignment(bias), pointer_alignment(aux)};
+    auto cached = ctx.plans.find(key);
+    if (cached == ctx.plans.end()) {
+        MatmulContext::Plan plan;
+        cublasCheck(cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F));
+        cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        if (bias != nullptr) {
+            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+        }
+        if (gelu != MatmulGelu::kNone) {
+            const int64_t aux_ld = m;  // aux has D's layout, in floatX (the default aux data type: D's)
+            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        }
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.a, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
         cublasLtMatmulPreference_t preference;
         cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &ctx.workspace_bytes, sizeof(ctx.workspace_bytes)));
         cublasLtMatmulHeuristicResult_t heuristics[kMatmulCandidates];
         int found = 0, chosen_algorithm = 0;
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, layout_a, layout_b, layout_d, layout_d, preference,
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(ctx.lt, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
                                                    ctx.autotune ? kMatmulCandidates : 1, heuristics, &found));
         cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
         if (found == 0) {
             die("cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                 " trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + " epilogue=" + std::to_string((int)epilogue));
         }
-        if (found > 1) chosen_algorithm = fastest_candidate(heuristics, found, desc, layout_a, layout_b, layout_d, d, a, b,
+        if (found > 1) chosen_algorithm = fastest_candidate(heuristics, found, plan.desc, plan.a, plan.b, plan.d, d, a, b,
                                                             bias, aux, m, n, k, gelu, accumulate, alpha, stream);
-        cached = ctx.algorithms.emplace(key, heuristics[chosen_algorithm].algo).first;
+        plan.algo = heuristics[chosen_algorithm].algo;
+        cached = ctx.plans.emplace(key, plan).first;
     }
+    const MatmulContext::Plan& plan = cached->second;
+    // this call's bias and aux (the other attributes are the key's)
+    if (bias != nullptr) cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (gelu != MatmulGelu::kNone) cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     const float beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d, layout_d,
-                               &cached->second, ctx.workspace, ctx.workspace_bytes, stream));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
+    cublasCheck(cublasLtMatmul(ctx.lt, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
+                               ctx.workspace, ctx.workspace_bytes, stream));
 }
 
 // out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (row-major, PyTorch Linear layout).
