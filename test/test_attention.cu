@@ -142,7 +142,7 @@ static void test_case(int B, int NH, int Tn, int hs, cudaStream_t stream) {
 // ---- the Hopper backward over several L2 sections of heads (at GPT-2 sizes a section holds every head of the
 // small cases above): 40 heads at T = 2048 make 2 sections at hs 64 (31 + 9 heads) and 3 at hs 128 (15 + 15 + 10).
 // Too large for the CPU reference: against the mma.sync backward (both deterministic), whose dqkv differs only by
-// the bf16 rounding of sums taken in another order (rel L2 about 1.7e-4 at T = 4096, session 21), so 1e-3; a head
+// the bf16 rounding of sums taken in another order (rel L2 about 1.7e-4 at T = 4096), so 1e-3; a head
 // or key block the sections missed or ran twice would be poison (NaN) or off by O(1).
 static void test_sections(int hs, cudaStream_t stream) {
     if (!flash::hopper::available()) {

@@ -4,9 +4,9 @@
 # several shapes, every group's all-gather and all-reduce reach exactly its members in order
 # (build/test_mesh_nccl); a rank that leaves while its tensor-parallel partner waits on a collective
 # ends the partner with a message, not a hang; and a rank killed in a 3D run (tp 2 x pp 2 x dp 2) ends the
-# 7 others with a message. Prints PASS/FAIL lines. The quick tier (TEST_TIER=quick) builds one shape, the 3D one
-# (tp 2 x pp 2 x dp 2), and runs the peer that leaves; the other shapes and the 3D killed rank (which waits for
-# 8 training ranks to start) only in the full tier.
+# 7 others with a message. Prints PASS/FAIL lines. The quick tier (TEST_TIER=quick) checks the communicators of
+# one shape, the 3D one (tp 2 x pp 2 x dp 2), and the peer that leaves; the other shapes and the 3D killed rank
+# (which waits for 8 training ranks to start) only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/mesh_nccl
@@ -35,8 +35,8 @@ start=$SECONDS
 timeout 120 scripts/launch.sh $(launch_mode 2) 2 build/test_mesh_nccl 2 1 --die > "$W/die.log" 2>&1; rc=$?
 elapsed=$((SECONDS - start))
 message=$(grep -m 1 "rank 0: " "$W/die.log")
-# With one rank per GPU, NCCL's peer-to-peer transport (NVLink) reports no error when a peer leaves (two H200s,
-# session 17: rank 0 ended at the deadline, 23 s), so there the deadline's message within 30 s passes; the
+# With one rank per GPU, NCCL's peer-to-peer transport (NVLink) reports no error when a peer leaves (on two H200s
+# rank 0 ended at the deadline, 23 s), so there the deadline's message within 30 s passes; the
 # communicator polling is checked by the run that shares a GPU (socket transport).
 expected="NCCL failed .* in the tensor-parallel communicator"
 spreads 2 && [ $elapsed -le 30 ] && expected="$expected|a collective did not finish within 20 s"
