@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Data parallelism on 2 or more ranks, one per GPU (argument: the number, default all GPUs): for ZeRO stages 0-3 the losses of
-# 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2), and all
-# ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
+# Data parallelism on 2 or more ranks, one per GPU (argument: the number, default all GPUs): for ZeRO stages 0-3
+# the losses of 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2),
+# and all ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
 # different number of GPUs; per-GPU memory falls from stage to stage; launches through our launcher and
 # (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
