@@ -1,7 +1,9 @@
-# Builds train_gpt, the data tools, every test (test/) and the kernel benchmarks (bench/). `make test` runs the
-# whole suite (GPU parts are reported as skipped on a machine without a GPU); `make test-portable` runs it on a
-# build with only compute_80 PTX, which the driver compiles for the GPU at hand: the mma.sync kernels every
-# Ampere, Ada and Blackwell GPU runs, checked on a Hopper GPU. Scripts (data, training, interop) are in scripts/.
+# Builds train_gpt, the data tools, every test (test/) and the kernel benchmarks (bench/). `make test` builds them
+# and runs the quick tier of the suite (every component at least once: about 5 minutes on one H100), `make
+# test-full` every check; on a machine without a GPU both report the GPU parts as skipped. `make test-portable`
+# runs the full suite on a build with only compute_80 PTX, which the driver compiles for the GPU at hand: the
+# mma.sync kernels every Ampere, Ada and Blackwell GPU runs, checked on a Hopper GPU. Scripts (data, training,
+# interop) are in scripts/.
 NVCC ?= nvcc
 CXX ?= g++
 # Target GPUs (scripts/gpu_code.sh): the compute capability of each GPU nvidia-smi lists, sm_90a on Hopper (wgmma
@@ -45,7 +47,7 @@ GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound
 
-.PHONY: all tests benches test test-portable train clean
+.PHONY: all tests benches test test-full test-portable train clean
 all: train_gpt $(BUILD)/prepare_shards
 tests: $(CPU_TESTS) $(GPU_TESTS) benches
 benches: $(BENCHES)
@@ -116,15 +118,19 @@ $(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/che
 $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel_layers.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
-# SUITES="kernels attention ..." runs only the suites of those names (run_tests.sh's labels).
-test: all tests
-	TEST_SUITES="$(SUITES)" bash test/run_tests.sh
+# `make test`: the quick tier (TEST_TIER=quick, test/run_tests.sh); `make test-full`: every check. Both build `all`
+# and `tests` first, with one job per core unless make was given -j. SUITES="kernels attention ..." runs only the
+# suites of those names (run_tests.sh's labels).
+BUILD_JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc))
+test test-full:
+	$(MAKE) --no-print-directory $(BUILD_JOBS) all tests
+	TEST_TIER=$(if $(filter test-full,$@),full,quick) TEST_SUITES="$(SUITES)" bash test/run_tests.sh
 
-# The suite on a build with compute_80 PTX only (no sm_90a code), which the driver compiles for the GPU at
+# The full suite on a build with compute_80 PTX only (no sm_90a code), which the driver compiles for the GPU at
 # load: on a Hopper GPU this runs and checks the mma.sync kernels that Ampere, Ada and Blackwell GPUs run. The
 # JIT cache is raised to hold every kernel, so only the first run of each program compiles.
 test-portable:
-	CUDA_CACHE_MAXSIZE=4294967296 $(MAKE) GPU_ARCH="-gencode arch=compute_80,code=compute_80" test
+	CUDA_CACHE_MAXSIZE=4294967296 $(MAKE) GPU_ARCH="-gencode arch=compute_80,code=compute_80" test-full
 
 # The default job: a small GPT-2 (d12) trained from scratch on tinyshakespeare for a few minutes.
 train: all

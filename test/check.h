@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
@@ -25,6 +27,13 @@ inline void check(bool ok, const std::string& name, const std::string& detail) {
            detail.c_str());
     fflush(stdout);
     if (!ok) check_failures()++;
+}
+
+// The test tier, TEST_TIER (test/run_tests.sh): "quick" runs a program's reduced set of cases; "full", or no
+// TEST_TIER (a program run by hand), all of them.
+inline bool quick_tier() {
+    const char* tier = getenv("TEST_TIER");
+    return tier != nullptr && strcmp(tier, "quick") == 0;
 }
 
 inline void pass(const std::string& name) { check(true, name, ""); }

@@ -5,8 +5,14 @@
 # test/test_X.cpp|cu (if any). Every check prints one line that starts with its suite's name: "PASS X name",
 # "FAIL X name: why" or "SKIP X name: why" (so `grep '^PASS X '` lists a suite's checks).
 # CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise.
+# TEST_TIER (exported to every suite): quick (`make test`) runs each GPU suite's reduced set, every component at
+# least once, in about 5 minutes on one H100; full (`make test-full`, and the default) runs every check, and the
+# multi-rank suites once more with one rank per GPU on a machine with several. Each driver and program says what
+# its quick set leaves out; the CPU suites run whole in both.
 set -u
 cd "$(dirname "$0")/.."
+export TEST_TIER=${TEST_TIER:-full}
+case $TEST_TIER in quick|full) ;; *) echo "run_tests.sh: TEST_TIER must be quick or full, not '$TEST_TIER'" >&2; exit 2;; esac
 LOG=${TEST_LOG:-build/test.log}
 WORK=build/test_work
 mkdir -p "$WORK"
@@ -81,32 +87,33 @@ if [ "$gpu_count" -ge 1 ]; then
     run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
     run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
     run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
-    run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (1, 2, 4 ranks on one GPU)
+    run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (ranks sharing one GPU)
     run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
-    for n in 2 4; do
-        if [ "$gpu_count" -ge $n ]; then run "zero $n GPUs" bash test/test_zero.sh $n; else skip "zero stages 0-3 on $n GPUs" "$gpu_count GPU(s)"; fi
-    done
-    # the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the others share GPU 0)
-    if [ "$gpu_count" -ge 2 ]; then
+    # ZeRO on 2 ranks: one per GPU, or sharing GPU 0 on a machine with one (which skips the checks that need a GPU
+    # per rank); the full tier also on 4 GPUs
+    run "zero 2 ranks" bash test/test_zero.sh 2
+    if [ "$TEST_TIER" = full ]; then
+        if [ "$gpu_count" -ge 4 ]; then run "zero 4 GPUs" bash test/test_zero.sh 4; else skip "zero stages 0-3 on 4 GPUs" "$gpu_count GPU(s)"; fi
+    fi
+    # the full tier: the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the
+    # others share GPU 0)
+    if [ "$TEST_TIER" = full ] && [ "$gpu_count" -ge 2 ]; then
         export ONE_RANK_PER_GPU=1
         for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
             run "$suite on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) [a-z0-9_]+ /&[one rank per GPU] /"' \
                 "test/test_$suite.sh"
         done
         unset ONE_RANK_PER_GPU
-    else
+    elif [ "$TEST_TIER" = full ]; then
         for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
     fi
 else
-    for t in "kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" \
-             "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face" \
-             "sampling with the KV cache against sampling without it" \
-             "mesh_nccl communicators (ranks sharing one GPU, and one rank per GPU)" \
-             "tensor_parallel training (ranks sharing one GPU, and one rank per GPU)" \
-             "tensor_parallel_layers vs dense (ranks sharing one GPU, and one rank per GPU)" \
-             "pipeline and 3D (ranks sharing one GPU, and one rank per GPU)" "zero stages 0-3 on 2 GPUs" "zero stages 0-3 on 4 GPUs"; do
-        skip "$t" "no GPU"
-    done
+    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)"
+                "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face"
+                "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
+                "zero on 2 ranks")
+    [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")
+    for t in "${gpu_suites[@]}"; do skip "$t" "no GPU"; done
 fi
 
 passed=$(grep -c '^PASS ' "$LOG"); failed=$(grep -c '^FAIL ' "$LOG"); skipped=$(grep -c '^SKIP ' "$LOG")

@@ -3,12 +3,14 @@
 # bf16 and fp16, for a small config and for d12 at B=4, T=64: logits, loss, gradient norm, every gradient
 # tensor, and the losses of 10 AdamW steps (tolerances in test/test_model.cu). Then LoRA (r=4 on all four
 # targets, non-zero B) in fp32 and bf16: logits, loss, adapter gradients, 10 losses, base weights unchanged,
-# and with B = 0 the base model's logits bitwise.
+# and with B = 0 the base model's logits bitwise. The quick tier (TEST_TIER=quick) runs the small config in each
+# precision and LoRA in fp32: d12 and LoRA in bf16 only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/model
 mkdir -p "$W"
 PY=${PYTHON:-python3}
+TIER=${TEST_TIER:-full}
 # reference: debug-state NAME DTYPE LR SHAPE...
 reference() {
     local name=$1 dtype=$2 lr=$3; shift 3
@@ -24,11 +26,11 @@ D12="--layers 12 --heads 12 --channels 768 --max-seq-len 1024"
 # and there the bf16 rounding differences between us and autocast grow chaotically beyond any fixed bound.
 for dtype in fp32 bf16 fp16; do
     reference small $dtype 1e-4 $SMALL && ./build/test_model "$W/small.bin" "$W/small_$dtype.bin" $dtype "small-$dtype"
-    reference d12 $dtype 3e-5 $D12 && ./build/test_model "$W/d12.bin" "$W/d12_$dtype.bin" $dtype "d12-$dtype"
+    [ "$TIER" = full ] && reference d12 $dtype 3e-5 $D12 && ./build/test_model "$W/d12.bin" "$W/d12_$dtype.bin" $dtype "d12-$dtype"
 done
 
 LORA="--lora-rank 4 --lora-alpha 8 --lora-targets qkv,attn-proj,fc,fc-proj --lora-init-b-std 0.02"
-for dtype in fp32 bf16; do
+for dtype in fp32 $([ "$TIER" = full ] && echo bf16); do
     if $PY scripts/reference/gpt2_reference.py debug-state --device cuda --steps 10 --seed 1337 --lr 1e-3 --dtype $dtype \
         --batch-size 4 --seq-len 64 $SMALL $LORA --lora-out "$W/adapters.bin" \
         --model-out "$W/lora_base.bin" --state-out "$W/lora_$dtype.bin" > "$W/lora_$dtype.log" 2>&1; then

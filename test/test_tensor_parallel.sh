@@ -11,6 +11,9 @@
 #   - sequence parallelism on gives the losses of off (also with accumulation, recompute and ZeRO-3) and shows
 #     its activation saving in the memory plan.
 # fp32 differences between tp sizes come from the order of the sums (the all-reduces add partial products).
+# The quick tier (TEST_TIER=quick) runs tp 2 in fp32 and bf16, tp 2 x dp 2 with sequence parallelism and ZeRO-3,
+# and the resume 2 -> 1; the rest (tp 4, fp16, the other sequence-parallel runs and the plan, the samples, ZeRO-1,
+# the other resumes, the export) only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/tensor_parallel
@@ -23,6 +26,7 @@ SHAPE=(--layers 2 --heads 4 --channels 256 --max-seq-len 64)
 RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10)
 SUITE="tensor_parallel"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
+TIER=${TEST_TIER:-full}
 # the replicated tensors' checksum is the same on every rank; ranks of one tensor-parallel rank share all
 replicated_identical() {
     local name=$1 ranks=$2 what=$3
@@ -37,16 +41,31 @@ replicated_identical() {
     fi
 }
 
-for p in fp32 bf16 fp16; do
+for p in fp32 bf16 $([ "$TIER" = full ] && echo fp16); do
     tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
     run single_$p 1 --precision $p --batch-size 4 --checkpoint-every 5 \
         || { echo "FAIL tensor_parallel $p one-rank baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
-    for tp in 2 4; do
+    for tp in 2 $([ "$TIER" = full ] && echo 4); do
         run tp${tp}_$p $tp --precision $p --batch-size 4 --tensor-parallel $tp --checkpoint-every 5
         compare tp${tp}_$p single_$p $tol 0 10 "tp $tp $p: 10 losses match tp 1"
         replicated_identical tp${tp}_$p $tp "tp $tp $p"
     done
 done
+
+# tp 2 x dp 2 (4 ranks, 2 rows each) with sequence parallelism and ZeRO-3 against one rank with the same 4 rows
+run sp2dp2_s3 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --sequence-parallel 1 --zero-stage 3
+compare sp2dp2_s3 single_fp32 1e-5 0 10 "tp 2 x dp 2 sequence parallel ZeRO-3 fp32: 10 losses match one rank"
+replicated_identical sp2dp2_s3 4 "tp 2 x dp 2 sequence parallel ZeRO-3"
+
+# resume across sizes: the step-5 checkpoint of one mesh continues on another (fp32, steps 5-9)
+resume() {
+    local from=$1 name=$2 ranks=$3; shift 3
+    mkdir -p "$W/$name"; cp "$W/$from"/*_00000005* "$W/$name/"
+    run "$name" "$ranks" --precision fp32 --resume 1 "$@"
+    compare "$name" "$from" 1e-5 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
+}
+resume tp2_fp32 tp2_to_1 1 --batch-size 4
+[ "$TIER" = full ] || exit 0  # the quick tier ends here
 
 # sequence parallelism: the same losses as without it, also with gradient accumulation (the LayerNorm gradients
 # of several micro-steps summed over the ranks once) and with whole blocks recomputed; less activation memory
@@ -59,8 +78,6 @@ run sp2_accum 2 --precision fp32 --batch-size 2 --total-batch-tokens 256 --tenso
 compare sp2_accum single_fp32 1e-5 0 10 "tp 2 sequence parallel with 2 micro-steps fp32: 10 losses match one rank"
 run sp2_recompute 2 --precision fp32 --batch-size 4 --tensor-parallel 2 --sequence-parallel 1 --recompute 3
 compare sp2_recompute single_fp32 1e-5 0 10 "tp 2 sequence parallel with --recompute 3 fp32: 10 losses match one rank"
-run sp2dp2_s3 4 --precision fp32 --batch-size 2 --tensor-parallel 2 --sequence-parallel 1 --zero-stage 3
-compare sp2dp2_s3 single_fp32 1e-5 0 10 "tp 2 x dp 2 sequence parallel ZeRO-3 fp32: 10 losses match one rank"
 # the plan of GPT-2 124M (d12) at B = 8, T = 1024, tp 4 (--steps 0: start-up only): the activations must shrink
 scripts/launch.sh $(launch_mode 4) 4 ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 \
     --train-data "$TRAIN" --tensor-parallel 4 --sequence-parallel 1 > "$W/sp_plan.out" 2>&1
@@ -90,14 +107,7 @@ for stage in 1 3; do
     replicated_identical tp2dp2_s$stage 4 "tp 2 x dp 2 ZeRO-$stage"
 done
 
-# resume across sizes: the step-5 checkpoint of one mesh continues on another (fp32, steps 5-9)
-resume() {
-    local from=$1 name=$2 ranks=$3; shift 3
-    mkdir -p "$W/$name"; cp "$W/$from"/*_00000005* "$W/$name/"
-    run "$name" "$ranks" --precision fp32 --resume 1 "$@"
-    compare "$name" "$from" 1e-5 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
-}
-resume tp2_fp32 tp2_to_1 1 --batch-size 4
+# the other resumes across sizes
 resume single_fp32 tp1_to_2 2 --batch-size 4 --tensor-parallel 2
 resume tp2_fp32 tp2_to_tp2dp2 4 --batch-size 2 --tensor-parallel 2 --zero-stage 1
 resume tp2_fp32 tp2_to_4 4 --batch-size 4 --tensor-parallel 4

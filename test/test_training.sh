@@ -5,11 +5,16 @@
 # (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2
 # at every step; PARITY_* variables change the setting;
 # plotted to build/test_work/training/curve_parity.png).
+# The quick tier (TEST_TIER=quick) runs bf16 only: resume (not the same-seed rerun), --recompute 3, the non-finite
+# steps, and LoRA, retention and the refusals as in full; the full tier adds fp32 and fp16, the same seed twice,
+# --recompute 1 and 2, the activation sizes of d12 and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/training
 rm -rf "$W"; mkdir -p "$W"
 PY=${PYTHON:-python3}
+TIER=${TEST_TIER:-full}
+PRECISIONS=$([ "$TIER" = full ] && echo fp32 bf16 fp16 || echo bf16)
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 [ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
     || { echo "FAIL training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
@@ -20,14 +25,16 @@ SMALL=(--layers 4 --heads 4 --channels 256 --max-seq-len 256 --seq-len 256 --bat
 
 train_log_lines() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }  # step and loss (%.9g: every bit)
 
-for p in fp32 bf16 fp16; do
+for p in $PRECISIONS; do
     ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-a" > "$W/$p-a.out" 2>&1 \
         || { echo "FAIL training $p: $(tail -n 1 "$W/$p-a.out")"; continue; }
-    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 -o "$W/$p-b" > "$W/$p-b.out" 2>&1
-    if [ "$(train_log_lines "$W/$p-a")" == "$(train_log_lines "$W/$p-b")" ] && [ "$(train_log_lines "$W/$p-a" | wc -l)" -eq 20 ]; then
-        echo "PASS training $p same seed twice: 20 losses bitwise equal"
-    else
-        echo "FAIL training $p same seed twice: losses differ"; diff <(train_log_lines "$W/$p-a") <(train_log_lines "$W/$p-b") | head -4
+    if [ "$TIER" = full ]; then
+        ./train_gpt "${SMALL[@]}" --precision $p --steps 20 -o "$W/$p-b" > "$W/$p-b.out" 2>&1
+        if [ "$(train_log_lines "$W/$p-a")" == "$(train_log_lines "$W/$p-b")" ] && [ "$(train_log_lines "$W/$p-a" | wc -l)" -eq 20 ]; then
+            echo "PASS training $p same seed twice: 20 losses bitwise equal"
+        else
+            echo "FAIL training $p same seed twice: losses differ"; diff <(train_log_lines "$W/$p-a") <(train_log_lines "$W/$p-b") | head -4
+        fi
     fi
     # resume from the step-10 checkpoint of run a, in a fresh folder
     mkdir -p "$W/$p-r"
@@ -49,28 +56,30 @@ done
 # --recompute: the backward recomputes what it did not keep with the forward's deterministic kernels, so the
 # losses must equal the run that kept everything, bit for bit, while the activation memory falls. Levels 1-2
 # keep the GELU out of the fc product (--gelu-fusion has no effect there), so their reference run is the
-# unfused one; level 3 recomputes the fused product itself.
-./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --gelu-fusion 0 -o "$W/unfused" > "$W/unfused.out" 2>&1
-for r in 1 2 3; do
+# unfused one; level 3 recomputes the fused product itself (its reference: run a, bf16).
+[ "$TIER" = full ] && ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --gelu-fusion 0 -o "$W/unfused" > "$W/unfused.out" 2>&1
+for r in $([ "$TIER" = full ] && echo 1 2) 3; do
     ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --recompute $r -o "$W/recompute$r" > "$W/recompute$r.out" 2>&1
-    reference=$([ $r -lt 3 ] && echo unfused || echo bf16-b)
+    reference=$([ $r -lt 3 ] && echo unfused || echo bf16-a)
     if [ "$(train_log_lines "$W/$reference")" == "$(train_log_lines "$W/recompute$r")" ] && [ "$(train_log_lines "$W/recompute$r" | wc -l)" -eq 20 ]; then
         echo "PASS training recompute $r: 20 bf16 losses bitwise equal to keeping every activation ($reference run)"
     else
         echo "FAIL training recompute $r: losses differ from --recompute 0 ($reference run): $(grep -m1 error "$W/recompute$r.out")"
     fi
 done
-# activation memory of d12 at B=8, T=1024 (allocation only) for each level
-activations() { grep -o 'activations [0-9.]*' "$1" | awk '{print $2}'; }
-for r in 0 1 2 3; do
-    ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 --train-data "$TRAIN" \
-        --recompute $r > "$W/memory$r.out" 2>&1
-done
-sizes=$(for r in 0 1 2 3; do activations "$W/memory$r.out"; done | tr '\n' ' ')
-if echo "$sizes" | awk '{ exit !(NF == 4 && $1 > $2 && $2 > $3 && $3 > $4) }'; then
-    echo "PASS training recompute levels 0-3 shrink d12's activations (B=8, T=1024): $sizes GiB"
-else
-    echo "FAIL training recompute levels do not shrink the activations: $sizes"
+# activation memory of d12 at B=8, T=1024 (allocation only) for each level (full tier)
+if [ "$TIER" = full ]; then
+    activations() { grep -o 'activations [0-9.]*' "$1" | awk '{print $2}'; }
+    for r in 0 1 2 3; do
+        ./train_gpt --model d12 --batch-size 8 --seq-len 1024 --steps 0 --val-every 0 --sample-every 0 --train-data "$TRAIN" \
+            --recompute $r > "$W/memory$r.out" 2>&1
+    done
+    sizes=$(for r in 0 1 2 3; do activations "$W/memory$r.out"; done | tr '\n' ' ')
+    if echo "$sizes" | awk '{ exit !(NF == 4 && $1 > $2 && $2 > $3 && $3 > $4) }'; then
+        echo "PASS training recompute levels 0-3 shrink d12's activations (B=8, T=1024): $sizes GiB"
+    else
+        echo "FAIL training recompute levels do not shrink the activations: $sizes"
+    fi
 fi
 
 # LoRA: fine-tune adapters, save them, merge them; the merged model equals the reference's merge of the same
@@ -96,7 +105,7 @@ fi
 # Non-finite steps: --lr 1e4 drives the loss to NaN within a few steps. In every precision each such step is
 # skipped and counted in the step log, and after --max-skipped-steps 3 in a row the run stops with exit 1, naming
 # the step and the newest checkpoint.
-for p in fp32 bf16 fp16; do
+for p in $PRECISIONS; do
     ./train_gpt "${SMALL[@]}" --precision $p --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
         --max-skipped-steps 3 -o "$W/nan-$p" > "$W/nan-$p.out" 2> "$W/nan-$p.err"; rc=$?
     newest=$(ls "$W/nan-$p"/model_*.bin 2> /dev/null | sort | tail -n 1)
@@ -161,7 +170,8 @@ expect_plan_refusal "activations past the GPU" "GiB free: lower --batch-size" --
 expect_plan_refusal "model states past the GPU" "the model states and scratch alone need .* GiB: spread the model over more GPUs" \
     --layers 80 --heads 64 --channels 8192 --batch-size 1
 
-# curve parity: same initial model file, same batches, same schedule
+# curve parity (full tier): same initial model file, same batches, same schedule
+[ "$TIER" = full ] || exit 0
 PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
 $PY scripts/reference/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \
     $PARITY_MODEL --max-seq-len 1024 --model-out "$W/d12_init.bin" --state-out "$W/unused.bin" > /dev/null

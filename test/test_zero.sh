@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Data parallelism on 2 or more GPUs (argument: the number, default all): for ZeRO stages 0-3 the losses of
-# 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2), and all
-# ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
+# Data parallelism on 2 or more ranks, one per GPU (argument: the number, default all GPUs): for ZeRO stages 0-3
+# the losses of 10 steps equal the one-GPU run with the same global batch (fp32 within 1e-5, bf16 within 2e-2),
+# and all ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
 # different number of GPUs; per-GPU memory falls from stage to stage; launches through our launcher and
 # (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
+# On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
+# need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
+# stage 3 in fp32 (losses, identical parameters) and its bf16 checkpoint resumed on the same ranks and on one.
 set -u
 cd "$(dirname "$0")/.."
 N=${1:-$(scripts/visible_gpus.sh)}
@@ -18,15 +21,18 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5)
-source test/loss_logs.sh  # losses, maxdiff, within
+source test/loss_logs.sh  # losses, maxdiff, within, VISIBLE_GPUS
+TIER=${TEST_TIER:-full}
+ONE_GPU=$([ "$VISIBLE_GPUS" -lt "$N" ] && echo --one-gpu)  # launch.sh's flag: the ranks share GPU 0
+WHERE=$([ -n "$ONE_GPU" ] && echo "$N ranks on one GPU" || echo "$N GPUs")
 
-for p in fp32 bf16; do
+for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     tol=$([ $p = fp32 ] && echo 1e-5 || echo 2e-2)
     ./train_gpt "${MODEL[@]}" --precision $p --batch-size 8 --steps 10 -o "$W/single_$p" > "$W/single_$p.out" 2>&1 \
         || { echo "FAIL zero $p single-GPU baseline: $(tail -n 1 "$W/single_$p.out")"; continue; }
-    for stage in 0 1 2 3; do
-        name="$N GPUs stage $stage $p"
-        scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision $p --batch-size $BG --steps 10 --zero-stage $stage \
+    for stage in $([ "$TIER" = full ] && echo 0 1 2) 3; do
+        name="$WHERE stage $stage $p"
+        scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision $p --batch-size $BG --steps 10 --zero-stage $stage \
             -o "$W/s${stage}_$p" > "$W/s${stage}_$p.out" 2>&1 || { echo "FAIL zero $name: $(grep -m1 error "$W/s${stage}_$p.out")"; continue; }
         d=$(maxdiff "$W/single_$p" "$W/s${stage}_$p")
         if [ "$(losses "$W/s${stage}_$p" | wc -l)" -eq 10 ] && within "$d" "$tol"; then
@@ -40,59 +46,39 @@ for p in fp32 bf16; do
         else echo "FAIL zero $name: $ranks ranks reported, $sums distinct parameter checksums"; fi
     done
 done
-# memory, on GPT-2 124M (d12): the measured allocation per GPU falls with every stage
-for stage in 0 1 2 3; do
-    scripts/launch.sh $N ./train_gpt --model d12 --batch-size 1 --seq-len 64 --steps 0 --val-every 0 --sample-every 0 \
-        --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
-    grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
-    # this process's allocations: the memory in use after allocating less that in use before ("CUDA context"),
-    # so that another process on the same GPU cancels out
-    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{printf "%d %.2f\n", s, $7 - $13}' >> "$W/memory_d12.txt"
-    # the sharded part of the model states (measured less the unsharded working buffers) is the formula's
-    states=$(grep -m1 '^model states per GPU' "$W/memory$stage.out")
-    read -r measured formula working < <(printf '%s\n' "$states" | sed -E 's/.*measured ([0-9.]+) GiB, formula ([0-9.]+) GiB .* of which ([0-9.]+) GiB.*/\1 \2 \3/')
-    if [ -n "$states" ] && awk -v m="$measured" -v f="$formula" -v w="$working" 'BEGIN { d = (m - w) / f - 1; exit !(d < 0.10 && d > -0.10) }'; then
-        echo "PASS zero d12 stage $stage model states on $N GPUs: measured $measured GiB = $working GiB working buffers + shards within 10% of the formula's $formula GiB"
-    else
-        echo "FAIL zero d12 stage $stage model states on $N GPUs: ${states:-no model-states line}"
-    fi
-done
-if [ "$(wc -l < "$W/memory_d12.txt")" -eq 4 ] && awk 'NR > 1 && $2 >= prev { bad = 1 } { prev = $2 } END { exit bad }' "$W/memory_d12.txt"; then
-    echo "PASS zero d12 memory per GPU falls with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")(stage GiB)"
-else
-    echo "FAIL zero d12 memory per GPU does not fall with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")"
-fi
 
-# gradient accumulation (2 micro-steps of half the rows) and resume, at stage 2 in fp32
-scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $((BG / 2 > 0 ? BG / 2 : 1)) \
-    --total-batch-tokens $((8 * 128)) --steps 10 --zero-stage 2 -o "$W/accum" > "$W/accum.out" 2>&1
-if [ $BG -ge 2 ]; then
-    d=$(maxdiff "$W/single_fp32" "$W/accum")
-    if within "$d" 1e-5; then echo "PASS zero $N GPUs gradient accumulation (2 micro-steps) matches one GPU: max diff $d"
-    else echo "FAIL zero $N GPUs gradient accumulation: max diff $d"; fi
-fi
-# (--deterministic 1: the default's atomic attention sums and timed choice of product algorithms are not
-# bitwise reproducible)
-for stage in 1 3; do
-    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+# resume on the same ranks, bitwise, in bf16 (--deterministic 1: the default's atomic attention sums and timed
+# choice of product algorithms are not bitwise reproducible)
+for stage in $([ "$TIER" = full ] && echo 1) 3; do
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
         --deterministic 1 --checkpoint-every 5 -o "$W/ckpt$stage" > "$W/ckpt$stage.out" 2>&1
     mkdir -p "$W/resume$stage"; cp "$W/ckpt$stage"/*_00000005* "$W/resume$stage/"
-    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $BG --steps 10 --zero-stage $stage \
         --deterministic 1 -o "$W/resume$stage" --resume 1 > "$W/resume$stage.out" 2>&1
     if [ "$(losses "$W/ckpt$stage" | awk '$1 >= 5')" == "$(losses "$W/resume$stage")" ] && [ "$(losses "$W/resume$stage" | wc -l)" -eq 5 ]; then
-        echo "PASS zero $N GPUs stage $stage resume on $N GPUs: steps 5-9 bitwise equal"
+        echo "PASS zero $WHERE stage $stage resume on the same ranks: steps 5-9 bitwise equal"
     else
-        echo "FAIL zero $N GPUs stage $stage resume on $N GPUs: $(grep -m1 error "$W/resume$stage.out")"
+        echo "FAIL zero $WHERE stage $stage resume on the same ranks: $(grep -m1 error "$W/resume$stage.out")"
     fi
 done
-# a different number of GPUs: the stage-3 checkpoint of N GPUs continues on one GPU (stage 0)
+# a different number of ranks: the stage-3 checkpoint of N ranks continues on one (stage 0)
 mkdir -p "$W/resume_one"; cp "$W/ckpt3"/*_00000005* "$W/resume_one/"
 ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size 8 --steps 10 -o "$W/resume_one" --resume 1 > "$W/resume_one.out" 2>&1
 d=$(maxdiff "$W/ckpt3" "$W/resume_one" 5)
 if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
-    echo "PASS zero resume of a $N-GPU stage-3 checkpoint on 1 GPU: steps 5-9 within $d (bf16 tol 2e-2)"
+    echo "PASS zero resume of a $N-rank stage-3 checkpoint on 1 rank: steps 5-9 within $d (bf16 tol 2e-2)"
 else
-    echo "FAIL zero resume of a $N-GPU checkpoint on 1 GPU: diff $d $(grep -m1 error "$W/resume_one.out")"
+    echo "FAIL zero resume of a $N-rank checkpoint on 1 rank: diff $d $(grep -m1 error "$W/resume_one.out")"
+fi
+[ "$TIER" = full ] || exit 0  # the quick tier ends here
+
+# gradient accumulation (2 micro-steps of half the rows), at stage 2 in fp32
+scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision fp32 --batch-size $((BG / 2 > 0 ? BG / 2 : 1)) \
+    --total-batch-tokens $((8 * 128)) --steps 10 --zero-stage 2 -o "$W/accum" > "$W/accum.out" 2>&1
+if [ $BG -ge 2 ]; then
+    d=$(maxdiff "$W/single_fp32" "$W/accum")
+    if within "$d" 1e-5; then echo "PASS zero $WHERE gradient accumulation (2 micro-steps) matches one GPU: max diff $d"
+    else echo "FAIL zero $WHERE gradient accumulation: max diff $d"; fi
 fi
 # a different number of GPUs both ways: N -> N/2 and N/2 -> N, stage 3 in bf16 (the same global batch)
 if [ $N -ge 4 ]; then
@@ -102,11 +88,11 @@ if [ $N -ge 4 ]; then
         src="$W/ckpt3"
         if [ "$from" -ne $N ]; then
             src="$W/ckpt3_on$from"
-            scripts/launch.sh $from ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / from)) --steps 10 --zero-stage 3 \
+            scripts/launch.sh $ONE_GPU $from ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / from)) --steps 10 --zero-stage 3 \
                 --checkpoint-every 5 -o "$src" > "$src.out" 2>&1
         fi
         dst="$W/move_${from}_to_$to"; mkdir -p "$dst"; cp "$src"/*_00000005* "$dst/"
-        scripts/launch.sh $to ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / to)) --steps 10 --zero-stage 3 \
+        scripts/launch.sh $ONE_GPU $to ./train_gpt "${MODEL[@]}" --precision bf16 --batch-size $((8 / to)) --steps 10 --zero-stage 3 \
             -o "$dst" --resume 1 > "$dst.out" 2>&1
         d=$(maxdiff "$src" "$dst" 5)
         if [ "$(losses "$dst" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
@@ -134,15 +120,42 @@ fi
 LORA=(--lora-rank 4 --lora-targets qkv,attn-proj,fc,fc-proj --lora-weight-decay 0.01)
 ./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size 8 --steps 10 -o "$W/lora_single" > "$W/lora_single.out" 2>&1
 for stage in 1 2; do
-    scripts/launch.sh $N ./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size $BG --steps 10 --zero-stage $stage \
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" "${LORA[@]}" --precision fp32 --batch-size $BG --steps 10 --zero-stage $stage \
         -o "$W/lora$stage" > "$W/lora$stage.out" 2>&1
     d=$(maxdiff "$W/lora_single" "$W/lora$stage")
     if [ "$(losses "$W/lora$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5; then
-        echo "PASS zero $N GPUs stage $stage LoRA: 10 losses match one GPU (max diff $d)"
+        echo "PASS zero $WHERE stage $stage LoRA: 10 losses match one GPU (max diff $d)"
     else
-        echo "FAIL zero $N GPUs stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
+        echo "FAIL zero $WHERE stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
     fi
 done
+if [ -n "$ONE_GPU" ]; then
+    echo "SKIP zero memory per GPU, killed rank, mpirun: $N ranks share one GPU ($VISIBLE_GPUS GPU(s))"
+    exit 0
+fi
+# memory, on GPT-2 124M (d12): the measured allocation per GPU falls with every stage
+for stage in 0 1 2 3; do
+    scripts/launch.sh $N ./train_gpt --model d12 --batch-size 1 --seq-len 64 --steps 0 --val-every 0 --sample-every 0 \
+        --train-data "$TRAIN" --zero-stage $stage > "$W/memory$stage.out" 2>&1
+    grep -E '^(data parallel|memory plan|device memory)' "$W/memory$stage.out" >> "$W/memory.txt"
+    # this process's allocations: the memory in use after allocating less that in use before ("CUDA context"),
+    # so that another process on the same GPU cancels out
+    grep -m1 'device memory in use after allocation' "$W/memory$stage.out" | awk -v s=$stage '{printf "%d %.2f\n", s, $7 - $13}' >> "$W/memory_d12.txt"
+    # the sharded part of the model states (measured less the unsharded working buffers) is the formula's
+    states=$(grep -m1 '^model states per GPU' "$W/memory$stage.out")
+    read -r measured formula working < <(printf '%s\n' "$states" | sed -E 's/.*measured ([0-9.]+) GiB, formula ([0-9.]+) GiB .* of which ([0-9.]+) GiB.*/\1 \2 \3/')
+    if [ -n "$states" ] && awk -v m="$measured" -v f="$formula" -v w="$working" 'BEGIN { d = (m - w) / f - 1; exit !(d < 0.10 && d > -0.10) }'; then
+        echo "PASS zero d12 stage $stage model states on $N GPUs: measured $measured GiB = $working GiB working buffers + shards within 10% of the formula's $formula GiB"
+    else
+        echo "FAIL zero d12 stage $stage model states on $N GPUs: ${states:-no model-states line}"
+    fi
+done
+if [ "$(wc -l < "$W/memory_d12.txt")" -eq 4 ] && awk 'NR > 1 && $2 >= prev { bad = 1 } { prev = $2 } END { exit bad }' "$W/memory_d12.txt"; then
+    echo "PASS zero d12 memory per GPU falls with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")(stage GiB)"
+else
+    echo "FAIL zero d12 memory per GPU does not fall with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")"
+fi
+
 # a rank that dies mid-run: the other one must end with a message within --nccl-timeout, not hang
 export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=2
 RANK=0 LOCAL_RANK=0 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/survivor.out" 2>&1 &
