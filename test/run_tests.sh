@@ -25,13 +25,14 @@ selected() { [ -z "${TEST_SUITES:-}" ] || [[ " $TEST_SUITES " == *" ${1%% *} "* 
 run() {
     local name=$1; shift
     selected "$name" || return 0
-    local out rc
+    local out rc start=$SECONDS
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" >> "$LOG"
     printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' || true
     if [ $rc -ne 0 ] && ! printf '%s\n' "$out" | grep -q '^FAIL '; then
         echo "FAIL $name: exited $rc: $(printf '%s\n' "$out" | tail -n 1)" | tee -a "$LOG"
     fi
+    echo "# $name: $((SECONDS - start)) s" | tee -a "$LOG"  # where the suite's time goes
 }
 skip() { selected "$1" || return 0; echo "SKIP $1: $2" | tee -a "$LOG"; }  # a suite left out by TEST_SUITES says nothing
 

@@ -23,7 +23,8 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 [ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
     || { echo "FAIL tensor_parallel training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
 SHAPE=(--layers 2 --heads 4 --channels 256 --max-seq-len 64)
-RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10)
+RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10
+     --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
 SUITE="tensor_parallel"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
 TIER=${TEST_TIER:-full}

@@ -180,7 +180,7 @@ PRECISION=${PARITY_PRECISION:-bf16}
 $PY scripts/reference/gpt2_reference.py train --init-from "$W/d12_init.bin" --train-shards "$TRAIN" "${COMMON[@]}" \
     --weight-decay 0.1 --grad-clip 1.0 --dtype $PRECISION --device cuda --log "$W/pytorch.log" > "$W/pytorch.out" 2>&1 \
     || echo "FAIL training curve parity: reference: $(tail -n 1 "$W/pytorch.out")"
-./train_gpt --model "$W/d12_init.bin" --train-data "$TRAIN" "${COMMON[@]}" --weight-decay 0.1 --grad-clip 1.0 \
+./train_gpt --model "$W/d12_init.bin" --train-data "$TRAIN" "${COMMON[@]}" --weight-decay 0.1 --grad-clip 1.0 --shuffle 0 \
     --precision $PRECISION --val-every 0 --sample-every 0 -o "$W/ours" > "$W/ours.out" 2>&1 \
     || echo "FAIL training curve parity: train_gpt: $(tail -n 1 "$W/ours.out")"
 out=$($PY scripts/reference/plot_losses.py --out "$W/curve_parity.png" "$W/pytorch.log" "$W/ours/log.txt" --labels pytorch train_gpt 2>&1)
