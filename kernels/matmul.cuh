@@ -40,8 +40,7 @@ struct MatmulContext {
     bool autotune = false;
     cudaEvent_t timer_start = nullptr, timer_stop = nullptr;
     // Per problem, made once and not on each of the ~150 products of a step: the descriptors (only the bias and
-    // aux pointers change from call to call) and the algorithm. Creating them per call cost a few microseconds of
-    // host time per product, which sampling with a KV cache (a one-row forward per token) pays in full.
+    // aux pointers change from call to call) and the algorithm.
     struct Plan {
         cublasLtMatmulDesc_t desc;
         cublasLtMatrixLayout_t a, b, d;
