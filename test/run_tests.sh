@@ -53,7 +53,8 @@ run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
 fixture_rc=3  # not selected
-selected cpu_reference && { fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?; }
+selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
+                            echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
 if [ $fixture_rc -eq 3 ]; then :
 elif [ $fixture_rc -eq 0 ]; then
     run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
@@ -64,7 +65,10 @@ else
 fi
 
 lora_rc=3  # not selected
-selected cpu_lora && { lora_out=$(bash test/tools/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?; }
+# the CPU reference's LoRA: on a GPU machine a full-tier check (the GPU suites' quick tiers train and merge adapters
+# against PyTorch's merge); without a GPU the CPU checks are all there is, so every tier runs it
+{ [ "$TEST_TIER" = full ] || [ "$gpu_count" -eq 0 ]; } && selected cpu_lora && { start=$SECONDS; lora_out=$(bash test/tools/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?
+                                               echo "# cpu_lora fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
 if [ $lora_rc -eq 3 ]; then :
 elif [ $lora_rc -eq 0 ]; then
     run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
