@@ -1,9 +1,10 @@
 // GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh"): forward and backward.
-// defines: gelu_forward, gelu_backward
+// defines: gelu_tanh, gelu_forward, gelu_backward
 #pragma once
 #include "common.cuh"
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+__device__ __forceinline__ float gelu_tanh(float v) { return 0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v))); }
 
 template <typename floatX>
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long n) {
@@ -12,8 +13,7 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long n) {
     if (idx >= n) return;
     Packed128<floatX> x = load128cs(inp + idx), y;
     for (int i = 0; i < X; i++) {
-        float v = to_float(x[i]);
-        y[i] = from_float<floatX>(0.5f * v * (1.0f + tanhf(kGeluScale * (v + 0.044715f * v * v * v))));
+        y[i] = from_float<floatX>(gelu_tanh(to_float(x[i])));
     }
     store128(out + idx, y);
 }

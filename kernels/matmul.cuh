@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 #include "common.cuh"
+#include "gelu.cuh"  // defines: gelu_tanh (the small-row products' GELU)
 
 // A product as cuBLASLt's algorithm heuristic sees it, plus whether it accumulates. The heuristic reads the
 // bias and aux pointers from the description and picks algorithms their alignment allows, so their
@@ -233,11 +234,61 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
                                ctx.workspace, ctx.workspace_bytes, stream));
 }
 
+// Products of at most kSmallProductRows rows (sampling's forward of one new position): a warp per output column
+// reads its weight row once, 16 bytes a lane at a time, and keeps every input row's dot product; the row's sums in
+// fp32, the bias and the GELU (of the unrounded sum, as cuBLASLt's epilogue) added before rounding once. At these
+// sizes the GPU work is a few microseconds, less than cuBLASLt's host work per call.
+constexpr int kSmallProductRows = 8;
+template <typename floatX>
+bool small_row_product(int N, int C, const void* inp, const void* weight) {
+    constexpr int V = Packed128<floatX>::size;
+    return N <= kSmallProductRows && C % V == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)weight % 16 == 0;
+}
+template <typename floatX, bool kGelu>
+__global__ void small_rows_matmul_kernel(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias,
+                                         int N, int C, int OC) {
+    using Vec = Packed128<floatX>;
+    constexpr int V = Vec::size;
+    const int column = (int)(((long)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (column >= OC) return;
+    const floatX* w = weight + (size_t)column * C;
+    float acc[kSmallProductRows] = {};
+    for (int k = lane * V; k < C; k += 32 * V) {
+        const Vec wv = load128(w + k);
+#pragma unroll
+        for (int r = 0; r < kSmallProductRows; r++) {
+            if (r >= N) break;
+            const Vec x = load128(inp + (size_t)r * C + k);
+            for (int j = 0; j < V; j++) acc[r] += to_float(wv[j]) * to_float(x[j]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kSmallProductRows; r++) {
+        if (r >= N) break;
+        const float sum = warp_reduce_sum(acc[r]) + (bias != nullptr ? to_float(bias[column]) : 0.0f);
+        if (lane != 0) continue;
+        if (kGelu) {
+            pre[(size_t)r * OC + column] = from_float<floatX>(sum);
+            out[(size_t)r * OC + column] = from_float<floatX>(gelu_tanh(sum));
+        } else {
+            out[(size_t)r * OC + column] = from_float<floatX>(sum);
+        }
+    }
+}
+template <typename floatX, bool kGelu>
+void small_rows_matmul(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C, int OC,
+                       cudaStream_t stream) {
+    constexpr int block = 256;
+    small_rows_matmul_kernel<floatX, kGelu><<<ceil_div(OC * 32, block), block, 0, stream>>>(out, pre, inp, weight, bias, N, C, OC);
+    cudaCheckLaunch();
+}
+
 // out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (row-major, PyTorch Linear layout).
 template <typename floatX>
 void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C, int OC,
                     cudaStream_t stream) {
-    matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream);
+    if (small_row_product<floatX>(N, C, inp, weight)) small_rows_matmul<floatX, false>(out, nullptr, inp, weight, bias, N, C, OC, stream);
+    else matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream);
 }
 
 // pre[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] and out = gelu(pre) (tanh approximation), in one product whose
@@ -246,7 +297,8 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
 template <typename floatX>
 void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N,
                          int C, int OC, cudaStream_t stream) {
-    matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream, 1.0f, MatmulGelu::kForward, pre);
+    if (small_row_product<floatX>(N, C, inp, weight)) small_rows_matmul<floatX, true>(out, pre, inp, weight, bias, N, C, OC, stream);
+    else matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, stream, 1.0f, MatmulGelu::kForward, pre);
 }
 
 // dbias[OC] += column sums of dout[N,OC] (rows ld apart: OC unless dout is a column slice of wider rows).

@@ -555,6 +555,9 @@ void test_precision(cudaStream_t stream) {
     test_matmul<floatX>(111, 200, 600, tag, stream);
     if (full) test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
+    test_matmul<floatX>(1, 768, 2304, tag, stream);  // the small-row products (sampling's one-row forward)
+    test_matmul<floatX>(3, 200, 600, tag, stream);
+    test_matmul<floatX>(8, 64, 1032, tag, stream);
     // 124M's shape on an H200 (528 partial rows); C not a multiple of 32 with fewer rows than threads; K < C (tp)
     test_colsum_times_weight<floatX>(528, 768, 768, tag, stream);
     test_colsum_times_weight<floatX>(7, 100, 72, tag, stream);
@@ -564,6 +567,8 @@ void test_precision(cudaStream_t stream) {
     test_matmul_gelu<floatX>(111, 200, 600, tag, stream);
     if (full) test_matmul_gelu<floatX>(256, 768, 3072, tag, stream);
     test_matmul_gelu<floatX>(77, 64, 1032, tag, stream);
+    test_matmul_gelu<floatX>(1, 768, 3072, tag, stream);
+    test_matmul_gelu<floatX>(5, 64, 1032, tag, stream);
     // autotuned (train_gpt's default): each candidate algorithm writes the outputs before the chosen one does;
     // new shapes, so that the timing runs
     matmul_context().autotune = true;
