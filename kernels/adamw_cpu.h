@@ -14,9 +14,11 @@
 //     m_hat = m * inv_bias_correction1, v_hat = v * inv_bias_correction2      FMUL, FMUL
 //     q = m_hat / (sqrt(v_hat) + eps)                     sqrt.rn, FADD, div.rn
 //     u = fma(weight_decay, p, q)                         FFMA (0 for weight_decay where the mask says no decay)
-//     p = fma(-u, lr, p)                                  FFMA: ptxas fuses the PTX's mul.f32 and sub.f32
+//     p = fma(u, -lr, p)                                  FFMA: ptxas fuses the PTX's mul.f32 and sub.f32
 //   Every path here does exactly these operations, each rounded once to nearest even (std::fma, vfmadd). No product
-//   feeds a plain addition, so a host compiler's own contraction (-ffp-contract=fast) finds nothing to fuse.
+//   feeds a plain addition, so a host compiler's own contraction (-ffp-contract=fast) finds nothing to fuse. The last
+//   one negates lr, not u: GCC turns -fma(a, b, c) into fnmsub, -(a b) - c, which is +0 where the GPU's -(a b + c) is
+//   -0 (a parameter of -0 with no gradient).
 // - sqrt.rn and div.rn are correctly rounded, as are sqrtss/sqrtps and divss/divps.
 // - The kernel keeps subnormals (no -ftz); update() clears MXCSR's flush-to-zero and denormals-are-zero bits while it
 //   runs (x86), whatever the caller set.
@@ -34,6 +36,7 @@
 #include <string>
 #include <type_traits>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define ADAMW_CPU_X86 1
 #define ADAMW_CPU_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -84,7 +87,9 @@ enum class Isa { Scalar, Avx2, Avx512 };
 inline const char* isa_name(Isa isa) { return isa == Isa::Avx512 ? "AVX-512" : isa == Isa::Avx2 ? "AVX2" : "scalar"; }
 inline bool isa_supported(Isa isa) {
 #ifdef ADAMW_CPU_X86
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned int eax, ebx, ecx, edx;  // F16C by cpuid: clang's __builtin_cpu_supports does not know it
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     if (isa == Isa::Avx512) return avx2 && __builtin_cpu_supports("avx512f");
     if (isa == Isa::Avx2) return avx2;
 #endif
@@ -160,7 +165,7 @@ inline float update_element(float p, float g, float& m, float& v, float weight_d
     v = std::fma(g, (1.0f - s.beta2) * g, s.beta2 * v);
     const float m_hat = m * s.inv_bias_correction1, v_hat = v * s.inv_bias_correction2;
     const float u = std::fma(weight_decay, p, m_hat / (std::sqrt(v_hat) + s.eps));
-    return std::fma(-u, s.lr, p);
+    return std::fma(u, -s.lr, p);
 }
 
 // One call's arrays: element i (global index index_offset + i) of the shard.
@@ -221,7 +226,7 @@ ADAMW_CPU_AVX2 void update_avx2(const Shard<Param, Grad>& a, long begin, long en
     const __m256 grad_scale = _mm256_set1_ps(s.grad_scale), beta1 = _mm256_set1_ps(s.beta1), beta2 = _mm256_set1_ps(s.beta2);
     const __m256 one_minus_beta1 = _mm256_set1_ps(1.0f - s.beta1), one_minus_beta2 = _mm256_set1_ps(1.0f - s.beta2);
     const __m256 inv_bias_correction1 = _mm256_set1_ps(s.inv_bias_correction1), inv_bias_correction2 = _mm256_set1_ps(s.inv_bias_correction2);
-    const __m256 eps = _mm256_set1_ps(s.eps), lr = _mm256_set1_ps(s.lr), weight_decay = _mm256_set1_ps(s.weight_decay);
+    const __m256 eps = _mm256_set1_ps(s.eps), minus_lr = _mm256_set1_ps(-s.lr), weight_decay = _mm256_set1_ps(s.weight_decay);
     const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     for (; i + 8 <= end; i += 8) {
         const long index = a.index_offset + i;
@@ -233,7 +238,7 @@ ADAMW_CPU_AVX2 void update_avx2(const Shard<Param, Grad>& a, long begin, long en
                                        _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, inv_bias_correction2)), eps));
         const __m256i decays = _mm256_set1_epi32((int)a.decay.template contains_bits<8>(index));
         const __m256 decay = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(decays, lane_bit), lane_bit)), weight_decay);
-        p = _mm256_fnmadd_ps(_mm256_fmadd_ps(decay, p, q), lr, p);
+        p = _mm256_fmadd_ps(_mm256_fmadd_ps(decay, p, q), minus_lr, p);
         _mm256_storeu_ps(a.m + i, m);
         _mm256_storeu_ps(a.v + i, v);
         if (a.master != nullptr) _mm256_storeu_ps(a.master + i, p);
@@ -274,7 +279,7 @@ ADAMW_CPU_AVX512 void update_avx512(const Shard<Param, Grad>& a, long begin, lon
     const __m512 grad_scale = _mm512_set1_ps(s.grad_scale), beta1 = _mm512_set1_ps(s.beta1), beta2 = _mm512_set1_ps(s.beta2);
     const __m512 one_minus_beta1 = _mm512_set1_ps(1.0f - s.beta1), one_minus_beta2 = _mm512_set1_ps(1.0f - s.beta2);
     const __m512 inv_bias_correction1 = _mm512_set1_ps(s.inv_bias_correction1), inv_bias_correction2 = _mm512_set1_ps(s.inv_bias_correction2);
-    const __m512 eps = _mm512_set1_ps(s.eps), lr = _mm512_set1_ps(s.lr), weight_decay = _mm512_set1_ps(s.weight_decay);
+    const __m512 eps = _mm512_set1_ps(s.eps), minus_lr = _mm512_set1_ps(-s.lr), weight_decay = _mm512_set1_ps(s.weight_decay);
     for (; i + 16 <= end; i += 16) {
         const long index = a.index_offset + i;
         __m512 p = a.master != nullptr ? _mm512_loadu_ps(a.master + i) : load16(a.params + i);
@@ -284,7 +289,7 @@ ADAMW_CPU_AVX512 void update_avx512(const Shard<Param, Grad>& a, long begin, lon
         const __m512 q = _mm512_div_ps(_mm512_mul_ps(m, inv_bias_correction1),
                                        _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, inv_bias_correction2)), eps));
         const __m512 decay = _mm512_maskz_mov_ps((__mmask16)a.decay.template contains_bits<16>(index), weight_decay);
-        p = _mm512_fnmadd_ps(_mm512_fmadd_ps(decay, p, q), lr, p);
+        p = _mm512_fmadd_ps(_mm512_fmadd_ps(decay, p, q), minus_lr, p);
         _mm512_storeu_ps(a.m + i, m);
         _mm512_storeu_ps(a.v + i, v);
         if (a.master != nullptr) _mm512_storeu_ps(a.master + i, p);

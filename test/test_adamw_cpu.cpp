@@ -3,8 +3,9 @@
 // (where the CPU has them) against the scalar path, bit for bit: odd lengths, tiles that start anywhere, global offsets
 // that are multiples of 4, masks with every pattern of 4 decay bits, bf16/fp16/fp32 parameters with gradients in the
 // compute type or fp32, with and without master weights, clipping active or not, subnormal moments; the non-finite
-// skip; 1 and N OpenMP threads; the scalar fp16 conversions against F16C; the stochastic rounding's mean over seeds;
-// and each path's throughput (printed, not checked). Needs no GPU. One PASS/FAIL/SKIP line per check (test/check.h).
+// skip; 1 and N OpenMP threads; a caller that flushes subnormals; the scalar fp16 conversions against F16C; the
+// stochastic rounding's mean over seeds; and each path's throughput (printed, not checked). Needs no GPU; x86-64 (MXCSR,
+// F16C). One PASS/FAIL/SKIP line per check (test/check.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -108,7 +109,7 @@ Element reference_element(float p, float g, float m, float v, bool decays, const
     m = fmaf(m, h.beta1, g * (1.0f - h.beta1));
     v = fmaf(g * (1.0f - h.beta2), g, v * h.beta2);
     const float update = (m * inv_correction1) / (sqrtf(v * inv_correction2) + h.eps);
-    p = fmaf(h.lr, -fmaf(p, decays ? h.weight_decay : 0.0f, update), p);
+    p = fmaf(-h.lr, fmaf(p, decays ? h.weight_decay : 0.0f, update), p);
     return {p, m, v};
 }
 
@@ -290,6 +291,33 @@ void test_threads(std::mt19937_64& rng) {
           fmt("n %.0f, bf16, %.0f threads available", (double)n, omp_get_max_threads()));
 }
 
+// A caller that flushes subnormals (MXCSR's flush-to-zero and denormals-are-zero, as -ffast-math code sets them) gets
+// the same bits: update() keeps subnormals while it runs, as the kernel does. One thread: the caller's own, whose
+// MXCSR this sets.
+void test_caller_flushing_subnormals(std::mt19937_64& rng) {
+    const long n = 10007;
+    const State<Fp16, Fp16> in = random_state<Fp16, Fp16>(n, true, rng);
+    const Hyper h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1024.0f, 3, 23};
+    const Run run{0, {0, n}};
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+        const std::string name = std::string("a caller's flush-to-zero and denormals-are-zero change nothing (") + adamw_cpu::isa_name(isa) + ")";
+        if (!adamw_cpu::isa_supported(isa)) {
+            skip(name, std::string("this CPU has no ") + adamw_cpu::isa_name(isa));
+            continue;
+        }
+        const State<Fp16, Fp16> kept = updated(in, run, h, 4.0f, mixed_mask(), isa, 1);
+        const unsigned int saved = _mm_getcsr();
+        _mm_setcsr(saved | _MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON);
+        const State<Fp16, Fp16> flushing = updated(in, run, h, 4.0f, mixed_mask(), isa, 1);
+        const bool restored = _mm_getcsr() == (saved | _MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON);
+        _mm_setcsr(saved);
+        long subnormal = 0;
+        for (float v : kept.v) subnormal += std::fpclassify(v) == FP_SUBNORMAL;
+        check(flushing == kept && restored && subnormal > 0, name,
+              fmt("%.0f subnormal v of %.0f", (double)subnormal, (double)n) + (restored ? "" : "; the caller's MXCSR was not restored"));
+    }
+}
+
 // The scalar path's fp16 conversions against F16C's: every fp16 value to float; to fp16, every sign, exponent and top
 // 10 mantissa bits of a float with low 13 bits that probe the rounding (0, 1, just below, at and above half, all ones).
 __attribute__((target("f16c"))) uint16_t f16c_fp16_bits(float x) {
@@ -299,9 +327,9 @@ __attribute__((target("f16c"))) float f16c_float(uint16_t h) { return _mm_cvtss_
 void test_fp16_conversions() {
     const std::string to_float = "scalar fp16 -> float equals F16C for all 65536 values";
     const std::string to_fp16 = "scalar float -> fp16 (round to nearest even) equals F16C; NaN becomes 0x7fff";
-    if (!__builtin_cpu_supports("f16c")) {
-        skip(to_float, "this CPU has no F16C");
-        skip(to_fp16, "this CPU has no F16C");
+    if (!adamw_cpu::isa_supported(Isa::Avx2)) {  // AVX2's path needs F16C too
+        skip(to_float, "this CPU has no AVX2 and F16C");
+        skip(to_fp16, "this CPU has no AVX2 and F16C");
         return;
     }
     long differ = 0;
@@ -400,6 +428,7 @@ int main() {
     test_types<Fp16, float>(rng);
     test_skip(rng);
     test_threads(rng);
+    test_caller_flushing_subnormals(rng);
     test_fp16_conversions();
     test_stochastic_rounding(rng);
     print_throughput(rng);
