@@ -30,6 +30,7 @@
 // payload). A NaN can come only from NaN or inf already in the state: non-finite gradients skip the step.
 #pragma once
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,7 +41,7 @@
 #include <immintrin.h>
 #define ADAMW_CPU_X86 1
 #define ADAMW_CPU_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ADAMW_CPU_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define ADAMW_CPU_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma,f16c")))
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -90,7 +91,8 @@ inline bool isa_supported(Isa isa) {
     unsigned int eax, ebx, ecx, edx;  // F16C by cpuid: clang's __builtin_cpu_supports does not know it
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    if (isa == Isa::Avx512) return avx2 && __builtin_cpu_supports("avx512f");
+    if (isa == Isa::Avx512)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     if (isa == Isa::Avx2) return avx2;
 #endif
     return isa == Isa::Scalar;
@@ -196,6 +198,23 @@ void update_scalar(const Shard<Param, Grad>& a, long begin, long end) {
     for (long i = begin; i < end; i++) update_one(a, i);
 }
 
+// The decay bits of W consecutive elements, found by runs of the mask: while the W lie in one run (the mask's
+// same_until), a comparison; contains_bits where a run ends among them.
+template <int W>
+struct DecayRuns {
+    const LayoutMask& mask;
+    long run_end = LONG_MIN;  // contains() is `decays` from the last index looked up to here
+    bool decays = false;
+    uint32_t bits(long index) {
+        if (index >= run_end) {
+            decays = mask.contains(index);
+            run_end = mask.same_until(index);
+        }
+        if (index + W <= run_end) return decays ? (1u << W) - 1 : 0u;
+        return mask.template contains_bits<W>(index);
+    }
+};
+
 // The vector paths do the elements before the first global index that is a multiple of 4 (where a rounding hash's
 // group starts) and those after the last full vector one by one, with update_one.
 #ifdef ADAMW_CPU_X86
@@ -228,6 +247,7 @@ ADAMW_CPU_AVX2 void update_avx2(const Shard<Param, Grad>& a, long begin, long en
     const __m256 inv_bias_correction1 = _mm256_set1_ps(s.inv_bias_correction1), inv_bias_correction2 = _mm256_set1_ps(s.inv_bias_correction2);
     const __m256 eps = _mm256_set1_ps(s.eps), minus_lr = _mm256_set1_ps(-s.lr), weight_decay = _mm256_set1_ps(s.weight_decay);
     const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    DecayRuns<8> decay_runs{a.decay};
     for (; i + 8 <= end; i += 8) {
         const long index = a.index_offset + i;
         __m256 p = a.master != nullptr ? _mm256_loadu_ps(a.master + i) : load8(a.params + i);
@@ -236,7 +256,7 @@ ADAMW_CPU_AVX2 void update_avx2(const Shard<Param, Grad>& a, long begin, long en
         const __m256 v = _mm256_fmadd_ps(g, _mm256_mul_ps(one_minus_beta2, g), _mm256_mul_ps(beta2, _mm256_loadu_ps(a.v + i)));
         const __m256 q = _mm256_div_ps(_mm256_mul_ps(m, inv_bias_correction1),
                                        _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(v, inv_bias_correction2)), eps));
-        const __m256i decays = _mm256_set1_epi32((int)a.decay.template contains_bits<8>(index));
+        const __m256i decays = _mm256_set1_epi32((int)decay_runs.bits(index));
         const __m256 decay = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(decays, lane_bit), lane_bit)), weight_decay);
         p = _mm256_fmadd_ps(_mm256_fmadd_ps(decay, p, q), minus_lr, p);
         _mm256_storeu_ps(a.m + i, m);
@@ -257,11 +277,21 @@ ADAMW_CPU_AVX512 inline __m512 load16(const Bf16* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 ADAMW_CPU_AVX512 inline __m512 load16(const Fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+// splitmix64 of 4 values at once, and the rounding hashes of 16 elements from index (a multiple of 4): 16 bits an
+// element, in order.
+ADAMW_CPU_AVX512 inline __m256i splitmix64x4(__m256i x) {
+    x = _mm256_add_epi64(x, _mm256_set1_epi64x((long long)0x9E3779B97F4A7C15ull));
+    x = _mm256_mullo_epi64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 30)), _mm256_set1_epi64x((long long)0xBF58476D1CE4E5B9ull));
+    x = _mm256_mullo_epi64(_mm256_xor_si256(x, _mm256_srli_epi64(x, 27)), _mm256_set1_epi64x((long long)0x94D049BB133111EBull));
+    return _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
+}
+ADAMW_CPU_AVX512 inline __m256i rounding_hashes4(uint64_t seed, long index) {
+    const __m256i groups = _mm256_add_epi64(_mm256_set1_epi64x((long long)((uint64_t)index >> 2)), _mm256_setr_epi64x(0, 1, 2, 3));
+    return splitmix64x4(_mm256_xor_si256(_mm256_set1_epi64x((long long)seed), splitmix64x4(groups)));
+}
 ADAMW_CPU_AVX512 inline void store16(float* to, __m512 x, uint64_t, long) { _mm512_storeu_ps(to, x); }
 ADAMW_CPU_AVX512 inline void store16(Bf16* to, __m512 x, uint64_t seed, long index) {
-    const uint64_t hashes[4] = {rounding_hash(seed, index), rounding_hash(seed, index + 4), rounding_hash(seed, index + 8),
-                                rounding_hash(seed, index + 12)};
-    const __m512i random = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)hashes));
+    const __m512i random = _mm512_cvtepu16_epi32(rounding_hashes4(seed, index));
     x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_castsi512_ps(_mm512_set1_epi32((int)kBf16CanonicalNaN)));
     const __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(x), random), 16);
     _mm256_storeu_si256((__m256i*)to, _mm512_cvtepi32_epi16(b));
@@ -280,6 +310,7 @@ ADAMW_CPU_AVX512 void update_avx512(const Shard<Param, Grad>& a, long begin, lon
     const __m512 one_minus_beta1 = _mm512_set1_ps(1.0f - s.beta1), one_minus_beta2 = _mm512_set1_ps(1.0f - s.beta2);
     const __m512 inv_bias_correction1 = _mm512_set1_ps(s.inv_bias_correction1), inv_bias_correction2 = _mm512_set1_ps(s.inv_bias_correction2);
     const __m512 eps = _mm512_set1_ps(s.eps), minus_lr = _mm512_set1_ps(-s.lr), weight_decay = _mm512_set1_ps(s.weight_decay);
+    DecayRuns<16> decay_runs{a.decay};
     for (; i + 16 <= end; i += 16) {
         const long index = a.index_offset + i;
         __m512 p = a.master != nullptr ? _mm512_loadu_ps(a.master + i) : load16(a.params + i);
@@ -288,7 +319,7 @@ ADAMW_CPU_AVX512 void update_avx512(const Shard<Param, Grad>& a, long begin, lon
         const __m512 v = _mm512_fmadd_ps(g, _mm512_mul_ps(one_minus_beta2, g), _mm512_mul_ps(beta2, _mm512_loadu_ps(a.v + i)));
         const __m512 q = _mm512_div_ps(_mm512_mul_ps(m, inv_bias_correction1),
                                        _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, inv_bias_correction2)), eps));
-        const __m512 decay = _mm512_maskz_mov_ps((__mmask16)a.decay.template contains_bits<16>(index), weight_decay);
+        const __m512 decay = _mm512_maskz_mov_ps((__mmask16)decay_runs.bits(index), weight_decay);
         p = _mm512_fmadd_ps(_mm512_fmadd_ps(decay, p, q), minus_lr, p);
         _mm512_storeu_ps(a.m + i, m);
         _mm512_storeu_ps(a.v + i, v);

@@ -2,6 +2,7 @@
 // masks and splitmix64, so that the CPU AdamW (adamw_cpu.h) decays and rounds with the GPU's own definitions.
 // defines: HOST_DEVICE, HOST_DEVICE_INLINE, LayoutMask, splitmix64
 #pragma once
+#include <climits>
 #include <cstdint>
 
 // Callable from host and device code under nvcc; plain functions elsewhere.
@@ -43,6 +44,20 @@ struct LayoutMask {
             bits |= (uint32_t)in << k;
         }
         return bits;
+    }
+    // An index past i up to which contains() keeps its value at i (the end of the head, the gap, a range or the gap
+    // after it in a block, the blocks), not always the furthest: CPU loops test runs instead of single elements.
+    HOST_DEVICE long same_until(long i) const {
+        if (i < head_end) return head_end;
+        if (i < blocks_begin) return blocks_begin;
+        if (i >= blocks_end) return LONG_MAX;
+        const long j = (i - blocks_begin) % block_size;
+        long next = block_size;  // the next position in the block where a range begins or ends
+        for (int r = 0; r < num_ranges; r++) {
+            if (range_begin[r] > j && range_begin[r] < next) next = range_begin[r];
+            if (range_end[r] > j && range_end[r] < next) next = range_end[r];
+        }
+        return i - j + next < blocks_end ? i - j + next : blocks_end;
     }
     // Whether position j within a block lies in one of the ranges.
     HOST_DEVICE bool in_ranges(long j) const {

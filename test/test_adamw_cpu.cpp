@@ -128,6 +128,26 @@ LayoutMask mixed_mask() {
     for (int r = 0; r < 8; r++) mask.range_begin[r] = ranges[r][0], mask.range_end[r] = ranges[r][1];
     return mask;
 }
+// GPT-2 124M's decay mask (model/config.h's decay_mask): wte (Vp 50304 rows) and wpe (1024) decay, then 12 blocks of
+// 12 tensors, the four matrices decaying (qkvw, attprojw, fcw, fcprojw).
+LayoutMask gpt2_124m_mask() {
+    const long C = 768;
+    const long sizes[12] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+    const bool matrix[12] = {false, false, true, false, true, false, false, false, true, false, true, false};
+    LayoutMask mask;
+    mask.head_end = mask.blocks_begin = (50304 + 1024) * C;
+    long offset = 0;
+    for (int t = 0; t < 12; t++) {
+        if (matrix[t]) {
+            mask.range_begin[mask.num_ranges] = offset;
+            mask.range_end[mask.num_ranges++] = offset + sizes[t];
+        }
+        offset += sizes[t];
+    }
+    mask.block_size = offset;
+    mask.blocks_end = mask.blocks_begin + 12 * offset;
+    return mask;
+}
 struct NamedMask { const char* name; LayoutMask mask; };
 std::vector<NamedMask> masks() {
     LayoutMask none, all;
@@ -382,13 +402,14 @@ void test_stochastic_rounding(std::mt19937_64& rng) {
 }
 
 // Elements a second and GB/s (28 bytes an element: bf16 gradients and parameters, fp32 master, m and v, each moment
-// and the master read and written) for each path with 1 thread and with all of them, on 2^24 elements.
+// and the master read and written) for each path with 1 thread and with all of them, on the first 2^24 elements of
+// GPT-2 124M's blocks (2.4 blocks: every tensor's run of decay or none).
 void print_throughput(std::mt19937_64& rng) {
     const long n = 1L << 24;
     State<Bf16, Bf16> s = random_state<Bf16, Bf16>(n, true, rng);
     const Hyper h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f, 3, 17};
     const adamw_cpu::Step step = adamw_cpu::make_step(h, 4.0f);
-    const LayoutMask decay = mixed_mask();
+    const LayoutMask decay = gpt2_124m_mask();
     const int all = omp_get_max_threads();
     for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
         if (!adamw_cpu::isa_supported(isa)) continue;
@@ -397,7 +418,8 @@ void print_throughput(std::mt19937_64& rng) {
             std::vector<double> seconds;
             for (int rep = 0; rep < 3; rep++) {
                 const auto start = std::chrono::steady_clock::now();
-                adamw_cpu::update(s.params.data(), s.master.data(), s.grads.data(), s.m.data(), s.v.data(), 0, n, 0, step, decay, threads, isa);
+                adamw_cpu::update(s.params.data(), s.master.data(), s.grads.data(), s.m.data(), s.v.data(), 0, n, decay.blocks_begin,
+                                  step, decay, threads, isa);
                 seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
             }
             std::sort(seconds.begin(), seconds.end());
@@ -420,6 +442,17 @@ int main() {
     const LayoutMask mixed = mixed_mask();
     for (long i = 0; i < 60000; i += 4) patterns.insert(mixed.contains_bits<4>(i));
     check(patterns.size() == 16, "the mixed mask has every pattern of 4 decay bits", fmt("%.0f of 16", (double)patterns.size()));
+
+    // LayoutMask::same_until (the vector paths' runs): contains() keeps its value up to it, for the masks of these tests
+    long wrong = 0;
+    for (const LayoutMask& mask : {mixed, gpt2_124m_mask()})
+        for (long start : {0L, mask.blocks_begin - 5000, mask.blocks_end - 5000})
+            for (long i = std::max(0L, start); i < start + 60000; i++) {
+                const long until = mask.same_until(i);
+                wrong += until <= i;
+                for (long j = i + 1; j < std::min(until, i + 64); j++) wrong += mask.contains(j) != mask.contains(i);
+            }
+    check(wrong == 0, "LayoutMask::same_until: contains() keeps its value up to it", fmt("%.0f wrong", (double)wrong));
 
     test_types<float, float>(rng);
     test_types<Bf16, Bf16>(rng);
