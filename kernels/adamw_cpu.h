@@ -86,16 +86,23 @@ Step make_step(const Hyper& h, float norm_squared) {
 
 enum class Isa { Scalar, Avx2, Avx512 };
 inline const char* isa_name(Isa isa) { return isa == Isa::Avx512 ? "AVX-512" : isa == Isa::Avx2 ? "AVX2" : "scalar"; }
-inline bool isa_supported(Isa isa) {
+namespace detail {
+// The vector paths the CPU can run, read once: AVX2 with FMA and F16C; AVX-512 F, DQ and VL besides.
+struct CpuPaths {
+    bool avx2 = false, avx512 = false;
+    CpuPaths() {
 #ifdef ADAMW_CPU_X86
-    unsigned int eax, ebx, ecx, edx;  // F16C by cpuid: clang's __builtin_cpu_supports does not know it
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    if (isa == Isa::Avx512)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-    if (isa == Isa::Avx2) return avx2;
+        unsigned int eax, ebx, ecx, edx;  // F16C by cpuid: clang's __builtin_cpu_supports does not know it
+        const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+        avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
-    return isa == Isa::Scalar;
+    }
+};
+}  // namespace detail
+inline bool isa_supported(Isa isa) {
+    static const detail::CpuPaths cpu;
+    return isa == Isa::Scalar || (isa == Isa::Avx2 && cpu.avx2) || (isa == Isa::Avx512 && cpu.avx512);
 }
 inline Isa best_isa() {
     static const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512 : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Scalar;
@@ -337,7 +344,7 @@ ADAMW_CPU_AVX512 void update_avx512(const Shard<Param, Grad>& a, long begin, lon
 struct KeepSubnormals {
 #ifdef ADAMW_CPU_X86
     const unsigned int saved = _mm_getcsr();
-    KeepSubnormals() { _mm_setcsr(saved & ~(_MM_FLUSH_ZERO_ON | 0x0040u)); }  // 0x0040: denormals-are-zero
+    KeepSubnormals() { _mm_setcsr(saved & ~(_MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON)); }
     ~KeepSubnormals() { _mm_setcsr(saved); }
 #endif
 };
@@ -350,11 +357,12 @@ constexpr long kChunkElements = 8192;
 
 // Updates elements [begin, end) of a shard whose element 0 has global index index_offset (0 for a whole buffer): every
 // pointer points at the shard's element 0. params: the compute-precision parameters (float, Bf16 or Fp16), written;
-// master: the fp32 master weights, or null when params is float and holds them (then read from params); grads: the
-// gradients, in the compute type or fp32; m, v: fp32 moments. decay: the weight-decay mask over global indices (the
-// kernel's). An element's result depends only on its values and global index, so any tiling of a shard (and any
-// thread count) gives the same bits. threads: OpenMP threads (0: the default team); isa: the path (a vector path the
-// CPU lacks is refused).
+// master: the fp32 master weights, or null, as in adamw_update (then the parameters are read from params: fp32
+// parameters are their own master weights); grads: the gradients, in the compute type or fp32; m, v: fp32 moments.
+// decay: the weight-decay mask over global indices (the kernel's). An element's result depends only on its values and
+// global index, so any tiling of a shard (and any thread count) gives the same bits: a caller can update tile k while
+// tile k+1's gradients and tile k-1's parameters are copied. threads: OpenMP threads (0: the default team); isa: the
+// path (a vector path the CPU lacks is refused).
 template <typename Param, typename Grad>
 void update(Param* params, float* master, const Grad* grads, float* m, float* v, long begin, long end, long index_offset,
             const Step& step, const LayoutMask& decay, int threads = 0, Isa isa = best_isa()) {

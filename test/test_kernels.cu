@@ -487,7 +487,8 @@ void test_optimizer(size_t n, const std::string& tag, cudaStream_t stream) {
 
 // The CPU AdamW (kernels/adamw_cpu.h, ZeRO-Offload's) against adamw_update on the same inputs, bit for bit, with each
 // path the host has: a shard at a global offset (a multiple of 4) of odd length, decay in runs that cut groups of 4,
-// clipping active (and fp16's loss scale), some v subnormal. A NaN would compare unequal: the inputs make none.
+// clipping active (and fp16's loss scale), subnormal v and squared gradients. A NaN would compare unequal: the inputs
+// make none.
 template <typename floatX> struct CpuType { using type = floatX; };
 template <> struct CpuType<__nv_bfloat16> { using type = adamw_cpu::Bf16; };
 template <> struct CpuType<__half> { using type = adamw_cpu::Fp16; };
@@ -509,9 +510,12 @@ void test_adamw_cpu_bitwise(const std::string& tag, cudaStream_t stream) {
     mask.range_begin[0] = 0, mask.range_end[0] = 1;
     mask.range_begin[1] = 5, mask.range_end[1] = 8;
     mask.range_begin[2] = 14, mask.range_end[2] = 27;
-    const std::vector<float> master = random_vector<float>(n, 0.1f), grad = random_vector<floatX>(n, 0.01f);
-    std::vector<float> m = random_vector<float>(n, 1e-3f), v = random_vector<float>(n, 1e-5f);
-    for (long i = 0; i < n; i++) v[i] = i % 10 == 0 ? 1e-40f : fabsf(v[i]);
+    const std::vector<float> master = random_vector<float>(n, 0.1f);
+    std::vector<float> grad = random_vector<floatX>(n, 0.01f), m = random_vector<float>(n, 1e-3f), v = random_vector<float>(n, 1e-5f);
+    for (long i = 0; i < n; i++) {
+        v[i] = i % 10 == 0 ? 1e-40f : fabsf(v[i]);
+        if (i % 10 == 1) grad[i] = host_round<floatX>(1e-22f * grad[i]);  // a subnormal square (0 in fp16)
+    }
     std::vector<float> params(n);
     for (long i = 0; i < n; i++) params[i] = host_round<floatX>(master[i]);
 
