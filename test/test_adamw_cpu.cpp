@@ -70,7 +70,7 @@ float stored_value(Bf16 x) { return float_of((uint32_t)x.bits << 16); }
 float stored_value(Fp16 x) { return (float)fp16_value(x.bits); }
 template <typename T> T from_value(float x);
 template <> float from_value<float>(float x) { return x; }
-template <> Bf16 from_value<Bf16>(float x) { return Bf16{(uint16_t)(bits_of(x) >> 16)}; }  // truncation: exact inputs
+template <> Bf16 from_value<Bf16>(float x) { return Bf16{(uint16_t)(bits_of(x) >> 16)}; }  // truncated: any input will do
 template <> Fp16 from_value<Fp16>(float x) {  // the nearest fp16, encoded from the format's definition (finite x)
     const double d = std::fabs(fp16_nearest(x));
     const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
@@ -96,9 +96,10 @@ bool rounded_as_kernel(Fp16 got, float x, uint64_t, long) {
 }
 
 // docs/formats.md's AdamW for one element (m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, mhat = m/(1-b1^t),
-// vhat = v/(1-b2^t), p -= lr (mhat / (sqrt(vhat) + eps) + wd p)), with the gradient scale of clipping and the loss
-// scale first and the kernel's arithmetic: each sum whose term is a product of two already rounded values is one fused
-// multiply-add, the bias corrections are multiplications by host-computed reciprocals.
+// vhat = v/(1-b2^t), p -= lr (mhat / (sqrt(vhat) + eps) + wd p)), after the gradient scale of clipping and the loss
+// scale, in the kernel's arithmetic: the bias corrections multiply by reciprocals computed once, and what nvcc fuses
+// is fused here (fmaf), the rest rounded at each step: m = fma(b1, m, (1-b1) g), v = fma((1-b2) g, g, b2 v),
+// p = fma(-lr, fma(wd, p, step), p).
 struct Element { float p, m, v; };
 Element reference_element(float p, float g, float m, float v, bool decays, const Hyper& h, float norm_squared) {
     const float norm = sqrtf(norm_squared) / h.loss_scale;
