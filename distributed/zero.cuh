@@ -20,12 +20,18 @@
 // forward and backward) and the final LayerNorm are persistent, with full buffers.
 // Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
+// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training"; --offload optimizer): at
+// stages 1-3, or on one rank, the shard's master weights and Adam moments live in pinned host memory and the CPU
+// runs AdamW on them (kernels/adamw_cpu.h, bitwise the kernel's update): the reduced gradient shard goes down and the
+// new compute-precision parameters come up tile by tile, overlapped with the CPU's work. The GPU keeps the parameters
+// and gradients of its stage: 4Ψ, 2Ψ + 2Ψ/N, 4Ψ/N in bf16 at stages 1-3; the host 12Ψ/N per rank (8Ψ/N in fp32).
 #pragma once
 #include <algorithm>
 #include <functional>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
+#include "../kernels/adamw_cpu.h"
 #include "../kernels/global_norm.cuh"
 #include "process_group.h"
 #include "mesh.h"
@@ -70,6 +76,17 @@ struct ZeroMemory {
     size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
+// ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, and the staging slots
+// that the gradients come down and the new parameters go up through.
+struct HostMemory {
+    size_t master_weights = 0, adam_state = 0, staging = 0;
+    size_t total() const { return master_weights + adam_state + staging; }
+};
+
+// The CPU AdamW's name for a compute type (the same bits, kernels/adamw_cpu.h).
+template <typename T> struct CpuFloat { using type = float; };
+template <> struct CpuFloat<__nv_bfloat16> { using type = adamw_cpu::Bf16; };
+template <> struct CpuFloat<__half> { using type = adamw_cpu::Fp16; };
 
 // Parameters, gradients and optimizer state of one rank, and the communication between ranks.
 template <typename floatX>
@@ -114,9 +131,18 @@ public:
         if (has_tied_ && stage_ >= 2) die("internal: tied units (pipeline parallelism) at ZeRO stage 2 or 3");
     }
 
+    // ZeRO-Offload's step moves the gradient shard down and the new parameters up in tiles of this many elements (8 MiB
+    // of bf16 gradients a copy: long enough for the copy engines' full rate, short enough that the first tile's copy
+    // down and the last one's copy up, which nothing overlaps, take well under a millisecond), through kOffloadSlots
+    // pinned slots each way: tile k+1 comes down and tile k-1 goes up while the CPU updates tile k.
+    static constexpr size_t kOffloadTileElements = size_t(1) << 22;
+    static constexpr int kOffloadSlots = 2;
+    static size_t offload_tile(size_t shard) { return std::min(kOffloadTileElements, shard); }
+
     // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
+    // offload: the master weights and Adam moments are the host's (host_memory).
     static ZeroMemory memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
-                             bool trainable = true) {
+                             bool trainable = true, bool offload = false) {
         if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
         const size_t local = total / world;
@@ -130,13 +156,36 @@ public:
         m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
         m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
         const size_t optimizer_elements = stage >= 1 ? local : total;
+        if (offload) return m;
         m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
         m.adam_state = 2 * optimizer_elements * sizeof(float);
         return m;
     }
+    // Pinned host bytes of one rank under ZeRO-Offload, for `total` elements on `world` data-parallel ranks at `stage` (the
+    // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
+    // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of parameters.
+    static HostMemory host_memory(size_t total, int world, int stage) {
+        const size_t shard = stage >= 1 ? total / world : total;
+        HostMemory h;
+        h.master_weights = kHasMaster ? shard * sizeof(float) : 0;
+        h.adam_state = 2 * shard * sizeof(float);
+        h.staging = kOffloadSlots * offload_tile(shard) * 2 * sizeof(floatX);
+        return h;
+    }
 
     int stage() const { return stage_; }
     const ShardPlan& plan() const { return plan_; }
+
+    // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
+    // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team). Trained parameters sharded at stage 1-3 or on
+    // one rank (validate_options refuses the rest: stage 0 on several ranks, pipelines, LoRA).
+    void offload_optimizer(int cpu_threads) {
+        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || adam_m_ != nullptr)
+            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3, without pipeline stages, before allocate()");
+        offload_ = true;
+        cpu_threads_ = cpu_threads;
+    }
+    bool offloads_optimizer() const { return offload_; }
 
     void allocate() {
         const int U = plan_.num_units();
@@ -160,40 +209,65 @@ public:
         else alloc(&params_, total_);
         if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_);
         else alloc(&grads_, total_);
-        const size_t optimizer_elements = stage_ >= 1 ? local : total_;
-        if (kHasMaster) cudaCheck(cudaMalloc(&master_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_m_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_v_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMemset(adam_m_, 0, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMemset(adam_v_, 0, optimizer_elements * sizeof(float)));
+        const size_t n = optimizer_elements();
+        if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
+            if (kHasMaster) cudaCheck(cudaHostAlloc(&master_, n * sizeof(float), cudaHostAllocDefault));
+            cudaCheck(cudaHostAlloc(&adam_m_, n * sizeof(float), cudaHostAllocDefault));
+            cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
+            zero_host(adam_m_, n);
+            zero_host(adam_v_, n);
+            const size_t tile = offload_tile(n);
+            for (int i = 0; i < kOffloadSlots; i++) {
+                cudaCheck(cudaHostAlloc(&host_grads_[i], tile * sizeof(floatX), cudaHostAllocDefault));
+                cudaCheck(cudaHostAlloc(&host_params_[i], tile * sizeof(floatX), cudaHostAllocDefault));
+            }
+            cudaCheck(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
+            cudaCheck(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
+        } else {
+            if (kHasMaster) cudaCheck(cudaMalloc(&master_, n * sizeof(float)));
+            cudaCheck(cudaMalloc(&adam_m_, n * sizeof(float)));
+            cudaCheck(cudaMalloc(&adam_v_, n * sizeof(float)));
+            cudaCheck(cudaMemset(adam_m_, 0, n * sizeof(float)));
+            cudaCheck(cudaMemset(adam_v_, 0, n * sizeof(float)));
+        }
         cudaCheck(cudaMalloc(&norm_, sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
         cudaCheck(cudaMallocHost(&norm_host_, sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1],
-                        &ring_params_free_[0], &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
+        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_})
             cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         unit_events_.resize(U);
         gathered_.resize(U);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+        downloaded_.resize(kOffloadSlots);
+        uploaded_.resize(kOffloadSlots);
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
 
     ~ZeroOptimizer() {
         for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_, (void*)ring_params_[0],
-                        (void*)ring_params_[1], (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_,
-                        (void*)adam_v_, (void*)norm_, (void*)norm_scratch_})
+                        (void*)ring_params_[1], (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
+        for (float* p : {master_, adam_m_, adam_v_}) {
+            if (p == nullptr) continue;
+            if (offload_) cudaFreeHost(p);
+            else cudaFree(p);
+        }
         for (const std::vector<floatX*>* buffers : {&persistent_params_, &persistent_grads_})
             for (floatX* p : *buffers)
                 if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
-        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+        for (int i = 0; i < kOffloadSlots; i++)
+            for (floatX* p : {host_grads_[i], host_params_[i]})
+                if (p) cudaFreeHost(p);
+        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (cudaEvent_t e : *events) cudaEventDestroy(e);
-        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1],
-                              ring_params_free_[0], ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
+        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1], ring_params_free_[0],
+                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1], offload_start_, norm_ready_, offload_done_})
             if (e) cudaEventDestroy(e);
-        if (comm_) cudaStreamDestroy(comm_);
+        for (cudaStream_t stream : {comm_, download_, upload_})
+            if (stream) cudaStreamDestroy(stream);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -328,12 +402,15 @@ public:
     // the log and updates the fp16 loss scale (which the next step's backward uses). h.grad_clip clips; its
     // loss_scale is replaced by the scaler's. nonfinite_loss (device, 0 or NaN, the same on every rank) is added
     // to the squared norm: a non-finite loss skips the step in every precision, as a non-finite gradient does.
+    // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (update_on_host), then
+    // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step).
     void step(AdamWHyper h, const float* nonfinite_loss = nullptr) {
         if (!trainable_) {
             die("internal: optimizer step on frozen parameters");
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
+        if (offload_) start_downloads();
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0 && !has_tied_copy_) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
@@ -360,31 +437,29 @@ public:
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
-        if (stage_ == 0) {
-            adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
-        } else {
-            for (int u = 0; u < U; u++) {
-                const size_t local = plan_.local_offset[u], global = plan_.global_begin(u);
-                floatX* p = stage_ == 3 ? param_shards_ + local : params_ + global;
-                const floatX* g = stage_ == 1 ? grads_ + global : grad_shards_ + local;
-                adamw_update(p, kHasMaster ? master_ + local : nullptr, g, adam_m_ + local, adam_v_ + local,
-                             (long)plan_.shard_size[u], (long)global, h, norm_, decay_, compute_);
-                // Stages 1/2: the updated unit is gathered on the communication stream while the next units update
-                // and the next forward starts, which waits for each unit just before it uses it (wait_for_unit).
-                // A skipped step gathers the unchanged shards: the same parameters everywhere.
-                if (stage_ < 3) {
-                    cudaCheck(cudaEventRecord(unit_events_[u], compute_));
-                    cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
-                    floatX* unit = params_ + plan_.unit_offset[u];
-                    ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
-                                            nccl_type<floatX>(), data_.comm, comm_));
-                    cudaCheck(cudaEventRecord(gathered_[u], comm_));
-                }
+        if (offload_) update_on_host(h);
+        else if (stage_ == 0) adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
+        for (int u = 0; u < U && stage_ >= 1; u++) {
+            const size_t local = plan_.local_offset[u];
+            if (!offload_)
+                adamw_update(shard_params(u), kHasMaster ? master_ + local : nullptr, shard_grads(u), adam_m_ + local, adam_v_ + local,
+                             (long)plan_.shard_size[u], (long)plan_.global_begin(u), h, norm_, decay_, compute_);
+            // Stages 1/2: the updated unit is gathered on the communication stream while the next units update (under
+            // offload: once the host's update is back) and the next forward starts, which waits for each unit just
+            // before it uses it (wait_for_unit). A skipped step gathers the unchanged shards: the same parameters
+            // everywhere.
+            if (stage_ < 3) {
+                cudaCheck(cudaEventRecord(unit_events_[u], compute_));
+                cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+                floatX* unit = params_ + plan_.unit_offset[u];
+                ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
+                                        nccl_type<floatX>(), data_.comm, comm_));
+                cudaCheck(cudaEventRecord(gathered_[u], comm_));
             }
-            if (stage_ == 3) {
-                persistent_gathered_ = false;
-                ring_unit_[0] = ring_unit_[1] = -1;
-            }
+        }
+        if (stage_ == 3) {
+            persistent_gathered_ = false;
+            ring_unit_[0] = ring_unit_[1] = -1;
         }
         step_hyper_ = h;
     }
@@ -428,11 +503,12 @@ public:
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
         if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
         else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
-        if (kHasMaster && trainable_) {
+        if (kHasMaster && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
+            const cudaMemcpyKind kind = offload_ ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
             if (stage_ >= 1)
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
             else
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), kind, compute_));
         }
         persistent_gathered_ = false;
         ring_unit_[0] = ring_unit_[1] = -1;
@@ -488,22 +564,33 @@ public:
         return host_floats(raw);
     }
 
-    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats.
+    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats. Under
+    // ZeRO-Offload read and written in host memory directly, once set_unit's copies there are done.
     size_t optimizer_elements() const { return stage_ >= 1 ? plan_.local_total : total_; }
     void optimizer_state_to_host(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) const {
         const size_t n = optimizer_elements();
         master.resize(kHasMaster ? n : 0);
         m.resize(n);
         v.resize(n);
-        if (kHasMaster) cudaCheck(cudaMemcpy(master.data(), master_, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(m.data(), adam_m_, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(v.data(), adam_v_, n * sizeof(float), cudaMemcpyDeviceToHost));
+        if (offload_) pg_.synchronize(compute_);
+        auto get = [&](std::vector<float>& to, const float* from) {
+            if (offload_) std::copy(from, from + n, to.begin());
+            else cudaCheck(cudaMemcpy(to.data(), from, n * sizeof(float), cudaMemcpyDeviceToHost));
+        };
+        if (kHasMaster) get(master, master_);
+        get(m, adam_m_);
+        get(v, adam_v_);
     }
     void optimizer_state_from_host(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v) {
         const size_t n = optimizer_elements();
-        if (kHasMaster) cudaCheck(cudaMemcpy(master_, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(adam_m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(adam_v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        if (offload_) pg_.synchronize(compute_);
+        auto put = [&](float* to, const std::vector<float>& from) {
+            if (offload_) std::copy(from.begin(), from.begin() + n, to);
+            else cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        };
+        if (kHasMaster) put(master_, master);
+        put(adam_m_, m);
+        put(adam_v_, v);
     }
     // What this rank stores of a full (padded-layout) optimizer array.
     std::vector<float> optimizer_part(const std::vector<float>& full) const { return stage_ >= 1 ? local_slices(plan_, full) : full; }
@@ -513,6 +600,87 @@ private:
     void alloc(floatX** p, size_t n) {
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
         cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
+    }
+    // This rank's slice of unit u on the device, where AdamW reads its gradients and writes its parameters (stages
+    // 1-3; one rank's slice is the whole unit).
+    floatX* shard_params(int u) const { return stage_ == 3 ? param_shards_ + plan_.local_offset[u] : params_ + plan_.global_begin(u); }
+    floatX* shard_grads(int u) const { return stage_ >= 2 ? grad_shards_ + plan_.local_offset[u] : grads_ + plan_.global_begin(u); }
+
+    // ------------------------------------------------------------------------------------------
+    // ZeRO-Offload's step. The host state is in the order of this rank's shard (plan_.local_offset); tile k is its
+    // elements [k T, (k + 1) T) for T = offload_tile(), and lies in staging slot k % kOffloadSlots.
+
+    static void zero_host(float* p, size_t n) {
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < (long)n; i++) p[i] = 0.0f;
+    }
+    size_t tile_elements() const { return offload_tile(optimizer_elements()); }
+    int num_tiles() const { return ceil_div((long)optimizer_elements(), (long)tile_elements()); }
+    // visit(u, begin, end) for each unit u that tile k overlaps, with the overlap [begin, end) in shard order.
+    template <typename Visit>
+    void for_each_piece(int k, Visit visit) const {
+        const size_t first = (size_t)k * tile_elements(), last = std::min(first + tile_elements(), optimizer_elements());
+        for (int u = 0; u < plan_.num_units(); u++) {
+            const size_t begin = std::max(first, plan_.local_offset[u]), end = std::min(last, plan_.local_offset[u] + plan_.shard_size[u]);
+            if (begin < end) visit(u, begin, end);
+        }
+    }
+    // Enqueues tile k's gradients (fp32: and its parameters, which are their own master weights) into its slot, on the
+    // download stream; downloaded_[slot] marks them there.
+    void download_tile(int k) {
+        const int slot = k % kOffloadSlots;
+        const size_t first = (size_t)k * tile_elements();
+        if (!kHasMaster) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
+        for_each_piece(k, [&](int u, size_t begin, size_t end) {
+            const size_t in_unit = begin - plan_.local_offset[u], bytes = (end - begin) * sizeof(floatX);
+            cudaCheck(cudaMemcpyAsync(host_grads_[slot] + (begin - first), shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
+            if (!kHasMaster)
+                cudaCheck(cudaMemcpyAsync(host_params_[slot] + (begin - first), shard_params(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
+        });
+        cudaCheck(cudaEventRecord(downloaded_[slot], download_));
+    }
+    // At the start of step(): the copy streams wait until the gradients are reduced and the last step's gathers are
+    // done (wait_for_parameters), and the first tiles come down while the GPU computes the norm.
+    void start_downloads() {
+        cudaCheck(cudaEventRecord(offload_start_, compute_));
+        cudaCheck(cudaStreamWaitEvent(download_, offload_start_));
+        cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
+        for (int k = 0; k < kOffloadSlots && k < num_tiles(); k++) download_tile(k);
+    }
+    // Once the squared norm's copy to norm_host_ is enqueued: waits for it, then for each tile waits for its download,
+    // runs AdamW on the CPU into its parameter slot, enqueues the slot's copy up to the GPU and the download of the
+    // tile kOffloadSlots ahead into the freed gradient slot; the compute stream then waits for the last upload, before
+    // the gathers (stages 1-2) and the next forward read the parameters. A skipped step (adamw_grad_scale 0: a
+    // non-finite norm) changes nothing, as on the GPU; its downloads go unread. Every wait is bounded by
+    // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job.
+    void update_on_host(const AdamWHyper& h) {
+        cudaCheck(cudaEventRecord(norm_ready_, compute_));
+        pg_.wait_event(norm_ready_);
+        const adamw_cpu::Step step = adamw_cpu::make_step(h, *norm_host_);
+        if (step.grad_scale == 0.0f) return;
+        using Cpu = typename CpuFloat<floatX>::type;
+        const int tiles = num_tiles();
+        for (int k = 0; k < tiles; k++) {
+            const int slot = k % kOffloadSlots;
+            const size_t first = (size_t)k * tile_elements();
+            pg_.wait_event(downloaded_[slot]);
+            pg_.wait_event(uploaded_[slot]);  // the parameter slot's last copy up is done
+            Cpu* params = reinterpret_cast<Cpu*>(host_params_[slot]);
+            const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
+            for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                const long index = (long)(plan_.global_begin(u) + (begin - plan_.local_offset[u]));  // begin's, in the whole layout
+                adamw_cpu::update(params + (begin - first), kHasMaster ? master_ + begin : nullptr, grads + (begin - first),
+                                  adam_m_ + begin, adam_v_ + begin, 0, (long)(end - begin), index, step, decay_, cpu_threads_);
+            });
+            for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_params_[slot] + (begin - first),
+                                          (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
+            });
+            cudaCheck(cudaEventRecord(uploaded_[slot], upload_));
+            if (k + kOffloadSlots < tiles) download_tile(k + kOffloadSlots);
+        }
+        cudaCheck(cudaEventRecord(offload_done_, upload_));
+        cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
     }
     // All-gather unit u from the parameter shards into `dst` (on the communication stream).
     void gather(int u, floatX* dst) {
@@ -555,11 +723,20 @@ private:
     floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
     std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
     floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones
-    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
+    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;  // on the device, or under offload pinned on the host
+    float *norm_ = nullptr, *norm_scratch_ = nullptr;
     float* norm_host_ = nullptr;  // pinned
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
     std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
+    // ZeRO-Offload: the CPU's threads, the pinned staging slots, the copy streams each way and their events (a slot's
+    // tile is down, a slot's parameters are up; the step's start, the norm on the host, the last upload)
+    bool offload_ = false;
+    int cpu_threads_ = 0;
+    floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
+    cudaStream_t download_ = nullptr, upload_ = nullptr;
+    std::vector<cudaEvent_t> downloaded_, uploaded_;
+    cudaEvent_t offload_start_ = nullptr, norm_ready_ = nullptr, offload_done_ = nullptr;
 };

@@ -6,7 +6,8 @@
 // form) equals contains. Checkpoints: optimizer state written by N ranks at
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
 // pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
-// initialisation's runs, unit by unit, give each rank's part.
+// initialisation's runs, unit by unit, give each rank's part. ZeRO-Offload's memory plan: d12's pinned host memory
+// per rank against hand-computed bytes, and the GPU's plan without the optimizer state.
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -301,11 +302,43 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
           std::to_string(parts) + " parts (tp 1-4, pp 1-4, 1-2 chunks a stage)");
 }
 
+// ZeRO-Offload's plan for d12 (GPT-2 124M: 124,475,904 elements in the padded layout at 1, 2 and 4 data-parallel
+// ranks: wte 50304 x 768 = 38,633,472, wpe 1024 x 768 = 786,432, 12 blocks of 12 C^2 + 13 C = 7,087,872 and the final
+// LayerNorm's 2 C = 1,536, each a multiple of 32, so no padding) at ZeRO stages 1-3: per rank the host holds the
+// shard's fp32 master weights (4 bytes an element; none in fp32) and Adam m and v (8), and two staging slots of a
+// 4,194,304-element tile of gradients and one of parameters (2 x 4,194,304 x (2 + 2) bytes in bf16, x (4 + 4) in
+// fp32), whatever the stage; the GPU's model states are those without offload less the master weights and moments.
+template <typename floatX>
+static void check_offload_memory(const ModelConfig& d12, const std::string& precision, int dp, size_t master, size_t adam, size_t staging,
+                                 size_t total) {
+    const ParameterLayout l(d12, 8 * dp);
+    for (int stage = 1; stage <= 3; stage++) {
+        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage);
+        const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, true);
+        const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, false);
+        char text[200];
+        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, staging %zu, total %zu; GPU optimizer state %zu", l.total,
+                 h.master_weights, h.adam_state, h.staging, h.total(), offloaded.master_weights + offloaded.adam_state);
+        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.staging == staging && h.total() == total &&
+                  offloaded.master_weights == 0 && offloaded.adam_state == 0 && offloaded.parameters == resident.parameters &&
+                  offloaded.gradients == resident.gradients && resident.adam_state > 0,
+              "offload plan d12 " + precision + " dp " + std::to_string(dp) + " stage " + std::to_string(stage) +
+                  ": host bytes per rank as computed by hand, no optimizer state on the GPU",
+              text);
+    }
+}
+
 int main() {
     check_suite("sharding");
     ModelConfig d12;
     config_from_descriptor("d12", d12);
     check_layout(d12, "d12");
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", 1, 497903616, 995807232, 33554432, 1527265280);  // 124,475,904 x 4 and x 8
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", 2, 248951808, 497903616, 33554432, 780409856);   // 62,237,952 elements a rank
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", 4, 124475904, 248951808, 33554432, 406982144);   // 31,118,976 elements a rank
+    check_offload_memory<float>(d12, "fp32", 1, 0, 995807232, 67108864, 1062916096);
+    check_offload_memory<float>(d12, "fp32", 2, 0, 497903616, 67108864, 565012480);
+    check_offload_memory<float>(d12, "fp32", 4, 0, 248951808, 67108864, 316060672);
     ModelConfig toy;  // parameter count not divisible by any N > 1
     toy.num_layers = 3; toy.num_heads = 3; toy.channels = 72; toy.max_seq_len = 129; toy.vocab_size = 1001; toy.padded_vocab_size = 1024;
     check_layout(toy, "toy");
