@@ -259,6 +259,11 @@ int checkpoint_to_resume(const Options& o, const ModelConfig& config, FILE* out)
     return step;
 }
 
+// What --offload moves to the host.
+static Offload offload_mode(const std::string& flag) {
+    return flag == "optimizer,parameters" ? Offload::kOptimizerParameters : flag == "optimizer" ? Offload::kOptimizer : Offload::kNone;
+}
+
 // ZeRO-Offload's CPU threads for one of the `ranks_on_host` ranks of this machine: OMP_NUM_THREADS when set (0:
 // OpenMP's default team, which is it); all the processors this process may run on when a launcher bound it to fewer
 // than the machine's; otherwise an equal share of the machine's.
@@ -279,7 +284,7 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     const ModelConfig& config = run.config;
     const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1, P = shape.pp;
     const int my_stage = mesh_coord(shape, pg.rank).pp;
-    const bool offload = o.offload != "none";
+    const Offload offload = offload_mode(o.offload);
     StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, run.lora, stages.parts, stages.chunks, {}};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
     size_t free_bytes, total_bytes;
@@ -297,13 +302,13 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     if (stages.schedule) print_pipeline_plan(out, stages.forecast);
     const MemoryPlan plan = report_memory_plan(out, plans, my_stage, split, free_bytes, model.num_parameters(),
                                                model.trainable_parameters(), o.lora_targets);
-    if (offload) {
+    if (offload != Offload::kNone) {
         const int ranks_on_host = pg.ranks_on_this_host();
         const int threads = offload_cpu_threads(ranks_on_host);
         const std::string cpu = std::string(adamw_cpu::isa_name(adamw_cpu::best_isa())) + ", " +
                                 std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank";
         report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu);
-        model.trained().offload_optimizer(threads);
+        model.trained().set_offload(offload, threads);
     }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%

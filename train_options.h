@@ -415,6 +415,9 @@ inline RunShape validate_options(const Options& o, int world) {
                 "optimizer state, which stage 0 does not shard");
         if (o.offload == "optimizer,parameters" && o.zero_stage != 3)
             die("--offload optimizer,parameters runs with --zero-stage 3 (got " + std::to_string(o.zero_stage) + "): only stage 3 shards the parameters");
+        if (o.offload == "optimizer,parameters" && shape.dp < 2)
+            die("--offload optimizer,parameters needs at least 2 data-parallel ranks (got " + std::to_string(shape.dp) + "): on one rank ZeRO-3 keeps "
+                "the whole parameters on the GPU; --offload optimizer moves its optimizer state");
         if (shape.pp > 1)
             die("--offload runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): a pipeline runs ZeRO stages 0-1, whose GPUs "
                 "keep the whole stage's parameters and gradients anyway; offload over data-parallel ranks at --zero-stage 2 or 3 instead");

@@ -25,8 +25,12 @@
 // runs AdamW on them (kernels/adamw_cpu.h, bitwise the kernel's update): the reduced gradient shard goes down and the
 // new compute-precision parameters come up tile by tile, overlapped with the CPU's work. The GPU keeps the parameters
 // and gradients of its stage: 4Ψ, 2Ψ + 2Ψ/N, 4Ψ/N in bf16 at stages 1-3; the host 12Ψ/N per rank (8Ψ/N in fp32).
+// --offload optimizer,parameters (stage 3, N >= 2): the parameter shard lives on the host too, where the CPU writes
+// it; each gather copies the rank's slice up into the unit's buffer and all-gathers in place, so the GPU keeps only
+// the gathered working buffers of the parameters (2Ψ/N on the host instead).
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <vector>
 #include "../kernels/common.cuh"
@@ -76,12 +80,16 @@ struct ZeroMemory {
     size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
-// ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, and the staging slots
-// that the gradients come down and the new parameters go up through.
+// ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, its compute-precision
+// parameters (--offload optimizer,parameters), and the staging slots that the gradients come down and the new
+// parameters go up through.
 struct HostMemory {
-    size_t master_weights = 0, adam_state = 0, staging = 0;
-    size_t total() const { return master_weights + adam_state + staging; }
+    size_t master_weights = 0, adam_state = 0, parameters = 0, staging = 0;
+    size_t total() const { return master_weights + adam_state + parameters + staging; }
 };
+
+// What ZeRO-Offload moves to the host (--offload): nothing, the optimizer state, or also the stage-3 parameter shard.
+enum class Offload { kNone, kOptimizer, kOptimizerParameters };
 
 // The CPU AdamW's name for a compute type (the same bits, kernels/adamw_cpu.h).
 template <typename T> struct CpuFloat { using type = float; };
@@ -139,10 +147,11 @@ public:
     static constexpr int kOffloadSlots = 2;
     static size_t offload_tile(size_t shard) { return std::min(kOffloadTileElements, shard); }
 
-    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
-    // offload: the master weights and Adam moments are the host's (host_memory).
+    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan). Under
+    // offload the master weights and Adam moments are the host's (host_memory), at stage 3 with its parameters the
+    // parameter shard too.
     static ZeroMemory memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
-                             bool trainable = true, bool offload = false) {
+                             bool trainable = true, Offload offload = Offload::kNone) {
         if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
         const size_t local = total / world;
@@ -152,24 +161,29 @@ public:
             else persistent += unit_sizes[u];
         const size_t ring = 2 * largest_gathered;
         ZeroMemory m;
-        m.parameters = (stage == 3 ? local + persistent + ring : total) * sizeof(floatX);
+        const size_t param_shard = offload == Offload::kOptimizerParameters ? 0 : local;
+        m.parameters = (stage == 3 ? param_shard + persistent + ring : total) * sizeof(floatX);
         m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
         m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
         const size_t optimizer_elements = stage >= 1 ? local : total;
-        if (offload) return m;
+        if (offload != Offload::kNone) return m;
         m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
         m.adam_state = 2 * optimizer_elements * sizeof(float);
         return m;
     }
-    // Pinned host bytes of one rank under ZeRO-Offload, for `total` elements on `world` data-parallel ranks at `stage` (the
+    // Pinned host bytes of one rank under `offload`, for `total` elements on `world` data-parallel ranks at `stage` (the
     // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
-    // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of parameters.
-    static HostMemory host_memory(size_t total, int world, int stage) {
+    // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of
+    // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots.
+    static HostMemory host_memory(size_t total, int world, int stage, Offload offload) {
+        if (offload == Offload::kNone) return {};
+        const bool parameters = offload == Offload::kOptimizerParameters;
         const size_t shard = stage >= 1 ? total / world : total;
         HostMemory h;
         h.master_weights = kHasMaster ? shard * sizeof(float) : 0;
         h.adam_state = 2 * shard * sizeof(float);
-        h.staging = kOffloadSlots * offload_tile(shard) * 2 * sizeof(floatX);
+        h.parameters = parameters ? shard * sizeof(floatX) : 0;
+        h.staging = kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
         return h;
     }
 
@@ -177,15 +191,19 @@ public:
     const ShardPlan& plan() const { return plan_; }
 
     // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
-    // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team). Trained parameters sharded at stage 1-3 or on
-    // one rank (validate_options refuses the rest: stage 0 on several ranks, pipelines, LoRA).
-    void offload_optimizer(int cpu_threads) {
-        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || adam_m_ != nullptr)
-            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3, without pipeline stages, before allocate()");
+    // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team); with kOptimizerParameters the stage-3 parameter
+    // shard too. Trained parameters sharded at stage 1-3 or on one rank, the parameters at stage 3 (validate_options
+    // refuses the rest: stage 0 on several ranks, pipelines, LoRA, parameters below stage 3 or on one rank).
+    void set_offload(Offload offload, int cpu_threads) {
+        const bool parameters = offload == Offload::kOptimizerParameters;
+        if (offload == Offload::kNone) return;
+        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || adam_m_ != nullptr)
+            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3), without pipeline "
+                "stages, before allocate()");
         offload_ = true;
+        offload_params_ = parameters;
         cpu_threads_ = cpu_threads;
     }
-    bool offloads_optimizer() const { return offload_; }
 
     void allocate() {
         const int U = plan_.num_units();
@@ -198,16 +216,21 @@ public:
         // persistent units, and the two-slot ring of the gathered ones
         size_t largest_gathered = 0;
         for (int u : gathered_units_) largest_gathered = std::max(largest_gathered, plan_.unit_size[u]);
-        auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2]) {
-            alloc(shards, local);
+        auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2], bool shards_on_host) {
+            if (shards_on_host) {  // mapped: set_unit's conversion kernel writes it through the same address (unified addressing)
+                cudaCheck(cudaHostAlloc(shards, local * sizeof(floatX), cudaHostAllocMapped));
+                memset(*shards, 0, local * sizeof(floatX));
+            } else {
+                alloc(shards, local);
+            }
             persistent.assign(U, nullptr);
             for (int u = 0; u < U; u++)
                 if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
             for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
         };
-        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_);
+        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_, offload_params_);
         else alloc(&params_, total_);
-        if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_);
+        if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_, false);
         else alloc(&grads_, total_);
         const size_t n = optimizer_elements();
         if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
@@ -219,7 +242,7 @@ public:
             const size_t tile = offload_tile(n);
             for (int i = 0; i < kOffloadSlots; i++) {
                 cudaCheck(cudaHostAlloc(&host_grads_[i], tile * sizeof(floatX), cudaHostAllocDefault));
-                cudaCheck(cudaHostAlloc(&host_params_[i], tile * sizeof(floatX), cudaHostAllocDefault));
+                if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile * sizeof(floatX), cudaHostAllocDefault));
             }
             cudaCheck(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
             cudaCheck(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
@@ -246,9 +269,13 @@ public:
     }
 
     ~ZeroOptimizer() {
-        for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_, (void*)ring_params_[0],
-                        (void*)ring_params_[1], (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
+        for (void* p : {(void*)params_, (void*)grads_, (void*)grad_shards_, (void*)ring_params_[0], (void*)ring_params_[1],
+                        (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
+        if (param_shards_ != nullptr) {
+            if (offload_params_) cudaFreeHost(param_shards_);
+            else cudaFree(param_shards_);
+        }
         for (float* p : {master_, adam_m_, adam_v_}) {
             if (p == nullptr) continue;
             if (offload_) cudaFreeHost(p);
@@ -530,8 +557,7 @@ public:
             const size_t n = plan_.unit_size[u];
             const floatX* unit = params_ + plan_.unit_offset[u];
             if (stage_ == 3) {
-                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], gathered, plan_.shard_size[u], nccl_type<floatX>(), data_.comm,
-                                        compute_));
+                gather(u, gathered, compute_);
                 unit = gathered;
             }
             if (visit) cudaCheck(cudaMemcpyAsync(raw.data(), unit, n * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
@@ -625,16 +651,17 @@ private:
             if (begin < end) visit(u, begin, end);
         }
     }
-    // Enqueues tile k's gradients (fp32: and its parameters, which are their own master weights) into its slot, on the
-    // download stream; downloaded_[slot] marks them there.
+    // Enqueues tile k's gradients (fp32 with the parameters on the GPU: and its parameters, which are their own master
+    // weights) into its slot, on the download stream; downloaded_[slot] marks them there.
     void download_tile(int k) {
         const int slot = k % kOffloadSlots;
         const size_t first = (size_t)k * tile_elements();
-        if (!kHasMaster) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
+        const bool parameters = !kHasMaster && !offload_params_;
+        if (parameters) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
         for_each_piece(k, [&](int u, size_t begin, size_t end) {
             const size_t in_unit = begin - plan_.local_offset[u], bytes = (end - begin) * sizeof(floatX);
             cudaCheck(cudaMemcpyAsync(host_grads_[slot] + (begin - first), shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
-            if (!kHasMaster)
+            if (parameters)
                 cudaCheck(cudaMemcpyAsync(host_params_[slot] + (begin - first), shard_params(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
         });
         cudaCheck(cudaEventRecord(downloaded_[slot], download_));
@@ -650,7 +677,9 @@ private:
     // Once the squared norm's copy to norm_host_ is enqueued: waits for it, then for each tile waits for its download,
     // runs AdamW on the CPU into its parameter slot, enqueues the slot's copy up to the GPU and the download of the
     // tile kOffloadSlots ahead into the freed gradient slot; the compute stream then waits for the last upload, before
-    // the gathers (stages 1-2) and the next forward read the parameters. A skipped step (adamw_grad_scale 0: a
+    // the gathers (stages 1-2) and the next forward read the parameters. With the parameter shard on the host the CPU
+    // writes it in place and nothing goes up: the next forward's gathers, enqueued after this returns, copy it up (the
+    // last step's gathers, which read it too, were done before the norm). A skipped step (adamw_grad_scale 0: a
     // non-finite norm) changes nothing, as on the GPU; its downloads go unread. Every wait is bounded by
     // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job.
     void update_on_host(const AdamWHyper& h) {
@@ -665,27 +694,36 @@ private:
             const size_t first = (size_t)k * tile_elements();
             pg_.wait_event(downloaded_[slot]);
             pg_.wait_event(uploaded_[slot]);  // the parameter slot's last copy up is done
-            Cpu* params = reinterpret_cast<Cpu*>(host_params_[slot]);
+            // where element i of the shard's parameters is updated: in the host's shard, or at its place in the tile's slot
+            auto params = [&](size_t i) { return reinterpret_cast<Cpu*>(offload_params_ ? param_shards_ + i : host_params_[slot] + (i - first)); };
             const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
             for_each_piece(k, [&](int u, size_t begin, size_t end) {
                 const long index = (long)(plan_.global_begin(u) + (begin - plan_.local_offset[u]));  // begin's, in the whole layout
-                adamw_cpu::update(params + (begin - first), kHasMaster ? master_ + begin : nullptr, grads + (begin - first),
-                                  adam_m_ + begin, adam_v_ + begin, 0, (long)(end - begin), index, step, decay_, cpu_threads_);
+                adamw_cpu::update(params(begin), kHasMaster ? master_ + begin : nullptr, grads + (begin - first), adam_m_ + begin,
+                                  adam_v_ + begin, 0, (long)(end - begin), index, step, decay_, cpu_threads_);
             });
-            for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_params_[slot] + (begin - first),
-                                          (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
-            });
+            if (!offload_params_)
+                for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                    cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_params_[slot] + (begin - first),
+                                              (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
+                });
             cudaCheck(cudaEventRecord(uploaded_[slot], upload_));
             if (k + kOffloadSlots < tiles) download_tile(k + kOffloadSlots);
         }
         cudaCheck(cudaEventRecord(offload_done_, upload_));
         cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
     }
-    // All-gather unit u from the parameter shards into `dst` (on the communication stream).
-    void gather(int u, floatX* dst) {
-        ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], dst, plan_.shard_size[u], nccl_type<floatX>(),
-                                data_.comm, comm_));
+    // All-gather unit u from the parameter shards into `dst` (on the communication stream by default). Shards on the host
+    // (--offload optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
+    void gather(int u, floatX* dst, cudaStream_t stream = nullptr) {
+        if (stream == nullptr) stream = comm_;
+        const size_t shard = plan_.shard_size[u];
+        const floatX* mine = param_shards_ + plan_.local_offset[u];
+        if (offload_params_) {
+            cudaCheck(cudaMemcpyAsync(dst + data_.rank * shard, mine, shard * sizeof(floatX), cudaMemcpyHostToDevice, stream));
+            mine = dst + data_.rank * shard;
+        }
+        ncclCheck(ncclAllGather(mine, dst, shard, nccl_type<floatX>(), data_.comm, stream));
     }
     // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
     void wait_for_unit(int u) {
@@ -731,9 +769,10 @@ private:
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
     std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
-    // ZeRO-Offload: the CPU's threads, the pinned staging slots, the copy streams each way and their events (a slot's
-    // tile is down, a slot's parameters are up; the step's start, the norm on the host, the last upload)
-    bool offload_ = false;
+    // ZeRO-Offload: the CPU's threads, the pinned staging slots (no parameter slots when the parameter shard is the
+    // host's), the copy streams each way and their events (a slot's tile is down, a slot's parameters are up; the
+    // step's start, the norm on the host, the last upload)
+    bool offload_ = false, offload_params_ = false;
     int cpu_threads_ = 0;
     floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
     cudaStream_t download_ = nullptr, upload_ = nullptr;

@@ -112,15 +112,15 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 
 // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
 // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
-// ZeRO-Offload's optimizer state on the host (p.host) instead of the GPU.
+// what ZeRO-Offload keeps on the host (p.host) instead of the GPU.
 template <typename floatX>
-MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, bool offload = false,
+MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
     const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
-    if (offload) p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage);
+    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload);
     p.parameters = z.parameters;
     p.gradients = z.gradients;
     p.master_weights = z.master_weights;
@@ -157,7 +157,7 @@ template <typename floatX>
 struct StagePlans {
     ModelConfig config;
     int B = 0, T = 0, dp = 1, tp = 1, zero_stage = 0, recompute = 0;
-    bool offload = false;
+    Offload offload = Offload::kNone;
     LoraSpec lora;
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
@@ -171,17 +171,19 @@ struct StagePlans {
 // gradients of `w` bytes and fp32 master weights (4 bytes) unless the parameters are fp32 themselves, and Adam's
 // m and v (8 bytes): in bf16 16P, 4P + 12P/N, 2P + 14P/N, 16P/N bytes; in fp32 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
 // offload (ZeRO-Offload): the optimizer state is the host's, the GPU keeps 4P, 2P + 2P/N, 4P/N at stages 1-3 in
-// bf16 (8P, 4P + 4P/N, 8P/N in fp32). Under tensor parallelism P is one rank's share: its slices plus the replicated
-// tensors.
-inline double zero_states_formula(double P, double N, int stage, int w, bool offload = false) {
-    const double master = w == 4 ? 0 : 4, optimizer = offload ? 0 : master + 8;
+// bf16 (8P, 4P + 4P/N, 8P/N in fp32); with the parameters at stage 3, 2P/N (4P/N). Under tensor parallelism P is one
+// rank's share: its slices plus the replicated tensors.
+inline double zero_states_formula(double P, double N, int stage, int w, Offload offload = Offload::kNone) {
+    const double master = w == 4 ? 0 : 4, optimizer = offload != Offload::kNone ? 0 : master + 8;
+    const double parameters = offload == Offload::kOptimizerParameters ? 0 : w;  // the stage-3 shard's
     return std::vector<double>{(2 * w + optimizer) * P, 2 * w * P + optimizer * P / N, w * P + (w + optimizer) * P / N,
-                               (2 * w + optimizer) * P / N}[stage];
+                               (parameters + w + optimizer) * P / N}[stage];
 }
 // What the formula counts, in words, for the start-up line.
-inline std::string zero_states_words(const std::string& precision, bool offload = false) {
+inline std::string zero_states_words(const std::string& precision, Offload offload = Offload::kNone) {
     const std::string states = precision + " parameters and gradients";
-    if (offload) return states + " (the optimizer state is on the host)";
+    if (offload == Offload::kOptimizerParameters) return precision + " gradients (the parameter shard and the optimizer state are on the host)";
+    if (offload == Offload::kOptimizer) return states + " (the optimizer state is on the host)";
     return precision == "fp32" ? states + ", Adam m + v" : states + ", fp32 master weights + Adam m + v";
 }
 
@@ -255,12 +257,13 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 // (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
 inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu) {
     const size_t machine = host.total() * ranks_on_host;
-    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | staging %.2f | total %.2f; x %d rank%s on this "
-                 "machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
-            gib(host.master_weights), gib(host.adam_state), gib(host.staging), gib(host.total()), ranks_on_host, ranks_on_host == 1 ? "" : "s",
+    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | staging %.2f | total %.2f; x %d "
+                 "rank%s on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
+            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.staging), gib(host.total()), ranks_on_host,
+            ranks_on_host == 1 ? "" : "s",
             gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
     if (machine > budget.bytes)
-        die("the offloaded optimizer state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + std::to_string(ranks_on_host) +
+        die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + std::to_string(ranks_on_host) +
             (ranks_on_host == 1 ? " rank" : " ranks") + " x " + gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source +
             "): spread the job over more machines (more data-parallel ranks each hold a smaller shard), or give --host-memory-gib if this "
             "machine lets a process use more than MemTotal");

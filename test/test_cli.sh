@@ -80,6 +80,7 @@ expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for fu
 expect_error "bad offload" "--offload must be one of none, optimizer, optimizer,parameters, got 'gpu'" $SMALL --offload gpu
 expect_error "offload at ZeRO-0" "--offload optimizer runs with --zero-stage 1, 2 or 3 (got 0)" $SMALL --offload optimizer --zero-stage 0
 expect_error "offloaded parameters below ZeRO-3" "--offload optimizer,parameters runs with --zero-stage 3 (got 2)" $SMALL --offload optimizer,parameters --zero-stage 2
+expect_error "offloaded parameters on one rank" "--offload optimizer,parameters needs at least 2 data-parallel ranks (got 1)" $SMALL --offload optimizer,parameters --zero-stage 3
 expect_error "offload with LoRA" "--offload runs without LoRA" $SMALL --offload optimizer --lora-rank 4
 expect_error "host budget 0" "--host-memory-gib must be -1 or a finite number > 0, got 0" $SMALL --offload optimizer --host-memory-gib 0
 expect_error "host budget without offload" "--host-memory-gib bounds the pinned host memory of --offload, which is none" $SMALL --host-memory-gib 64

@@ -56,7 +56,7 @@ static void check_offload(const ModelConfig& config, const std::vector<float>& v
     ProcessGroup single;
     const ProcessMesh mesh;
     GPT2<floatX> resident(config, single, mesh, 0, stream), offloaded(config, single, mesh, 0, stream);
-    offloaded.zero->offload_optimizer(0);
+    offloaded.zero->set_offload(Offload::kOptimizer, 0);
     AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, state.grad_clip, 1.0f, 0, 1234};
     auto forward_backward = [&](GPT2<floatX>& m) {
         m.zero_grad();

@@ -304,26 +304,28 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
 
 // ZeRO-Offload's plan for d12 (GPT-2 124M: 124,475,904 elements in the padded layout at 1, 2 and 4 data-parallel
 // ranks: wte 50304 x 768 = 38,633,472, wpe 1024 x 768 = 786,432, 12 blocks of 12 C^2 + 13 C = 7,087,872 and the final
-// LayerNorm's 2 C = 1,536, each a multiple of 32, so no padding) at ZeRO stages 1-3: per rank the host holds the
-// shard's fp32 master weights (4 bytes an element; none in fp32) and Adam m and v (8), and two staging slots of a
-// 4,194,304-element tile of gradients and one of parameters (2 x 4,194,304 x (2 + 2) bytes in bf16, x (4 + 4) in
-// fp32), whatever the stage; the GPU's model states are those without offload less the master weights and moments.
+// LayerNorm's 2 C = 1,536, each a multiple of 32, so no padding) at ZeRO stages 1-3 (`stages`): per rank the host
+// holds the shard's fp32 master weights (4 bytes an element; none in fp32) and Adam m and v (8), and two staging
+// slots of a 4,194,304-element tile of gradients and one of parameters (2 x 4,194,304 x (2 + 2) bytes in bf16, x
+// (4 + 4) in fp32), whatever the stage; with the parameters (stage 3) also the shard's parameters (2 bytes an element
+// in bf16) and only the gradient slots. The GPU's model states are those without offload less what the host holds.
 template <typename floatX>
-static void check_offload_memory(const ModelConfig& d12, const std::string& precision, int dp, size_t master, size_t adam, size_t staging,
-                                 size_t total) {
+static void check_offload_memory(const ModelConfig& d12, const std::string& precision, Offload offload, int dp, std::vector<int> stages,
+                                 size_t master, size_t adam, size_t parameters, size_t staging, size_t total) {
     const ParameterLayout l(d12, 8 * dp);
-    for (int stage = 1; stage <= 3; stage++) {
-        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage);
-        const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, true);
-        const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, false);
-        char text[200];
-        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, staging %zu, total %zu; GPU optimizer state %zu", l.total,
-                 h.master_weights, h.adam_state, h.staging, h.total(), offloaded.master_weights + offloaded.adam_state);
-        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.staging == staging && h.total() == total &&
-                  offloaded.master_weights == 0 && offloaded.adam_state == 0 && offloaded.parameters == resident.parameters &&
-                  offloaded.gradients == resident.gradients && resident.adam_state > 0,
-              "offload plan d12 " + precision + " dp " + std::to_string(dp) + " stage " + std::to_string(stage) +
-                  ": host bytes per rank as computed by hand, no optimizer state on the GPU",
+    for (int stage : stages) {
+        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload);
+        const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, offload);
+        const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, Offload::kNone);
+        char text[256];
+        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, parameters %zu, staging %zu, total %zu; GPU optimizer state %zu",
+                 l.total, h.master_weights, h.adam_state, h.parameters, h.staging, h.total(), offloaded.master_weights + offloaded.adam_state);
+        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.parameters == parameters && h.staging == staging &&
+                  h.total() == total && offloaded.master_weights == 0 && offloaded.adam_state == 0 &&
+                  offloaded.parameters + parameters == resident.parameters && offloaded.gradients == resident.gradients && resident.adam_state > 0 &&
+                  ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, Offload::kNone).total() == 0,
+              "offload plan d12 " + precision + (offload == Offload::kOptimizerParameters ? " optimizer,parameters" : " optimizer") + " dp " +
+                  std::to_string(dp) + " stage " + std::to_string(stage) + ": host bytes per rank as computed by hand, the GPU without them",
               text);
     }
 }
@@ -333,12 +335,18 @@ int main() {
     ModelConfig d12;
     config_from_descriptor("d12", d12);
     check_layout(d12, "d12");
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", 1, 497903616, 995807232, 33554432, 1527265280);  // 124,475,904 x 4 and x 8
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", 2, 248951808, 497903616, 33554432, 780409856);   // 62,237,952 elements a rank
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", 4, 124475904, 248951808, 33554432, 406982144);   // 31,118,976 elements a rank
-    check_offload_memory<float>(d12, "fp32", 1, 0, 995807232, 67108864, 1062916096);
-    check_offload_memory<float>(d12, "fp32", 2, 0, 497903616, 67108864, 565012480);
-    check_offload_memory<float>(d12, "fp32", 4, 0, 248951808, 67108864, 316060672);
+    const Offload optimizer = Offload::kOptimizer, parameters = Offload::kOptimizerParameters;
+    // master weights 124,475,904 x 4 / dp, m and v x 8 / dp
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 1, {1, 2, 3}, 497903616, 995807232, 0, 33554432, 1527265280);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 2, {1, 2, 3}, 248951808, 497903616, 0, 33554432, 780409856);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 4, {1, 2, 3}, 124475904, 248951808, 0, 33554432, 406982144);
+    check_offload_memory<float>(d12, "fp32", optimizer, 1, {1, 2, 3}, 0, 995807232, 0, 67108864, 1062916096);
+    check_offload_memory<float>(d12, "fp32", optimizer, 2, {1, 2, 3}, 0, 497903616, 0, 67108864, 565012480);
+    check_offload_memory<float>(d12, "fp32", optimizer, 4, {1, 2, 3}, 0, 248951808, 0, 67108864, 316060672);
+    // and the parameter shard, 124,475,904 x 2 / dp in bf16 (x 4 in fp32); staging 2 x 4,194,304 x 2 (x 4)
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 2, {3}, 248951808, 497903616, 124475904, 16777216, 888108544);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 4, {3}, 124475904, 248951808, 62237952, 16777216, 452442880);
+    check_offload_memory<float>(d12, "fp32", parameters, 2, {3}, 0, 497903616, 248951808, 33554432, 780409856);
     ModelConfig toy;  // parameter count not divisible by any N > 1
     toy.num_layers = 3; toy.num_heads = 3; toy.channels = 72; toy.max_seq_len = 129; toy.vocab_size = 1001; toy.padded_vocab_size = 1024;
     check_layout(toy, "toy");
