@@ -336,7 +336,7 @@ public:
             cudaCheck(cudaEventRecord(comm_done_, compute_));
             cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
             for (int u = 0; u < plan_.num_units(); u++)
-                if (ordinal_[u] < 0) gather(u, persistent_params_[u]);
+                if (ordinal_[u] < 0) gather(u, persistent_params_[u], comm_);
             cudaCheck(cudaEventRecord(comm_done_, comm_));
             cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
             persistent_gathered_ = true;
@@ -713,10 +713,9 @@ private:
         cudaCheck(cudaEventRecord(offload_done_, upload_));
         cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
     }
-    // All-gather unit u from the parameter shards into `dst` (on the communication stream by default). Shards on the host
-    // (--offload optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
-    void gather(int u, floatX* dst, cudaStream_t stream = nullptr) {
-        if (stream == nullptr) stream = comm_;
+    // All-gather unit u from the parameter shards into `dst` on `stream`. Shards on the host (--offload
+    // optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
+    void gather(int u, floatX* dst, cudaStream_t stream) {
         const size_t shard = plan_.shard_size[u];
         const floatX* mine = param_shards_ + plan_.local_offset[u];
         if (offload_params_) {
@@ -735,7 +734,7 @@ private:
         const int slot = i % 2;
         if (ring_unit_[slot] == i) return;
         cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
-        gather(gathered_units_[i], ring_params_[slot]);
+        gather(gathered_units_[i], ring_params_[slot], comm_);
         cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
         ring_unit_[slot] = i;
     }
