@@ -264,9 +264,9 @@ static Offload offload_mode(const std::string& flag) {
     return flag == "optimizer,parameters" ? Offload::kOptimizerParameters : flag == "optimizer" ? Offload::kOptimizer : Offload::kNone;
 }
 
-// ZeRO-Offload's CPU threads for one of the `ranks_on_host` ranks of this machine: OMP_NUM_THREADS when set (0:
-// OpenMP's default team, which is it); all the processors this process may run on when a launcher bound it to fewer
-// than the machine's; otherwise an equal share of the machine's.
+// ZeRO-Offload's CPU threads for one of the `ranks_on_host` ranks of this machine: OpenMP's default team (0) when
+// OMP_NUM_THREADS sets it; all the processors this process may run on when a launcher bound it to fewer than the
+// machine's; otherwise an equal share of the machine's.
 static int offload_cpu_threads(int ranks_on_host) {
     if (getenv("OMP_NUM_THREADS") != nullptr) return 0;
     const int mine = omp_get_num_procs(), online = (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -257,14 +257,14 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 // (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
 inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu) {
     const size_t machine = host.total() * ranks_on_host;
-    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | staging %.2f | total %.2f; x %d "
-                 "rank%s on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
-            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.staging), gib(host.total()), ranks_on_host,
-            ranks_on_host == 1 ? "" : "s",
+    const std::string ranks = std::to_string(ranks_on_host) + (ranks_on_host == 1 ? " rank" : " ranks");
+    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | staging %.2f | total %.2f; x %s "
+                 "on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
+            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.staging), gib(host.total()), ranks.c_str(),
             gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
     if (machine > budget.bytes)
-        die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + std::to_string(ranks_on_host) +
-            (ranks_on_host == 1 ? " rank" : " ranks") + " x " + gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source +
-            "): spread the job over more machines (more data-parallel ranks each hold a smaller shard), or give --host-memory-gib if this "
-            "machine lets a process use more than MemTotal");
+        die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + ranks + " x " +
+            gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source + "): spread the job "
+            "over more machines (more data-parallel ranks each hold a smaller shard), or give --host-memory-gib if this machine lets a "
+            "process use more than MemTotal");
 }
