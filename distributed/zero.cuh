@@ -63,6 +63,19 @@ struct ShardPlan {
     int num_units() const { return (int)unit_size.size(); }
     // Index, in the full layout, of the first element of this rank's slice of unit u.
     size_t global_begin(int u) const { return unit_offset[u] + rank * shard_size[u]; }
+    // Index, in the full layout, of element i of this rank's storage, which lies in unit u.
+    size_t global_index(int u, size_t i) const { return global_begin(u) + (i - local_offset[u]); }
+    // ZeRO-Offload's tiles of this rank's storage: tile k holds its elements [k tile, (k + 1) tile). visit(u, begin, end)
+    // for each unit u that tile k overlaps, in order, with the overlap [begin, end) in storage order.
+    int num_tiles(size_t tile) const { return (int)((local_total + tile - 1) / tile); }
+    template <typename Visit>
+    void for_each_tile_piece(size_t tile, int k, Visit visit) const {
+        const size_t first = (size_t)k * tile, last = std::min(first + tile, local_total);
+        for (int u = 0; u < num_units(); u++) {
+            const size_t begin = std::max(first, local_offset[u]), end = std::min(last, local_offset[u] + shard_size[u]);
+            if (begin < end) visit(u, begin, end);
+        }
+    }
 };
 
 // This rank's slices of a full (padded-layout) array, back to back.
@@ -239,10 +252,9 @@ public:
             cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
             zero_host(adam_m_, n);
             zero_host(adam_v_, n);
-            const size_t tile = offload_tile(n);
             for (int i = 0; i < kOffloadSlots; i++) {
-                cudaCheck(cudaHostAlloc(&host_grads_[i], tile * sizeof(floatX), cudaHostAllocDefault));
-                if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile * sizeof(floatX), cudaHostAllocDefault));
+                cudaCheck(cudaHostAlloc(&host_grads_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
+                if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
             }
             cudaCheck(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
             cudaCheck(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
@@ -633,24 +645,18 @@ private:
     floatX* shard_grads(int u) const { return stage_ >= 2 ? grad_shards_ + plan_.local_offset[u] : grads_ + plan_.global_begin(u); }
 
     // ------------------------------------------------------------------------------------------
-    // ZeRO-Offload's step. The host state is in the order of this rank's shard (plan_.local_offset); tile k is its
-    // elements [k T, (k + 1) T) for T = offload_tile(), and lies in staging slot k % kOffloadSlots.
+    // ZeRO-Offload's step. The host state is in the order of this rank's storage (plan_.local_offset: the rank's
+    // slices, or on one rank the whole layout); its tile k (ShardPlan::for_each_tile_piece) lies in staging slot
+    // k % kOffloadSlots.
 
     static void zero_host(float* p, size_t n) {
 #pragma omp parallel for schedule(static)
         for (long i = 0; i < (long)n; i++) p[i] = 0.0f;
     }
-    size_t tile_elements() const { return offload_tile(optimizer_elements()); }
-    int num_tiles() const { return ceil_div((long)optimizer_elements(), (long)tile_elements()); }
-    // visit(u, begin, end) for each unit u that tile k overlaps, with the overlap [begin, end) in shard order.
+    size_t tile_elements() const { return offload_tile(plan_.local_total); }
+    int num_tiles() const { return plan_.num_tiles(tile_elements()); }
     template <typename Visit>
-    void for_each_piece(int k, Visit visit) const {
-        const size_t first = (size_t)k * tile_elements(), last = std::min(first + tile_elements(), optimizer_elements());
-        for (int u = 0; u < plan_.num_units(); u++) {
-            const size_t begin = std::max(first, plan_.local_offset[u]), end = std::min(last, plan_.local_offset[u] + plan_.shard_size[u]);
-            if (begin < end) visit(u, begin, end);
-        }
-    }
+    void for_each_piece(int k, Visit visit) const { plan_.for_each_tile_piece(tile_elements(), k, visit); }
     // Enqueues tile k's gradients (fp32 with the parameters on the GPU: and its parameters, which are their own master
     // weights) into its slot, on the download stream; downloaded_[slot] marks them there.
     void download_tile(int k) {
@@ -698,9 +704,8 @@ private:
             auto params = [&](size_t i) { return reinterpret_cast<Cpu*>(offload_params_ ? param_shards_ + i : host_params_[slot] + (i - first)); };
             const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
             for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                const long index = (long)(plan_.global_begin(u) + (begin - plan_.local_offset[u]));  // begin's, in the whole layout
                 adamw_cpu::update(params(begin), kHasMaster ? master_ + begin : nullptr, grads + (begin - first), adam_m_ + begin,
-                                  adam_v_ + begin, 0, (long)(end - begin), index, step, decay_, cpu_threads_);
+                                  adam_v_ + begin, 0, (long)(end - begin), (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
             });
             if (!offload_params_)
                 for_each_piece(k, [&](int u, size_t begin, size_t end) {

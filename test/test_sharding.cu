@@ -7,7 +7,8 @@
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
 // pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
 // initialisation's runs, unit by unit, give each rank's part. ZeRO-Offload's memory plan: d12's pinned host memory
-// per rank against hand-computed bytes, and the GPU's plan without the optimizer state.
+// per rank against hand-computed bytes, and the GPU's plan without the optimizer state; its tiles cover each rank's
+// storage once, and the CPU AdamW over them equals the update unit slice by unit slice, bit for bit.
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -330,6 +331,63 @@ static void check_offload_memory(const ModelConfig& d12, const std::string& prec
     }
 }
 
+// ZeRO-Offload's tiles, for a model whose units are not multiples of each other, on 1-3 ranks, with tiles from one
+// element to more than a rank's storage: the tiles' pieces cover each rank's storage once, in order, each inside one
+// unit and one tile; and the CPU AdamW (bf16 with master weights) run piece by piece at ShardPlan::global_index equals
+// it run over each unit's slice at the slice's first global index (the GPU path's calls), bit for bit (one thread: the
+// thread count changes nothing, test_adamw_cpu checks).
+static void check_offload_tiles(const ModelConfig& config, const std::string& name) {
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f, 3, 99};
+    const adamw_cpu::Step step = adamw_cpu::make_step(h, 4.0f);  // norm 2: clipped to 1
+    for (int N = 1; N <= 3; N++) {
+        const ParameterLayout layout(config, 8 * N);
+        const LayoutMask decay = layout.decay_mask();
+        for (int r = 0; r < N; r++) {
+            const ShardPlan plan(layout.unit_offsets, layout.unit_sizes, N, r);
+            const size_t n = plan.local_total;
+            std::vector<adamw_cpu::Bf16> grads(n);
+            std::vector<float> master(n), m(n), v(n);
+            for (size_t i = 0; i < n; i++) {
+                grads[i].bits = (uint16_t)(adamw_cpu::detail::bits_of(normal(rng)) >> 16);
+                master[i] = normal(rng);
+                m[i] = 0.1f * normal(rng);
+                v[i] = 0.01f * std::fabs(normal(rng));
+            }
+            std::vector<float> unit_master = master, unit_m = m, unit_v = v;
+            std::vector<adamw_cpu::Bf16> unit_params(n);
+            for (int u = 0; u < plan.num_units(); u++) {
+                const size_t at = plan.local_offset[u];
+                adamw_cpu::update(unit_params.data() + at, unit_master.data() + at, grads.data() + at, unit_m.data() + at, unit_v.data() + at, 0,
+                                  (long)plan.shard_size[u], (long)plan.global_begin(u), step, decay, 1);
+            }
+            for (size_t tile : {(size_t)1, (size_t)7, (size_t)4096, n / 3 + 5, n, 2 * n}) {
+                bool covered = true;
+                size_t next = 0;
+                std::vector<float> tile_master = master, tile_m = m, tile_v = v;
+                std::vector<adamw_cpu::Bf16> tile_params(n);
+                for (int k = 0; k < plan.num_tiles(tile); k++)
+                    plan.for_each_tile_piece(tile, k, [&](int u, size_t begin, size_t end) {
+                        covered = covered && begin == next && begin < end && begin >= plan.local_offset[u] &&
+                                  end <= plan.local_offset[u] + plan.shard_size[u] && begin / tile == (size_t)k && (end - 1) / tile == (size_t)k;
+                        next = end;
+                        if (tile == 1) return;  // the cover only: one element a call
+                        adamw_cpu::update(tile_params.data() + begin, tile_master.data() + begin, grads.data() + begin, tile_m.data() + begin,
+                                          tile_v.data() + begin, 0, (long)(end - begin), (long)plan.global_index(u, begin), step, decay, 1);
+                    });
+                const std::string tag = "offload tiles " + name + " N=" + std::to_string(N) + " rank " + std::to_string(r) + " tile " +
+                                        std::to_string(tile);
+                check(covered && next == n, tag + ": the pieces cover the rank's storage once, in order, each in one unit", "");
+                if (tile == 1) continue;
+                const bool same = memcmp(tile_params.data(), unit_params.data(), n * sizeof(adamw_cpu::Bf16)) == 0 && tile_master == unit_master &&
+                                  tile_m == unit_m && tile_v == unit_v;
+                check(same, tag + ": AdamW piece by piece equals it unit slice by unit slice, bit for bit", "");
+            }
+        }
+    }
+}
+
 int main() {
     check_suite("sharding");
     ModelConfig d12;
@@ -366,6 +424,7 @@ int main() {
     ModelConfig eight = split;
     eight.num_layers = 8;
     check_pipeline_layout(eight, "8 layers");
+    check_offload_tiles(toy, "toy");
     check_unit_runs(toy, "toy");
     check_unit_runs(split, "4 heads");
     check_unit_runs(eight, "8 layers");
