@@ -31,8 +31,8 @@ ifeq ($(USE_MPI),1)
 endif
 BUILD = build
 
-KERNELS = $(wildcard kernels/*.cuh) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
-          $(wildcard model/*.h) $(wildcard model/*.cuh) $(GPU_CODE_STAMP)
+KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
+          $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
@@ -42,7 +42,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # without a GPU). BENCHES: the kernel benchmarks of bench/, built with the tests so that a change breaking them
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
-            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support
+            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound
@@ -87,6 +87,10 @@ $(BUILD)/test_pipeline_schedule: test/test_pipeline_schedule.cpp distributed/pip
 # The GPU support check and the MFU peaks are plain C++ (kernels/gpu_support.h): a plain g++ test.
 $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_gpu_support.cpp -o $@
+
+# The CPU AdamW is plain C++ (kernels/adamw_cpu.h: its vector paths are chosen at run time): a g++ test with OpenMP.
+$(BUILD)/test_adamw_cpu: test/test_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp test/test_adamw_cpu.cpp -o $@
 
 $(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_mesh_nccl.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

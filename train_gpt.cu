@@ -17,6 +17,8 @@
 #include <cmath>
 #include <chrono>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <omp.h>
 #include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
 #include "dataloader/tokenizer.h"    // defines: GPT2Tokenizer, TokenDecoder (to decode samples)
 #include "dataloader/hellaswag.h"    // defines: HellaSwagBatcher (packing and scoring the HellaSwag eval)
@@ -257,9 +259,24 @@ int checkpoint_to_resume(const Options& o, const ModelConfig& config, FILE* out)
     return step;
 }
 
+// What --offload moves to the host.
+static Offload offload_mode(const std::string& flag) {
+    return flag == "optimizer,parameters" ? Offload::kOptimizerParameters : flag == "optimizer" ? Offload::kOptimizer : Offload::kNone;
+}
+
+// ZeRO-Offload's CPU threads for one of the `ranks_on_host` ranks of this machine: OpenMP's default team (0) when
+// OMP_NUM_THREADS sets it; all the processors this process may run on when a launcher bound it to fewer than the
+// machine's; otherwise an equal share of the machine's.
+static int offload_cpu_threads(int ranks_on_host) {
+    if (getenv("OMP_NUM_THREADS") != nullptr) return 0;
+    const int mine = omp_get_num_procs(), online = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return mine < online ? mine : std::max(1, online / ranks_on_host);
+}
+
 // The start-up report (model, batch, mesh, pipeline, the memory plan against the GPU's free memory, which refuses a
-// run that does not fit), then the model's allocation and the memory it took. Returns the memory in use before
-// the allocation (the CUDA context and whatever else holds the GPU), from which the peak is measured.
+// run that does not fit; under ZeRO-Offload the host's plan against the machine's budget, which refuses too), then
+// the model's allocation and the memory it took. Returns the memory in use before the allocation (the CUDA context
+// and whatever else holds the GPU), from which the peak is measured.
 template <typename floatX>
 size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<PipelineParallel<GPT2<floatX>>>& pipeline, const Options& o,
                          const ProcessGroup& pg, const RunShape& run, const PipelineStages& stages, const StepShape& batch, int steps) {
@@ -267,7 +284,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     const ModelConfig& config = run.config;
     const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1, P = shape.pp;
     const int my_stage = mesh_coord(shape, pg.rank).pp;
-    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, run.lora, stages.parts, stages.chunks, {}};
+    const Offload offload = offload_mode(o.offload);
+    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, run.lora, stages.parts, stages.chunks, {}};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -275,15 +293,23 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n",
             batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
-    const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX));
+    const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX), offload);
     if (pg.world > 1)
         fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x pipeline parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by "
                      "the formula %.2f GiB for %zu parameters per rank (%s)\n",
                 pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count,
-                zero_states_words(o.precision).c_str());
+                zero_states_words(o.precision, offload).c_str());
     if (stages.schedule) print_pipeline_plan(out, stages.forecast);
     const MemoryPlan plan = report_memory_plan(out, plans, my_stage, split, free_bytes, model.num_parameters(),
                                                model.trainable_parameters(), o.lora_targets);
+    if (offload != Offload::kNone) {
+        const int ranks_on_host = pg.ranks_on_this_host();
+        const int threads = offload_cpu_threads(ranks_on_host);
+        const std::string cpu = std::string(adamw_cpu::isa_name(adamw_cpu::best_isa())) + ", " +
+                                std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank";
+        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu);
+        model.trained().set_offload(offload, threads);
+    }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
     // faster than with atomic sums), so it is taken there either way

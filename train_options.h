@@ -1,8 +1,9 @@
 // train_options.h: train_gpt's command line. Options holds every flag's value; one table (flag_table) drives the
 // parser, --help and each flag's range or choices, so they cannot disagree (test_cli checks every message).
 // validate_options adds the checks that need several flags at once and turns the options into the run's shape:
-// the process mesh, the model's configuration, the pipeline's schedule and layer split, the LoRA adapters. None of
-// it touches a GPU, so every flag and shape error comes before one is used. What the run does is train_gpt.cu's.
+// the process mesh, the model's configuration, the pipeline's schedule and layer split, the LoRA adapters, what
+// ZeRO-Offload runs with. None of it touches a GPU, so every flag and shape error comes before one is used. What the
+// run does is train_gpt.cu's.
 // defines: Options, parse_options, print_help, PipelineOptions, micro_batches_per_step, RunShape, validate_options
 #pragma once
 #include <algorithm>
@@ -60,6 +61,8 @@ struct Options {
     float fp16_initial_scale = 65536.0f;
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
+    std::string offload = "none";
+    float host_memory_gib = -1.0f;  // -1: MemTotal
     int tensor_parallel = 1;
     int sequence_parallel = 0;
     int pipeline_parallel = 1;
@@ -165,6 +168,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
+        {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
+        {"--host-memory-gib", nullptr, Flag::FLOAT, &o.host_memory_gib, or_minus_one(above(0)), "with --offload: the pinned host memory this machine's ranks may take together, in GiB (-1: MemTotal of /proc/meminfo)"},
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
         {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, at_least(1), "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
@@ -402,6 +407,25 @@ inline RunShape validate_options(const Options& o, int world) {
     if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
         die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
+    // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts
+    // as one rank's shard of everything), at stage 3 optionally its parameter shard too
+    if (o.offload != "none") {
+        if (o.zero_stage == 0)
+            die("--offload " + o.offload + " runs with --zero-stage 1, 2 or 3 (got 0): the host holds a data-parallel rank's shard of the "
+                "optimizer state, which stage 0 does not shard");
+        if (o.offload == "optimizer,parameters" && o.zero_stage != 3)
+            die("--offload optimizer,parameters runs with --zero-stage 3 (got " + std::to_string(o.zero_stage) + "): only stage 3 shards the parameters");
+        if (o.offload == "optimizer,parameters" && shape.dp < 2)
+            die("--offload optimizer,parameters needs at least 2 data-parallel ranks (got " + std::to_string(shape.dp) + "): on one rank ZeRO-3 keeps "
+                "the whole parameters on the GPU; --offload optimizer moves its optimizer state");
+        if (shape.pp > 1)
+            die("--offload runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): a pipeline runs ZeRO stages 0-1, whose GPUs "
+                "keep the whole stage's parameters and gradients anyway; offload over data-parallel ranks at --zero-stage 2 or 3 instead");
+        if (lora.enabled())
+            die("--offload runs without LoRA: the adapters' optimizer state is a few MiB, and the frozen base has none");
+    } else if (o.host_memory_gib != -1.0f) {
+        die("--host-memory-gib bounds the pinned host memory of --offload, which is none");
+    }
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");

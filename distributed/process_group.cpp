@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -312,4 +313,29 @@ void ProcessGroup::wait_event(cudaEvent_t event) const {
 
 void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) const {
     if (comm != nullptr) ncclCheck(ncclAllReduce(device_value, device_value, 1, ncclFloat32, ncclSum, comm, stream));
+}
+
+int ProcessGroup::ranks_on_this_host() const {
+    if (world == 1) return 1;
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) die(std::string("gethostname: ") + strerror(errno));
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a of the host name
+    for (const char* c = name; *c != '\0'; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
+    auto check = [](cudaError_t err) {
+        if (err != cudaSuccess) die(std::string("CUDA: ") + cudaGetErrorString(err));
+    };
+    uint64_t* hashes;
+    cudaStream_t stream;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    check(cudaMalloc(&hashes, world * sizeof(uint64_t)));
+    check(cudaMemcpyAsync(hashes + rank, &hash, sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclAllGather(hashes + rank, hashes, 1, ncclUint64, comm, stream));
+    synchronize(stream);  // bounded by the deadline; the copy below then finds the stream drained
+    std::vector<uint64_t> all(world);
+    check(cudaMemcpy(all.data(), hashes, world * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    check(cudaFree(hashes));
+    check(cudaStreamDestroy(stream));
+    int same = 0;
+    for (uint64_t h : all) same += h == hash;
+    return same;
 }

@@ -55,6 +55,9 @@ public:
     void wait_event(cudaEvent_t event) const;
     // Sum of one float over all ranks (the checkpoint barrier), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
+    // How many ranks of the job run on this machine (the same host name), this one included: what shares its memory.
+    // Collective over all ranks (after connect()), bounded by the deadline.
+    int ranks_on_this_host() const;
     bool is_main() const { return rank == 0; }
 
     struct NamedCommunicator {

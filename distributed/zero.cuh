@@ -20,12 +20,22 @@
 // forward and backward) and the final LayerNorm are persistent, with full buffers.
 // Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
+// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training"; --offload optimizer): at
+// stages 1-3, or on one rank, the shard's master weights and Adam moments live in pinned host memory and the CPU
+// runs AdamW on them (kernels/adamw_cpu.h, bitwise the kernel's update): the reduced gradient shard goes down and the
+// new compute-precision parameters come up tile by tile, overlapped with the CPU's work. The GPU keeps the parameters
+// and gradients of its stage: 4Ψ, 2Ψ + 2Ψ/N, 4Ψ/N in bf16 at stages 1-3; the host 12Ψ/N per rank (8Ψ/N in fp32).
+// --offload optimizer,parameters (stage 3, N >= 2): the parameter shard lives on the host too, where the CPU writes
+// it; each gather copies the rank's slice up into the unit's buffer and all-gathers in place, so the GPU keeps only
+// the gathered working buffers of the parameters (2Ψ/N on the host instead).
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
+#include "../kernels/adamw_cpu.h"
 #include "../kernels/global_norm.cuh"
 #include "process_group.h"
 #include "mesh.h"
@@ -53,6 +63,19 @@ struct ShardPlan {
     int num_units() const { return (int)unit_size.size(); }
     // Index, in the full layout, of the first element of this rank's slice of unit u.
     size_t global_begin(int u) const { return unit_offset[u] + rank * shard_size[u]; }
+    // Index, in the full layout, of element i of this rank's storage, which lies in unit u.
+    size_t global_index(int u, size_t i) const { return global_begin(u) + (i - local_offset[u]); }
+    // ZeRO-Offload's tiles of this rank's storage: tile k holds its elements [k tile, (k + 1) tile). visit(u, begin, end)
+    // for each unit u that tile k overlaps, in order, with the overlap [begin, end) in storage order.
+    int num_tiles(size_t tile) const { return (int)((local_total + tile - 1) / tile); }
+    template <typename Visit>
+    void for_each_tile_piece(size_t tile, int k, Visit visit) const {
+        const size_t first = (size_t)k * tile, last = std::min(first + tile, local_total);
+        for (int u = 0; u < num_units(); u++) {
+            const size_t begin = std::max(first, local_offset[u]), end = std::min(last, local_offset[u] + shard_size[u]);
+            if (begin < end) visit(u, begin, end);
+        }
+    }
 };
 
 // This rank's slices of a full (padded-layout) array, back to back.
@@ -70,6 +93,21 @@ struct ZeroMemory {
     size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
+// ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, its compute-precision
+// parameters (--offload optimizer,parameters), and the staging slots that the gradients come down and the new
+// parameters go up through.
+struct HostMemory {
+    size_t master_weights = 0, adam_state = 0, parameters = 0, staging = 0;
+    size_t total() const { return master_weights + adam_state + parameters + staging; }
+};
+
+// What ZeRO-Offload moves to the host (--offload): nothing, the optimizer state, or also the stage-3 parameter shard.
+enum class Offload { kNone, kOptimizer, kOptimizerParameters };
+
+// The CPU AdamW's name for a compute type (the same bits, kernels/adamw_cpu.h).
+template <typename T> struct CpuFloat { using type = float; };
+template <> struct CpuFloat<__nv_bfloat16> { using type = adamw_cpu::Bf16; };
+template <> struct CpuFloat<__half> { using type = adamw_cpu::Fp16; };
 
 // Parameters, gradients and optimizer state of one rank, and the communication between ranks.
 template <typename floatX>
@@ -114,9 +152,19 @@ public:
         if (has_tied_ && stage_ >= 2) die("internal: tied units (pipeline parallelism) at ZeRO stage 2 or 3");
     }
 
-    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan).
+    // ZeRO-Offload's step moves the gradient shard down and the new parameters up in tiles of this many elements (8 MiB
+    // of bf16 gradients a copy: long enough for the copy engines' full rate, short enough that the first tile's copy
+    // down and the last one's copy up, which nothing overlaps, take well under a millisecond), through kOffloadSlots
+    // pinned slots each way: tile k+1 comes down and tile k-1 goes up while the CPU updates tile k.
+    static constexpr size_t kOffloadTileElements = size_t(1) << 22;
+    static constexpr int kOffloadSlots = 2;
+    static size_t offload_tile(size_t shard) { return std::min(kOffloadTileElements, shard); }
+
+    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan). Under
+    // offload the master weights and Adam moments are the host's (host_memory), at stage 3 with its parameters the
+    // parameter shard too.
     static ZeroMemory memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
-                             bool trainable = true) {
+                             bool trainable = true, Offload offload = Offload::kNone) {
         if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
         if (world == 1) stage = 0;
         const size_t local = total / world;
@@ -126,17 +174,49 @@ public:
             else persistent += unit_sizes[u];
         const size_t ring = 2 * largest_gathered;
         ZeroMemory m;
-        m.parameters = (stage == 3 ? local + persistent + ring : total) * sizeof(floatX);
+        const size_t param_shard = offload == Offload::kOptimizerParameters ? 0 : local;
+        m.parameters = (stage == 3 ? param_shard + persistent + ring : total) * sizeof(floatX);
         m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
         m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
         const size_t optimizer_elements = stage >= 1 ? local : total;
+        if (offload != Offload::kNone) return m;
         m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
         m.adam_state = 2 * optimizer_elements * sizeof(float);
         return m;
     }
+    // Pinned host bytes of one rank under `offload`, for `total` elements on `world` data-parallel ranks at `stage` (the
+    // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
+    // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of
+    // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots.
+    static HostMemory host_memory(size_t total, int world, int stage, Offload offload) {
+        if (offload == Offload::kNone) return {};
+        const bool parameters = offload == Offload::kOptimizerParameters;
+        const size_t shard = stage >= 1 ? total / world : total;
+        HostMemory h;
+        h.master_weights = kHasMaster ? shard * sizeof(float) : 0;
+        h.adam_state = 2 * shard * sizeof(float);
+        h.parameters = parameters ? shard * sizeof(floatX) : 0;
+        h.staging = kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
+        return h;
+    }
 
     int stage() const { return stage_; }
     const ShardPlan& plan() const { return plan_; }
+
+    // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
+    // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team); with kOptimizerParameters the stage-3 parameter
+    // shard too. Trained parameters sharded at stage 1-3 or on one rank, the parameters at stage 3 (validate_options
+    // refuses the rest: stage 0 on several ranks, pipelines, LoRA, parameters below stage 3 or on one rank).
+    void set_offload(Offload offload, int cpu_threads) {
+        const bool parameters = offload == Offload::kOptimizerParameters;
+        if (offload == Offload::kNone) return;
+        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || adam_m_ != nullptr)
+            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3), without pipeline "
+                "stages, before allocate()");
+        offload_ = true;
+        offload_params_ = parameters;
+        cpu_threads_ = cpu_threads;
+    }
 
     void allocate() {
         const int U = plan_.num_units();
@@ -149,51 +229,84 @@ public:
         // persistent units, and the two-slot ring of the gathered ones
         size_t largest_gathered = 0;
         for (int u : gathered_units_) largest_gathered = std::max(largest_gathered, plan_.unit_size[u]);
-        auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2]) {
-            alloc(shards, local);
+        auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2], bool shards_on_host) {
+            if (shards_on_host) {  // mapped: set_unit's conversion kernel writes it through the same address (unified addressing)
+                cudaCheck(cudaHostAlloc(shards, local * sizeof(floatX), cudaHostAllocMapped));
+                memset(*shards, 0, local * sizeof(floatX));
+            } else {
+                alloc(shards, local);
+            }
             persistent.assign(U, nullptr);
             for (int u = 0; u < U; u++)
                 if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
             for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
         };
-        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_);
+        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_, offload_params_);
         else alloc(&params_, total_);
-        if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_);
+        if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_, false);
         else alloc(&grads_, total_);
-        const size_t optimizer_elements = stage_ >= 1 ? local : total_;
-        if (kHasMaster) cudaCheck(cudaMalloc(&master_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_m_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMalloc(&adam_v_, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMemset(adam_m_, 0, optimizer_elements * sizeof(float)));
-        cudaCheck(cudaMemset(adam_v_, 0, optimizer_elements * sizeof(float)));
+        const size_t n = optimizer_elements();
+        if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
+            if (kHasMaster) cudaCheck(cudaHostAlloc(&master_, n * sizeof(float), cudaHostAllocDefault));
+            cudaCheck(cudaHostAlloc(&adam_m_, n * sizeof(float), cudaHostAllocDefault));
+            cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
+            zero_host(adam_m_, n);
+            zero_host(adam_v_, n);
+            for (int i = 0; i < kOffloadSlots; i++) {
+                cudaCheck(cudaHostAlloc(&host_grads_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
+                if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
+            }
+            cudaCheck(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
+            cudaCheck(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
+        } else {
+            if (kHasMaster) cudaCheck(cudaMalloc(&master_, n * sizeof(float)));
+            cudaCheck(cudaMalloc(&adam_m_, n * sizeof(float)));
+            cudaCheck(cudaMalloc(&adam_v_, n * sizeof(float)));
+            cudaCheck(cudaMemset(adam_m_, 0, n * sizeof(float)));
+            cudaCheck(cudaMemset(adam_v_, 0, n * sizeof(float)));
+        }
         cudaCheck(cudaMalloc(&norm_, sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
         cudaCheck(cudaMallocHost(&norm_host_, sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1],
-                        &ring_params_free_[0], &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
+        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_})
             cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         unit_events_.resize(U);
         gathered_.resize(U);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+        downloaded_.resize(kOffloadSlots);
+        uploaded_.resize(kOffloadSlots);
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
 
     ~ZeroOptimizer() {
-        for (void* p : {(void*)params_, (void*)grads_, (void*)param_shards_, (void*)grad_shards_, (void*)ring_params_[0],
-                        (void*)ring_params_[1], (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)master_, (void*)adam_m_,
-                        (void*)adam_v_, (void*)norm_, (void*)norm_scratch_})
+        for (void* p : {(void*)params_, (void*)grads_, (void*)grad_shards_, (void*)ring_params_[0], (void*)ring_params_[1],
+                        (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
+        if (param_shards_ != nullptr) {
+            if (offload_params_) cudaFreeHost(param_shards_);
+            else cudaFree(param_shards_);
+        }
+        for (float* p : {master_, adam_m_, adam_v_}) {
+            if (p == nullptr) continue;
+            if (offload_) cudaFreeHost(p);
+            else cudaFree(p);
+        }
         for (const std::vector<floatX*>* buffers : {&persistent_params_, &persistent_grads_})
             for (floatX* p : *buffers)
                 if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
-        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+        for (int i = 0; i < kOffloadSlots; i++)
+            for (floatX* p : {host_grads_[i], host_params_[i]})
+                if (p) cudaFreeHost(p);
+        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (cudaEvent_t e : *events) cudaEventDestroy(e);
-        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1],
-                              ring_params_free_[0], ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
+        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1], ring_params_free_[0],
+                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1], offload_start_, norm_ready_, offload_done_})
             if (e) cudaEventDestroy(e);
-        if (comm_) cudaStreamDestroy(comm_);
+        for (cudaStream_t stream : {comm_, download_, upload_})
+            if (stream) cudaStreamDestroy(stream);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -235,7 +348,7 @@ public:
             cudaCheck(cudaEventRecord(comm_done_, compute_));
             cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
             for (int u = 0; u < plan_.num_units(); u++)
-                if (ordinal_[u] < 0) gather(u, persistent_params_[u]);
+                if (ordinal_[u] < 0) gather(u, persistent_params_[u], comm_);
             cudaCheck(cudaEventRecord(comm_done_, comm_));
             cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
             persistent_gathered_ = true;
@@ -328,12 +441,15 @@ public:
     // the log and updates the fp16 loss scale (which the next step's backward uses). h.grad_clip clips; its
     // loss_scale is replaced by the scaler's. nonfinite_loss (device, 0 or NaN, the same on every rank) is added
     // to the squared norm: a non-finite loss skips the step in every precision, as a non-finite gradient does.
+    // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (update_on_host), then
+    // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step).
     void step(AdamWHyper h, const float* nonfinite_loss = nullptr) {
         if (!trainable_) {
             die("internal: optimizer step on frozen parameters");
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
+        if (offload_) start_downloads();
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0 && !has_tied_copy_) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
@@ -360,31 +476,29 @@ public:
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
-        if (stage_ == 0) {
-            adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
-        } else {
-            for (int u = 0; u < U; u++) {
-                const size_t local = plan_.local_offset[u], global = plan_.global_begin(u);
-                floatX* p = stage_ == 3 ? param_shards_ + local : params_ + global;
-                const floatX* g = stage_ == 1 ? grads_ + global : grad_shards_ + local;
-                adamw_update(p, kHasMaster ? master_ + local : nullptr, g, adam_m_ + local, adam_v_ + local,
-                             (long)plan_.shard_size[u], (long)global, h, norm_, decay_, compute_);
-                // Stages 1/2: the updated unit is gathered on the communication stream while the next units update
-                // and the next forward starts, which waits for each unit just before it uses it (wait_for_unit).
-                // A skipped step gathers the unchanged shards: the same parameters everywhere.
-                if (stage_ < 3) {
-                    cudaCheck(cudaEventRecord(unit_events_[u], compute_));
-                    cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
-                    floatX* unit = params_ + plan_.unit_offset[u];
-                    ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
-                                            nccl_type<floatX>(), data_.comm, comm_));
-                    cudaCheck(cudaEventRecord(gathered_[u], comm_));
-                }
+        if (offload_) update_on_host(h);
+        else if (stage_ == 0) adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
+        for (int u = 0; u < U && stage_ >= 1; u++) {
+            const size_t local = plan_.local_offset[u];
+            if (!offload_)
+                adamw_update(shard_params(u), kHasMaster ? master_ + local : nullptr, shard_grads(u), adam_m_ + local, adam_v_ + local,
+                             (long)plan_.shard_size[u], (long)plan_.global_begin(u), h, norm_, decay_, compute_);
+            // Stages 1/2: the updated unit is gathered on the communication stream while the next units update (under
+            // offload: once the host's update is back) and the next forward starts, which waits for each unit just
+            // before it uses it (wait_for_unit). A skipped step gathers the unchanged shards: the same parameters
+            // everywhere.
+            if (stage_ < 3) {
+                cudaCheck(cudaEventRecord(unit_events_[u], compute_));
+                cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+                floatX* unit = params_ + plan_.unit_offset[u];
+                ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
+                                        nccl_type<floatX>(), data_.comm, comm_));
+                cudaCheck(cudaEventRecord(gathered_[u], comm_));
             }
-            if (stage_ == 3) {
-                persistent_gathered_ = false;
-                ring_unit_[0] = ring_unit_[1] = -1;
-            }
+        }
+        if (stage_ == 3) {
+            persistent_gathered_ = false;
+            ring_unit_[0] = ring_unit_[1] = -1;
         }
         step_hyper_ = h;
     }
@@ -428,11 +542,12 @@ public:
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
         if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
         else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
-        if (kHasMaster && trainable_) {
+        if (kHasMaster && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
+            const cudaMemcpyKind kind = offload_ ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
             if (stage_ >= 1)
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
             else
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), kind, compute_));
         }
         persistent_gathered_ = false;
         ring_unit_[0] = ring_unit_[1] = -1;
@@ -454,8 +569,7 @@ public:
             const size_t n = plan_.unit_size[u];
             const floatX* unit = params_ + plan_.unit_offset[u];
             if (stage_ == 3) {
-                ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], gathered, plan_.shard_size[u], nccl_type<floatX>(), data_.comm,
-                                        compute_));
+                gather(u, gathered, compute_);
                 unit = gathered;
             }
             if (visit) cudaCheck(cudaMemcpyAsync(raw.data(), unit, n * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
@@ -488,22 +602,33 @@ public:
         return host_floats(raw);
     }
 
-    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats.
+    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats. Under
+    // ZeRO-Offload read and written in host memory directly, once set_unit's copies there are done.
     size_t optimizer_elements() const { return stage_ >= 1 ? plan_.local_total : total_; }
     void optimizer_state_to_host(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) const {
         const size_t n = optimizer_elements();
         master.resize(kHasMaster ? n : 0);
         m.resize(n);
         v.resize(n);
-        if (kHasMaster) cudaCheck(cudaMemcpy(master.data(), master_, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(m.data(), adam_m_, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(v.data(), adam_v_, n * sizeof(float), cudaMemcpyDeviceToHost));
+        if (offload_) pg_.synchronize(compute_);
+        auto get = [&](std::vector<float>& to, const float* from) {
+            if (offload_) std::copy(from, from + n, to.begin());
+            else cudaCheck(cudaMemcpy(to.data(), from, n * sizeof(float), cudaMemcpyDeviceToHost));
+        };
+        if (kHasMaster) get(master, master_);
+        get(m, adam_m_);
+        get(v, adam_v_);
     }
     void optimizer_state_from_host(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v) {
         const size_t n = optimizer_elements();
-        if (kHasMaster) cudaCheck(cudaMemcpy(master_, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(adam_m_, m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(adam_v_, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        if (offload_) pg_.synchronize(compute_);
+        auto put = [&](float* to, const std::vector<float>& from) {
+            if (offload_) std::copy(from.begin(), from.begin() + n, to);
+            else cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        };
+        if (kHasMaster) put(master_, master);
+        put(adam_m_, m);
+        put(adam_v_, v);
     }
     // What this rank stores of a full (padded-layout) optimizer array.
     std::vector<float> optimizer_part(const std::vector<float>& full) const { return stage_ >= 1 ? local_slices(plan_, full) : full; }
@@ -514,10 +639,95 @@ private:
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
         cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
     }
-    // All-gather unit u from the parameter shards into `dst` (on the communication stream).
-    void gather(int u, floatX* dst) {
-        ncclCheck(ncclAllGather(param_shards_ + plan_.local_offset[u], dst, plan_.shard_size[u], nccl_type<floatX>(),
-                                data_.comm, comm_));
+    // This rank's slice of unit u on the device, where AdamW reads its gradients and writes its parameters (stages
+    // 1-3; one rank's slice is the whole unit).
+    floatX* shard_params(int u) const { return stage_ == 3 ? param_shards_ + plan_.local_offset[u] : params_ + plan_.global_begin(u); }
+    floatX* shard_grads(int u) const { return stage_ >= 2 ? grad_shards_ + plan_.local_offset[u] : grads_ + plan_.global_begin(u); }
+
+    // ------------------------------------------------------------------------------------------
+    // ZeRO-Offload's step. The host state is in the order of this rank's storage (plan_.local_offset: the rank's
+    // slices, or on one rank the whole layout); its tile k (ShardPlan::for_each_tile_piece) lies in staging slot
+    // k % kOffloadSlots.
+
+    static void zero_host(float* p, size_t n) {
+#pragma omp parallel for schedule(static)
+        for (long i = 0; i < (long)n; i++) p[i] = 0.0f;
+    }
+    size_t tile_elements() const { return offload_tile(plan_.local_total); }
+    int num_tiles() const { return plan_.num_tiles(tile_elements()); }
+    template <typename Visit>
+    void for_each_piece(int k, Visit visit) const { plan_.for_each_tile_piece(tile_elements(), k, visit); }
+    // Enqueues tile k's gradients (fp32 with the parameters on the GPU: and its parameters, which are their own master
+    // weights) into its slot, on the download stream; downloaded_[slot] marks them there.
+    void download_tile(int k) {
+        const int slot = k % kOffloadSlots;
+        const size_t first = (size_t)k * tile_elements();
+        const bool parameters = !kHasMaster && !offload_params_;
+        if (parameters) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
+        for_each_piece(k, [&](int u, size_t begin, size_t end) {
+            const size_t in_unit = begin - plan_.local_offset[u], bytes = (end - begin) * sizeof(floatX);
+            cudaCheck(cudaMemcpyAsync(host_grads_[slot] + (begin - first), shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
+            if (parameters)
+                cudaCheck(cudaMemcpyAsync(host_params_[slot] + (begin - first), shard_params(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
+        });
+        cudaCheck(cudaEventRecord(downloaded_[slot], download_));
+    }
+    // At the start of step(): the copy streams wait until the gradients are reduced and the last step's gathers are
+    // done (wait_for_parameters), and the first tiles come down while the GPU computes the norm.
+    void start_downloads() {
+        cudaCheck(cudaEventRecord(offload_start_, compute_));
+        cudaCheck(cudaStreamWaitEvent(download_, offload_start_));
+        cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
+        for (int k = 0; k < kOffloadSlots && k < num_tiles(); k++) download_tile(k);
+    }
+    // Once the squared norm's copy to norm_host_ is enqueued: waits for it, then for each tile waits for its download,
+    // runs AdamW on the CPU into its parameter slot, enqueues the slot's copy up to the GPU and the download of the
+    // tile kOffloadSlots ahead into the freed gradient slot; the compute stream then waits for the last upload, before
+    // the gathers (stages 1-2) and the next forward read the parameters. With the parameter shard on the host the CPU
+    // writes it in place and nothing goes up: the next forward's gathers, enqueued after this returns, copy it up (the
+    // last step's gathers, which read it too, were done before the norm). A skipped step (adamw_grad_scale 0: a
+    // non-finite norm) changes nothing, as on the GPU; its downloads go unread. Every wait is bounded by
+    // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job.
+    void update_on_host(const AdamWHyper& h) {
+        cudaCheck(cudaEventRecord(norm_ready_, compute_));
+        pg_.wait_event(norm_ready_);
+        const adamw_cpu::Step step = adamw_cpu::make_step(h, *norm_host_);
+        if (step.grad_scale == 0.0f) return;
+        using Cpu = typename CpuFloat<floatX>::type;
+        const int tiles = num_tiles();
+        for (int k = 0; k < tiles; k++) {
+            const int slot = k % kOffloadSlots;
+            const size_t first = (size_t)k * tile_elements();
+            pg_.wait_event(downloaded_[slot]);
+            pg_.wait_event(uploaded_[slot]);  // the parameter slot's last copy up is done
+            // where element i of the shard's parameters is updated: in the host's shard, or at its place in the tile's slot
+            auto params = [&](size_t i) { return reinterpret_cast<Cpu*>(offload_params_ ? param_shards_ + i : host_params_[slot] + (i - first)); };
+            const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
+            for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                adamw_cpu::update(params(begin), kHasMaster ? master_ + begin : nullptr, grads + (begin - first), adam_m_ + begin,
+                                  adam_v_ + begin, 0, (long)(end - begin), (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
+            });
+            if (!offload_params_)
+                for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                    cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_params_[slot] + (begin - first),
+                                              (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
+                });
+            cudaCheck(cudaEventRecord(uploaded_[slot], upload_));
+            if (k + kOffloadSlots < tiles) download_tile(k + kOffloadSlots);
+        }
+        cudaCheck(cudaEventRecord(offload_done_, upload_));
+        cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
+    }
+    // All-gather unit u from the parameter shards into `dst` on `stream`. Shards on the host (--offload
+    // optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
+    void gather(int u, floatX* dst, cudaStream_t stream) {
+        const size_t shard = plan_.shard_size[u];
+        const floatX* mine = param_shards_ + plan_.local_offset[u];
+        if (offload_params_) {
+            cudaCheck(cudaMemcpyAsync(dst + data_.rank * shard, mine, shard * sizeof(floatX), cudaMemcpyHostToDevice, stream));
+            mine = dst + data_.rank * shard;
+        }
+        ncclCheck(ncclAllGather(mine, dst, shard, nccl_type<floatX>(), data_.comm, stream));
     }
     // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
     void wait_for_unit(int u) {
@@ -529,7 +739,7 @@ private:
         const int slot = i % 2;
         if (ring_unit_[slot] == i) return;
         cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
-        gather(gathered_units_[i], ring_params_[slot]);
+        gather(gathered_units_[i], ring_params_[slot], comm_);
         cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
         ring_unit_[slot] = i;
     }
@@ -555,11 +765,21 @@ private:
     floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
     std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
     floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones
-    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr, *norm_ = nullptr, *norm_scratch_ = nullptr;
+    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;  // on the device, or under offload pinned on the host
+    float *norm_ = nullptr, *norm_scratch_ = nullptr;
     float* norm_host_ = nullptr;  // pinned
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
     std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
+    // ZeRO-Offload: the CPU's threads, the pinned staging slots (no parameter slots when the parameter shard is the
+    // host's), the copy streams each way and their events (a slot's tile is down, a slot's parameters are up; the
+    // step's start, the norm on the host, the last upload)
+    bool offload_ = false, offload_params_ = false;
+    int cpu_threads_ = 0;
+    floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
+    cudaStream_t download_ = nullptr, upload_ = nullptr;
+    std::vector<cudaEvent_t> downloaded_, uploaded_;
+    cudaEvent_t offload_start_ = nullptr, norm_ready_ = nullptr, offload_done_ = nullptr;
 };

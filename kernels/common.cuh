@@ -1,5 +1,5 @@
 // Shared by every kernel file: error checks, the three compute precisions (float, bf16, fp16),
-// 128-bit packed loads/stores, warp/block reductions, layout masks, a fast exp2, stochastic rounding, the
+// 128-bit packed loads/stores, warp/block reductions, layout masks (host_device.h), a fast exp2, stochastic rounding, the
 // sm_90 mbarrier and bulk-copy wrappers, and the check of the GPU (gpu_support.h) with its MFU peak.
 // It holds no layer logic.
 #pragma once
@@ -18,6 +18,7 @@
 #include <string>
 #include "die.h"
 #include "gpu_support.h"
+#include "host_device.h"
 
 // ---------------------------------------------------------------------------------------------
 // Error checking: every CUDA / cuBLAS call and every launch goes through one of these.
@@ -141,54 +142,7 @@ __device__ __forceinline__ float block_reduce_max(float v, float* shared) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Which elements of a flat parameter buffer have a property (weight decay; being a tensor-parallel slice rather
-// than a replicated tensor), as a function of the element index, so that one launch covers the whole buffer or
-// any contiguous shard of it. Layout: [head: true below head_end, false from there to blocks_begin]
-// [identical blocks of block_size from blocks_begin to blocks_end][tail: false]; inside a block, the elements in
-// [range_begin[r], range_end[r]) are true.
-struct LayoutMask {
-    long head_end = 0, blocks_begin = 0, block_size = 1, blocks_end = 0;
-    int num_ranges = 0;
-    long range_begin[8] = {}, range_end[8] = {};
-    __host__ __device__ bool contains(long i) const {
-        if (i < head_end) return true;
-        if (i < blocks_begin || i >= blocks_end) return false;
-        return in_ranges((i - blocks_begin) % block_size);
-    }
-    // contains() of elements index .. index + X - 1, as bits, with one 64-bit division instead of X (the position
-    // within a block of the next element is one more, wrapping at block_size): AdamW's decay, per 16-byte vector.
-    template <int X>
-    __host__ __device__ uint32_t contains_bits(long index) const {
-        uint32_t bits = 0;
-        long j = -1;  // position within the block of the previous element, once one was inside the blocks' range
-        for (int k = 0; k < X; k++) {
-            const long i = index + k;
-            bool in = i < head_end;
-            if (!in && i >= blocks_begin && i < blocks_end) {
-                j = j < 0 ? (i - blocks_begin) % block_size : (j + 1 == block_size ? 0 : j + 1);
-                in = in_ranges(j);
-            }
-            bits |= (uint32_t)in << k;
-        }
-        return bits;
-    }
-    // Whether position j within a block lies in one of the ranges.
-    __host__ __device__ bool in_ranges(long j) const {
-        for (int r = 0; r < num_ranges; r++)
-            if (j >= range_begin[r] && j < range_end[r]) return true;
-        return false;
-    }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Counter-based random numbers: a pure function of (seed, index), so results do not depend on the
-// launch configuration and a resumed run draws exactly what the uninterrupted run drew.
-__host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+// The layout masks (LayoutMask) and splitmix64 are in host_device.h, shared with host code.
 __device__ __forceinline__ uint32_t random_u32(uint64_t seed, uint64_t index) {
     return (uint32_t)(splitmix64(seed ^ splitmix64(index)) >> 32);
 }

@@ -2,13 +2,16 @@
 // does not fit is refused with the figures and what to change instead of failing at an allocation. The model
 // (gpt2.cuh) allocates from the same counts (activation_counts), so plan and allocation cannot drift apart (its
 // allocate() checks that they agree). The start-up report prints the plan next to the GPU's free memory; the
-// ZeRO formula and the measured model states are compared after allocation. Allocating is the model's.
+// ZeRO formula and the measured model states are compared after allocation. Under ZeRO-Offload the plan also counts
+// the pinned host memory of each rank, reported against the machine's budget (MemTotal or --host-memory-gib) for all
+// the ranks that share it. Allocating is the model's.
 // defines: ActivationPlan, MemoryPlan, Recompute, activation_counts, plan_memory, gib, device_memory_in_use,
-//          StagePlans, report_memory_plan, zero_states_formula
+//          StagePlans, report_memory_plan, zero_states_formula, HostBudget, host_memory_budget, report_host_memory_plan
 #pragma once
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 #include "../kernels/common.cuh"
@@ -16,7 +19,7 @@
 #include "../kernels/matmul.cuh"               // defines: matmul_context, bias_backward_scratch_floats
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_backward_scratch_bytes
 #include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats
-#include "../distributed/zero.cuh"             // defines: ZeroOptimizer::memory, ZeroMemory
+#include "../distributed/zero.cuh"             // defines: ZeroOptimizer::memory, ZeroOptimizer::host_memory, ZeroMemory, HostMemory
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 
@@ -45,6 +48,7 @@ inline size_t device_memory_in_use() {
 struct MemoryPlan {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0, activations = 0, scratch = 0;
     size_t working = 0;  // of parameters and gradients: the unsharded unit buffers of ZeRO stages 2-3 (ZeroMemory)
+    HostMemory host;     // ZeRO-Offload's pinned host memory of the rank (not in total(), which is the GPU's)
     size_t total() const { return parameters + gradients + master_weights + adam_state + activations + scratch; }
 };
 
@@ -107,14 +111,16 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 }
 
 // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
-// of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default).
+// of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
+// what ZeRO-Offload keeps on the host (p.host) instead of the GPU.
 template <typename floatX>
-MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute,
+MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
-    const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled());
+    const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
+    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload);
     p.parameters = z.parameters;
     p.gradients = z.gradients;
     p.master_weights = z.master_weights;
@@ -151,27 +157,34 @@ template <typename floatX>
 struct StagePlans {
     ModelConfig config;
     int B = 0, T = 0, dp = 1, tp = 1, zero_stage = 0, recompute = 0;
+    Offload offload = Offload::kNone;
     LoraSpec lora;
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     MemoryPlan of(int s, int split) const {
         const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, lora, parts[s], sets);
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, lora, parts[s], sets);
     }
 };
 
 // ZeRO's model states per GPU for P parameters on N data-parallel ranks at `stage` (0-3), with parameters and
 // gradients of `w` bytes and fp32 master weights (4 bytes) unless the parameters are fp32 themselves, and Adam's
 // m and v (8 bytes): in bf16 16P, 4P + 12P/N, 2P + 14P/N, 16P/N bytes; in fp32 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
-// Under tensor parallelism P is one rank's share: its slices plus the replicated tensors.
-inline double zero_states_formula(double P, double N, int stage, int w) {
-    const double master = w == 4 ? 0 : 4, optimizer = master + 8;
+// offload (ZeRO-Offload): the optimizer state is the host's, the GPU keeps 4P, 2P + 2P/N, 4P/N at stages 1-3 in
+// bf16 (8P, 4P + 4P/N, 8P/N in fp32); with the parameters at stage 3, 2P/N (4P/N). Under tensor parallelism P is one
+// rank's share: its slices plus the replicated tensors.
+inline double zero_states_formula(double P, double N, int stage, int w, Offload offload = Offload::kNone) {
+    const double master = w == 4 ? 0 : 4, optimizer = offload != Offload::kNone ? 0 : master + 8;
+    const double parameters = offload == Offload::kOptimizerParameters ? 0 : w;  // the stage-3 shard's
     return std::vector<double>{(2 * w + optimizer) * P, 2 * w * P + optimizer * P / N, w * P + (w + optimizer) * P / N,
-                               (2 * w + optimizer) * P / N}[stage];
+                               (parameters + w + optimizer) * P / N}[stage];
 }
 // What the formula counts, in words, for the start-up line.
-inline std::string zero_states_words(const std::string& precision) {
-    return precision == "fp32" ? "fp32 parameters and gradients, Adam m + v" : precision + " parameters and gradients, fp32 master weights + Adam m + v";
+inline std::string zero_states_words(const std::string& precision, Offload offload = Offload::kNone) {
+    const std::string states = precision + " parameters and gradients";
+    if (offload == Offload::kOptimizerParameters) return precision + " gradients (the parameter shard and the optimizer state are on the host)";
+    if (offload == Offload::kOptimizer) return states + " (the optimizer state is on the host)";
+    return precision == "fp32" ? states + ", Adam m + v" : states + ", fp32 master weights + Adam m + v";
 }
 
 inline std::string gib_text(size_t bytes) { return std::to_string(gib(bytes)).substr(0, 5); }
@@ -220,4 +233,38 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
             (plans.zero_stage < 3 && P == 1 && plans.dp > 1 ? ", or raise --zero-stage" : ""));
     }
     return plan;
+}
+
+// ZeRO-Offload's host memory budget of one machine: --host-memory-gib, or MemTotal of /proc/meminfo. Some virtual
+// machines let a process use more than their MemTotal (memory that grows as it is touched): the flag states it.
+struct HostBudget {
+    size_t bytes = 0;
+    std::string source;  // what the budget is, for the report: "MemTotal" or "--host-memory-gib"
+};
+inline HostBudget host_memory_budget(float host_memory_gib) {
+    if (host_memory_gib > 0) return {(size_t)((double)host_memory_gib * 1024 * 1024 * 1024), "--host-memory-gib"};
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    size_t kib = 0;
+    while (meminfo >> key && key != "MemTotal:") meminfo.ignore(1 << 20, '\n');
+    if (key != "MemTotal:" || !(meminfo >> kib) || kib == 0)
+        die("cannot read MemTotal from /proc/meminfo: give the host memory budget with --host-memory-gib");
+    return {kib * 1024, "MemTotal"};
+}
+
+// The start-up line of ZeRO-Offload's pinned host memory, next to the GPU's plan: a rank's part (`host`, each of the
+// `ranks_on_host` ranks of this machine takes as much) against the machine's budget, and the CPU AdamW that updates it
+// (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
+inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu) {
+    const size_t machine = host.total() * ranks_on_host;
+    const std::string ranks = std::to_string(ranks_on_host) + (ranks_on_host == 1 ? " rank" : " ranks");
+    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | staging %.2f | total %.2f; x %s "
+                 "on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
+            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.staging), gib(host.total()), ranks.c_str(),
+            gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
+    if (machine > budget.bytes)
+        die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + ranks + " x " +
+            gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source + "): spread the job "
+            "over more machines (more data-parallel ranks each hold a smaller shard), or give --host-memory-gib if this machine lets a "
+            "process use more than MemTotal");
 }

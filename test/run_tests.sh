@@ -45,6 +45,7 @@ run hellaswag build/test_hellaswag
 run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
 run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
+run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports

@@ -76,6 +76,16 @@ expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL 
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
 expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
 expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
+# ZeRO-Offload: what it runs with, refused before any GPU work
+expect_error "bad offload" "--offload must be one of none, optimizer, optimizer,parameters, got 'gpu'" $SMALL --offload gpu
+expect_error "offload at ZeRO-0" "--offload optimizer runs with --zero-stage 1, 2 or 3 (got 0)" $SMALL --offload optimizer --zero-stage 0
+expect_error "offloaded parameters below ZeRO-3" "--offload optimizer,parameters runs with --zero-stage 3 (got 2)" $SMALL --offload optimizer,parameters --zero-stage 2
+expect_error "offloaded parameters on one rank" "--offload optimizer,parameters needs at least 2 data-parallel ranks (got 1)" $SMALL --offload optimizer,parameters --zero-stage 3
+expect_error "offload with LoRA" "--offload runs without LoRA" $SMALL --offload optimizer --lora-rank 4
+expect_error "host budget 0" "--host-memory-gib must be -1 or a finite number > 0, got 0" $SMALL --offload optimizer --host-memory-gib 0
+expect_error "host budget without offload" "--host-memory-gib bounds the pinned host memory of --offload, which is none" $SMALL --host-memory-gib 64
+# fp32 offloads too (no master weights: the host holds Adam's m and v): the run stops at a later check
+expect_error "offload in fp32 accepted" "--resume needs --output-dir" $SMALL --offload optimizer --precision fp32 --host-memory-gib 8 --resume 1
 
 # every flag's range: integers parsed whole, never cut to fit an int; floats finite and in range
 expect_error "integer above int" "--batch-size must be in [1, 2147483647], got 4294967297" --batch-size 4294967297
@@ -165,6 +175,7 @@ expect_error "pipeline schedule name" "--pipeline-schedule must be one of 1f1b, 
 expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parallel 2 --pipeline-layers 1,2
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2
 expect_error "pipeline refuses LoRA" "LoRA runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --lora-rank 4
+expect_error "pipeline refuses offload" "--offload runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --offload optimizer
 expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 192
 # --pipeline-layers balanced with a batch or micro-batch count that is refused: the refusal's own message, not one
 # about the split

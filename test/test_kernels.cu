@@ -3,7 +3,8 @@
 // fresh random inputs each run (the seed is printed) and outputs poisoned with NaN before each launch. The quick
 // tier (TEST_TIER=quick, check.h) leaves out the three largest shapes, whose random inputs and CPU reference cost
 // most: the wide LayerNorm over more rows than its blocks take at once (4 x 1100 rows of 4200), and d12's MLP
-// product with and without the GELU epilogue; every kernel keeps its other shapes.
+// product with and without the GELU epilogue; every kernel keeps its other shapes. The CPU AdamW (kernels/adamw_cpu.h)
+// is checked against the GPU's bit for bit, with each of the host's paths.
 // Usage: test_kernels [seed]
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "../kernels/gelu.cuh"
 #include "../kernels/classifier.cuh"
 #include "../kernels/adamw.cuh"
+#include "../kernels/adamw_cpu.h"
 #include "../kernels/global_norm.cuh"
 #include "../kernels/init.cuh"
 #include "cpu_reference.h"
@@ -483,6 +485,74 @@ void test_optimizer(size_t n, const std::string& tag, cudaStream_t stream) {
     check(fabs(got - expected) <= 1e-5 * expected, tag + " global_norm" + size, buf);
 }
 
+// The CPU AdamW (kernels/adamw_cpu.h, ZeRO-Offload's) against adamw_update on the same inputs, bit for bit, with each
+// path the host has: a shard at a global offset (a multiple of 4) of odd length, decay in runs that cut groups of 4,
+// clipping active (and fp16's loss scale), subnormal v and squared gradients. A NaN would compare unequal: the inputs
+// make none.
+template <typename floatX> struct CpuType { using type = floatX; };
+template <> struct CpuType<__nv_bfloat16> { using type = adamw_cpu::Bf16; };
+template <> struct CpuType<__half> { using type = adamw_cpu::Fp16; };
+template <typename floatX>
+void test_adamw_cpu_bitwise(const std::string& tag, cudaStream_t stream) {
+    using Cpu = typename CpuType<floatX>::type;
+    static_assert(sizeof(Cpu) == sizeof(floatX), "the CPU type has the GPU type's bits");
+    const long n = 100003, index_offset = 40004;
+    const bool has_master = !std::is_same<floatX, float>::value;
+    const float loss_scale = std::is_same<floatX, __half>::value ? 1024.0f : 1.0f;
+    const AdamWHyper h{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, loss_scale, 7, 1234};
+    const float norm_squared = 16.0f * loss_scale * loss_scale;  // a norm of 4 against a clip of 1
+    LayoutMask mask;
+    mask.head_end = index_offset + 10;
+    mask.blocks_begin = index_offset + 13;
+    mask.block_size = 29;
+    mask.blocks_end = index_offset + 13 + 29 * 3000;
+    mask.num_ranges = 3;
+    mask.range_begin[0] = 0, mask.range_end[0] = 1;
+    mask.range_begin[1] = 5, mask.range_end[1] = 8;
+    mask.range_begin[2] = 14, mask.range_end[2] = 27;
+    const std::vector<float> master = random_vector<float>(n, 0.1f);
+    std::vector<float> grad = random_vector<floatX>(n, 0.01f), m = random_vector<float>(n, 1e-3f), v = random_vector<float>(n, 1e-5f);
+    for (long i = 0; i < n; i++) {
+        v[i] = i % 10 == 0 ? 1e-40f : fabsf(v[i]);
+        if (i % 10 == 1) grad[i] = host_round<floatX>(1e-22f * grad[i]);  // a subnormal square (0 in fp16)
+    }
+    std::vector<float> params(n);
+    for (long i = 0; i < n; i++) params[i] = host_round<floatX>(master[i]);
+
+    DeviceBuffer<floatX> params_d(params), grad_d(grad);
+    DeviceBuffer<float> master_d(master), m_d(m), v_d(v), norm_d(std::vector<float>{norm_squared});
+    adamw_update(params_d.ptr, has_master ? master_d.ptr : nullptr, grad_d.ptr, m_d.ptr, v_d.ptr, n, index_offset, h, norm_d.ptr,
+                 mask, stream);
+    const std::vector<float> gpu_params = params_d.download(), gpu_master = master_d.download(), gpu_m = m_d.download(),
+                             gpu_v = v_d.download();
+
+    std::vector<floatX> grad_raw(n);
+    for (long i = 0; i < n; i++) grad_raw[i] = from_host_float<floatX>(grad[i]);
+    for (adamw_cpu::Isa isa : {adamw_cpu::Isa::Scalar, adamw_cpu::Isa::Avx2, adamw_cpu::Isa::Avx512}) {
+        const std::string name = tag + " adamw on the CPU (" + adamw_cpu::isa_name(isa) + ") equals the GPU bit for bit";
+        if (!adamw_cpu::isa_supported(isa)) {
+            skip(name, std::string("this CPU has no ") + adamw_cpu::isa_name(isa));
+            continue;
+        }
+        std::vector<floatX> params_raw(n);
+        for (long i = 0; i < n; i++) params_raw[i] = from_host_float<floatX>(params[i]);
+        std::vector<float> cpu_master = master, cpu_m = m, cpu_v = v;
+        adamw_cpu::update(reinterpret_cast<Cpu*>(params_raw.data()), has_master ? cpu_master.data() : nullptr,
+                          reinterpret_cast<const Cpu*>(grad_raw.data()), cpu_m.data(), cpu_v.data(), 0, n, index_offset,
+                          adamw_cpu::make_step(h, norm_squared), mask, 0, isa);
+        const std::vector<float> cpu_params = host_floats(params_raw);  // exact: compares the bits
+        long differ = 0, first = -1;
+        for (long i = 0; i < n; i++) {
+            const bool same = memcmp(&cpu_params[i], &gpu_params[i], 4) == 0 && memcmp(&cpu_m[i], &gpu_m[i], 4) == 0 &&
+                              memcmp(&cpu_v[i], &gpu_v[i], 4) == 0 && (!has_master || memcmp(&cpu_master[i], &gpu_master[i], 4) == 0);
+            if (!same && differ++ == 0) first = i;
+        }
+        check(differ == 0, name, differ == 0 ? fmt("m, v, master and parameters of %.0f elements", (double)n)
+                                            : fmt("%.0f elements differ, the first at %.0f", (double)differ, (double)first) +
+                                                  fmt(" (parameter %a on the CPU, %a on the GPU)", cpu_params[first], gpu_params[first]));
+    }
+}
+
 // bf16 stochastic rounding: unbiased (the mean of many roundings of x is x) and always one of the two
 // neighbouring bf16 values.
 __global__ void stochastic_round_kernel(float* out, float x, int n, uint64_t seed) {
@@ -589,6 +659,7 @@ void test_precision(cudaStream_t stream) {
     test_vocab_parallel_classifier<floatX>(37, 200, 384, 4, tag, stream);
     test_vocab_parallel_classifier<floatX>(13, 50257, 50304, 8, tag, stream);
     test_optimizer<floatX>(100003, tag, stream);
+    test_adamw_cpu_bitwise<floatX>(tag, stream);
 }
 
 int main(int argc, char** argv) {

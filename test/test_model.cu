@@ -1,7 +1,9 @@
 // Whole model on the GPU against the PyTorch reference's debug state (docs/formats.md): step-0 logits,
 // loss, gradient norm and every parameter gradient, then the losses of S AdamW steps on the same batch, and in
 // fp16 a step whose gradients overflow (skipped, parameters unchanged, loss scale halved); in every precision a
-// step with an injected NaN gradient or inf loss (skipped, parameters and optimizer state unchanged).
+// step with an injected NaN gradient or inf loss (skipped, parameters and optimizer state unchanged). ZeRO-Offload: the
+// same steps with the optimizer state on the host (--offload optimizer) equal the GPU-resident ones bit for bit, and
+// skip an injected NaN gradient the same way.
 // With a LoRA debug state (version 3, docs/lora.md) and the reference's adapter file: the adapter
 // gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
 // logits bitwise.
@@ -42,6 +44,61 @@ static std::vector<float> unpadded_logits(GPT2<floatX>& model) {
     std::vector<float> logits(rows * V);
     for (size_t r = 0; r < rows; r++) memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
     return logits;
+}
+
+// ZeRO-Offload on one rank: two fresh models from `values`, one with the optimizer state on the GPU and one with it on
+// the host (AdamW on the CPU, kernels/adamw_cpu.h: the kernel's arithmetic bit for bit), take the debug state's steps
+// on its batch: every step's loss and gradient norm, then the parameters, master weights and Adam moments, are bitwise
+// equal. Then a NaN gradient skips the offloaded step: parameters and optimizer state unchanged, the skip counted.
+template <typename floatX>
+static void check_offload(const ModelConfig& config, const std::vector<float>& values, const DebugState& state, const std::string& label,
+                          Precision precision, cudaStream_t stream) {
+    ProcessGroup single;
+    const ProcessMesh mesh;
+    GPT2<floatX> resident(config, single, mesh, 0, stream), offloaded(config, single, mesh, 0, stream);
+    offloaded.zero->set_offload(Offload::kOptimizer, 0);
+    AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, state.grad_clip, 1.0f, 0, 1234};
+    auto forward_backward = [&](GPT2<floatX>& m) {
+        m.zero_grad();
+        m.forward(true, m.dloss(1));
+        m.accumulate_loss();
+        m.backward();
+    };
+    auto snapshot = [](GPT2<floatX>& m) {
+        std::vector<float> master, adam_m, adam_v;
+        m.zero->optimizer_state_to_host(master, adam_m, adam_v);
+        std::vector<float> all = m.zero->parameters_host();
+        for (auto* part : {&master, &adam_m, &adam_v}) all.insert(all.end(), part->begin(), part->end());
+        return all;
+    };
+    std::vector<float> reports[2], states[2];
+    GPT2<floatX>* models[2] = {&resident, &offloaded};
+    for (int i = 0; i < 2; i++) {
+        GPT2<floatX>& m = *models[i];
+        m.allocate(state.B, state.T);
+        set_parameters(m, values);
+        if (precision == Precision::FP16) m.enable_loss_scaling(1024.0f, 2000);
+        m.upload_batch(state.inputs.data(), state.targets.data());
+        for (int step = 0; step < state.steps; step++) {
+            forward_backward(m);
+            h.t = step + 1;
+            const StepReport r = m.step(h);
+            reports[i].insert(reports[i].end(), {r.loss, r.grad_norm, r.loss_scale, (float)r.skipped});
+        }
+        states[i] = snapshot(m);
+    }
+    char buf[160];
+    snprintf(buf, sizeof(buf), "last loss %.7f / %.7f, %zu state values", reports[0].end()[-4], reports[1].end()[-4], states[1].size());
+    check(reports[0] == reports[1] && states[0] == states[1],
+          label + " offload: " + std::to_string(state.steps) + " steps with the optimizer state on the host equal the GPU's bit for bit "
+                  "(losses, norms, parameters, master weights, Adam moments)", buf);
+    forward_backward(offloaded);
+    cudaCheck(cudaMemsetAsync(offloaded.zero->unit_grads(offloaded.layout.wte_unit) + 5, 0xFF, sizeof(floatX), stream));  // NaN
+    const long skipped_before = offloaded.zero->scaler.skipped_steps;
+    h.t = state.steps + 1;
+    const StepReport r = offloaded.step(h);
+    check(r.skipped && offloaded.zero->scaler.skipped_steps == skipped_before + 1 && snapshot(offloaded) == states[1],
+          label + " offload: a NaN gradient skips the host's step, parameters and optimizer state bitwise unchanged", "");
 }
 
 template <typename floatX>
@@ -213,6 +270,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
                                                                   : ": not skipped, parameters change"), buf);
         }
     }
+    if (!lora.enabled()) check_offload<floatX>(config, values, state, label, precision, stream);
     if (lora.enabled()) {
         check(model.zero->parameters_host() == base_before, label + " LoRA: base weights bitwise unchanged by the steps", "");
         // B = 0: the adapted model computes exactly the base model

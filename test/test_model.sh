@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole model on the GPU against the PyTorch reference (scripts/reference/gpt2_reference.py on the same GPU), in fp32,
 # bf16 and fp16, for a small config and for d12 at B=4, T=64: logits, loss, gradient norm, every gradient
-# tensor, and the losses of 10 AdamW steps (tolerances in test/test_model.cu). Then LoRA (r=4 on all four
+# tensor, and the losses of 10 AdamW steps (tolerances in test/test_model.cu); the same steps with the optimizer state
+# on the host (ZeRO-Offload) bitwise equal to the GPU's, and its skip of a NaN gradient. Then LoRA (r=4 on all four
 # targets, non-zero B) in fp32 and bf16: logits, loss, adapter gradients, 10 losses, base weights unchanged,
 # and with B = 0 the base model's logits bitwise. The quick tier (TEST_TIER=quick) runs the small config in each
 # precision: d12 and LoRA only in the full tier (the training suite's quick tier trains and merges adapters).

@@ -6,7 +6,9 @@
 // form) equals contains. Checkpoints: optimizer state written by N ranks at
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
 // pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
-// initialisation's runs, unit by unit, give each rank's part.
+// initialisation's runs, unit by unit, give each rank's part. ZeRO-Offload's memory plan: d12's pinned host memory
+// per rank against hand-computed bytes, and the GPU's plan without the optimizer state; its tiles cover each rank's
+// storage once, and the CPU AdamW over them equals the update unit slice by unit slice, bit for bit.
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -301,11 +303,108 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
           std::to_string(parts) + " parts (tp 1-4, pp 1-4, 1-2 chunks a stage)");
 }
 
+// ZeRO-Offload's plan for d12 (GPT-2 124M: 124,475,904 elements in the padded layout at 1, 2 and 4 data-parallel
+// ranks: wte 50304 x 768 = 38,633,472, wpe 1024 x 768 = 786,432, 12 blocks of 12 C^2 + 13 C = 7,087,872 and the final
+// LayerNorm's 2 C = 1,536, each a multiple of 32, so no padding) at ZeRO stages 1-3 (`stages`): per rank the host
+// holds the shard's fp32 master weights (4 bytes an element; none in fp32) and Adam m and v (8), and two staging
+// slots of a 4,194,304-element tile of gradients and one of parameters (2 x 4,194,304 x (2 + 2) bytes in bf16, x
+// (4 + 4) in fp32), whatever the stage; with the parameters (stage 3) also the shard's parameters (2 bytes an element
+// in bf16) and only the gradient slots. The GPU's model states are those without offload less what the host holds.
+template <typename floatX>
+static void check_offload_memory(const ModelConfig& d12, const std::string& precision, Offload offload, int dp, std::vector<int> stages,
+                                 size_t master, size_t adam, size_t parameters, size_t staging, size_t total) {
+    const ParameterLayout l(d12, 8 * dp);
+    for (int stage : stages) {
+        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload);
+        const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, offload);
+        const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, Offload::kNone);
+        char text[256];
+        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, parameters %zu, staging %zu, total %zu; GPU optimizer state %zu",
+                 l.total, h.master_weights, h.adam_state, h.parameters, h.staging, h.total(), offloaded.master_weights + offloaded.adam_state);
+        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.parameters == parameters && h.staging == staging &&
+                  h.total() == total && offloaded.master_weights == 0 && offloaded.adam_state == 0 &&
+                  offloaded.parameters + parameters == resident.parameters && offloaded.gradients == resident.gradients && resident.adam_state > 0 &&
+                  ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, Offload::kNone).total() == 0,
+              "offload plan d12 " + precision + (offload == Offload::kOptimizerParameters ? " optimizer,parameters" : " optimizer") + " dp " +
+                  std::to_string(dp) + " stage " + std::to_string(stage) + ": host bytes per rank as computed by hand, the GPU without them",
+              text);
+    }
+}
+
+// ZeRO-Offload's tiles, for a model whose units are not multiples of each other, on 1-3 ranks, with tiles from one
+// element to more than a rank's storage: the tiles' pieces cover each rank's storage once, in order, each inside one
+// unit and one tile; and the CPU AdamW (bf16 with master weights) run piece by piece at ShardPlan::global_index equals
+// it run over each unit's slice at the slice's first global index (the GPU path's calls), bit for bit (one thread: the
+// thread count changes nothing, test_adamw_cpu checks).
+static void check_offload_tiles(const ModelConfig& config, const std::string& name) {
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    AdamWHyper h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f, 3, 99};
+    const adamw_cpu::Step step = adamw_cpu::make_step(h, 4.0f);  // norm 2: clipped to 1
+    for (int N = 1; N <= 3; N++) {
+        const ParameterLayout layout(config, 8 * N);
+        const LayoutMask decay = layout.decay_mask();
+        for (int r = 0; r < N; r++) {
+            const ShardPlan plan(layout.unit_offsets, layout.unit_sizes, N, r);
+            const size_t n = plan.local_total;
+            std::vector<adamw_cpu::Bf16> grads(n);
+            std::vector<float> master(n), m(n), v(n);
+            for (size_t i = 0; i < n; i++) {
+                grads[i].bits = (uint16_t)(adamw_cpu::detail::bits_of(normal(rng)) >> 16);
+                master[i] = normal(rng);
+                m[i] = 0.1f * normal(rng);
+                v[i] = 0.01f * std::fabs(normal(rng));
+            }
+            std::vector<float> unit_master = master, unit_m = m, unit_v = v;
+            std::vector<adamw_cpu::Bf16> unit_params(n);
+            for (int u = 0; u < plan.num_units(); u++) {
+                const size_t at = plan.local_offset[u];
+                adamw_cpu::update(unit_params.data() + at, unit_master.data() + at, grads.data() + at, unit_m.data() + at, unit_v.data() + at, 0,
+                                  (long)plan.shard_size[u], (long)plan.global_begin(u), step, decay, 1);
+            }
+            for (size_t tile : {(size_t)1, (size_t)7, (size_t)4096, n / 3 + 5, n, 2 * n}) {
+                bool covered = true;
+                size_t next = 0;
+                std::vector<float> tile_master = master, tile_m = m, tile_v = v;
+                std::vector<adamw_cpu::Bf16> tile_params(n);
+                for (int k = 0; k < plan.num_tiles(tile); k++)
+                    plan.for_each_tile_piece(tile, k, [&](int u, size_t begin, size_t end) {
+                        covered = covered && begin == next && begin < end && begin >= plan.local_offset[u] &&
+                                  end <= plan.local_offset[u] + plan.shard_size[u] && begin / tile == (size_t)k && (end - 1) / tile == (size_t)k;
+                        next = end;
+                        if (tile == 1) return;  // the cover only: one element a call
+                        adamw_cpu::update(tile_params.data() + begin, tile_master.data() + begin, grads.data() + begin, tile_m.data() + begin,
+                                          tile_v.data() + begin, 0, (long)(end - begin), (long)plan.global_index(u, begin), step, decay, 1);
+                    });
+                const std::string tag = "offload tiles " + name + " N=" + std::to_string(N) + " rank " + std::to_string(r) + " tile " +
+                                        std::to_string(tile);
+                check(covered && next == n, tag + ": the pieces cover the rank's storage once, in order, each in one unit", "");
+                if (tile == 1) continue;
+                const bool same = memcmp(tile_params.data(), unit_params.data(), n * sizeof(adamw_cpu::Bf16)) == 0 && tile_master == unit_master &&
+                                  tile_m == unit_m && tile_v == unit_v;
+                check(same, tag + ": AdamW piece by piece equals it unit slice by unit slice, bit for bit", "");
+            }
+        }
+    }
+}
+
 int main() {
     check_suite("sharding");
     ModelConfig d12;
     config_from_descriptor("d12", d12);
     check_layout(d12, "d12");
+    const Offload optimizer = Offload::kOptimizer, parameters = Offload::kOptimizerParameters;
+    // master weights 124,475,904 x 4 / dp, m and v x 8 / dp
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 1, {1, 2, 3}, 497903616, 995807232, 0, 33554432, 1527265280);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 2, {1, 2, 3}, 248951808, 497903616, 0, 33554432, 780409856);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 4, {1, 2, 3}, 124475904, 248951808, 0, 33554432, 406982144);
+    check_offload_memory<float>(d12, "fp32", optimizer, 1, {1, 2, 3}, 0, 995807232, 0, 67108864, 1062916096);
+    check_offload_memory<float>(d12, "fp32", optimizer, 2, {1, 2, 3}, 0, 497903616, 0, 67108864, 565012480);
+    check_offload_memory<float>(d12, "fp32", optimizer, 4, {1, 2, 3}, 0, 248951808, 0, 67108864, 316060672);
+    // and the parameter shard, 124,475,904 x 2 / dp in bf16 (x 4 in fp32); staging 2 x 4,194,304 x 2 (x 4)
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 2, {3}, 248951808, 497903616, 124475904, 16777216, 888108544);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 4, {3}, 124475904, 248951808, 62237952, 16777216, 452442880);
+    check_offload_memory<float>(d12, "fp32", parameters, 2, {3}, 0, 497903616, 248951808, 33554432, 780409856);
     ModelConfig toy;  // parameter count not divisible by any N > 1
     toy.num_layers = 3; toy.num_heads = 3; toy.channels = 72; toy.max_seq_len = 129; toy.vocab_size = 1001; toy.padded_vocab_size = 1024;
     check_layout(toy, "toy");
@@ -325,6 +424,7 @@ int main() {
     ModelConfig eight = split;
     eight.num_layers = 8;
     check_pipeline_layout(eight, "8 layers");
+    check_offload_tiles(toy, "toy");
     check_unit_runs(toy, "toy");
     check_unit_runs(split, "4 heads");
     check_unit_runs(eight, "8 layers");

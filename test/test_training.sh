@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
 # the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
-# memory), non-finite steps, checkpoint retention, resume checks, and loss-curve parity with the PyTorch reference
-# (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2
-# at every step; PARITY_* variables change the setting;
-# plotted to build/test_work/training/curve_parity.png).
+# memory), non-finite steps, ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and
+# not), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve parity with the PyTorch
+# reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within
+# 3e-2 at every step; PARITY_* variables change the setting; plotted to build/test_work/training/curve_parity.png).
 # The quick tier (TEST_TIER=quick) runs bf16 only: resume (not the same-seed rerun), --recompute 3, the non-finite
-# steps, and LoRA, retention and the refusals as in full; the full tier adds fp32 and fp16, the same seed twice,
-# --recompute 1 and 2, the activation sizes of d12 and the curve parity.
+# steps, offload in fp32 against the resident run, and LoRA, retention and the refusals as in full; the full tier
+# adds fp32 and fp16, the same seed twice, --recompute 1 and 2, the activation sizes of d12, offload in bf16 and
+# fp16 with its resume chain and non-finite steps, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/training
@@ -117,6 +118,50 @@ for p in $PRECISIONS; do
     fi
 done
 
+# ZeRO-Offload on one GPU (--offload optimizer): master weights and Adam moments in pinned host memory, AdamW on the
+# CPU, which is the kernel's arithmetic bit for bit (stochastic rounding included), so the run is the GPU-resident
+# run's: 20 losses bitwise equal (--deterministic 1), the final model files and the optimizer-state files (the same
+# format) byte for byte, and the start-up line of the host memory. fp32 in the quick tier; bf16 and fp16 in full.
+for p in fp32 $([ "$TIER" = full ] && echo bf16 fp16); do
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 5 -o "$W/resident-$p" > "$W/resident-$p.out" 2>&1
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 5 --offload optimizer -o "$W/offload-$p" > "$W/offload-$p.out" 2>&1
+    if grep -q "^host memory per rank (GiB, pinned): master weights" "$W/offload-$p.out" && [ "$(train_log_lines "$W/offload-$p" | wc -l)" -eq 20 ] &&
+        [ "$(train_log_lines "$W/resident-$p")" == "$(train_log_lines "$W/offload-$p")" ] &&
+        cmp -s "$W/resident-$p/model_00000020.bin" "$W/offload-$p/model_00000020.bin" &&
+        cmp -s "$W/resident-$p/state_00000020_00000.bin" "$W/offload-$p/state_00000020_00000.bin"; then
+        echo "PASS training $p offload optimizer: 20 losses, the final model file and the optimizer state bitwise equal to the GPU-resident run"
+    else
+        echo "FAIL training $p offload optimizer: $(grep -m1 error "$W/offload-$p.out")"; diff <(train_log_lines "$W/resident-$p") <(train_log_lines "$W/offload-$p") | head -4
+    fi
+done
+if [ "$TIER" = full ]; then
+    # resume offload -> GPU-resident -> offload: the offloaded run's step-5 checkpoint continues without offload, whose
+    # step-10 checkpoint continues with it; both continuations equal the uninterrupted resident run bit for bit
+    mkdir -p "$W/offload-chain-gpu" "$W/offload-chain-host"
+    cp "$W/offload-bf16"/*_00000005* "$W/offload-chain-gpu/"
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --checkpoint-every 5 -o "$W/offload-chain-gpu" --resume 1 > "$W/offload-chain-gpu.out" 2>&1
+    cp "$W/offload-chain-gpu"/*_00000010* "$W/offload-chain-host/"
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --checkpoint-every 5 --offload optimizer -o "$W/offload-chain-host" --resume 1 \
+        > "$W/offload-chain-host.out" 2>&1
+    if [ "$(train_log_lines "$W/resident-bf16" | awk '$1 >= 5')" == "$(train_log_lines "$W/offload-chain-gpu")" ] &&
+        [ "$(train_log_lines "$W/resident-bf16" | awk '$1 >= 10')" == "$(train_log_lines "$W/offload-chain-host")" ] &&
+        [ "$(train_log_lines "$W/offload-chain-host" | wc -l)" -eq 10 ] &&
+        cmp -s "$W/resident-bf16/model_00000020.bin" "$W/offload-chain-host/model_00000020.bin"; then
+        echo "PASS training bf16 resume offload -> GPU -> offload: steps 5-19 and the final model file bitwise equal to the uninterrupted run"
+    else
+        echo "FAIL training bf16 resume offload -> GPU -> offload: $(grep -m1 error "$W/offload-chain-gpu.out" "$W/offload-chain-host.out")"
+    fi
+    # non-finite steps under offload: the host's update skips the same steps as the GPU's, with the same log and stop
+    ./train_gpt "${SMALL[@]}" --precision bf16 --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
+        --max-skipped-steps 3 --offload optimizer -o "$W/nan-offload" > "$W/nan-offload.out" 2> "$W/nan-offload.err"; rc=$?
+    nan_log() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-4; }  # step, loss, lr, norm
+    if [ $rc -ne 0 ] && [ "$(nan_log "$W/nan-bf16")" == "$(nan_log "$W/nan-offload")" ] && [ "$(sed 's|/nan-offload/|/nan-bf16/|' "$W/nan-offload.err")" == "$(cat "$W/nan-bf16.err")" ]; then
+        echo "PASS training bf16 offload non-finite steps: the same steps skipped, the same log and the same stop as the GPU's update"
+    else
+        echo "FAIL training bf16 offload non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-offload.err")"
+    fi
+fi
+
 # Checkpoint retention: checkpoints at steps 3, 6, ..., 18 and the last (20); --keep-checkpoints 2 keeps 18 and 20,
 # --keep-every 9 the milestone 9; the others' model and state files are gone, and no temporary file is left.
 ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --val-every 0 --checkpoint-every 3 --keep-checkpoints 2 --keep-every 9 \
@@ -169,6 +214,9 @@ expect_plan_refusal() {
 expect_plan_refusal "activations past the GPU" "GiB free: lower --batch-size" --layers 96 --heads 4 --channels 256 --batch-size 1000
 expect_plan_refusal "model states past the GPU" "the model states and scratch alone need .* GiB: spread the model over more GPUs" \
     --layers 80 --heads 64 --channels 8192 --batch-size 1
+# ZeRO-Offload: the optimizer state past the host budget (0.2 GiB of pinned memory against --host-memory-gib 0.01)
+expect_plan_refusal "offloaded state past the host budget" "GiB of pinned host memory on this machine (1 rank x .* GiB) but the budget is .* GiB (--host-memory-gib)" \
+    --layers 4 --heads 4 --channels 256 --batch-size 1 --offload optimizer --host-memory-gib 0.01
 
 # curve parity (full tier): same initial model file, same batches, same schedule
 [ "$TIER" = full ] || exit 0

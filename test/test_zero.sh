@@ -4,7 +4,9 @@
 # and all ranks end with bitwise identical parameters; gradient accumulation; resume on the same and on a
 # different number of GPUs; per-GPU memory falls from stage to stage; launches through our launcher and
 # (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
-# by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards.
+# by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards. ZeRO-Offload (--offload optimizer) at stages
+# 2 and 3 (at 3 also with the parameter shards on the host): bitwise the GPU-resident run at the same stage, and its
+# checkpoints resumed across offload and data-parallel sizes.
 # On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
 # need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
 # stage 3 in fp32 (losses, identical parameters) and its bf16 checkpoint resumed on the same ranks and on one.
@@ -129,6 +131,43 @@ for stage in 1 2; do
         echo "FAIL zero $WHERE stage $stage LoRA: max diff $d $(grep -m1 error "$W/lora$stage.out")"
     fi
 done
+# ZeRO-Offload at stages 2 and 3 (fp32, --deterministic 1): each rank's shard of the optimizer state on the host (at
+# stage 3 also, separately, its parameter shard), AdamW on the CPU, which is the kernel's arithmetic bit for bit on the
+# same shard; 20 losses, the final model file and every rank's optimizer-state file equal the GPU-resident run's at
+# the same stage
+for stage in 2 3; do
+    for mode in none optimizer $([ $stage -eq 3 ] && echo optimizer,parameters); do
+        scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision fp32 --deterministic 1 --batch-size $BG --steps 20 \
+            --zero-stage $stage --offload $mode --checkpoint-every 5 -o "$W/offload_${mode/,/_}_s$stage" > "$W/offload_${mode/,/_}_s$stage.out" 2>&1
+        [ $mode = none ] && continue
+        a="$W/offload_none_s$stage" b="$W/offload_${mode/,/_}_s$stage"
+        states=0
+        for r in $(seq 0 $((N - 1))); do cmp -s "$a/state_00000020_$(printf %05d $r).bin" "$b/state_00000020_$(printf %05d $r).bin" && states=$((states + 1)); done
+        if [ "$(losses "$b" | wc -l)" -eq 20 ] && [ "$(losses "$a")" == "$(losses "$b")" ] && cmp -s "$a/model_00000020.bin" "$b/model_00000020.bin" &&
+            [ $states -eq $N ]; then
+            echo "PASS zero $WHERE stage $stage fp32 offload $mode: 20 losses, the model file and all $N state files bitwise equal to the GPU-resident run"
+        else
+            echo "FAIL zero $WHERE stage $stage fp32 offload $mode: $states of $N state files equal $(grep -m1 error "$b.out")"
+        fi
+    done
+done
+# resume across offload and data-parallel sizes: the offloaded stage-2 run's step-5 checkpoint continues on one GPU
+# without offload, whose step-10 checkpoint continues on N ranks at stage 3 with the optimizer state and the parameter
+# shards on the host; both within fp32's 1e-5 of the uninterrupted run (another data-parallel size sums the gradients
+# in another order)
+mkdir -p "$W/offload_on_one" "$W/offload_back"
+cp "$W/offload_optimizer_s2"/*_00000005* "$W/offload_on_one/"
+./train_gpt "${MODEL[@]}" --precision fp32 --deterministic 1 --batch-size 8 --steps 20 --checkpoint-every 5 -o "$W/offload_on_one" --resume 1 \
+    > "$W/offload_on_one.out" 2>&1
+cp "$W/offload_on_one"/*_00000010* "$W/offload_back/"
+scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision fp32 --deterministic 1 --batch-size $BG --steps 20 --zero-stage 3 \
+    --offload optimizer,parameters -o "$W/offload_back" --resume 1 > "$W/offload_back.out" 2>&1
+d1=$(maxdiff "$W/offload_none_s2" "$W/offload_on_one" 5) d2=$(maxdiff "$W/offload_none_s2" "$W/offload_back" 10)
+if [ "$(losses "$W/offload_on_one" | wc -l)" -eq 15 ] && [ "$(losses "$W/offload_back" | wc -l)" -eq 10 ] && within "$d1" 1e-5 && within "$d2" 1e-5; then
+    echo "PASS zero resume offload ($N ranks, stage 2) -> no offload (1 GPU) -> offload with the parameters ($N ranks, stage 3): steps 5-19 within $d1, 10-19 within $d2 (tol 1e-5)"
+else
+    echo "FAIL zero resume across offload and data-parallel sizes: diffs $d1 $d2 $(grep -m1 error "$W/offload_on_one.out" "$W/offload_back.out")"
+fi
 if [ -n "$ONE_GPU" ]; then
     echo "SKIP zero memory per GPU, killed rank, mpirun: $N ranks share one GPU ($VISIBLE_GPUS GPU(s))"
     exit 0
