@@ -23,14 +23,15 @@ __host__ __device__ inline float adamw_grad_scale(float norm_squared, const Adam
 }
 
 // One element: updates m and v in place and returns the new fp32 parameter. The bias corrections come as
-// reciprocals: a multiply per element instead of a division.
+// reciprocals: a multiply per element instead of a division. The multiply-adds are written out (each rounded
+// once), so the kernel's vector loop, its tail and the CPU AdamW (adamw_cpu.h) do the same operations.
 __device__ __forceinline__ float adamw_element(float p, float g, float& m, float& v, float weight_decay, float grad_scale,
                                                const AdamWHyper& h, float inv_bias_correction1, float inv_bias_correction2) {
     g *= grad_scale;
-    m = h.beta1 * m + (1.0f - h.beta1) * g;
-    v = h.beta2 * v + (1.0f - h.beta2) * g * g;
+    m = __fmaf_rn(h.beta1, m, (1.0f - h.beta1) * g);
+    v = __fmaf_rn(g, (1.0f - h.beta2) * g, h.beta2 * v);
     const float m_hat = m * inv_bias_correction1, v_hat = v * inv_bias_correction2;
-    return p - h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + weight_decay * p);
+    return __fmaf_rn(__fmaf_rn(weight_decay, p, m_hat / (sqrtf(v_hat) + h.eps)), -h.lr, p);
 }
 
 // The random bits that stochastically round element `index`: 16 bits of one 64-bit hash shared by 4 consecutive

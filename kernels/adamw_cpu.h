@@ -6,19 +6,19 @@
 // defines: adamw_cpu::{Bf16, Fp16, grad_scale, Step, make_step, Isa, isa_name, isa_supported, best_isa, update}
 //
 // Why the results are the GPU's bit for bit (finite inputs, subnormals included):
-// - nvcc fuses a*b+c into one multiply-add in device code (-fmad=true, the default; the Makefile has no
-//   --use_fast_math). adamw_element compiles for sm_90a to, per element (read off the SASS):
+// - adamw_element (kernels/adamw.cuh) spells out its multiply-adds (__fmaf_rn), so its vector loop and its tail
+//   compile alike whatever nvcc's contraction would choose; per element:
 //     g = g * grad_scale                                  FMUL
 //     m = fma(beta1, m, (1 - beta1) * g)                  FMUL, FFMA
 //     v = fma(g, (1 - beta2) * g, beta2 * v)              FMUL, FMUL, FFMA
 //     m_hat = m * inv_bias_correction1, v_hat = v * inv_bias_correction2      FMUL, FMUL
 //     q = m_hat / (sqrt(v_hat) + eps)                     sqrt.rn, FADD, div.rn
 //     u = fma(weight_decay, p, q)                         FFMA (0 for weight_decay where the mask says no decay)
-//     p = fma(u, -lr, p)                                  FFMA: ptxas fuses the PTX's mul.f32 and sub.f32
+//     p = fma(u, -lr, p)                                  FFMA
 //   Every path here does exactly these operations, each rounded once to nearest even (std::fma, vfmadd). No product
 //   feeds a plain addition, so a host compiler's own contraction (-ffp-contract=fast) finds nothing to fuse. The last
-//   one negates lr, not u: GCC turns -fma(a, b, c) into fnmsub, -(a b) - c, which is +0 where the GPU's -(a b + c) is
-//   -0 (a parameter of -0 with no gradient).
+//   one negates lr, not u: GCC turns -fma(a, b, c) into fnmsub, -(a b) - c, which is +0 where fma(a, -b, c) is -0 (a
+//   parameter of -0 with no gradient).
 // - sqrt.rn and div.rn are correctly rounded, as are sqrtss/sqrtps and divss/divps.
 // - The kernel keeps subnormals (no -ftz); update() clears MXCSR's flush-to-zero and denormals-are-zero bits while it
 //   runs (x86), whatever the caller set.

@@ -310,9 +310,11 @@ inline int bias_backward_row_blocks(int OC, int X) {
     const int column_blocks = ceil_div(OC, 32 * X);
     return std::max(1, 4 * device_sm_count() / column_blocks);
 }
+// Enough for bias_backward over any column count up to OC (a column slice of a wider product included): a block
+// row takes 32 X columns, so row_blocks(k) k <= max(k, 4 SMs x 32 X), which is not monotone in k.
 template <typename floatX>
 inline size_t bias_backward_scratch_floats(int OC) {
-    return (size_t)bias_backward_row_blocks(OC, Packed128<floatX>::size) * OC;
+    return std::max((size_t)OC, (size_t)4 * device_sm_count() * 32 * Packed128<floatX>::size);
 }
 
 template <typename floatX>
