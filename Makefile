@@ -45,7 +45,7 @@ CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tok
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
-BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
 
 .PHONY: all tests benches test test-full test-portable train clean
 all: train_gpt $(BUILD)/prepare_shards
@@ -106,6 +106,10 @@ $(BUILD)/bench_attention: bench/bench_attention.cu bench/bench_util.h $(KERNELS)
 
 $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_memory_bound.cu $(CUDA_LIBS) -o $@
+
+# ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
+$(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_adamw_cpu.cpp -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
