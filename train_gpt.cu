@@ -245,11 +245,11 @@ static RunData open_data(const Options& o, const RunShape& run, const MeshCoord&
     return data;
 }
 
-// The step of the newest checkpoint in --output-dir to continue from (--resume 1), or -1. It must hold this model in
-// this precision; its mesh and ZeRO stage may differ (checkpoint.cuh reshards).
+// The step of the newest whole checkpoint in --output-dir to continue from (--resume 1; damaged ones are skipped), or
+// -1. It must hold this model in this precision; its mesh and ZeRO stage may differ (checkpoint.cuh reshards).
 template <typename floatX>
 int checkpoint_to_resume(const Options& o, const ModelConfig& config, FILE* out) {
-    const int step = o.resume ? latest_checkpoint(o.output_dir) : -1;
+    const int step = o.resume ? newest_whole_checkpoint(o.output_dir, out) : -1;
     if (step >= 0) {
         const std::string problem = resume_problem(o.output_dir, step, config, PrecisionOf<floatX>::value);
         if (!problem.empty()) die(problem);
@@ -580,6 +580,7 @@ int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time also into a file or a pipe (launchers, Slurm), not at exit
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     const Options o = parse_options(argc, argv);
+    if (!o.verify_checkpoints.empty()) return verify_checkpoint_folder(o.verify_checkpoints, stdout);  // no GPU
     const RunShape run = validate_options(o, pg.world);  // every flag and shape error, before a GPU is touched
     int rc;
     if (o.generate > 0)

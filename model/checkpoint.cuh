@@ -1,10 +1,9 @@
 // Checkpoints (docs/formats.md): the whole model as an llm.c model file and one optimizer-state file per rank,
-// written through temporary names and read back on any mesh and ZeRO stage; and the file utilities they use
-// (make_directories, write_file_atomically).
+// written through temporary names and read back on any mesh and ZeRO stage, each file's checksum verified first.
 // defines: kStateMagic, kStateVersion, checkpoint_path, state_path, complete_checkpoints, latest_checkpoint, prune_checkpoints,
-//          make_directories, write_file_atomically,
-//          StateHeader, write_state_file, read_state_header, SavedOptimizerState, read_optimizer_state, save_checkpoint,
-//          resume_problem, load_checkpoint, save_lora_outputs
+//          make_directories, StateHeader, write_state_file, read_state_header, SavedOptimizerState, read_optimizer_state, save_checkpoint,
+//          CheckpointCheck, check_checkpoint, newest_whole_checkpoint, verify_checkpoint_folder, resume_problem, load_checkpoint,
+//          save_lora_outputs
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -124,17 +123,6 @@ inline void make_directories(const std::string& dir) {
     }
 }
 
-inline void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
-    bool ok = true;
-    for (auto& part : parts) ok = ok && fwrite(part.first, 1, part.second, f) == part.second;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) die(tmp + ": write failed (disk full?)");
-    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
-}
-
 struct StateHeader {
     int step, precision;
     int data_parallel, tensor_parallel, pipeline_parallel, data_rank, tensor_rank, pipeline_rank;  // the writer's mesh and its place in it
@@ -144,9 +132,10 @@ struct StateHeader {
 };
 // The header's second half holds the writer's pipeline stage's part of the model (StageModel): first, last, the
 // number of blocks and their layer indices.
-constexpr int kStatePartOffset = 128, kStateMaxLayers = 256 - kStatePartOffset - 3;
+constexpr int kStatePartOffset = 128, kStateMaxLayers = kChecksumTagSlot - kStatePartOffset - 3;  // the checksum after them
 
-// One rank's state file: header, then its master weights (if kept), Adam m and v, and the data position.
+// One rank's state file: header (the CRC-32C of the file in its last ints), then its master weights (if kept), Adam m
+// and v, and the data position.
 inline void write_state_file(const std::string& path, const StateHeader& h, const StageModel& part, const std::vector<float>& master,
                              const std::vector<float>& m, const std::vector<float>& v, const DataLoaderState& data_state) {
     int header[256] = {};
@@ -162,11 +151,13 @@ inline void write_state_file(const std::string& path, const StateHeader& h, cons
     header[kStatePartOffset + 1] = part.last;
     header[kStatePartOffset + 2] = (int)part.layers.size();
     std::copy(part.layers.begin(), part.layers.end(), header + kStatePartOffset + 3);
-    write_file_atomically(path, {{header, sizeof(header)},
-                                 {master.data(), master.size() * sizeof(float)},
-                                 {m.data(), m.size() * sizeof(float)},
-                                 {v.data(), v.size() * sizeof(float)},
-                                 {&data_state, sizeof(data_state)}});
+    const FileParts parts = {{header, sizeof(header)},
+                             {master.data(), master.size() * sizeof(float)},
+                             {m.data(), m.size() * sizeof(float)},
+                             {v.data(), v.size() * sizeof(float)},
+                             {&data_state, sizeof(data_state)}};
+    seal_file_checksum(header, parts);
+    write_file_atomically(path, parts);
 }
 
 inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
@@ -185,6 +176,98 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
         part->layers.assign(header + kStatePartOffset + 3, header + kStatePartOffset + 3 + blocks);
     }
     return h;
+}
+
+// Whether checkpoint `step` in `dir` is whole: its model file and every state file its writer wrote (the mesh and
+// stage in the first state file's header say which) are each read once and their checksums compared. `problem`:
+// the first damaged or missing file, in one line ("" when whole); `unchecked`: files that carry no checksum.
+struct CheckpointCheck {
+    std::string problem;
+    int files = 0, unchecked = 0;
+};
+inline CheckpointCheck check_checkpoint(const std::string& dir, int step) {
+    CheckpointCheck result;
+    auto verify = [&](const std::string& path) {
+        const FileChecksum c = check_file_checksum(path);
+        result.files++;
+        if (c.status == FileChecksum::kNone) result.unchecked++;
+        if (c.status == FileChecksum::kDamaged) result.problem = c.problem;
+        return result.problem.empty();
+    };
+    const std::string first = state_path(dir, step, 0);
+    if (!verify(checkpoint_path(dir, "model", step)) || !verify(first)) return result;
+    int header[256];
+    FILE* f = fopen(first.c_str(), "rb");
+    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
+    if (f != nullptr) fclose(f);
+    if (!read || header[0] != kStateMagic || header[1] != kStateVersion || header[2] != (int)sizeof(StateHeader)) {
+        result.problem = first + ": not a state file of this train_gpt (magic or version)";
+        return result;
+    }
+    StateHeader h;
+    memcpy(&h, &header[4], sizeof(h));
+    MeshShape writer;
+    writer.tp = h.tensor_parallel;
+    writer.pp = h.pipeline_parallel;
+    writer.dp = h.data_parallel;
+    if (writer.tp < 1 || writer.pp < 1 || writer.dp < 1 || writer.world() > (1 << 20)) {
+        result.problem = first + ": its header's mesh (" + std::to_string(writer.dp) + " x " + std::to_string(writer.tp) + " x " +
+                         std::to_string(writer.pp) + ") is not one train_gpt writes";
+        return result;
+    }
+    for (int p = 0; p < writer.pp; p++)
+        for (int t = 0; t < writer.tp; t++)
+            for (int d = 0; d < (h.stage >= 1 ? writer.dp : 1); d++) {  // at stage 0 data rank 0 alone writes
+                MeshCoord coord;
+                coord.tp = t;
+                coord.pp = p;
+                coord.dp = d;
+                const int rank = mesh_rank(writer, coord);
+                if (rank != 0 && !verify(state_path(dir, step, rank))) return result;
+            }
+    return result;
+}
+
+// --resume 1's checkpoint: the newest complete one in `dir` that is whole, or -1 when there is none. Each damaged
+// one newer than it is named on `out` with its reason; when checkpoints exist but none is whole, the run stops
+// (it never starts again from scratch over a folder of checkpoints).
+inline int newest_whole_checkpoint(const std::string& dir, FILE* out) {
+    const std::vector<int> steps = complete_checkpoints(dir);
+    std::string newest_problem;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const CheckpointCheck check = check_checkpoint(dir, *it);
+        if (check.problem.empty()) {
+            if (check.unchecked > 0)
+                fprintf(out, "note: checkpoint %s: %d of its %d files carry no checksum, so they were not verified\n",
+                        checkpoint_path(dir, "model", *it).c_str(), check.unchecked, check.files);
+            return *it;
+        }
+        if (newest_problem.empty()) newest_problem = check.problem;
+        fprintf(out, "skipping checkpoint %s: %s\n", checkpoint_path(dir, "model", *it).c_str(), check.problem.c_str());
+    }
+    if (!steps.empty())
+        die("--resume 1: none of the " + std::to_string(steps.size()) + " checkpoints in " + dir + " is whole (the newest: " + newest_problem +
+            "); move them away to start from scratch");
+    return -1;
+}
+
+// --verify-checkpoints DIR: every complete checkpoint in DIR, newest first, checked as --resume checks them, one
+// line each; no GPU is used. Returns the exit status: 0 when the newest is whole, 1 otherwise (or when there is none).
+inline int verify_checkpoint_folder(const std::string& dir, FILE* out) {
+    const std::vector<int> steps = complete_checkpoints(dir);
+    if (steps.empty()) {
+        fprintf(out, "%s: no complete checkpoint (no model_NNNNNNNN.bin)\n", dir.c_str());
+        return 1;
+    }
+    bool newest_whole = false;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const CheckpointCheck check = check_checkpoint(dir, *it);
+        if (it == steps.rbegin()) newest_whole = check.problem.empty();
+        if (!check.problem.empty()) fprintf(out, "step %d: damaged: %s\n", *it, check.problem.c_str());
+        else if (check.unchecked > 0) fprintf(out, "step %d: whole as far as known: %d files, %d without a checksum\n", *it, check.files, check.unchecked);
+        else fprintf(out, "step %d: whole: %d files, every checksum matches\n", *it, check.files);
+    }
+    return newest_whole ? 0 : 1;
 }
 
 // The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as arrays in `part` (this rank's

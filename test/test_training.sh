@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
-# the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
-# memory), non-finite steps, ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and
-# not), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve parity with the PyTorch
+# the uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, --recompute levels
+# (bitwise equal losses, less activation memory), non-finite steps, ZeRO-Offload on one GPU (bitwise the
+# GPU-resident run, resumed across offload and not), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve parity with the PyTorch
 # reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within
 # 3e-2 at every step; PARITY_* variables change the setting; plotted to build/test_work/training/curve_parity.png).
-# The quick tier (TEST_TIER=quick) runs bf16 only: resume (not the same-seed rerun), --recompute 3, the non-finite
+# The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), --recompute 3, the non-finite
 # steps, offload in fp32 against the resident run, and LoRA, retention and the refusals as in full; the full tier
 # adds fp32 and fp16, the same seed twice, --recompute 1 and 2, the activation sizes of d12, offload in bf16 and
 # fp16 with its resume chain and non-finite steps, and the curve parity.
@@ -51,6 +51,20 @@ for p in $PRECISIONS; do
         echo "PASS training $p resume: final model file bitwise equal"
     else
         echo "FAIL training $p resume: final model files differ"
+    fi
+    # a damaged newest checkpoint (one byte of its state file changed): skipped with a line naming the file, the
+    # step-10 one taken, and the run continues as the uninterrupted one
+    mkdir -p "$W/$p-d"
+    cp "$W/$p-a"/*_000000[12]0* "$W/$p-d/"
+    python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(3000); b = f.read(1); f.seek(3000); f.write(bytes([b[0] ^ 1]))" \
+        "$W/$p-d/state_00000020_00000.bin"
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-d" --resume 1 > "$W/$p-d.out" 2>&1
+    if grep -q "^skipping checkpoint $W/$p-d/model_00000020.bin: $W/$p-d/state_00000020_00000.bin: checksum mismatch" "$W/$p-d.out" &&
+        grep -q "resumed from $W/$p-d/model_00000010.bin" "$W/$p-d.out" && [ "$expected" == "$(train_log_lines "$W/$p-d")" ] &&
+        cmp -s "$W/$p-a/model_00000020.bin" "$W/$p-d/model_00000020.bin"; then
+        echo "PASS training $p resume past a damaged checkpoint: step 20's skipped (named), steps 10-19 and the model file bitwise equal"
+    else
+        echo "FAIL training $p resume past a damaged checkpoint: $(grep -m1 -E 'skipping|error' "$W/$p-d.out")"
     fi
 done
 
