@@ -10,9 +10,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "../kernels/common.cuh"    // LayoutMask
-#include "../distributed/zero.cuh"  // UnitKind
-#include "config.h"                 // ModelConfig, BlockTensor, ParameterLayout
+#include "../kernels/die.h"          // die
+#include "../kernels/host_device.h"  // LayoutMask
+#include "config.h"                  // ModelConfig, BlockTensor, ParameterLayout, UnitKind
 
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
