@@ -34,6 +34,8 @@ struct StateHeader {
 // The header's second half holds the writer's pipeline stage's part of the model (StageModel): first, last, the
 // number of blocks and their layer indices.
 constexpr int kStatePartOffset = 128, kStateMaxLayers = 256 - kStatePartOffset - 3;
+// The most ranks a checkpoint can come from: the file names' five rank digits.
+constexpr long long kStateMaxRanks = 100000;
 
 inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
     int header[256];
@@ -43,6 +45,14 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
         die(path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion));
     StateHeader h;
     memcpy(&h, &header[4], sizeof(h));
+    // the writer's mesh and its place in it, before any size is computed from them
+    const long long sizes[] = {h.data_parallel, h.tensor_parallel, h.pipeline_parallel}, ranks[] = {h.data_rank, h.tensor_rank, h.pipeline_rank};
+    bool mesh_ok = true;
+    for (int k = 0; k < 3; k++) mesh_ok = mesh_ok && sizes[k] >= 1 && sizes[k] <= kStateMaxRanks && ranks[k] >= 0 && ranks[k] < sizes[k];
+    if (!mesh_ok || sizes[0] * sizes[1] * sizes[2] > kStateMaxRanks)
+        die(path + ": corrupt header (a mesh of data " + std::to_string(sizes[0]) + " x tensor " + std::to_string(sizes[1]) + " x pipeline " +
+            std::to_string(sizes[2]) + " ranks, this file's place data " + std::to_string(ranks[0]) + ", tensor " + std::to_string(ranks[1]) +
+            ", pipeline " + std::to_string(ranks[2]) + ")");
     const int blocks = header[kStatePartOffset + 2];
     if (blocks < 1 || blocks > kStateMaxLayers) die(path + ": corrupt header (" + std::to_string(blocks) + " blocks)");
     if (part != nullptr) {

@@ -9,7 +9,7 @@
 
 namespace {
 
-constexpr size_t kMaxPaddedBytes = 4 << 20;
+constexpr size_t kMaxPaddedBytes = 1 << 20;
 
 void read_and_check(const std::string& path, const uint8_t* data, size_t size) {
     ModelConfig config;

@@ -9,6 +9,7 @@
 // defines: scratch_dir, repository_path, write_file, read_file, refused, tracked_fopen, tracked_fclose, close_left_open,
 //          header_word, FUZZ_CHECK
 #pragma once
+#include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cstdint>
@@ -39,11 +40,14 @@ inline void close_left_open() {
     for (FILE* f : open_streams()) ::fclose(f);
     open_streams().clear();
 }
-// A folder of this process's own under $TMPDIR (default /tmp), removed when the process exits.
+// A folder of this process's own under $TMPDIR (default: /dev/shm where there is one, else /tmp: every input is
+// written to a file, in memory if possible), removed when the process exits.
 inline const std::string& scratch_dir() {
     static const std::string dir = [] {
         const char* tmp = getenv("TMPDIR");
-        std::string pattern = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/train_gpt_fuzz_XXXXXX";
+        struct stat shm;
+        const std::string base = tmp != nullptr && *tmp ? tmp : stat("/dev/shm", &shm) == 0 && S_ISDIR(shm.st_mode) ? "/dev/shm" : "/tmp";
+        std::string pattern = base + "/train_gpt_fuzz_XXXXXX";
         if (mkdtemp(&pattern[0]) == nullptr) {
             perror("mkdtemp");
             abort();

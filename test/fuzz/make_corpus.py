@@ -80,14 +80,20 @@ def tokenizer_files():
     def llmc(version, tokens, eot=None):
         words = [TOKENIZER_MAGIC, version, len(tokens)] + ([eot] if version == 2 else [])
         return header(words) + b"".join(bytes([len(t)]) + t for t in tokens)
-    # first byte: 0 encoder.json, 1 vocab.bpe, 2 llm.c tokenizer file
+    # first byte: 0 encoder.json, 1 llm.c tokenizer file
     return {
         "encoder_json": b"\0" + json.dumps({"!": 0, "\"": 1, "\u0120t": 2, "<|endoftext|>": 3}).encode(),
         "encoder_json_escapes": b"\0" + b'{"\\u0120\\ud83d\\ude00": 0, "\\n": 1, "a": 123456789}',
-        "vocab_bpe": b"\1" + "#version: 0.2\n\u0120 t\n\u0120 a\nh e\ni n\nr e\no n\n\u0120t he\r\n".encode(),
-        "vocab_bpe_bad_line": b"\1" + "#version: 0.2\n\u0120 t x\n".encode(),
-        "llmc_version_2": b"\2" + llmc(2, [b"a", b"b", b"ab", b"<|endoftext|>"], eot=3),
-        "llmc_version_1": b"\2" + llmc(1, [b"x", b"\xff"]),
+        "llmc_version_2": b"\1" + llmc(2, [b"a", b"b", b"ab", b"<|endoftext|>"], eot=3),
+        "llmc_version_1": b"\1" + llmc(1, [b"x", b"\xff"]),
+    }
+
+
+def vocab_bpe():
+    return {
+        "merges": "#version: 0.2\n\u0120 t\n\u0120 a\nh e\ni n\nr e\no n\n\u0120t he\r\n".encode(),
+        "bad_line": "#version: 0.2\n\u0120 t x\n".encode(),
+        "duplicate": "h e\nh e\n".encode(),
     }
 
 
@@ -154,7 +160,7 @@ def main(argv):
                         help="folder of the corpus (default: test/fuzz/corpus)")
     args = parser.parse_args(argv)
     corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "adapter_file": adapter_files(),
-              "tokenizer_files": tokenizer_files(), "tokenize": tokenize(), "hellaswag": hellaswag(),
+              "tokenizer_files": tokenizer_files(), "vocab_bpe": vocab_bpe(), "tokenize": tokenize(), "hellaswag": hellaswag(),
               "train_options": train_options(), "safetensors": safetensors()}
     for harness, files in corpus.items():
         folder = os.path.join(args.out, harness)

@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/../.."
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
-harnesses=${FUZZ_HARNESSES:-"shards model_file state_file adapter_file tokenizer_files tokenize hellaswag train_options safetensors"}
+harnesses=${FUZZ_HARNESSES:-"shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options safetensors"}
 work=build/fuzz
 mkdir -p "$work/logs"
 
