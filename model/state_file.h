@@ -112,6 +112,19 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
                 const StateHeader h = read_state_header(g, path, &file_part);
                 if (d == 0) {
                     writer_part = file_part;
+                    // the writer's part must be a stage of this model under its mesh, before a layout is made of it
+                    bool part_ok = writer_part.first == (p == 0) && writer_part.last == (p == writer.pp - 1) &&
+                                   tensor_parallel_problem(part.config, writer.tp).empty();
+                    std::string layers;
+                    for (size_t i = 0; i < writer_part.layers.size(); i++) {
+                        const int l = writer_part.layers[i];
+                        part_ok = part_ok && l >= 0 && l < part.config.num_layers && (i == 0 || l > writer_part.layers[i - 1]);
+                        layers += (i ? "," : "") + std::to_string(l);
+                    }
+                    if (!part_ok)
+                        die(path + ": corrupt header (pipeline stage " + std::to_string(p) + " of " + std::to_string(writer.pp) + ", layers " + layers +
+                            (writer_part.first ? ", the embeddings" : "") + (writer_part.last ? ", the LM head" : "") + ", tensor parallel " +
+                            std::to_string(writer.tp) + ": not a part of this " + std::to_string(part.config.num_layers) + "-layer model)");
                     slices.reset(new ParameterLayout(part.config, 8 * s.data_parallel, s.tensor_parallel, writer_part));
                     for_each_shared_run(sorted_full_runs(*slices, whole, t), mine,
                                         [&](size_t at_writer, size_t at_part, size_t n) { shared.push_back({at_writer, at_part, n}); });

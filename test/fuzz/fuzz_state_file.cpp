@@ -4,7 +4,8 @@
 // file is written as it is and, when the header's element count makes it small enough, again with its body cut or
 // padded with zeros to the size that count needs, so that the reassembly runs without the input carrying megabytes.
 // Header words the format leaves unused choose this run's side: [100] its part (0 the whole model, 1 the first
-// pipeline stage, 2 the last) and [101] its unit padding. An accepted checkpoint must fill this run's layout.
+// pipeline stage, 2 the last) and [101] its unit padding. An accepted checkpoint must fill this run's layout, and
+// one written by one rank must hold the whole model.
 #include <sys/stat.h>
 #include <cstddef>
 #include "fuzz_util.h"
@@ -44,12 +45,19 @@ void write_state_files(const std::string& dir, const uint8_t* data, size_t size,
     }
 }
 
-void read_and_check(const std::string& dir, const ParameterLayout& part) {
+void read_and_check(const std::string& dir, const ParameterLayout& part, const uint8_t* data, size_t size) {
     SavedOptimizerState saved;
     if (refused([&] { saved = read_optimizer_state(dir, kStep, part, 0); })) return;
     FUZZ_CHECK(saved.m.size() == part.total && saved.v.size() == part.total, "the moments fill this run's layout");
     FUZZ_CHECK(saved.master.empty() == !saved.header.has_master && (saved.master.empty() || saved.master.size() == part.total),
                "the master weights fill this run's layout when the header says they were kept");
+    const StateHeader& h = saved.header;
+    if (h.data_parallel * h.tensor_parallel * h.pipeline_parallel == 1) {  // one rank wrote it: the whole model
+        bool whole = header_word(data, size, kStatePartOffset) && header_word(data, size, kStatePartOffset + 1) &&
+                     header_word(data, size, kStatePartOffset + 2) == part.config.num_layers;
+        for (int l = 0; l < part.config.num_layers; l++) whole = whole && header_word(data, size, kStatePartOffset + 3 + l) == l;
+        FUZZ_CHECK(whole, "a checkpoint of one rank holds the whole model");
+    }
 }
 
 }  // namespace
@@ -81,13 +89,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int files = small_mesh ? h.data_parallel * h.tensor_parallel * h.pipeline_parallel : 1;
 
     write_state_files(dir, data, size, h, files, 0);
-    read_and_check(dir, part);
+    read_and_check(dir, part, data, size);
 
     // every file with the body its header's element count needs: the arrays, then the data position
     if (size < 1024 || h.optimizer_elements < 0 || h.optimizer_elements > (long long)kMaxPaddedBytes) return 0;
     const size_t body = (h.has_master ? 3 : 2) * (size_t)h.optimizer_elements * sizeof(float) + sizeof(DataLoaderState);
     if (body * files > kMaxPaddedBytes || 1024 + body == size) return 0;
     write_state_files(dir, data, size, h, files, body);
-    read_and_check(dir, part);
+    read_and_check(dir, part, data, size);
     return 0;
 }
