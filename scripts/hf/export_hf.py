@@ -106,7 +106,8 @@ def bf16_bits(x):
 
 
 def bf16_to_f32(bits):
-    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+    # a uint32 shift: with a Python int a 0-d array (a scalar tensor) would widen to int64 and not view as float32
+    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def read_model_file(path):

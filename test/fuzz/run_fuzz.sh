@@ -18,6 +18,7 @@ mkdir -p "$work/logs"
 # One harness: its result line into $work/logs/X.result, its output into $work/logs/X.log.
 fuzz_one() {
     local h=$1 log=$work/logs/$1.log result=$work/logs/$1.result
+    : > "$log"
     if [ "$h" = safetensors ]; then
         python3 test/fuzz/fuzz_safetensors.py --seconds "$seconds" > "$result" 2> "$log"
         [ -s "$result" ] || echo "FAIL fuzz safetensors: fuzz_safetensors.py printed no result: $(tail -n 1 "$log")" > "$result"
