@@ -47,7 +47,7 @@ GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
 
-.PHONY: all tests benches test test-full test-portable train clean
+.PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
 all: train_gpt $(BUILD)/prepare_shards
 tests: $(CPU_TESTS) $(GPU_TESTS) benches
 benches: $(BENCHES)
@@ -125,6 +125,34 @@ $(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/che
 
 $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel_layers.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+# Fuzzing (test/fuzz/): a libFuzzer harness per parser of outside input, built with clang++ (FUZZ_CXX) under
+# AddressSanitizer and UndefinedBehaviorSanitizer, with die() throwing (kernels/die.h). `make fuzz` builds them and
+# runs each for FUZZ_SECONDS (the Python safetensors reader's fuzz loop too); `make test`'s suite fuzz runs them for
+# 10 s each.
+FUZZ_CXX ?= clang++
+FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDIE_THROWS -I.
+FUZZ_SECONDS ?= 60
+FUZZ_HARNESSES = shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
+FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
+FUZZ_HDRS = test/fuzz/fuzz_util.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
+            distributed/pipeline_schedule.h train_options.h
+
+fuzz-build: $(FUZZ_HARNESSES:%=$(BUILD)/fuzz/fuzz_%)
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash test/fuzz/run_fuzz.sh
+
+$(BUILD)/fuzz:
+	mkdir -p $@
+
+# the dataloader objects are kept (a pattern rule's intermediates would be deleted after each build)
+.PRECIOUS: $(BUILD)/fuzz/dataloader_%.o
+$(BUILD)/fuzz/dataloader_%.o: dataloader/%.cpp $(DATALOADER_HDRS) | $(BUILD)/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/fuzz_%: test/fuzz/fuzz_%.cpp $(FUZZ_HDRS) $(FUZZ_DATALOADER_OBJS) | $(BUILD)/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_DATALOADER_OBJS) -o $@
 
 # `make test`: the quick tier (TEST_TIER=quick, test/run_tests.sh); `make test-full`: every check. Both build `all`
 # and `tests` first, with one job per core unless make was given -j. SUITES="kernels attention ..." runs only the

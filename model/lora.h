@@ -10,10 +10,10 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "../kernels/common.cuh"    // LayoutMask
-#include "../distributed/zero.cuh"  // UnitKind
-#include "config.h"                 // ModelConfig, BlockTensor, ParameterLayout
-#include "file_integrity.h"         // seal_file_checksum, check_file_checksum, write_file_atomically
+#include "../kernels/die.h"          // die
+#include "../kernels/host_device.h"  // LayoutMask
+#include "config.h"                  // ModelConfig, BlockTensor, ParameterLayout, UnitKind
+#include "file_integrity.h"          // seal_file_checksum, check_file_checksum, write_file_atomically
 
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device

@@ -50,6 +50,7 @@ run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
 run prepare bash test/test_prepare.sh
+run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats

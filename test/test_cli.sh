@@ -208,6 +208,7 @@ expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved ne
 # about the split
 expect_error "balanced split, interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 192
 expect_error "balanced split, total batch" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 100
+expect_error "pipeline micro-batch count above 4096" "--pipeline-parallel 2 runs at most 4096 micro-batches (gradient-accumulation steps) a step, not 4097: raise --batch-size or lower --total-batch-tokens" $SMALL --train-data "$W/good.bin" --pipeline-parallel 2 --pipeline-layers balanced --total-batch-tokens 262208
 expect_error "balanced split, layers per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced
 unset WORLD_SIZE RANK
 exit 0
