@@ -2,7 +2,7 @@
 # Runs the fuzz harnesses of test/fuzz/ (built by `make fuzz-build`) and the safetensors reader's loop
 # (fuzz_safetensors.py): each first replays its regression inputs (test/fuzz/regressions/X/, every input that once
 # crashed it), then fuzzes for FUZZ_SECONDS (default 60) from its seed corpus (test/fuzz/corpus/X/) and what its
-# earlier runs kept (build/fuzz/corpus/X/), FUZZ_JOBS of them side by side (default: one per core).
+# earlier runs kept (build/fuzz/corpus/X/), FUZZ_JOBS of them side by side (default: one per core; all: every one).
 # FUZZ_HARNESSES="model_file tokenize" runs some. One line per harness:
 #   PASS fuzz X: N runs in S s, no crash
 #   FAIL fuzz X: what libFuzzer reported; reproducer build/fuzz/crashes/X/crash-... (replay: build/fuzz/fuzz_X FILE)
@@ -11,6 +11,7 @@ set -u
 cd "$(dirname "$0")/../.."
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
+[ "$jobs" = all ] && jobs=1000
 harnesses=${FUZZ_HARNESSES:-"shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options safetensors"}
 work=build/fuzz
 mkdir -p "$work/logs"
