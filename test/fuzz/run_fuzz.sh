@@ -39,8 +39,10 @@ fuzz_one() {
         return
     fi
     mkdir -p "$work/corpus/$h" "$work/crashes/$h"
+    local dict=()  # the flags' names and values for train_options (make_corpus.py writes it)
+    [ -f "test/fuzz/$h.dict" ] && dict=(-dict="test/fuzz/$h.dict")
     "$binary" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/crashes/$h/" \
-        "$work/corpus/$h" "test/fuzz/corpus/$h" < /dev/null >> "$log" 2>&1
+        "${dict[@]}" "$work/corpus/$h" "test/fuzz/corpus/$h" < /dev/null >> "$log" 2>&1
     local rc=$? runs
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*$')
     if [ $rc -eq 0 ]; then
