@@ -17,7 +17,7 @@ if ! command -v "$cxx" > /dev/null 2>&1; then
     echo "SKIP fuzz harnesses: no $cxx (Debian: apt-get install clang libclang-rt-dev)"
     only=safetensors
 elif ! why=$("$cxx" -fsanitize=fuzzer,address,undefined "$probe/probe.cpp" -o "$probe/probe" 2>&1); then
-    echo "SKIP fuzz harnesses: $cxx cannot link -fsanitize=fuzzer,address,undefined ($(printf '%s' "$why" | tail -n 1); Debian: apt-get install libclang-rt-dev)"
+    echo "SKIP fuzz harnesses: $cxx cannot link -fsanitize=fuzzer,address,undefined ($(printf '%s' "$why" | tail -n 1); Debian: apt-get install clang libclang-rt-dev)"
     only=safetensors
 elif ! make -s -j"$(nproc)" fuzz-build FUZZ_CXX="$cxx" > build/fuzz_build.log 2>&1; then
     echo "FAIL fuzz build: make fuzz-build: $(grep -m 1 -E 'error|Error' build/fuzz_build.log) (build/fuzz_build.log)"
