@@ -23,4 +23,5 @@ elif ! make -s -j"$(nproc)" fuzz-build FUZZ_CXX="$cxx" > build/fuzz_build.log 2>
     echo "FAIL fuzz build: make fuzz-build: $(grep -m 1 -E 'error|Error' build/fuzz_build.log) (build/fuzz_build.log)"
     only=safetensors
 fi
-FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-10} FUZZ_JOBS=all FUZZ_HARNESSES=$only bash test/fuzz/run_fuzz.sh
+# from the seeds alone (a fresh corpus folder): a test run does not lengthen with what earlier runs kept
+FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-10} FUZZ_JOBS=all FUZZ_HARNESSES=$only FUZZ_CORPUS=$probe/corpus bash test/fuzz/run_fuzz.sh
