@@ -11,9 +11,11 @@ would be large. Only the standard library: no numpy or torch needed.
 import argparse
 import json
 import os
+import re
 import struct
 import sys
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 MODEL_MAGIC, STATE_MAGIC, ADAPTER_MAGIC, SHARD_MAGIC, TOKENIZER_MAGIC = 20240326, 20261126, 20261127, 20240520, 20240328
 
 
@@ -154,6 +156,19 @@ def safetensors():
     }
 
 
+def flag_dictionary():
+    """train_options.h's flags, aliases and choices, and a few values: the libFuzzer dictionary of train_options
+    (run_fuzz.sh passes test/fuzz/X.dict to harness X)."""
+    with open(os.path.join(ROOT, "train_options.h")) as f:
+        table = f.read()
+    entries = {"balanced", "-1", "0", "1", "2147483647", "2147483648", "1e39", "nan", "inf", "@model.bin", "@adapters.bin"}
+    for name, alias in re.findall(r'\{"(--[a-z0-9-]+)", (?:"(-[a-z]+)"|nullptr)', table):
+        entries.update(w for w in (name, alias) if w)
+    for choices in re.findall(r'one_of\(\{([^}]*)\}\)', table):
+        entries.update(re.findall(r'"([^"]*)"', choices))
+    return "# train_gpt's flags and values they take (written by make_corpus.py)\n" + "".join(json.dumps(e) + "\n" for e in sorted(entries))
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description="Writes the fuzz harnesses' seed corpus (test/fuzz/corpus/X/).")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus"),
@@ -168,6 +183,8 @@ def main(argv):
         for name, data in files.items():
             with open(os.path.join(folder, name), "wb") as f:
                 f.write(data)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_options.dict"), "w") as f:
+        f.write(flag_dictionary())
     print(f"wrote {sum(len(f) for f in corpus.values())} seeds for {len(corpus)} harnesses into {args.out}")
     return 0
 

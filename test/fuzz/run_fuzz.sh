@@ -2,7 +2,8 @@
 # Runs the fuzz harnesses of test/fuzz/ (built by `make fuzz-build`) and the safetensors reader's loop
 # (fuzz_safetensors.py): each first replays its regression inputs (test/fuzz/regressions/X/, every input that once
 # crashed it), then fuzzes for FUZZ_SECONDS (default 60) from its seed corpus (test/fuzz/corpus/X/) and what its
-# earlier runs kept (build/fuzz/corpus/X/), FUZZ_JOBS of them side by side (default: one per core).
+# earlier runs kept (FUZZ_CORPUS/X/, default build/fuzz/corpus/X/), FUZZ_JOBS of them side by side (default: one per
+# core; all: every one).
 # FUZZ_HARNESSES="model_file tokenize" runs some. One line per harness:
 #   PASS fuzz X: N runs in S s, no crash
 #   FAIL fuzz X: what libFuzzer reported; reproducer build/fuzz/crashes/X/crash-... (replay: build/fuzz/fuzz_X FILE)
@@ -11,8 +12,10 @@ set -u
 cd "$(dirname "$0")/../.."
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
+[ "$jobs" = all ] && jobs=1000
 harnesses=${FUZZ_HARNESSES:-"shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options safetensors"}
 work=build/fuzz
+corpus=${FUZZ_CORPUS:-$work/corpus}
 mkdir -p "$work/logs"
 
 # One harness: its result line into $work/logs/X.result, its output into $work/logs/X.log.
@@ -37,9 +40,11 @@ fuzz_one() {
         echo "FAIL fuzz $h: regression input $input crashes it again: $(grep -m 1 -E '^==[0-9]+==ERROR|fuzz check failed|runtime error|deadly signal|timeout' "$log") (log $log)" > "$result"
         return
     fi
-    mkdir -p "$work/corpus/$h" "$work/crashes/$h"
+    mkdir -p "$corpus/$h" "$work/crashes/$h"
+    local dict=()  # the flags' names and values for train_options (make_corpus.py writes it)
+    [ -f "test/fuzz/$h.dict" ] && dict=(-dict="test/fuzz/$h.dict")
     "$binary" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/crashes/$h/" \
-        "$work/corpus/$h" "test/fuzz/corpus/$h" < /dev/null >> "$log" 2>&1
+        "${dict[@]}" "$corpus/$h" "test/fuzz/corpus/$h" < /dev/null >> "$log" 2>&1
     local rc=$? runs
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*$')
     if [ $rc -eq 0 ]; then
