@@ -2,7 +2,8 @@
 // stop requests a signal ends the process as by default; then SIGTERM, SIGUSR1 and SIGINT (also when inherited as
 // ignored, as a shell starts background commands) are recorded as the first request and the process goes on; a
 // later SIGINT ends it at once, killed by SIGINT (status 130 in a shell); and no system call of any thread is cut
-// short by them (EINTR): a poll, a sleep and a pipe read in progress while signals arrive run to their end.
+// short by them (EINTR): a poll, a sleep and a pipe read in progress while signals arrive run to their end; a thread
+// that unblocked them (a library's) takes them through the handler, to the same effect.
 // Needs no GPU. Prints one PASS/FAIL line per check (test/check.h); exits 1 on any FAIL.
 #include <fcntl.h>
 #include <poll.h>
@@ -97,6 +98,23 @@ int main() {
         const int status = run_child([] { return accept_and_expect(0, 5000) == kOk ? (int)kWrongRequest : (int)kNotEnded; },
                                      {{300, first}, {600, SIGINT}});
         check(killed_by(status, SIGINT), std::string(signal_name(first)) + ", then SIGINT: ends at once, killed by SIGINT (status 130 in a shell)",
+              describe(status));
+    }
+    {  // a thread that unblocks the signals (as a library's might): the handler there records the request alike
+        const int status = run_child([] {
+            install_stop_signals();
+            accept_stop_requests();
+            std::thread unblocked([] {
+                sigset_t all;
+                sigfillset(&all);
+                pthread_sigmask(SIG_UNBLOCK, &all, nullptr);
+                raise(SIGUSR1);  // at this thread: its handler runs here
+                raise(SIGTERM);
+            });
+            unblocked.join();
+            return stop_signal_received() == SIGUSR1 ? (int)kOk : (int)kWrongRequest;
+        }, {});
+        check(exited_ok(status), "a thread that unblocked the signals takes them alike (SIGUSR1 recorded, SIGTERM then changes nothing)",
               describe(status));
     }
     {  // signals arrive while a thread polls, the main thread sleeps (one nanosleep) and a thread reads a pipe
