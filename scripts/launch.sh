@@ -13,13 +13,14 @@
 # and connects them over loopback sockets (NCCL_SOCKET_IFNAME=lo), so collectives are slow (a 64 MB
 # all-reduce between two ranks takes ~40 ms on an H200) and the ranks share the GPU's memory. One node only.
 #   scripts/launch.sh --one-gpu 4 ./train_gpt --model d6 ...   # rank r: LOCAL_RANK=0 NCCL_HOSTID=host<r>
-# Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP sent to the launcher (Slurm's `--signal=B:USR1@120`, `scancel --signal`,
-# Ctrl-C, a closed terminal) go to every rank; train_gpt's ranks then stop after the same step with a checkpoint and
-# exit 75 (docs/reliability.md), and a second Ctrl-C stops them at once. Each rank runs in a session of its own, so a
-# terminal's signals reach it once, through the launcher. A process that exits with 75 (stopped by a signal) is no
-# failure: the others stop at the same step. When a process fails (any other non-zero status) the others get
-# SIGTERM, and SIGCONT for one stopped with SIGSTOP; any still running LAUNCH_KILL_AFTER seconds later (default 30)
-# gets SIGKILL. The launcher exits with the first non-zero status (75 after a stop), or 0.
+# Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP sent to the launcher (Slurm's `--signal=B:USR1@120`, `scancel
+# --signal`, Ctrl-C, a closed terminal) go to every rank. On the first three train_gpt's ranks stop after the same
+# step with a checkpoint and exit 75 (docs/reliability.md), and a second Ctrl-C stops them at once; SIGHUP ends them.
+# Each rank runs under setsid, out of the terminal's process group, so that a terminal's signals reach it once,
+# through the launcher. A process that exits with 75 (stopped by a signal) is no failure: the others stop at the same
+# step. When a process fails (any other non-zero status) the others get SIGTERM, and SIGCONT for one stopped with
+# SIGSTOP; any still running LAUNCH_KILL_AFTER seconds later (default 30) gets SIGKILL. The launcher exits with the
+# first non-zero status (75 after a stop), or 0.
 set -u
 usage="usage: $0 [--one-gpu] RANKS_PER_NODE COMMAND [ARGS...]"
 one_gpu=0

@@ -56,8 +56,8 @@ elapsed=$((SECONDS - start))
 check "a failing rank stops the others and sets the exit status" $? "exit status $rc after ${elapsed}s, stderr: $(cat "$W/fail.err")"
 
 # Signals sent to the launcher reach every rank once. A test rank records each signal it gets in $DIR/got.RANK and
-# exits with $EXIT_CODE after $EXIT_AFTER of them. The launcher starts in a session of its own (setsid), so that a
-# signal to its process group is what a terminal's Ctrl-C sends.
+# exits with $EXIT_CODE after $EXIT_AFTER of them. The launcher starts under setsid, as a process group of its own,
+# so that a signal to its process group is what a terminal's Ctrl-C sends.
 cat > "$W/rank.sh" <<'SH'
 n=0
 on() { echo "$1" >> "$DIR/got.$RANK"; n=$((n + 1)); [ "$n" -ge "$EXIT_AFTER" ] && exit "$EXIT_CODE"; }
