@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -142,20 +143,26 @@ private:
         if (!p.departed) found(p.rank, kLost, 0);
     }
 
-    // A problem with peer `culprit`: the verdict if it is the first; rank 0 tells every other rank.
+    // A problem with peer `culprit`: the verdict if it is the first. Rank 0 tells every other rank before the verdict
+    // is out: once out, the main thread may end this process at once, and the others would then hear only rank 0's
+    // connection close.
     void found(int32_t culprit, int32_t problem, int32_t number) {
-        if (leaving_.load() || !set_verdict(problem_text(culprit, problem, number)) || rank_ != 0) return;
-        for (Peer& p : peers_)
-            if (p.rank != culprit) send_to(p, {kNotice, culprit, problem, number});
+        if (leaving_.load()) return;
+        set_verdict(problem_text(culprit, problem, number), [&] {
+            if (rank_ == 0)
+                for (Peer& p : peers_)
+                    if (p.rank != culprit) send_to(p, {kNotice, culprit, problem, number});
+        });
     }
 
-    bool set_verdict(const std::string& text) {
+    // Sets the verdict if there is none yet, after `before_publishing` (under the lock: only the first verdict's).
+    void set_verdict(const std::string& text, const std::function<void()>& before_publishing = [] {}) {
         std::lock_guard<std::mutex> lock(verdict_mutex_);
-        if (!verdict_.empty()) return false;
+        if (!verdict_.empty()) return;
+        before_publishing();
         verdict_ = text;
         verdict_time_ = now_seconds();
         verdict_ready_.notify_all();
-        return true;
     }
 
     const int rank_, silent_seconds_;

@@ -1,8 +1,9 @@
 // The ranks' heartbeats (distributed/heartbeat.cpp) on forked processes of this machine, without NCCL or a GPU: ranks
 // that end normally (status 0, or kExitStopped at slightly different times) print nothing; a rank killed with -9,
 // stopped with SIGSTOP or exiting with a failing status ends every other rank with status 1 and one line naming it,
-// within the expected time (printed); a stopped rank that is continued ends too, and no process is left behind. The
-// survivors idle (their main thread waits on nothing), so the heartbeat thread itself must end them.
+// within the expected time (printed), also when rank 0 ends the instant it knows (its notice goes out first); a
+// stopped rank that is continued ends too, and no process is left behind. The survivors mostly idle (their main
+// thread waits on nothing), so the heartbeat thread itself must end them.
 // Needs no GPU. Prints one PASS/FAIL line per check (test/check.h); exits 1 on any FAIL.
 #include <fcntl.h>
 #include <signal.h>
@@ -157,6 +158,26 @@ int main() {
             check_survivors("rank " + std::to_string(victim) + " killed with -9", ranks, survivors, since, 4.0,
                             "rank " + std::to_string(victim) + " was lost: its process ended without a goodbye");
         }
+    }
+    {  // rank 0's main thread ends the process the moment it sees the verdict (as a wait on the GPU does): rank 2 must
+       // still hear from rank 0 who was lost, not only that rank 0's connection closed
+        std::vector<Rank> ranks = start_ranks("quick_end", 3, kSilent, [](int r) {
+            if (r != 0) return idle(30);
+            for (;;) {
+                const std::string verdict = heartbeat_verdict();
+                if (!verdict.empty() && claim_process_end()) {
+                    fprintf(stderr, "error: rank 0: %s\n", verdict.c_str());
+                    fflush(stderr);
+                    _exit(1);
+                }
+                std::this_thread::sleep_for(std::chrono::microseconds(50));
+            }
+        });
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        kill(ranks[1].pid, SIGKILL);
+        const double since = now_seconds();
+        wait_for_ranks(ranks, 20);
+        check_survivors("rank 1 killed, rank 0 ending at once on the verdict", ranks, {0, 2}, since, 4.0, "rank 1 was lost");
     }
     {  // a rank stopped with SIGSTOP (rank 2, then rank 0): silent for kSilent s; once continued it ends too
         for (int victim : {2, 0}) {

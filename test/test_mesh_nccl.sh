@@ -121,7 +121,7 @@ lose_rank() {
     for p in "${pids[@]}"; do kill -0 "$p" 2> /dev/null && left="$left $p"; done
     for p in $left; do kill -KILL "$p"; kill -CONT "$p"; done 2> /dev/null
     if [ -z "$bad" ] && [ -z "$left" ] && [ $worst -le $((timeout + 10)) ]; then
-        echo "PASS mesh_nccl $what ($world ranks by hand, $placement, rank $victim): the others ended in ${worst} s (--nccl-timeout $timeout)$after, none left, e.g. $(grep -m1 -h '^error' "$W/${name}"_*.out)"
+        echo "PASS mesh_nccl $what ($world ranks by hand, $placement, rank $victim): the others ended in ${worst} s (--nccl-timeout $timeout)$after, none left, e.g. $(grep -h '^error' "$W/${name}"_*.out | head -n 1)"
     else
         echo "FAIL mesh_nccl $what ($world ranks by hand, $placement, rank $victim): the last ended after ${worst} s (--nccl-timeout $timeout);$bad${left:+ left:$left}"
     fi
