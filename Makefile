@@ -32,8 +32,9 @@ endif
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
+          distributed/heartbeat.h distributed/stop_signals.h \
           $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
-DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
+DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp distributed/heartbeat.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
@@ -42,7 +43,8 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # without a GPU). BENCHES: the kernel benchmarks of bench/, built with the tests so that a change breaking them
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
-            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu
+            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
+            $(BUILD)/test_heartbeat
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
@@ -92,7 +94,15 @@ $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/
 $(BUILD)/test_adamw_cpu: test/test_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_adamw_cpu.cpp -o $@
 
-$(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
+# The stop signals and the heartbeats are plain threads, signals and sockets (distributed/stop_signals.h,
+# distributed/heartbeat.cpp): g++ tests on forked processes.
+$(BUILD)/test_stop_signals: test/test_stop_signals.cpp distributed/stop_signals.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_stop_signals.cpp -o $@
+
+$(BUILD)/test_heartbeat: test/test_heartbeat.cpp distributed/heartbeat.cpp distributed/heartbeat.h distributed/stop_signals.h kernels/die.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_heartbeat.cpp distributed/heartbeat.cpp -o $@
+
+$(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h distributed/heartbeat.h $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_mesh_nccl.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
