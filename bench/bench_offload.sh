@@ -5,14 +5,14 @@
 #             CPU AdamW (bench/bench_pytorch_adamw_cpu.py: foreach and fused, fp32), on the same cores: ours / limit
 #             and ours / the faster PyTorch, both counting 28 bytes an element.
 #   single    the 6.6B GPT (32 layers, C=4096, 32 heads, T=1024) on one GPU with steps of TOKENS tokens (default
-#             524,288: ROWS rows a micro-batch, accumulated), GPU-resident and with --offload optimizer (and
-#             --offload-delayed-update 1 when train_gpt has it), random tokens: tokens/s, MFU, peak GPU memory, the
-#             host plan line, and offload / resident. A run the memory plan refuses (the resident states of 6.6B
+#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three): resident (on
+#             the GPU), offload (--offload optimizer), delayed (also --offload-delayed-update 1); random tokens:
+#             tokens/s, MFU, peak GPU memory, the host plan line, and offload / resident. A run the memory plan refuses (the resident states of 6.6B
 #             need 106 GB: more than an 80 GB GPU) prints the refusal and the ratio is left out.
 # Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3.
 # Usage: SECTIONS="cpu_adam" bench/bench_offload.sh
 #   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
-#   TOKENS, ROWS (default 4), STEPS (default 2), OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
+#   TOKENS, ROWS (default 4), STEPS (default 2), VARIANTS, OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
 #   PYTHON: the interpreter with torch (default python3). Work files go to build/bench_offload.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -50,11 +50,11 @@ if [[ " $SECTIONS " == *" single "* ]]; then
     [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $((tokens / rows / T)) micro-steps), bf16, $steps timed steps"
-    variants=("resident" "offload --offload optimizer")
-    ./train_gpt --help 2>&1 | grep -q -- "--offload-delayed-update" && variants+=("delayed --offload optimizer --offload-delayed-update 1")
+    declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1")
     declare -A result
-    for v in "${variants[@]}"; do
-        read -r name flags <<< "$v"
+    for name in ${VARIANTS:-resident offload delayed}; do
+        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
+        flags=${flags_of[$name]}
         # shellcheck disable=SC2086
         ./train_gpt --model d48 --layers 32 --channels 4096 --heads 32 --train-data "$W/random.bin" --val-every 0 --sample-every 0 \
             --seq-len $T --batch-size "$rows" --total-batch-tokens "$tokens" --precision bf16 --steps $((steps + 3)) $flags \
@@ -68,7 +68,7 @@ if [[ " $SECTIONS " == *" single "* ]]; then
         fi
     done
     for name in offload delayed; do
-        [ -n "${result[$name]:-}" ] && [ -n "${result[resident]}" ] &&
+        [ -n "${result[$name]:-}" ] && [ -n "${result[resident]:-}" ] &&
             awk -v a="$(kv "${result[$name]}" tokens_per_s)" -v b="$(kv "${result[resident]}" tokens_per_s)" -v n="$name" \
                 'BEGIN { printf "single: %s / resident = %.3f\n", n, a / b }'
     done
