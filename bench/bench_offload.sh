@@ -5,10 +5,11 @@
 #             CPU AdamW (bench/bench_pytorch_adamw_cpu.py: foreach and fused, fp32), on the same cores: ours / limit
 #             and ours / the faster PyTorch, both counting 28 bytes an element.
 #   single    the 6.6B GPT (32 layers, C=4096, 32 heads, T=1024) on one GPU with steps of TOKENS tokens (default
-#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three): resident (on
-#             the GPU), offload (--offload optimizer), delayed (also --offload-delayed-update 1); random tokens:
-#             tokens/s, MFU, peak GPU memory, the host plan line, and offload / resident. A run the memory plan refuses (the resident states of 6.6B
-#             need 106 GB: more than an 80 GB GPU) prints the refusal and the ratio is left out.
+#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three; delayed where
+#             train_gpt has it): resident (on the GPU), offload (--offload optimizer), delayed (also
+#             --offload-delayed-update 1); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
+#             offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
+#             an 80 GB GPU) prints the refusal and the ratio is left out.
 # Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3.
 # Usage: SECTIONS="cpu_adam" bench/bench_offload.sh
 #   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
@@ -52,7 +53,9 @@ if [[ " $SECTIONS " == *" single "* ]]; then
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $((tokens / rows / T)) micro-steps), bf16, $steps timed steps"
     declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1")
     declare -A result
-    for name in ${VARIANTS:-resident offload delayed}; do
+    default_variants="resident offload"
+    ./train_gpt --help 2>&1 | grep -q -- "--offload-delayed-update" && default_variants+=" delayed"
+    for name in ${VARIANTS:-$default_variants}; do
         [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
         flags=${flags_of[$name]}
         # shellcheck disable=SC2086
