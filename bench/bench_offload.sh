@@ -5,9 +5,8 @@
 #             CPU AdamW (bench/bench_pytorch_adamw_cpu.py: foreach and fused, fp32), on the same cores: ours / limit
 #             and ours / the faster PyTorch, both counting 28 bytes an element.
 #   single    the 6.6B GPT (32 layers, C=4096, 32 heads, T=1024) on one GPU with steps of TOKENS tokens (default
-#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three; delayed where
-#             train_gpt has it): resident (on the GPU), offload (--offload optimizer), delayed (also
-#             --offload-delayed-update 1); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
+#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default both): resident (on the
+#             GPU) and offload (--offload optimizer); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
 #             offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
 #             an 80 GB GPU) prints the refusal and the ratio is left out.
 # Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3.
@@ -51,12 +50,10 @@ if [[ " $SECTIONS " == *" single "* ]]; then
     [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $((tokens / rows / T)) micro-steps), bf16, $steps timed steps"
-    declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1")
+    declare -A flags_of=([resident]="" [offload]="--offload optimizer")
     declare -A result
-    default_variants="resident offload"
-    ./train_gpt --help 2>&1 | grep -q -- "--offload-delayed-update" && default_variants+=" delayed"
-    for name in ${VARIANTS:-$default_variants}; do
-        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
+    for name in ${VARIANTS:-resident offload}; do
+        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident and offload, got '$name'" >&2; exit 2; }
         flags=${flags_of[$name]}
         # shellcheck disable=SC2086
         ./train_gpt --model d48 --layers 32 --channels 4096 --heads 32 --train-data "$W/random.bin" --val-every 0 --sample-every 0 \
@@ -70,7 +67,7 @@ if [[ " $SECTIONS " == *" single "* ]]; then
             echo "single $name: no result: $(grep -m1 -iE 'error|out of memory' "$W/single_$name.log" || tail -n 1 "$W/single_$name.log")"
         fi
     done
-    for name in offload delayed; do
+    for name in offload; do
         [ -n "${result[$name]:-}" ] && [ -n "${result[resident]:-}" ] &&
             awk -v a="$(kv "${result[$name]}" tokens_per_s)" -v b="$(kv "${result[resident]}" tokens_per_s)" -v n="$name" \
                 'BEGIN { printf "single: %s / resident = %.3f\n", n, a / b }'
