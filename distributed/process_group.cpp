@@ -36,7 +36,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 // Ends the process if `done` is not set within the deadline: covers calls that block inside NCCL or the
-// bootstrap, where no error would ever come back.
+// bootstrap, where no error would ever come back. An empty `what` ends it without a line: the error is out already.
 class Watchdog {
 public:
     Watchdog(int seconds, std::string what) : what_(std::move(what)) {
@@ -44,7 +44,7 @@ public:
             const auto start = std::chrono::steady_clock::now();
             while (!done_.load()) {
                 if (seconds_since(start) > seconds) {
-                    print_error(what_ + " did not finish within " + std::to_string(seconds) + " s (a rank failed or is missing)");
+                    if (!what_.empty()) print_error(what_ + " did not finish within " + std::to_string(seconds) + " s (a rank failed or is missing)");
                     _exit(EXIT_FAILURE);
                 }
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -279,7 +279,7 @@ namespace {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     print_error(message);
     {
-        Watchdog guard(10, "aborting the NCCL communicators");
+        Watchdog guard(10, "");  // an abort can block behind kernels of a dead peer's communicators on the same GPU
         for (auto it = comms.rbegin(); it != comms.rend(); ++it) ncclCommAbort(it->comm);  // split ones first
     }
     _exit(EXIT_FAILURE);

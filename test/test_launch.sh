@@ -5,6 +5,7 @@
 # Prints one PASS/FAIL line per check.
 set -u
 cd "$(dirname "$0")/.."
+source test/watchdog.sh  # watchdog, watchdog_off
 W=build/test_work/launch
 rm -rf "$W"; mkdir -p "$W"
 
@@ -80,10 +81,10 @@ signal_run() {
         if [ "${sig#-}" != "$sig" ]; then kill -s "${sig#-}" -- "-$launcher"; else kill -s "$sig" "$launcher"; fi
         sleep 0.5
     done
-    ( sleep 20; kill -KILL "$launcher" $(cat "$dir"/pid.* 2> /dev/null) 2> /dev/null ) & local guard=$!
+    watchdog 20 "$launcher" $(cat "$dir"/pid.* 2> /dev/null)
     wait "$launcher"; rc=$?
     elapsed=$((SECONDS - start))
-    kill $guard 2> /dev/null
+    watchdog_off
     got0=$(tr '\n' ' ' < "$dir/got.0" 2> /dev/null); got1=$(tr '\n' ' ' < "$dir/got.1" 2> /dev/null)
 }
 signal_run term 1 75 TERM
@@ -101,9 +102,9 @@ check "Ctrl-C twice (SIGINT to the launcher's process group), then SIGTERM: each
 start=$SECONDS
 scripts/launch.sh --one-gpu 2 sh -c 'echo $$ > "$0/stop.pid.$RANK"; if [ "$RANK" = 0 ]; then kill -STOP $$; exec sleep 60; else sleep 1; exit 3; fi' "$W" \
     2> "$W/stop.err" & launcher=$!
-( sleep 30; kill -KILL $launcher $(cat "$W"/stop.pid.* 2> /dev/null) 2> /dev/null ) & guard=$!
+watchdog 30 $launcher $(cat "$W"/stop.pid.* 2> /dev/null)
 wait $launcher; rc=$?
-elapsed=$((SECONDS - start)); kill $guard 2> /dev/null
+elapsed=$((SECONDS - start)); watchdog_off
 left=$(for f in "$W"/stop.pid.*; do kill -0 "$(cat "$f")" 2> /dev/null && echo "$f"; done)
 [ $rc -eq 3 ] && [ $elapsed -lt 10 ] && [ -z "$left" ]
 check "a rank stopped with SIGSTOP ends once another fails (SIGTERM, SIGCONT): exit 3 after ${elapsed} s, none left" $? \
@@ -112,9 +113,9 @@ check "a rank stopped with SIGSTOP ends once another fails (SIGTERM, SIGCONT): e
 start=$SECONDS
 LAUNCH_KILL_AFTER=2 scripts/launch.sh --one-gpu 2 sh -c 'echo $$ > "$0/deaf.pid.$RANK"; if [ "$RANK" = 0 ]; then trap "" TERM; while :; do sleep 0.2; done; else sleep 1; exit 3; fi' \
     "$W" 2> "$W/deaf.err" & launcher=$!
-( sleep 30; kill -KILL $launcher $(cat "$W"/deaf.pid.* 2> /dev/null) 2> /dev/null ) & guard=$!
+watchdog 30 $launcher $(cat "$W"/deaf.pid.* 2> /dev/null)
 wait $launcher; rc=$?
-elapsed=$((SECONDS - start)); kill $guard 2> /dev/null
+elapsed=$((SECONDS - start)); watchdog_off
 left=$(kill -0 "$(cat "$W/deaf.pid.0")" 2> /dev/null && echo "rank 0")
 [ $rc -eq 3 ] && [ $elapsed -ge 3 ] && [ $elapsed -lt 10 ] && [ -z "$left" ] && grep -q "SIGKILL" "$W/deaf.err"
 check "a rank that ignores SIGTERM gets SIGKILL LAUNCH_KILL_AFTER=2 s after the failure (ended after ${elapsed} s)" $? \

@@ -13,6 +13,7 @@
 # and fp16 with its resume chain and non-finite steps, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
+source test/watchdog.sh  # watchdog, watchdog_off
 W=build/test_work/training
 rm -rf "$W"; mkdir -p "$W"
 PY=${PYTHON:-python3}
@@ -89,9 +90,9 @@ interrupt() {
     for _ in $(seq 30000); do eval "$when" && break; kill -0 $pid 2> /dev/null || break; sleep 0.01; done
     sent=""
     for sig in "${signals[@]}"; do kill -s "$sig" $pid 2> /dev/null && sent="$sent $sig"; sleep "$gap"; done
-    ( sleep 300; kill -KILL $pid 2> /dev/null ) & local guard=$!
+    watchdog 300 $pid
     wait $pid; rc=$?
-    kill $guard 2> /dev/null
+    watchdog_off
 }
 step_line() { grep -qF "$(printf 'step %5d/' "$2")" "$W/$1.out"; }  # step_line NAME N: step N's line is out
 # stop_and_resume SIGNAL: SIGNAL after step 7 of the STOP run, then --resume 1, against the uninterrupted run

@@ -26,6 +26,7 @@ BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
 source test/loss_logs.sh  # losses, maxdiff, within, VISIBLE_GPUS
+source test/watchdog.sh  # watchdog, watchdog_off
 TIER=${TEST_TIER:-full}
 ONE_GPU=$([ "$VISIBLE_GPUS" -lt "$N" ] && echo --one-gpu)  # launch.sh's flag: the ranks share GPU 0
 WHERE=$([ -n "$ONE_GPU" ] && echo "$N ranks on one GPU" || echo "$N GPUs")
@@ -91,9 +92,9 @@ done
 unset MASTER_ADDR MASTER_PORT WORLD_SIZE
 for _ in $(seq 30000); do grep -qF "$(printf 'step %5d/' 7)" "$W/stop_0.out" && break; kill -0 "${pids[0]}" 2> /dev/null || break; sleep 0.01; done
 kill -TERM "${pids[1]}"
-( sleep 300; kill -KILL "${pids[@]}" 2> /dev/null ) & guard=$!
+watchdog 300 "${pids[@]}"
 statuses=""; for p in "${pids[@]}"; do wait "$p"; statuses="$statuses $?"; done
-kill $guard 2> /dev/null
+watchdog_off
 line=$(grep -m1 '^stopped by' "$W/stop_0.out")
 at=$(printf '%s' "$line" | sed -nE 's|^stopped by a signal to another rank after step ([0-9]+)/20: wrote checkpoint .*|\1|p')
 if [ "$statuses" = "$(printf ' 75%.0s' $(seq $N))" ] && [ -n "$at" ] && [ -f "$W/stop/model_$(printf %08d "$at").bin" ] &&
@@ -240,10 +241,10 @@ RANK=1 LOCAL_RANK=1 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nc
 victim=$!
 sleep 20; kill -9 $victim 2> /dev/null
 start=$(date +%s)
-( sleep 90; kill -9 $survivor 2> /dev/null ) & guard=$!
+watchdog 90 $survivor
 wait $survivor; rc=$?
 elapsed=$(( $(date +%s) - start ))
-kill $guard 2> /dev/null
+watchdog_off
 unset MASTER_ADDR MASTER_PORT WORLD_SIZE
 if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "rank 0: .*rank 1 was lost" "$W/survivor.out"; then
     echo "PASS zero a killed rank ends the job in ${elapsed} s with: $(grep -m1 'rank 0:' "$W/survivor.out")"
