@@ -3,9 +3,12 @@
 // at hand; llm.c model files round-trip (fp32 exactly, bf16 rounded to nearest even) through the padded
 // layouts of 1 and 3 ranks, and each tensor- and pipeline-parallel rank's part reads alone; checkpoint discovery
 // finds the newest complete checkpoint; checkpoint retention deletes what --keep-checkpoints and --keep-every no
-// longer keep, whole checkpoints only; checkpoint integrity: checksums, damaged and missing files, failed writes.
+// longer keep, whole checkpoints only; checkpoint integrity: checksums, damaged and missing files, failed writes (a file size limit, and a full tmpfs where
+// the system lets the test mount one).
 #define TESTING
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include "../train_gpt.cu"
@@ -252,6 +255,27 @@ static void flip_byte(const std::string& path, long offset) {
     fputc(c ^ 0x10, f);
     fclose(f);
 }
+// Mounts a tmpfs of `options` on `dir` for this process alone, in its own user and mount namespaces (as `unshare -rm`;
+// as root without user namespaces, a mount namespace alone): "" or why not.
+static std::string enter_private_tmpfs(const std::string& dir, const std::string& options) {
+    const unsigned uid = getuid(), gid = getgid();
+    auto write_text = [](const char* path, const std::string& text) {
+        FILE* f = fopen(path, "w");
+        const bool ok = f != nullptr && fputs(text.c_str(), f) >= 0;
+        return f != nullptr && fclose(f) == 0 && ok;
+    };
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {
+        if (!write_text("/proc/self/setgroups", "deny") || !write_text("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+            !write_text("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"))
+            return std::string("cannot map the user into its namespace: ") + strerror(errno);
+    } else if (unshare(CLONE_NEWNS) != 0) {
+        return std::string("no user or mount namespace for this process (unshare: ") + strerror(errno) + ")";
+    }
+    if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return std::string("cannot make the mounts private: ") + strerror(errno);
+    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) != 0) return std::string("cannot mount a tmpfs: ") + strerror(errno);
+    return "";
+}
+
 static void test_checkpoint_integrity() {
     const char* nine = "123456789";
     Crc32c hardware, table(false);
@@ -357,6 +381,49 @@ static void test_checkpoint_integrity() {
     check(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 1 && message.find("error: " + target + ": cannot write: File too large") == 0 &&
               std::count(message.begin(), message.end(), '\n') == 1 && stat((target + ".tmp").c_str(), &st) != 0 && read_text(target) == before,
           "integrity: a failed write stops with one line naming the file, removes the temporary file, leaves the old one as it was", message);
+
+    // a full disk: the same write into a tmpfs with room for the old file but not a second copy, mounted by a child in
+    // its own user and mount namespaces (unshare -rm; as root a mount namespace alone) where the system allows one;
+    // the child's own child writes (and dies of the error), the child then looks at the tmpfs, which lives with it
+    const std::string full = dir + "/full", full_target = full + "/model_00000010.bin", full_err = dir + "/full.err";
+    mkdir(full.c_str(), 0755);
+    fflush(stdout);
+    const pid_t owner = fork();
+    if (owner == 0) {
+        if (freopen(err.c_str(), "w", stderr) == nullptr) _exit(3);
+        const std::string why = enter_private_tmpfs(full, "size=" + std::to_string(before.size() * 3 / 2));
+        if (!why.empty()) {
+            fprintf(stderr, "%s", why.c_str());
+            fflush(stderr);
+            _exit(4);
+        }
+        FILE* copy = fopen(full_target.c_str(), "wb");
+        if (copy == nullptr || fwrite(before.data(), 1, before.size(), copy) != before.size() || fclose(copy) != 0) _exit(5);
+        fflush(stderr);
+        const pid_t writer = fork();
+        if (writer == 0) {
+            if (freopen(full_err.c_str(), "w", stderr) == nullptr) _exit(3);
+            write_model_file(full_target, layout, std::vector<float>(layout.total, 1.0f), true);
+            _exit(0);
+        }
+        int writer_status = 0;
+        waitpid(writer, &writer_status, 0);
+        struct stat tmp_st;
+        fprintf(stderr, "exit %d, temporary file %s, old file %s", WIFEXITED(writer_status) ? WEXITSTATUS(writer_status) : -1,
+                stat((full_target + ".tmp").c_str(), &tmp_st) == 0 ? "left" : "removed", read_text(full_target) == before ? "kept" : "changed");
+        fflush(stderr);
+        _exit(0);
+    }
+    waitpid(owner, &wstatus, 0);
+    const std::string full_report = read_text(err), full_message = read_text(full_err);
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 4)
+        skip("integrity: a full disk", full_report);
+    else
+        check(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 && full_report == "exit 1, temporary file removed, old file kept" &&
+                  full_message.find("error: " + full_target + ": cannot write: No space left on device") == 0 &&
+                  std::count(full_message.begin(), full_message.end(), '\n') == 1,
+              "integrity: a full disk (a tmpfs) at a save: one line naming the file, the temporary file removed, the old one as it was",
+              full_report + "; " + full_message);
 }
 
 int main() {
