@@ -164,21 +164,14 @@ inline CheckpointCheck check_checkpoint(const std::string& dir, int step) {
     FILE* f = fopen(first.c_str(), "rb");
     const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
     if (f != nullptr) fclose(f);
-    if (!read || header[0] != kStateMagic || header[1] != kStateVersion || header[2] != (int)sizeof(StateHeader)) {
-        result.problem = first + ": not a state file of this train_gpt (magic or version)";
-        return result;
-    }
+    result.problem = read ? state_header_problem(header, first) : first + ": not a train_gpt state file (bad magic)";
+    if (!result.problem.empty()) return result;
     StateHeader h;
     memcpy(&h, &header[4], sizeof(h));
     MeshShape writer;
     writer.tp = h.tensor_parallel;
     writer.pp = h.pipeline_parallel;
     writer.dp = h.data_parallel;
-    if (writer.tp < 1 || writer.pp < 1 || writer.dp < 1 || writer.world() > (1 << 20)) {
-        result.problem = first + ": its header's mesh (" + std::to_string(writer.dp) + " x " + std::to_string(writer.tp) + " x " +
-                         std::to_string(writer.pp) + ") is not one train_gpt writes";
-        return result;
-    }
     for (int p = 0; p < writer.pp; p++)
         for (int t = 0; t < writer.tp; t++)
             for (int d = 0; d < (h.stage >= 1 ? writer.dp : 1); d++) {  // at stage 0 data rank 0 alone writes

@@ -1,7 +1,7 @@
 // Optimizer-state files of checkpoints (docs/formats.md): the header, the file names, and the reader that
 // reassembles the state any mesh and ZeRO stage wrote into this rank's part. Plain C++ (the fuzz harness of
 // test/fuzz/ reads state files without CUDA); the writer, write_state_file, is checkpoint.cuh's.
-// defines: kStateMagic, kStateVersion, state_path, StateHeader, kStatePartOffset, kStateMaxLayers, read_state_header,
+// defines: kStateMagic, kStateVersion, state_path, StateHeader, kStatePartOffset, kStateMaxLayers, state_header_problem, read_state_header,
 //          SavedOptimizerState, read_optimizer_state
 #pragma once
 #include <algorithm>
@@ -38,12 +38,12 @@ constexpr int kStatePartOffset = 128, kStateMaxLayers = kChecksumTagSlot - kStat
 // The most ranks a checkpoint can come from: the file names' five rank digits.
 constexpr long long kStateMaxRanks = 100000;
 
-inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
-    int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic)
-        die(path + ": not a train_gpt state file (bad magic)");
+// What is wrong with a state file's header (its 256 ints, as read from `path`), in one line naming the file, or "":
+// the magic, the version, the writer's mesh and its place in it, the number of blocks of its part.
+inline std::string state_header_problem(const int* header, const std::string& path) {
+    if (header[0] != kStateMagic) return path + ": not a train_gpt state file (bad magic)";
     if (header[1] != kStateVersion || header[2] != (int)sizeof(StateHeader) || header[3] != (int)sizeof(DataLoaderState))
-        die(path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion));
+        return path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion);
     StateHeader h;
     memcpy(&h, &header[4], sizeof(h));
     // the writer's mesh and its place in it, before any size is computed from them
@@ -51,11 +51,22 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
     bool mesh_ok = true;
     for (int k = 0; k < 3; k++) mesh_ok = mesh_ok && sizes[k] >= 1 && sizes[k] <= kStateMaxRanks && ranks[k] >= 0 && ranks[k] < sizes[k];
     if (!mesh_ok || sizes[0] * sizes[1] * sizes[2] > kStateMaxRanks)
-        die(path + ": corrupt header (a mesh of data " + std::to_string(sizes[0]) + " x tensor " + std::to_string(sizes[1]) + " x pipeline " +
-            std::to_string(sizes[2]) + " ranks, this file's place data " + std::to_string(ranks[0]) + ", tensor " + std::to_string(ranks[1]) +
-            ", pipeline " + std::to_string(ranks[2]) + ")");
+        return path + ": corrupt header (a mesh of data " + std::to_string(sizes[0]) + " x tensor " + std::to_string(sizes[1]) + " x pipeline " +
+               std::to_string(sizes[2]) + " ranks, this file's place data " + std::to_string(ranks[0]) + ", tensor " + std::to_string(ranks[1]) +
+               ", pipeline " + std::to_string(ranks[2]) + ")";
     const int blocks = header[kStatePartOffset + 2];
-    if (blocks < 1 || blocks > kStateMaxLayers) die(path + ": corrupt header (" + std::to_string(blocks) + " blocks)");
+    if (blocks < 1 || blocks > kStateMaxLayers) return path + ": corrupt header (" + std::to_string(blocks) + " blocks)";
+    return "";
+}
+
+inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": not a train_gpt state file (bad magic)");
+    const std::string problem = state_header_problem(header, path);
+    if (!problem.empty()) die(problem);
+    StateHeader h;
+    memcpy(&h, &header[4], sizeof(h));
+    const int blocks = header[kStatePartOffset + 2];
     if (part != nullptr) {
         part->first = header[kStatePartOffset] != 0;
         part->last = header[kStatePartOffset + 1] != 0;
