@@ -4,7 +4,8 @@
 # crashed it), then fuzzes for FUZZ_SECONDS (default 60) from its seed corpus (test/fuzz/corpus/X/) and what its
 # earlier runs kept (FUZZ_CORPUS/X/, default build/fuzz/corpus/X/), FUZZ_JOBS of them side by side (default: one per
 # core; all: every one).
-# FUZZ_HARNESSES="model_file tokenize" runs some. One line per harness:
+# FUZZ_HARNESSES="model_file tokenize" runs some; PYTHON is the safetensors loop's interpreter (default: the first of
+# /usr/bin/python3 and python3 with numpy). One line per harness:
 #   PASS fuzz X: N runs in S s, no crash
 #   FAIL fuzz X: what libFuzzer reported; reproducer build/fuzz/crashes/X/crash-... (replay: build/fuzz/fuzz_X FILE)
 # Exit status 1 if any failed.
@@ -23,7 +24,11 @@ fuzz_one() {
     local h=$1 log=$work/logs/$1.log result=$work/logs/$1.result
     : > "$log"
     if [ "$h" = safetensors ]; then
-        python3 test/fuzz/fuzz_safetensors.py --seconds "$seconds" > "$result" 2> "$log"
+        local python=python3 candidate  # PYTHON, else the first of /usr/bin/python3 and python3 with numpy (import_hf.py's)
+        for candidate in ${PYTHON:-} /usr/bin/python3 python3; do
+            if "$candidate" -c "import numpy" > /dev/null 2>&1; then python=$candidate; break; fi
+        done
+        "$python" test/fuzz/fuzz_safetensors.py --seconds "$seconds" > "$result" 2> "$log"
         [ -s "$result" ] || echo "FAIL fuzz safetensors: fuzz_safetensors.py printed no result: $(tail -n 1 "$log")" > "$result"
         return
     fi
