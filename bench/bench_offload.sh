@@ -9,10 +9,19 @@
 #             GPU) and offload (--offload optimizer); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
 #             offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
 #             an 80 GB GPU) prints the refusal and the ratio is left out.
-# Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3.
+#   fsdp      PyTorch FSDP with CPUOffload(offload_params=True) (bench/bench_pytorch_parallel.py --mode fsdp: eager,
+#             bf16 mixed precision, the micro-batches under no_sync) against train_gpt --offload optimizer, the same
+#             6.6B GPT on one GPU, TOKENS tokens a step of FSDP_ROWS rows a micro-batch (default 8): tokens/s, peak
+#             GPU memory, ours / FSDP. FSDP_RUNS (default "ours torch") picks the runs.
+#   large     the 30B GPT (60 layers, C=6656, 52 heads) on LARGE_GPUS GPUs (default 4) through scripts/launch.sh,
+#             ZeRO-3 with --offload optimizer, TOKENS tokens a step of LARGE_ROWS rows a micro-batch (default 2):
+#             tokens/s, MFU, peak GPU memory, the memory plan's lines (GPU and pinned host).
+# Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3; PyTorch's the median
+# of STEPS steps after one.
 # Usage: SECTIONS="cpu_adam" bench/bench_offload.sh
 #   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
 #   TOKENS, ROWS (default 4), STEPS (default 2), VARIANTS, OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
+#   FSDP_ROWS, FSDP_RUNS; LARGE_GPUS, LARGE_ROWS;
 #   PYTHON: the interpreter with torch (default python3). Work files go to build/bench_offload.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -23,7 +32,7 @@ SECTIONS=${SECTIONS:-cpu_adam single}
 THREADS=${THREADS:-$(nproc)}
 kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }
 for s in $SECTIONS; do
-    case $s in cpu_adam|single) ;; *) echo "bench_offload: SECTIONS takes cpu_adam and single, got '$s'" >&2; exit 2 ;; esac
+    case $s in cpu_adam|single|fsdp|large) ;; *) echo "bench_offload: SECTIONS takes cpu_adam, single, fsdp and large, got '$s'" >&2; exit 2 ;; esac
 done
 
 if [[ " $SECTIONS " == *" cpu_adam "* ]]; then
@@ -43,33 +52,73 @@ if [[ " $SECTIONS " == *" cpu_adam "* ]]; then
     }' | tee "$W/cpu_adam_summary.txt"
 fi
 
-if [[ " $SECTIONS " == *" single "* ]]; then
+T=1024; tokens=${TOKENS:-524288}; steps=${STEPS:-2}
+SHAPE_6_6B=(--layers 32 --channels 4096 --heads 32)
+# a step of `tokens` in micro-batches of ROWS rows (the variable's name) of T tokens
+micro_steps() {
+    [ $((tokens % (${!1} * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of $1 x $T ($((${!1} * T)))" >&2; exit 2; }
+    echo $((tokens / ${!1} / T))
+}
+# ours NAME ROWS [LAUNCHER...] -- FLAGS...: train_gpt on random tokens, its log $W/NAME.log; prints its RESULT (or why
+# none) and sets RESULT_LINE
+ours() {
+    local name=$1 rows=$2 launcher=(); shift 2
+    while [ "$1" != "--" ]; do launcher+=("$1"); shift; done; shift
+    # shellcheck disable=SC2086
+    "${launcher[@]}" ./train_gpt --model d48 --train-data "$W/random.bin" --val-every 0 --sample-every 0 --seq-len $T --batch-size "$rows" \
+        --total-batch-tokens "$tokens" --precision bf16 --steps $((steps + 3)) "$@" ${OURS_FLAGS:-} > "$W/$name.log" 2>&1
+    RESULT_LINE=$(grep -m1 '^RESULT' "$W/$name.log")
+    if [ -n "$RESULT_LINE" ]; then
+        echo "$name: ${RESULT_LINE#RESULT }"
+        grep -m1 -E '^memory plan per GPU' "$W/$name.log"
+        grep -m1 '^host memory per rank' "$W/$name.log"
+    else
+        echo "$name: no result: $(grep -m1 -iE 'error|out of memory' "$W/$name.log" || tail -n 1 "$W/$name.log")"
+    fi
+}
+ratio() {  # ratio LABEL RESULT_A RESULT_B: A's tokens/s over B's, where both ran
+    if [ -n "$2" ] && [ -n "$3" ]; then awk -v a="$(kv "$2" tokens_per_s)" -v b="$(kv "$3" tokens_per_s)" -v n="$1" 'BEGIN { printf "%s = %.3f\n", n, a / b }'; fi
+}
+if [[ " $SECTIONS " =~ " "(single|fsdp|large)" " ]]; then
     make -s train_gpt || exit 1
-    T=1024; rows=${ROWS:-4}; tokens=${TOKENS:-524288}; steps=${STEPS:-2}
-    [ $((tokens % (rows * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of ROWS x 1024 ($((rows * T)))" >&2; exit 2; }
     [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-    echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $((tokens / rows / T)) micro-steps), bf16, $steps timed steps"
-    declare -A flags_of=([resident]="" [offload]="--offload optimizer")
-    declare -A result
+fi
+
+if [[ " $SECTIONS " == *" single "* ]]; then
+    rows=${ROWS:-4}; m=$(micro_steps ROWS) || exit 2
+    echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-steps), bf16, $steps timed steps"
+    declare -A flags_of=([resident]="" [offload]="--offload optimizer") result
     for name in ${VARIANTS:-resident offload}; do
         [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident and offload, got '$name'" >&2; exit 2; }
-        flags=${flags_of[$name]}
         # shellcheck disable=SC2086
-        ./train_gpt --model d48 --layers 32 --channels 4096 --heads 32 --train-data "$W/random.bin" --val-every 0 --sample-every 0 \
-            --seq-len $T --batch-size "$rows" --total-batch-tokens "$tokens" --precision bf16 --steps $((steps + 3)) $flags \
-            ${OURS_FLAGS:-} > "$W/single_$name.log" 2>&1
-        result[$name]=$(grep -m1 '^RESULT' "$W/single_$name.log")
-        if [ -n "${result[$name]}" ]; then
-            echo "single $name: ${result[$name]#RESULT }"
-            grep -m1 '^host memory per rank' "$W/single_$name.log"
-        else
-            echo "single $name: no result: $(grep -m1 -iE 'error|out of memory' "$W/single_$name.log" || tail -n 1 "$W/single_$name.log")"
-        fi
+        ours "single_$name" "$rows" -- "${SHAPE_6_6B[@]}" ${flags_of[$name]}
+        result[$name]=$RESULT_LINE
     done
-    for name in offload; do
-        [ -n "${result[$name]:-}" ] && [ -n "${result[resident]:-}" ] &&
-            awk -v a="$(kv "${result[$name]}" tokens_per_s)" -v b="$(kv "${result[resident]}" tokens_per_s)" -v n="$name" \
-                'BEGIN { printf "single: %s / resident = %.3f\n", n, a / b }'
+    ratio "single: offload / resident" "${result[offload]:-}" "${result[resident]:-}"
+fi
+
+if [[ " $SECTIONS " == *" fsdp "* ]]; then
+    rows=${FSDP_ROWS:-8}; m=$(micro_steps FSDP_ROWS) || exit 2
+    echo "== fsdp: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-batches), bf16: --offload optimizer against FSDP with CPU offload"
+    ours_line="" torch_line=""
+    for run in ${FSDP_RUNS:-ours torch}; do
+        case $run in
+            ours) ours fsdp_ours "$rows" -- "${SHAPE_6_6B[@]}" --offload optimizer; ours_line=$RESULT_LINE ;;
+            torch)
+                $PY -m torch.distributed.run --standalone --nproc-per-node 1 bench/bench_pytorch_parallel.py --mode fsdp --cpu-offload 1 \
+                    "${SHAPE_6_6B[@]}" -b "$rows" --microbatches "$m" --steps "$steps" --warmup 1 > "$W/fsdp_torch.log" 2>&1
+                torch_line=$(grep -m1 '^RESULT' "$W/fsdp_torch.log")
+                echo "fsdp_torch: ${torch_line:-no result: $(tail -n 1 "$W/fsdp_torch.log")}" ;;
+            *) echo "bench_offload: FSDP_RUNS takes ours and torch, got '$run'" >&2; exit 2 ;;
+        esac
     done
+    ratio "fsdp: ours / PyTorch FSDP with CPU offload" "$ours_line" "$torch_line"
+fi
+
+if [[ " $SECTIONS " == *" large "* ]]; then
+    gpus=${LARGE_GPUS:-4}; rows=${LARGE_ROWS:-2}; m=$(micro_steps LARGE_ROWS) || exit 2
+    [ $((m % gpus)) -eq 0 ] || { echo "bench_offload: $m micro-batches a step do not divide over LARGE_GPUS $gpus" >&2; exit 2; }
+    echo "== large: 30B GPT on $gpus x $gpu, ZeRO-3 + --offload optimizer, $tokens tokens a step ($rows rows x $((m / gpus)) micro-steps a GPU), bf16"
+    ours large_30b "$rows" scripts/launch.sh "$gpus" -- --layers 60 --channels 6656 --heads 52 --zero-stage 3 --offload optimizer
 fi
