@@ -2,13 +2,15 @@
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
 # the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
 # memory), non-finite steps, ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and
-# not), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve parity with the PyTorch
+# not; its one-step delayed update against it, resumed, and twice), checkpoint retention, resume checks, the memory
+# plan's refusals, and loss-curve parity with the PyTorch
 # reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within
 # 3e-2 at every step; PARITY_* variables change the setting; plotted to build/test_work/training/curve_parity.png).
 # The quick tier (TEST_TIER=quick) runs bf16 only: resume (not the same-seed rerun), --recompute 3, the non-finite
-# steps, offload in fp32 against the resident run, and LoRA, retention and the refusals as in full; the full tier
-# adds fp32 and fp16, the same seed twice, --recompute 1 and 2, the activation sizes of d12, offload in bf16 and
-# fp16 with its resume chain and non-finite steps, and the curve parity.
+# steps, offload in fp32 against the resident run, the delayed update in fp32 (against offload, resumed), and LoRA,
+# retention and the refusals as in full; the full tier adds fp32 and fp16, the same seed twice, --recompute 1 and 2,
+# the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite steps, the delayed update
+# in bf16 and twice, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/training
@@ -161,6 +163,53 @@ if [ "$TIER" = full ]; then
         echo "FAIL training bf16 offload non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-offload.err")"
     fi
 fi
+
+# ZeRO-Offload's one-step delayed update (--offload-delayed-update 1): the CPU's AdamW of step N runs while the GPU
+# computes step N+1 on the parameters without it. The 5 warm-up steps' updates land within their step, so steps 0-5
+# are the non-delayed offload run's bit for bit, and step 6, whose forward misses step 5's update, differs. From there
+# the run trails the non-delayed one by about one update: every loss lies within the non-delayed run's largest loss
+# change over two steps of it (one step of trailing, as much again for the stale gradients and the batch-to-batch
+# spread). Its step-10 checkpoint (where the running update landed) resumes bit for bit. fp32 in the quick tier; the
+# full tier adds bf16 and the same run twice (bitwise the same losses, model file and optimizer state).
+two_step_change() { train_log_lines "$1" | awk '{ l[NR] = $2 } END { m = 0; for (i = 3; i <= NR; i++) { d = l[i] - l[i - 2]; if (d < 0) d = -d; if (d > m) m = d } print m }'; }
+for p in fp32 $([ "$TIER" = full ] && echo bf16); do
+    D="$W/delayed-$p" ref="$W/offload-$p"
+    DELAYED=(--precision $p --steps 20 --checkpoint-every 10 --offload optimizer --offload-delayed-update 1)
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D" > "$D.out" 2>&1
+    six_ref=$(train_log_lines "$ref" | awk '$1 == 6') six=$(train_log_lines "$D" | awk '$1 == 6')
+    if grep -q "^host memory per rank (GiB, pinned): .* | gradients .*delayed one step after the 5 warm-up steps" "$D.out" &&
+        [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$ref" | awk '$1 <= 5')" == "$(train_log_lines "$D" | awk '$1 <= 5')" ] &&
+        [ -n "$six" ] && [ "$six" != "$six_ref" ]; then
+        echo "PASS training $p offload delayed update: steps 0-5 (the warm-up's updates land at once) bitwise the non-delayed run's, step 6 not ($six vs $six_ref)"
+    else
+        echo "FAIL training $p offload delayed update: steps 0-5 differ from the non-delayed run or step 6 does not ($six vs $six_ref) $(grep -m1 error "$D.out")"
+    fi
+    d=$(paste <(train_log_lines "$ref") <(train_log_lines "$D") | awk 'BEGIN { m = 0 } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d } END { print m }')
+    tol=$(two_step_change "$ref")
+    if [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }'; then
+        echo "PASS training $p offload delayed update: 20 losses within $d of the non-delayed run's (tol $tol: its largest change over two steps)"
+    else
+        echo "FAIL training $p offload delayed update: max loss difference $d from the non-delayed run (tol $tol: its largest change over two steps)"
+    fi
+    mkdir -p "$D-resumed"
+    cp "$D"/*_00000010* "$D-resumed/"
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D-resumed" --resume 1 > "$D-resumed.out" 2>&1
+    if grep -q "resumed from" "$D-resumed.out" && [ "$(train_log_lines "$D" | awk '$1 >= 10')" == "$(train_log_lines "$D-resumed")" ] &&
+        [ "$(train_log_lines "$D-resumed" | wc -l)" -eq 10 ] && cmp -s "$D/model_00000020.bin" "$D-resumed/model_00000020.bin" &&
+        cmp -s "$D/state_00000020_00000.bin" "$D-resumed/state_00000020_00000.bin"; then
+        echo "PASS training $p offload delayed update resumed at step 10: steps 10-19, the final model file and optimizer state bitwise the uninterrupted run's"
+    else
+        echo "FAIL training $p offload delayed update resumed at step 10: $(grep -m1 error "$D-resumed.out")"; diff <(train_log_lines "$D" | awk '$1 >= 10') <(train_log_lines "$D-resumed") | head -4
+    fi
+    [ "$TIER" = full ] || continue
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D-again" > "$D-again.out" 2>&1
+    if [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$D")" == "$(train_log_lines "$D-again")" ] &&
+        cmp -s "$D/model_00000020.bin" "$D-again/model_00000020.bin" && cmp -s "$D/state_00000020_00000.bin" "$D-again/state_00000020_00000.bin"; then
+        echo "PASS training $p offload delayed update twice: 20 losses, the final model file and optimizer state bitwise equal"
+    else
+        echo "FAIL training $p offload delayed update twice: $(grep -m1 error "$D-again.out")"; diff <(train_log_lines "$D") <(train_log_lines "$D-again") | head -4
+    fi
+done
 
 # Checkpoint retention: checkpoints at steps 3, 6, ..., 18 and the last (20); --keep-checkpoints 2 keeps 18 and 20,
 # --keep-every 9 the milestone 9; the others' model and state files are gone, and no temporary file is left.
