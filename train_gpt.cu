@@ -312,7 +312,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
         const int threads = offload_cpu_threads(ranks_on_host, delayed_update);
         const std::string cpu = std::string(adamw_cpu::isa_name(adamw_cpu::best_isa())) + ", " +
                                 std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank" +
-                                (delayed_update ? ", delayed one step after the " + std::to_string(o.warmup_steps) + " warm-up steps" : "");
+                                (!delayed_update ? "" : o.warmup_steps > 0 ? ", delayed one step after the " + std::to_string(o.warmup_steps) + " warm-up steps"
+                                                                            : std::string(", delayed one step"));
         report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu);
         model.trained().set_offload(offload, threads, delayed_update);
     }
