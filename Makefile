@@ -32,8 +32,9 @@ endif
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
+          distributed/heartbeat.h distributed/stop_signals.h \
           $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
-DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp
+DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp distributed/heartbeat.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
                   dataloader/hellaswag.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
@@ -42,12 +43,13 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # without a GPU). BENCHES: the kernel benchmarks of bench/, built with the tests so that a change breaking them
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
-            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu
+            $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
+            $(BUILD)/test_heartbeat
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
-BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
 
-.PHONY: all tests benches test test-full test-portable train clean
+.PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
 all: train_gpt $(BUILD)/prepare_shards
 tests: $(CPU_TESTS) $(GPU_TESTS) benches
 benches: $(BENCHES)
@@ -92,7 +94,15 @@ $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/
 $(BUILD)/test_adamw_cpu: test/test_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_adamw_cpu.cpp -o $@
 
-$(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h $(DISTRIBUTED_SRCS) | $(BUILD)
+# The stop signals and the heartbeats are plain threads, signals and sockets (distributed/stop_signals.h,
+# distributed/heartbeat.cpp): g++ tests on forked processes.
+$(BUILD)/test_stop_signals: test/test_stop_signals.cpp distributed/stop_signals.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_stop_signals.cpp -o $@
+
+$(BUILD)/test_heartbeat: test/test_heartbeat.cpp distributed/heartbeat.cpp distributed/heartbeat.h distributed/stop_signals.h kernels/die.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_heartbeat.cpp distributed/heartbeat.cpp -o $@
+
+$(BUILD)/test_mesh_nccl: test/test_mesh_nccl.cu $(GPU_CODE_STAMP) distributed/mesh.h distributed/process_group.h distributed/heartbeat.h $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_mesh_nccl.cu $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
@@ -106,6 +116,10 @@ $(BUILD)/bench_attention: bench/bench_attention.cu bench/bench_util.h $(KERNELS)
 
 $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_memory_bound.cu $(CUDA_LIBS) -o $@
+
+# ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
+$(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_adamw_cpu.cpp -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
@@ -121,6 +135,34 @@ $(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/che
 
 $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_tensor_parallel_layers.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+# Fuzzing (test/fuzz/): a libFuzzer harness per parser of outside input, built with clang++ (FUZZ_CXX) under
+# AddressSanitizer and UndefinedBehaviorSanitizer, with die() throwing (kernels/die.h). `make fuzz` builds them and
+# runs each for FUZZ_SECONDS (the Python safetensors reader's fuzz loop too); `make test`'s suite fuzz runs them for
+# 10 s each.
+FUZZ_CXX ?= clang++
+FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDIE_THROWS -I.
+FUZZ_SECONDS ?= 60
+FUZZ_HARNESSES = shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
+FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
+FUZZ_HDRS = test/fuzz/fuzz_util.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
+            distributed/pipeline_schedule.h train_options.h
+
+fuzz-build: $(FUZZ_HARNESSES:%=$(BUILD)/fuzz/fuzz_%)
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash test/fuzz/run_fuzz.sh
+
+$(BUILD)/fuzz:
+	mkdir -p $@
+
+# the dataloader objects are kept (a pattern rule's intermediates would be deleted after each build)
+.PRECIOUS: $(BUILD)/fuzz/dataloader_%.o
+$(BUILD)/fuzz/dataloader_%.o: dataloader/%.cpp $(DATALOADER_HDRS) | $(BUILD)/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/fuzz_%: test/fuzz/fuzz_%.cpp $(FUZZ_HDRS) $(FUZZ_DATALOADER_OBJS) | $(BUILD)/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_DATALOADER_OBJS) -o $@
 
 # `make test`: the quick tier (TEST_TIER=quick, test/run_tests.sh); `make test-full`: every check. Both build `all`
 # and `tests` first, with one job per core unless make was given -j. SUITES="kernels attention ..." runs only the

@@ -4,8 +4,9 @@
 //      sampler is model/sampling.cuh), the HellaSwag evaluation
 //   2. the set-up steps, each called once by train(): the step's shape, the pipeline's stages, the data, the
 //      checkpoint to resume, the memory plan and allocation, the starting parameters, the step log
-//   3. one training step, the work between steps (evaluation, samples, checkpoints), and train() itself
-//   4. main(): parse and validate the flags (train_options.h), then train or generate
+//   3. one training step, the work between steps (evaluation, samples, checkpoints), the stop for a signal, and
+//      train() itself
+//   4. main(): take the stop signals, parse and validate the flags (train_options.h), then train or generate
 // What it leaves to others: the flags to train_options.h; the model, its memory plan, initial values, losses and
 // files to model/; the kernels to kernels/ (one file per layer); the parallel modes to distributed/; data loading
 // and the tokenizer to dataloader/. Tests include this file with TESTING defined, which leaves out main().
@@ -24,7 +25,8 @@
 #include "dataloader/hellaswag.h"    // defines: HellaSwagBatcher (packing and scoring the HellaSwag eval)
 #include "kernels/common.cuh"              // defines: die (kernels/die.h), cudaCheck, the precisions and packed loads
 #include "kernels/matmul.cuh"             // defines: matmul_setup, matmul_teardown, matmul_context (cuBLASLt handle, autotuning)
-#include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap)
+#include "distributed/process_group.h"    // defines: ProcessGroup (ranks, NCCL communicator, bootstrap, heartbeats)
+#include "distributed/stop_signals.h"     // defines: install_stop_signals, accept_stop_requests, stop_signal_received, kExitStopped
 #include "distributed/mesh.h"             // defines: MeshShape, ProcessMesh (rank arithmetic; tp, pp, dp communicators)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
 #include "distributed/pipeline_schedule.h"  // defines: make_pipeline_schedule (1F1B, interleaved), pipeline_layer_split
@@ -245,11 +247,11 @@ static RunData open_data(const Options& o, const RunShape& run, const MeshCoord&
     return data;
 }
 
-// The step of the newest checkpoint in --output-dir to continue from (--resume 1), or -1. It must hold this model in
-// this precision; its mesh and ZeRO stage may differ (checkpoint.cuh reshards).
+// The step of the newest whole checkpoint in --output-dir to continue from (--resume 1; damaged ones are skipped), or
+// -1. It must hold this model in this precision; its mesh and ZeRO stage may differ (checkpoint.cuh reshards).
 template <typename floatX>
 int checkpoint_to_resume(const Options& o, const ModelConfig& config, FILE* out) {
-    const int step = o.resume ? latest_checkpoint(o.output_dir) : -1;
+    const int step = o.resume ? newest_whole_checkpoint(o.output_dir, out) : -1;
     if (step >= 0) {
         const std::string problem = resume_problem(o.output_dir, step, config, PrecisionOf<floatX>::value);
         if (!problem.empty()) die(problem);
@@ -357,7 +359,8 @@ int start_parameters(FILE* out, GPT2<floatX>& model, DataLoader& train_data, con
 }
 
 // One training step: the step's micro-batches forward and backward (through the pipeline's schedule with several
-// stages, which takes all of them at once), then the optimizer, with one wait for the GPU.
+// stages, which takes all of them at once), then the optimizer, with one wait for the GPU. A stop signal received by
+// then is this rank's vote to stop after the step; the report says whether any rank voted.
 template <typename floatX>
 StepReport train_step(GPT2<floatX>& model, PipelineParallel<GPT2<floatX>>* pipeline, DataLoader& data, const Options& o,
                       const StepShape& batch, int step, const AdamWHyper& h, double* data_seconds) {
@@ -388,7 +391,7 @@ StepReport train_step(GPT2<floatX>& model, PipelineParallel<GPT2<floatX>>* pipel
         model.backward(micro == m - 1);
     }
     model.training = false;
-    return model.step(h);
+    return model.step(h, stop_signal_received() != 0);
 }
 
 // The step log: one line per step on rank 0's stdout and, with --output-dir, in log.txt; MFU against the GPU's dense
@@ -465,6 +468,17 @@ struct StepLog {
     }
 };
 
+// The checkpoint of step `step` (every rank takes part), then the old ones that --keep-checkpoints no longer keeps.
+template <typename floatX>
+void save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, int step) {
+    save_checkpoint(o.output_dir, step, model, data.train->state());
+    fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
+    if (pg.is_main() && o.keep_checkpoints > 0)  // the new checkpoint is complete: its model file is written
+        for (int deleted : prune_checkpoints(o.output_dir, o.keep_checkpoints, o.keep_every))
+            fprintf(out, "deleted checkpoint %s (--keep-checkpoints %d%s)\n", checkpoint_path(o.output_dir, "model", deleted).c_str(),
+                    o.keep_checkpoints, o.keep_every > 0 ? (", --keep-every " + std::to_string(o.keep_every)).c_str() : "");
+}
+
 // Between steps, before step `step` (and after the last): HellaSwag and the validation loss every --val-every
 // steps, a sample every --sample-every, a checkpoint every --checkpoint-every (then the old ones pruned).
 template <typename floatX>
@@ -504,14 +518,7 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
         std::vector<int> tokens = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
         fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str());
     }
-    if (checkpoint) {
-        save_checkpoint(o.output_dir, step, model, data.train->state());
-        fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
-        if (pg.is_main() && o.keep_checkpoints > 0)  // the new checkpoint is complete: its model file is written
-            for (int deleted : prune_checkpoints(o.output_dir, o.keep_checkpoints, o.keep_every))
-                fprintf(out, "deleted checkpoint %s (--keep-checkpoints %d%s)\n", checkpoint_path(o.output_dir, "model", deleted).c_str(),
-                        o.keep_checkpoints, o.keep_every > 0 ? (", --keep-every " + std::to_string(o.keep_every)).c_str() : "");
-    }
+    if (checkpoint) save_and_prune(out, model, data, o, pg, step);
 }
 
 // Every rank saw the same norm (summed over all of them) and stops at the same step; rank 0 says why.
@@ -525,9 +532,34 @@ static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, i
                              : std::string("no checkpoint was written")));
 }
 
+// The stop for a signal (distributed/stop_signals.h), after the step `step` that every rank agreed to end with: the
+// checkpoint of that step where --output-dir is set (LoRA: its --lora-save and --lora-merge files), saved as
+// --checkpoint-every saves, and one line in the step log (and log.txt) saying which signal and what was saved. The
+// step loop reads the signal only between steps, so a checkpoint being written when it comes is finished first.
+template <typename floatX>
+void stop_for_signal(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, int step, int steps) {
+    model.trained().finish_update();  // the delayed update of `step` lands: the checkpoint holds it, no host thread outlives the run
+    std::string saved;
+    if (model.lora.enabled()) {
+        save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
+        saved = o.lora_save.empty() && o.lora_merge.empty() ? "nothing saved (LoRA runs keep no checkpoint; --lora-save keeps the adapters)"
+                                                            : "wrote the LoRA files (continue with --lora-load)";
+    } else if (!o.output_dir.empty()) {
+        save_and_prune(out, model, data, o, pg, step);
+        saved = "wrote checkpoint " + checkpoint_path(o.output_dir, "model", step) + " (continue with --resume 1)";
+    } else {
+        saved = "nothing saved (no --output-dir)";
+    }
+    const int sig = stop_signal_received();
+    const std::string why = sig != 0 ? signal_name(sig) : "a signal to another rank";
+    fprintf(out, "stopped by %s after step %d/%d: %s; exit status %d\n", why.c_str(), step, steps, saved.c_str(), kExitStopped);
+    if (log) fprintf(log, "# stopped by %s after step %d of %d: %s\n", why.c_str(), step, steps, saved.c_str());
+}
+
 // The recipe: set up (data, checkpoint to resume, GPU and mesh, model and memory plan, parameters, log), then the
-// loop (evaluate and save between steps; train a step; log it), then the end of the run (summary, LoRA files,
-// checksums). Every rank runs it; rank 0 reports.
+// loop (evaluate and save between steps; train a step; log it; stop there for a signal), then the end of the run
+// (summary, LoRA files, checksums). Every rank runs it; rank 0 reports. Returns the exit status: 0, or kExitStopped
+// after a stop for a signal (one during the last step changes nothing: the run ends as it would have).
 template <typename floatX>
 int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     const MeshCoord coord = mesh_coord(run.shape, pg.rank);
@@ -564,6 +596,8 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     log.print_peak(gpu);
 
     int skipped_in_a_row = 0;  // steps skipped for a non-finite loss or gradient norm, up to this one
+    int status = 0;
+    accept_stop_requests();
     for (int step = start_step; step <= steps; step++) {
         evaluate_and_save(out, log.file, model, data, o, pg, text, sample_prompt, hellaswag_items, step, start_step, steps);
         if (step == steps) break;
@@ -580,22 +614,31 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
                  stages.forecast);
         skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
         if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, step, skipped_in_a_row, r);
+        if (r.stop_requested && step + 1 < steps) {
+            stop_for_signal(out, log.file, model, data, o, pg, step + 1, steps);
+            status = kExitStopped;
+            break;
+        }
     }
 
-    log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
-    if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
-    if (pg.world > 1) print_parameter_checksums(model, pg.rank, run.shape, mesh);
+    if (status == 0) {
+        log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
+        if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
+        if (pg.world > 1) print_parameter_checksums(model, pg.rank, run.shape, mesh);
+    }
     if (out != stdout) fclose(out);
     matmul_teardown();
     mesh.destroy();
-    return 0;
+    return status;
 }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    install_stop_signals();  // first: every thread started from here on (MPI's, CUDA's, NCCL's, the data loader's) leaves them to it
     setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time also into a file or a pipe (launchers, Slurm), not at exit
     ProcessGroup pg = ProcessGroup::from_environment(&argc, &argv);
     const Options o = parse_options(argc, argv);
+    if (!o.verify_checkpoints.empty()) return verify_checkpoint_folder(o.verify_checkpoints, stdout);  // no GPU
     const RunShape run = validate_options(o, pg.world);  // every flag and shape error, before a GPU is touched
     int rc;
     if (o.generate > 0)

@@ -55,6 +55,7 @@ struct Options {
     int keep_checkpoints = 0;  // 0: keep every checkpoint
     int keep_every = 0;        // 0: no milestones
     int resume = 0;
+    std::string verify_checkpoints = "";  // a folder: check its checkpoints' files, print, exit (no GPU)
     int max_skipped_steps = 16;
     long seed = 1337;
     int shuffle = 1;  // a seeded random order, as llm.c and nanoGPT draw their windows
@@ -151,7 +152,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, at_least(0), "write a checkpoint every N steps (0: never)"},
         {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, at_least(0), "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
         {"--keep-every", nullptr, Flag::INT, &o.keep_every, at_least(0), "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
-        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the latest checkpoint in --output-dir (none there: start from scratch)"},
+        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the newest whole checkpoint in --output-dir (none there: start from scratch)"},
+        {"--verify-checkpoints", nullptr, Flag::STRING, &o.verify_checkpoints, anything(), "check every checkpoint in this folder (checksums, files present), print a line each and exit: 0 when the newest is whole; no GPU"},
         {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, at_least(0), "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
         {"--seed", nullptr, Flag::LONG, &o.seed, anything(), "seed for initialisation, shuffling, rounding and sampling"},
         {"--shuffle", nullptr, Flag::INT, &o.shuffle, kOffOn, "1: a seeded random order of shards and windows each epoch (--seed); 0: the files' order"},
@@ -350,6 +352,8 @@ inline RunShape validate_options(const Options& o, int world) {
         die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
         config = read_model_config(o.model);  // its shape and size; each rank reads its part later
+        const FileChecksum checksum = check_file_checksum(o.model);  // a damaged download or copy stops here
+        if (checksum.status == FileChecksum::kDamaged) die("--model " + checksum.problem);
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
             die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
     } else {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""PyTorch's own tensor and pipeline parallelism on train_gpt's GPT: the comparison of bench/bench_parallel.sh.
+"""PyTorch's own tensor and pipeline parallelism, and FSDP with CPU offload, on train_gpt's GPT: the comparisons of
+bench/bench_parallel.sh and of bench/bench_offload.sh's fsdp section.
 
-Started by torchrun, one process per GPU (all ranks form one tensor- or pipeline-parallel group). The model is
+Started by torchrun, one process per GPU (all ranks form one tensor-parallel, pipeline-parallel or FSDP group). The model is
 bench/bench_pytorch_gpt2.py's nanoGPT-style GPT (biases, tanh GELU, vocabulary padded to 50304) at any shape
 (--layers, --channels, --heads), bf16 autocast over fp32 parameters, fused AdamW (foreach where fused cannot take
 the parameters), gradient clipping at 1.0 over the whole model, random tokens, SDPA (cuDNN backend where it runs,
@@ -19,19 +20,32 @@ else flash), each block under torch.compile.
   (ScheduleInterleaved1F1B, --virtual-stages stages per rank, stage s on rank s % P), the layers split evenly over
   the stages, --microbatches micro-batches of --batch-size rows per step. The embedding and the LM head are not
   tied (they live on the first and the last stage).
+--mode fsdp: FullyShardedDataParallel (FSDP1) over all ranks, FULL_SHARD (one rank: NO_SHARD, as FSDP switches to it),
+  each block a unit, the embeddings, final LayerNorm and LM head the root's; MixedPrecision bf16 (parameters,
+  reduction, buffers) over fp32 parameters; --cpu-offload 1: CPUOffload(offload_params=True), the parameters, their
+  gradients and AdamW on the CPU. Each rank takes --microbatches micro-batches of --batch-size rows a step, all but
+  the last under no_sync() (FSDP accumulates gradients with CPU offload only there); gradient clipping by FSDP's
+  clip_grad_norm_. Eager (no torch.compile). FSDP's flat parameters are 1-D, so AdamW has one group, without weight
+  decay.
 
-Timing: CUDA events at the step boundaries of every rank, no host wait inside the loop; the median of the timed
-steps after --warmup steps (the first compiles); ms_per_step is the largest rank's median. tokens/s = tokens per
-step (B*T for tp, m*B*T for pp) / ms_per_step; MFU as train_gpt computes it, (6 x (parameters - wpe) + 12 L C T)
-FLOPs per token against 989 TFLOP/s per GPU; peak_mem_gib is the largest rank's torch.cuda.max_memory_allocated.
-Output (rank 0): RESULT tokens_per_s=... ms_per_step=... peak_mem_gib=... mfu=... mode=... (one line).
+Timing: CUDA events at the step boundaries of every rank, no host wait inside the loop (fsdp with CPU offload waits
+for its gradients on the host, as FSDP does); the median of the timed steps after --warmup steps (the first
+compiles); ms_per_step is the largest rank's median. tokens/s = tokens per step (B*T for tp, m*B*T for pp, m*B*T
+x ranks for fsdp) / ms_per_step; MFU as train_gpt computes it, (6 x (parameters - wpe) + 12 L C T) FLOPs per token
+against 989 TFLOP/s per GPU; peak_mem_gib is the largest rank's torch.cuda.max_memory_allocated, host_peak_gib the
+largest rank's peak resident host memory (ru_maxrss: pinned buffers included).
+Output (rank 0): RESULT tokens_per_s=... ms_per_step=... peak_mem_gib=... host_peak_gib=... mfu=... mode=... (one line).
 
   torchrun --nproc-per-node 4 bench/bench_pytorch_parallel.py --mode tp --layers 48 --channels 1600 --heads 25 -b 8
   torchrun --nproc-per-node 4 bench/bench_pytorch_parallel.py --mode pp --schedule interleaved --microbatches 16 ...
+  torchrun --nproc-per-node 1 bench/bench_pytorch_parallel.py --mode fsdp --cpu-offload 1 --layers 32 --channels 4096 \
+      --heads 32 -b 8 --microbatches 64
 """
 import argparse
+import contextlib
 import math
 import os
+import resource
 import statistics
 import sys
 import warnings
@@ -252,6 +266,36 @@ def build_pp(args, device, world, rank):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# FSDP (with CPU offload)
+
+def build_fsdp(args, device, world):
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    L, C, H, T, B, m = args.layers, args.channels, args.heads, args.seq_len, args.batch_size, args.microbatches
+    with torch.device(device):
+        model = GPT(L, C, H, max(1024, T))
+    bf16 = torch.bfloat16
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                 sharding_strategy=ShardingStrategy.NO_SHARD if world == 1 else ShardingStrategy.FULL_SHARD,
+                 mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
+                 cpu_offload=CPUOffload(offload_params=bool(args.cpu_offload)), device_id=device)
+
+    def loss_of(x, y):
+        """The step's m micro-batches of B rows, forward and backward, gradients synchronised after the last."""
+        total = torch.zeros((), device=device)
+        for k in range(m):
+            rows = slice(k * B, (k + 1) * B)
+            with model.no_sync() if k < m - 1 else contextlib.nullcontext():
+                loss = model(x[rows], y[rows])
+                (loss / m).backward()
+            total += loss.detach().float()
+        return total / m
+
+    return model, loss_of
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 def make_optimizer(params, lr, weight_decay, fused):
     """AdamW with nanoGPT's groups; DTensor and plain parameters in groups of their own (one fused call may not
@@ -273,7 +317,7 @@ def make_optimizer(params, lr, weight_decay, fused):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", required=True, choices=["tp", "pp"])
+    p.add_argument("--mode", required=True, choices=["tp", "pp", "fsdp"])
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--channels", type=int, default=1600)
     p.add_argument("--heads", type=int, default=25)
@@ -282,10 +326,12 @@ def main():
     p.add_argument("--sequence-parallel", type=int, default=0, choices=[0, 1])
     p.add_argument("--schedule", default="1f1b", choices=["1f1b", "interleaved"])
     p.add_argument("--virtual-stages", type=int, default=2, help="stages per rank for --schedule interleaved")
-    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--microbatches", type=int, default=8, help="pp: micro-batches a step; fsdp: micro-batches a rank a step")
+    p.add_argument("--cpu-offload", type=int, default=0, choices=[0, 1], help="fsdp: CPUOffload(offload_params=True)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (after the warm-up steps)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first; the first compiles (>= 1)")
-    p.add_argument("--compile", type=int, default=1, choices=[0, 1])
+    p.add_argument("--compile", type=int, default=None, choices=[0, 1],
+                   help="torch.compile each block (tp and pp; default 1); fsdp runs eager")
     p.add_argument("--backend", default="cudnn", choices=["flash", "cudnn"], help="SDPA backend (flash if cudnn cannot run)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--grad-clip", type=float, default=1.0)
@@ -298,6 +344,12 @@ def main():
            args.microbatches, args.virtual_stages) <= 0 or args.channels % args.heads:
         sys.exit("the sizes, --steps, --warmup, --microbatches and --virtual-stages must be positive, and "
                  "--channels a multiple of --heads")
+    if args.mode == "fsdp" and args.compile:
+        sys.exit("--mode fsdp runs eager: --compile applies to tp and pp")
+    if args.cpu_offload and args.mode != "fsdp":
+        sys.exit("--cpu-offload 1 applies to --mode fsdp")
+    if args.compile is None:
+        args.compile = 0 if args.mode == "fsdp" else 1
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if args.one_gpu:  # read by NCCL when the process group starts
@@ -321,7 +373,7 @@ def main():
         backend = "flash"
     torch.manual_seed(args.seed)
 
-    rows = B * args.microbatches if args.mode == "pp" else B
+    rows = B * args.microbatches if args.mode in ("pp", "fsdp") else B
     g = torch.Generator(device=device)
     g.manual_seed(args.seed)  # the same tokens on every rank
     steps = args.warmup + args.steps
@@ -332,18 +384,30 @@ def main():
         params = [q for q in model.parameters() if q.requires_grad]
         group = mesh.get_group()
         what = f"tp {world}{' + sequence parallel' if args.sequence_parallel else ''}"
-    else:
+    elif args.mode == "pp":
         modules, loss_of = build_pp(args, device, world, rank)
         params = [q for m in modules for q in m.parameters()]
         group = dist.group.WORLD
         what = f"pp {world} {args.schedule}" + (f" x{args.virtual_stages}" if args.schedule == "interleaved" else "") + \
                f", {args.microbatches} micro-batches"
+    else:
+        model, loss_of = build_fsdp(args, device, world)
+        params = list(model.parameters())
+        what = (f"FSDP {'NO_SHARD' if world == 1 else 'FULL_SHARD'} over {world}, bf16 mixed precision"
+                f"{', CPU offload' if args.cpu_offload else ''}, {args.microbatches} micro-batches a rank")
     if rank == 0:
         print(f"PyTorch {what}: GPT L={L} C={C} H={H}, B={B} T={T}, SDPA {backend}, compile {args.compile}; "
               f"torch {torch.__version__}, {world} x {torch.cuda.get_device_name(device)}", flush=True)
 
     fused = True
-    optimizer = make_optimizer(params, args.lr, 0.1, fused)
+    try:  # a torch without the fused AdamW on the CPU refuses FSDP's offloaded parameters here
+        optimizer = make_optimizer(params, args.lr, 0.1, fused)
+    except (RuntimeError, ValueError) as e:
+        if rank == 0:
+            print(f"fused AdamW cannot take these parameters ({type(e).__name__}: {str(e).splitlines()[0][:120]}): "
+                  f"foreach AdamW", flush=True)
+        fused = False
+        optimizer = make_optimizer(params, args.lr, 0.1, fused)
 
     def train_step(i):
         nonlocal optimizer, fused
@@ -355,11 +419,15 @@ def main():
             if args.sequence_parallel:
                 dist.all_reduce(model.transformer.wpe.weight.grad, group=group)
             sq = tp_grad_norm_sq(params, group, device)
+        elif args.mode == "fsdp":  # FSDP's own clipping, over its sharded (with offload, host) gradients
+            sq = None
+            if args.grad_clip > 0:
+                model.clip_grad_norm_(args.grad_clip)
         else:
             grads = [q.grad for q in params if q.grad is not None]
             sq = torch.stack([n.float() for n in torch._foreach_norm(grads)]).pow(2).sum()
             dist.all_reduce(sq, group=group)
-        if args.grad_clip > 0:  # on the local tensors: DTensor ops refuse a plain coefficient tensor
+        if args.grad_clip > 0 and sq is not None:  # on the local tensors: DTensor ops refuse a plain coefficient tensor
             coef = torch.clamp(args.grad_clip / (sq.sqrt() + 1e-6), max=1.0)
             local = [q.grad.to_local() if hasattr(q.grad, "to_local") else q.grad for q in params if q.grad is not None]
             torch._foreach_mul_(local, coef)
@@ -393,12 +461,13 @@ def main():
     torch.cuda.synchronize(device)
     ms = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(args.steps))
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
-    stats = torch.tensor([ms, peak], device=device)
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+    stats = torch.tensor([ms, peak, host_peak], device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     loss_values = torch.stack(losses).float()
     dist.all_reduce(loss_values, op=dist.ReduceOp.MAX)  # pp: only the last stage's are not zero
-    ms, peak = stats.tolist()
-    tokens = rows * T
+    ms, peak, host_peak = stats.tolist()
+    tokens = rows * T * (world if args.mode == "fsdp" else 1)
     tok_s = tokens / (ms / 1000.0)
     mfu = 100.0 * flops_per_token(L, C, T) * tok_s / (PEAK_FLOPS * world)
     if rank == 0:
@@ -408,9 +477,10 @@ def main():
             print("non-finite loss", flush=True)
             dist.destroy_process_group()
             return 1
-        print(f"RESULT tokens_per_s={tok_s:.1f} ms_per_step={ms:.3f} peak_mem_gib={peak:.3f} mfu={mfu:.1f} "
-              f"mode={args.mode} world={world} sp={args.sequence_parallel} schedule={args.schedule} "
-              f"microbatches={args.microbatches if args.mode == 'pp' else 1} backend={backend} "
+        print(f"RESULT tokens_per_s={tok_s:.1f} ms_per_step={ms:.3f} peak_mem_gib={peak:.3f} host_peak_gib={host_peak:.2f} "
+              f"mfu={mfu:.1f} mode={args.mode} world={world} sp={args.sequence_parallel} schedule={args.schedule} "
+              f"microbatches={args.microbatches if args.mode in ('pp', 'fsdp') else 1} cpu_offload={args.cpu_offload} "
+              f"backend={backend} "
               f"optimizer={'fused' if fused else 'foreach'}", flush=True)
     dist.destroy_process_group()
     return 0

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <stdexcept>
 
@@ -47,7 +48,8 @@ TextFileReader::TextFileReader(const std::string& path) : path_(path) {
 
 // posix_spawnp rather than fork + exec: nothing runs in the child between the two, so it is safe in a program
 // with threads (prepare_shards tokenizes on several). xz's stderr goes to a pipe of its own so that its message
-// can be reported with the file's name if it fails.
+// can be reported with the file's name if it fails. xz starts with no signal blocked: train_gpt blocks its stop
+// signals in every thread (distributed/stop_signals.h), and a child would inherit that.
 void TextFileReader::start_xz() {
     int out_pipe[2], err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
@@ -61,11 +63,18 @@ void TextFileReader::start_xz() {
     posix_spawn_file_actions_adddup2(&actions, file_fd_, STDIN_FILENO);  // dup2 clears O_CLOEXEC
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
     char arg0[] = "xz", arg1[] = "-dc";
     char* argv[] = {arg0, arg1, nullptr};
     pid_t pid;
-    int rc = posix_spawnp(&pid, "xz", &actions, nullptr, argv, environ);
+    int rc = posix_spawnp(&pid, "xz", &actions, &attributes, argv, environ);
     posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
     if (rc != 0) {

@@ -477,7 +477,8 @@ TokenDecoder TokenDecoder::load_llmc(const std::string& path) {
     int eot = header[1] == 2 ? static_cast<int>(header[3]) : 50256;
     if (eot < 0 || static_cast<uint32_t>(eot) >= vocab) fail("eot id " + std::to_string(eot) + " >= vocab size");
     std::vector<std::string> tokens;
-    tokens.reserve(vocab);
+    // no more than the file can hold (2 bytes a token at least): a corrupt count must not reserve gigabytes
+    tokens.reserve(std::min<size_t>(vocab, (data.size() - kLlmcHeaderWords * 4) / 2));
     size_t pos = kLlmcHeaderWords * 4;
     for (uint32_t i = 0; i < vocab; ++i) {
         if (pos >= data.size()) fail("truncated at token " + std::to_string(i));

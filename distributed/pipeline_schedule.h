@@ -56,16 +56,24 @@ inline std::string layers_problem(int layers, int P, int v) {
 
 }  // namespace pipeline_detail
 
+// The most micro-batches a step of a pipeline runs: the schedule lists every one of them on every stage, and the
+// balanced split simulates the step once per candidate split (4096 covers a 4M-token batch of single 1024-token rows).
+constexpr int kMaxPipelineMicroBatches = 4096;
+
 // "" when the schedule can run P stages, m micro-batches, v model chunks per rank and `layers` transformer
-// layers; otherwise one line naming the flags and values. 1F1B runs any m >= 1 (m < P is allowed but leaves
-// each stage idle for most of the step: the bubble is (P-1)/(m+P-1)). The interleaved schedule hands out
-// micro-batches in groups of P per chunk, so it needs m to be a multiple of P.
+// layers; otherwise one line naming the flags and values. 1F1B runs any m in 1..kMaxPipelineMicroBatches (m < P
+// is allowed but leaves each stage idle for most of the step: the bubble is (P-1)/(m+P-1)). The interleaved
+// schedule hands out micro-batches in groups of P per chunk, so it needs m to be a multiple of P.
 inline std::string pipeline_schedule_problem(PipelineScheduleKind kind, int P, int m, int v, int layers) {
     if (P < 1) return "--pipeline-parallel " + std::to_string(P) + " must be at least 1";
     if (v < 1) return "--virtual-stages " + std::to_string(v) + " must be at least 1";
     if (m < 1)
         return "--pipeline-parallel " + std::to_string(P) + " needs at least 1 micro-batch (gradient-accumulation step), not " +
                std::to_string(m);
+    if (m > kMaxPipelineMicroBatches)
+        return "--pipeline-parallel " + std::to_string(P) + " runs at most " + std::to_string(kMaxPipelineMicroBatches) +
+               " micro-batches (gradient-accumulation steps) a step, not " + std::to_string(m) +
+               ": raise --batch-size or lower --total-batch-tokens";
     if (kind == PipelineScheduleKind::kOneFOneB && v != 1)
         return "--virtual-stages " + std::to_string(v) + " needs --pipeline-schedule interleaved (1f1b runs one model chunk per stage)";
     if (kind == PipelineScheduleKind::kInterleaved) {

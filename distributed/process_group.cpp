@@ -1,6 +1,7 @@
 // Process bootstrap (MPI, Slurm or plain environment), NCCL unique-id exchange (MPI, shared file or TCP),
 // and deadline-guarded waits. See process_group.h.
 #include "process_group.h"
+#include "heartbeat.h"
 #include "../kernels/die.h"
 
 #include <arpa/inet.h>
@@ -35,7 +36,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 // Ends the process if `done` is not set within the deadline: covers calls that block inside NCCL or the
-// bootstrap, where no error would ever come back.
+// bootstrap, where no error would ever come back. An empty `what` ends it without a line: the error is out already.
 class Watchdog {
 public:
     Watchdog(int seconds, std::string what) : what_(std::move(what)) {
@@ -43,7 +44,7 @@ public:
             const auto start = std::chrono::steady_clock::now();
             while (!done_.load()) {
                 if (seconds_since(start) > seconds) {
-                    print_error(what_ + " did not finish within " + std::to_string(seconds) + " s (a rank failed or is missing)");
+                    if (!what_.empty()) print_error(what_ + " did not finish within " + std::to_string(seconds) + " s (a rank failed or is missing)");
                     _exit(EXIT_FAILURE);
                 }
                 std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -59,6 +60,12 @@ private:
     std::string what_;
     std::atomic<bool> done_{false};
     std::thread thread_;
+};
+
+// What rank 0 hands the others at start: the NCCL id, and where it listens for their heartbeats.
+struct Rendezvous {
+    ncclUniqueId id;
+    HeartbeatAddress heartbeat;
 };
 
 void send_all(int fd, const void* data, size_t bytes) {
@@ -81,9 +88,9 @@ void receive_all(int fd, void* data, size_t bytes) {
     }
 }
 
-// Rank 0 serves the id to world-1 connections on MASTER_PORT; the others connect to MASTER_ADDR:MASTER_PORT,
+// Rank 0 serves the rendezvous to world-1 connections on MASTER_PORT; the others connect to MASTER_ADDR:MASTER_PORT,
 // retrying until rank 0 listens.
-void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
+void exchange_rendezvous_tcp(Rendezvous& rendezvous, int rank, int world) {
     const char* address = getenv("MASTER_ADDR");
     const char* port = getenv("MASTER_PORT");
     if (!address || !port)
@@ -101,7 +108,7 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
         for (int i = 1; i < world; i++) {
             int client = accept(server, nullptr, nullptr);
             if (client < 0) die(std::string("NCCL id bootstrap: accept failed: ") + strerror(errno));
-            send_all(client, &id, sizeof(id));
+            send_all(client, &rendezvous, sizeof(rendezvous));
             close(client);
         }
         close(server);
@@ -115,7 +122,7 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
     for (;;) {  // the watchdog bounds this loop
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (connect(fd, result->ai_addr, result->ai_addrlen) == 0) {
-            receive_all(fd, &id, sizeof(id));
+            receive_all(fd, &rendezvous, sizeof(rendezvous));
             close(fd);
             break;
         }
@@ -125,23 +132,23 @@ void exchange_id_tcp(ncclUniqueId& id, int rank, int world) {
     freeaddrinfo(result);
 }
 
-// Rank 0 writes the id to a temporary name and renames it (readers never see half a file); the others
+// Rank 0 writes the rendezvous to a temporary name and renames it (readers never see half a file); the others
 // wait for it. The file must not exist beforehand: a stale id would connect to nobody.
-void exchange_id_file(ncclUniqueId& id, int rank, const std::string& path) {
+void exchange_rendezvous_file(Rendezvous& rendezvous, int rank, const std::string& path) {
     if (rank == 0) {
         struct stat st;
         if (stat(path.c_str(), &st) == 0)
             die(path + ": --nccl-init-file already exists (left by an earlier job?): remove it or use a new name");
         const std::string tmp = path + ".tmp";
         FILE* f = fopen(tmp.c_str(), "wb");
-        if (!f || fwrite(&id, sizeof(id), 1, f) != 1 || fclose(f) != 0 || rename(tmp.c_str(), path.c_str()) != 0)
+        if (!f || fwrite(&rendezvous, sizeof(rendezvous), 1, f) != 1 || fclose(f) != 0 || rename(tmp.c_str(), path.c_str()) != 0)
             die(path + ": cannot write the NCCL id: " + strerror(errno));
         return;
     }
     for (;;) {  // the watchdog bounds this loop
         FILE* f = fopen(path.c_str(), "rb");
         if (f) {
-            const bool ok = fread(&id, sizeof(id), 1, f) == 1;
+            const bool ok = fread(&rendezvous, sizeof(rendezvous), 1, f) == 1;
             fclose(f);
             if (ok) return;
         }
@@ -208,19 +215,25 @@ void ProcessGroup::connect(const ProcessGroupOptions& options) {
     // default on NVLink, 32 channels a peer, made the 6.6B GPT's interleaved pp 2 schedule 3.5% slower (docs/perf.md).
     setenv("NCCL_MAX_P2P_NCHANNELS", "1", 0);
     Watchdog watchdog(options.timeout_seconds, "connecting " + std::to_string(world) + " ranks (" + launcher + ")");
-    ncclUniqueId id;
-    if (rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    Rendezvous rendezvous;
+    if (rank == 0) {
+        ncclCheck(ncclGetUniqueId(&rendezvous.id));
+        rendezvous.heartbeat = heartbeat_listen();
+    }
+    const bool tcp = !use_mpi_ && options.init_file.empty();
     if (use_mpi_) {
 #ifdef USE_MPI
-        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+        MPI_Bcast(&rendezvous, sizeof(rendezvous), MPI_BYTE, 0, MPI_COMM_WORLD);
 #endif
-    } else if (!options.init_file.empty()) {
-        exchange_id_file(id, rank, options.init_file);
+    } else if (!tcp) {
+        exchange_rendezvous_file(rendezvous, rank, options.init_file);
     } else {
-        exchange_id_tcp(id, rank, world);
+        exchange_rendezvous_tcp(rendezvous, rank, world);
     }
-    ncclCheck(ncclCommInitRank(&comm, world, id, rank));
+    ncclCheck(ncclCommInitRank(&comm, world, rendezvous.id, rank));
     communicators_ = {{comm, "world"}};
+    // the heartbeats go where the id came from: MASTER_ADDR, which every rank reaches, or rank 0's host name
+    heartbeat_start(rank, world, tcp ? getenv("MASTER_ADDR") : rendezvous.heartbeat.host, rendezvous.heartbeat.port, options.timeout_seconds);
 }
 
 ncclComm_t ProcessGroup::split(int color, int key, const std::string& name) {
@@ -257,22 +270,34 @@ void ProcessGroup::destroy() {
 }
 
 namespace {
-// Ends the process after a failed or overdue collective. The message comes first: ncclCommAbort can itself
-// block behind a wedged kernel, so a watchdog bounds the aborts; _exit skips CUDA's teardown of a context
-// whose stream will never drain. Every communicator is aborted, so no peer stays blocked in any of them.
-[[noreturn]] void fail_collective(const std::vector<ProcessGroup::NamedCommunicator>& comms, const std::string& message) {
+// Ends the process with `message`. The message comes first: ncclCommAbort can itself block behind a wedged kernel,
+// so a watchdog bounds the aborts; _exit skips CUDA's teardown of a context whose stream will never drain. Every
+// communicator is aborted, so no peer stays blocked in any of them. Where the heartbeat thread is already ending
+// the process (with its own line), this one waits for it.
+[[noreturn]] void end_process(const std::vector<ProcessGroup::NamedCommunicator>& comms, const std::string& message) {
+    if (!claim_process_end())
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     print_error(message);
     {
-        Watchdog guard(10, "aborting the NCCL communicators");
+        Watchdog guard(10, "");  // an abort can block behind kernels of a dead peer's communicators on the same GPU
         for (auto it = comms.rbegin(); it != comms.rend(); ++it) ncclCommAbort(it->comm);  // split ones first
     }
     _exit(EXIT_FAILURE);
 }
 
+// After a failed or overdue collective: what went wrong, and which rank caused it where the heartbeats know or
+// learn it within 3 s (a killed peer's connection closes at once; a stopped one's silence reaches the timeout
+// about when the collective's deadline does); `unknown` otherwise.
+[[noreturn]] void fail_collective(const std::vector<ProcessGroup::NamedCommunicator>& comms, int rank, const std::string& what,
+                                  const std::string& unknown) {
+    const std::string verdict = heartbeat_wait_for_verdict(3.0);
+    end_process(comms, "rank " + std::to_string(rank) + ": " + what + ": " + (verdict.empty() ? unknown : verdict));
+}
+
 // Waits for a stream or an event. Without communicators (world == 1) `block` waits (cudaStreamSynchronize /
 // cudaEventSynchronize); with them, `done` (cudaStreamQuery / cudaEventQuery) is polled until it succeeds
-// while every communicator's errors and the deadline are checked: a collective in progress on any group can
-// be the one a dead peer never completes.
+// while every communicator's errors, the heartbeats' verdict and the deadline are checked: a collective in
+// progress on any group can be the one a dead or stopped peer never completes.
 template <typename Query, typename Block>
 void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup::NamedCommunicator>& comms, int rank,
                         int timeout_seconds) {
@@ -290,12 +315,14 @@ void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup:
             ncclResult_t async_error;
             ncclCheck(ncclCommGetAsyncError(c.comm, &async_error));
             if (async_error != ncclSuccess && async_error != ncclInProgress)
-                fail_collective(comms, "rank " + std::to_string(rank) + ": NCCL failed (" + ncclGetErrorString(async_error) +
-                                           ") in the " + c.name + " communicator: a peer rank died or lost its connection");
+                fail_collective(comms, rank, std::string("NCCL failed (") + ncclGetErrorString(async_error) + ") in the " + c.name + " communicator",
+                                "a peer rank died or lost its connection");
         }
+        const std::string verdict = heartbeat_verdict();
+        if (!verdict.empty()) end_process(comms, "rank " + std::to_string(rank) + ": " + verdict);
         if (seconds_since(start) > timeout_seconds)
-            fail_collective(comms, "rank " + std::to_string(rank) + ": a collective did not finish within " +
-                                       std::to_string(timeout_seconds) + " s (--nccl-timeout): a peer rank failed or hangs");
+            fail_collective(comms, rank, "a collective did not finish within " + std::to_string(timeout_seconds) + " s (--nccl-timeout)",
+                            "a peer rank failed or hangs");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }

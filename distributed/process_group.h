@@ -10,9 +10,11 @@
 // covers several nodes. A single process (world size 1) needs none of this and creates no communicator.
 //
 // Every NCCL call is checked; waits on collectives have a deadline (--nccl-timeout), so a rank that died
-// or hangs ends the job with a message instead of hanging it. ProcessGroup owns every communicator: the
-// world's, and those split from it for the process mesh's groups (distributed/mesh.h); each wait polls all
-// of them for errors, and a failure or an overdue wait aborts all of them.
+// or hangs ends the job with a message instead of hanging it. Beside NCCL the ranks exchange heartbeats with
+// rank 0 (heartbeat.h: its address travels with the NCCL id), which name a rank that was killed, failed or went
+// silent (SIGSTOP) in that message. ProcessGroup owns every communicator: the world's, and those split from it for
+// the process mesh's groups (distributed/mesh.h); each wait polls all of them for errors, and a failure, a
+// heartbeat verdict or an overdue wait aborts all of them.
 #pragma once
 #include <string>
 #include <vector>
@@ -24,7 +26,7 @@ void nccl_check(ncclResult_t result, const char* file, int line);
 
 struct ProcessGroupOptions {
     std::string init_file;      // shared-file bootstrap of the NCCL id (empty: TCP or MPI)
-    int timeout_seconds = 600;  // deadline for bootstrap and for every wait on a collective
+    int timeout_seconds = 600;  // deadline for bootstrap and for every wait on a collective; a peer's heartbeat silence
 };
 
 class ProcessGroup {

@@ -124,8 +124,9 @@ public:
     static constexpr bool kHasMaster = !std::is_same<floatX, float>::value;
 
     struct StepResult {
-        float grad_norm;  // of the unscaled gradients, before clipping
-        bool skipped;     // non-finite gradients: no update
+        float grad_norm;      // of the unscaled gradients, before clipping
+        bool skipped;         // non-finite gradients: no update
+        bool stop_requested;  // a rank asked to stop after this step (step()'s stop_votes): every rank learns the same
     };
     // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale`
     // before backward; a step whose gradients hold inf/NaN is skipped and the scale halved; after
@@ -296,9 +297,9 @@ public:
             cudaCheck(cudaMemset(adam_m_, 0, n * sizeof(float)));
             cudaCheck(cudaMemset(adam_v_, 0, n * sizeof(float)));
         }
-        cudaCheck(cudaMalloc(&norm_, sizeof(float)));
+        cudaCheck(cudaMalloc(&norm_, 2 * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
-        cudaCheck(cudaMallocHost(&norm_host_, sizeof(float)));
+        cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
         for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
                         &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_,
@@ -499,11 +500,14 @@ public:
     // the log and updates the fp16 loss scale (which the next step's backward uses). h.grad_clip clips; its
     // loss_scale is replaced by the scaler's. nonfinite_loss (device, 0 or NaN, the same on every rank) is added
     // to the squared norm: a non-finite loss skips the step in every precision, as a non-finite gradient does.
+    // stop_votes (device: the stop votes of the ranks whose losses this rank gathered, model/loss.h) travels beside
+    // the squared norm through its reductions, which cover the tensor-parallel group that the losses' gathering
+    // leaves out: every rank of the mesh ends with the same verdict, at no extra collective.
     // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (update_on_host), then
     // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step). Under the delayed
     // update the step enqueues the norm and the gradients' copies down, then lands the last step's update if it is
     // still running (land_update); finish_step() starts this step's update on the host thread.
-    void step(AdamWHyper h, const float* nonfinite_loss = nullptr) {
+    void step(AdamWHyper h, const float* nonfinite_loss = nullptr, const float* stop_votes = nullptr) {
         if (!trainable_) {
             die("internal: optimizer step on frozen parameters");
         }
@@ -527,14 +531,17 @@ public:
         } else {
             global_norm_squared(norm_, grad_shards_, (long)plan_.local_total, norm_scratch_, compute_);
         }
+        // [1]: the stop votes, summed with the squares
+        if (stop_votes != nullptr) cudaCheck(cudaMemcpyAsync(norm_ + 1, stop_votes, sizeof(float), cudaMemcpyDeviceToDevice, compute_));
+        else cudaCheck(cudaMemsetAsync(norm_ + 1, 0, sizeof(float), compute_));
         // the squares summed over the data-parallel shards, then over the tensor-parallel slices and the pipeline
         // stages: every rank gets the same sum, so every rank takes the same clipping and skip decisions
-        if (stage_ >= 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, data_.comm, compute_));
-        if (tensor_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, tensor_.comm, compute_));
-        if (pipeline_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 1, ncclFloat32, ncclSum, pipeline_.comm, compute_));
+        if (stage_ >= 1) ncclCheck(ncclAllReduce(norm_, norm_, 2, ncclFloat32, ncclSum, data_.comm, compute_));
+        if (tensor_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 2, ncclFloat32, ncclSum, tensor_.comm, compute_));
+        if (pipeline_.size > 1) ncclCheck(ncclAllReduce(norm_, norm_, 2, ncclFloat32, ncclSum, pipeline_.comm, compute_));
         if (nonfinite_loss != nullptr) add_to_scalar(norm_, nonfinite_loss, compute_);
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
-        cudaCheck(cudaMemcpyAsync(norm_host_, norm_, sizeof(float), cudaMemcpyDeviceToHost, compute_));
+        cudaCheck(cudaMemcpyAsync(norm_host_, norm_, 2 * sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
         step_hyper_ = h;
         if (offload_delayed_) {  // each gradient tile goes down once the last update has read its host tile
@@ -564,8 +571,9 @@ public:
     // whether it was skipped, and the loss-scale update that follows from it. Under the delayed update it starts the
     // step's update on the host thread (unless skipped), and lands it at once unless delay_update() allows it to run on.
     StepResult finish_step() {
-        const float norm = sqrtf(*norm_host_) / step_hyper_.loss_scale;
-        const bool skipped = adamw_grad_scale(*norm_host_, step_hyper_) == 0.0f;  // the kernels' own test: they skipped the step
+        const float norm = sqrtf(norm_host_[0]) / step_hyper_.loss_scale;
+        const bool stop = norm_host_[1] > 0.0f;
+        const bool skipped = adamw_grad_scale(norm_host_[0], step_hyper_) == 0.0f;  // the kernels' own test: they skipped the step
         if (skipped) {
             scaler.skipped_steps++;
             scaler.clean_steps = 0;
@@ -575,10 +583,10 @@ public:
             scaler.clean_steps = 0;
         }
         if (offload_delayed_ && !skipped) {
-            start_host_update(adamw_cpu::make_step(step_hyper_, *norm_host_));
+            start_host_update(adamw_cpu::make_step(step_hyper_, norm_host_[0]));
             if (!delay_update_) finish_update();
         }
-        return {norm, skipped};
+        return {norm, skipped, stop};
     }
 
     // ------------------------------------------------------------------------------------------
@@ -922,8 +930,8 @@ private:
     std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
     floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones
     float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;  // on the device, or under offload pinned on the host
-    float *norm_ = nullptr, *norm_scratch_ = nullptr;
-    float* norm_host_ = nullptr;  // pinned
+    float *norm_ = nullptr, *norm_scratch_ = nullptr;  // norm_: the squared gradient norm, then the stop votes
+    float* norm_host_ = nullptr;  // pinned: norm_'s copy
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
     cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};

@@ -1,7 +1,7 @@
 // Squared global L2 norm of the gradients, deterministic: a fixed grid writes one fp32 partial per block,
 // then one block adds the partials in order. The caller takes the square root (and, under data
 // parallelism, first sums the squares over ranks).
-// defines: global_norm_squared, global_norm_scratch_floats, nonfinite_flag, add_to_scalar
+// defines: global_norm_squared, global_norm_scratch_floats, nonfinite_flag, add_to_scalar, set_scalar, sum_strided
 #pragma once
 #include "common.cuh"
 
@@ -69,5 +69,23 @@ inline void nonfinite_flag(float* flag, const float* values, long n, cudaStream_
 __global__ void add_to_scalar_kernel(float* target, const float* term) { *target += *term; }
 inline void add_to_scalar(float* target, const float* term, cudaStream_t stream) {
     add_to_scalar_kernel<<<1, 1, 0, stream>>>(target, term);
+    cudaCheckLaunch();
+}
+
+// *target = value, in stream order (a host write would race the stream; a copy from pageable memory may wait for it).
+__global__ void set_scalar_kernel(float* target, float value) { *target = value; }
+inline void set_scalar(float* target, float value, cudaStream_t stream) {
+    set_scalar_kernel<<<1, 1, 0, stream>>>(target, value);
+    cudaCheckLaunch();
+}
+
+// *out = values[0] + values[stride] + ... (count terms, in order): the ranks' stop votes in the gathered losses.
+__global__ void sum_strided_kernel(float* out, const float* values, int count, long stride) {
+    float sum = 0.0f;
+    for (int i = 0; i < count; i++) sum += values[i * stride];
+    *out = sum;
+}
+inline void sum_strided(float* out, const float* values, int count, long stride, cudaStream_t stream) {
+    sum_strided_kernel<<<1, 1, 0, stream>>>(out, values, count, stride);
     cudaCheckLaunch();
 }

@@ -1,10 +1,9 @@
 // Checkpoints (docs/formats.md): the whole model as an llm.c model file and one optimizer-state file per rank,
-// written through temporary names and read back on any mesh and ZeRO stage; and the file utilities they use
-// (make_directories, write_file_atomically).
-// defines: kStateMagic, kStateVersion, checkpoint_path, state_path, complete_checkpoints, latest_checkpoint, prune_checkpoints,
-//          make_directories, write_file_atomically,
-//          StateHeader, write_state_file, read_state_header, SavedOptimizerState, read_optimizer_state, save_checkpoint,
-//          resume_problem, load_checkpoint, save_lora_outputs
+// written through temporary names and read back on any mesh and ZeRO stage, each file's checksum verified first.
+// The state files' format and reader are state_file.h's.
+// defines: checkpoint_path, complete_checkpoints, latest_checkpoint, prune_checkpoints, make_directories, write_state_file,
+//          CheckpointCheck, check_checkpoint, newest_whole_checkpoint, verify_checkpoint_folder, save_checkpoint, resume_problem,
+//          load_checkpoint, save_lora_outputs
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -12,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -27,6 +25,7 @@
 #include "../distributed/zero.cuh"         // ZeroOptimizer
 #include "config.h"                        // ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                    // read_model_file, write_model_file
+#include "state_file.h"                    // StateHeader, state_path, read_state_header, read_optimizer_state
 #include "gpt2.cuh"                        // GPT2
 #include "whole_model.cuh"                 // full_parameters_host
 
@@ -40,16 +39,9 @@
 // is reassembled into the whole model (unit by unit from the shards, slice by slice from the tensor-parallel
 // ranks) and cut into the new ranks' pieces.
 
-constexpr int kStateMagic = 20261126, kStateVersion = 4;  // 3: the writer's mesh (tensor parallelism); 4: its pipeline stage's part
-
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
     char name[64];
     snprintf(name, sizeof(name), "/%s_%08d.bin", kind, step);
-    return dir + name;
-}
-inline std::string state_path(const std::string& dir, int step, int rank) {
-    char name[64];
-    snprintf(name, sizeof(name), "/state_%08d_%05d.bin", step, rank);
     return dir + name;
 }
 
@@ -124,29 +116,8 @@ inline void make_directories(const std::string& dir) {
     }
 }
 
-inline void write_file_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
-    bool ok = true;
-    for (auto& part : parts) ok = ok && fwrite(part.first, 1, part.second, f) == part.second;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) die(tmp + ": write failed (disk full?)");
-    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
-}
-
-struct StateHeader {
-    int step, precision;
-    int data_parallel, tensor_parallel, pipeline_parallel, data_rank, tensor_rank, pipeline_rank;  // the writer's mesh and its place in it
-    int stage, has_master, clean_steps;
-    float loss_scale;
-    long long skipped_steps, optimizer_elements;
-};
-// The header's second half holds the writer's pipeline stage's part of the model (StageModel): first, last, the
-// number of blocks and their layer indices.
-constexpr int kStatePartOffset = 128, kStateMaxLayers = 256 - kStatePartOffset - 3;
-
-// One rank's state file: header, then its master weights (if kept), Adam m and v, and the data position.
+// One rank's state file: header (the CRC-32C of the file in its last ints), then its master weights (if kept), Adam m
+// and v, and the data position.
 inline void write_state_file(const std::string& path, const StateHeader& h, const StageModel& part, const std::vector<float>& master,
                              const std::vector<float>& m, const std::vector<float>& v, const DataLoaderState& data_state) {
     int header[256] = {};
@@ -162,116 +133,98 @@ inline void write_state_file(const std::string& path, const StateHeader& h, cons
     header[kStatePartOffset + 1] = part.last;
     header[kStatePartOffset + 2] = (int)part.layers.size();
     std::copy(part.layers.begin(), part.layers.end(), header + kStatePartOffset + 3);
-    write_file_atomically(path, {{header, sizeof(header)},
-                                 {master.data(), master.size() * sizeof(float)},
-                                 {m.data(), m.size() * sizeof(float)},
-                                 {v.data(), v.size() * sizeof(float)},
-                                 {&data_state, sizeof(data_state)}});
+    const FileParts parts = {{header, sizeof(header)},
+                             {master.data(), master.size() * sizeof(float)},
+                             {m.data(), m.size() * sizeof(float)},
+                             {v.data(), v.size() * sizeof(float)},
+                             {&data_state, sizeof(data_state)}};
+    seal_file_checksum(header, parts);
+    write_file_atomically(path, parts);
 }
 
-inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
+// Whether checkpoint `step` in `dir` is whole: its model file and every state file its writer wrote (the mesh and
+// stage in the first state file's header say which) are each read once and their checksums compared. `problem`:
+// the first damaged or missing file, in one line ("" when whole); `unchecked`: files that carry no checksum.
+struct CheckpointCheck {
+    std::string problem;
+    int files = 0, unchecked = 0;
+};
+inline CheckpointCheck check_checkpoint(const std::string& dir, int step) {
+    CheckpointCheck result;
+    auto verify = [&](const std::string& path) {
+        const FileChecksum c = check_file_checksum(path);
+        result.files++;
+        if (c.status == FileChecksum::kNone) result.unchecked++;
+        if (c.status == FileChecksum::kDamaged) result.problem = c.problem;
+        return result.problem.empty();
+    };
+    const std::string first = state_path(dir, step, 0);
+    if (!verify(checkpoint_path(dir, "model", step)) || !verify(first)) return result;
     int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256 || header[0] != kStateMagic)
-        die(path + ": not a train_gpt state file (bad magic)");
-    if (header[1] != kStateVersion || header[2] != (int)sizeof(StateHeader) || header[3] != (int)sizeof(DataLoaderState))
-        die(path + ": state file version " + std::to_string(header[1]) + " is not the supported " + std::to_string(kStateVersion));
+    FILE* f = fopen(first.c_str(), "rb");
+    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
+    if (f != nullptr) fclose(f);
+    result.problem = read ? state_header_problem(header, first) : first + ": not a train_gpt state file (bad magic)";
+    if (!result.problem.empty()) return result;
     StateHeader h;
     memcpy(&h, &header[4], sizeof(h));
-    const int blocks = header[kStatePartOffset + 2];
-    if (blocks < 1 || blocks > kStateMaxLayers) die(path + ": corrupt header (" + std::to_string(blocks) + " blocks)");
-    if (part != nullptr) {
-        part->first = header[kStatePartOffset] != 0;
-        part->last = header[kStatePartOffset + 1] != 0;
-        part->layers.assign(header + kStatePartOffset + 3, header + kStatePartOffset + 3 + blocks);
-    }
-    return h;
-}
-
-// The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as arrays in `part` (this rank's
-// layout: its pipeline stage's tensor-parallel slices `rank`, this run's padding). For each tensor-parallel rank
-// of the writer whose slices share elements with `part`, its data-parallel shards are put back together unit by
-// unit, then the shared elements go to their places in `part`. A rank so holds its part and one writer's, never
-// the whole model's state.
-struct SavedOptimizerState {
-    StateHeader header;               // rank 0's
-    std::vector<float> master, m, v;  // in `part`; master empty when the precision keeps none
-    DataLoaderState data_state;
-};
-inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& part, int tp_rank) {
-    SavedOptimizerState saved;
-    const std::string first = state_path(dir, step, 0);
-    FILE* f = fopen(first.c_str(), "rb");
-    if (f == nullptr) die(first + ": cannot open: " + strerror(errno));
-    saved.header = read_state_header(f, first);
-    fclose(f);
-    const StateHeader& s = saved.header;
     MeshShape writer;
-    writer.tp = s.tensor_parallel;
-    writer.pp = s.pipeline_parallel;
-    writer.dp = s.data_parallel;
-    const int files = s.stage >= 1 ? s.data_parallel : 1;  // at stage 0 data rank 0's file holds everything
-    std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
-    if (s.has_master) arrays.insert(arrays.begin(), &saved.master);
-    for (auto* a : arrays) a->assign(part.total, 0.0f);
-    const ParameterLayout whole(part.config);  // the frame in which the writer's slices and this rank's meet
-    const std::vector<LayoutRun> mine = sorted_full_runs(part, whole, tp_rank);
-    // from the last stage to the first: the first stage's tied wte (the same values) overwrites the last's copy
-    for (int p = writer.pp - 1; p >= 0; p--) {
-        for (int t = 0; t < s.tensor_parallel; t++) {
-            StageModel writer_part;
-            std::unique_ptr<ParameterLayout> slices;  // one writer rank's layout, from its header
-            std::vector<LayoutRun> shared;            // what it holds of `part`: `full` its offset, `local` this rank's
-            std::vector<std::vector<float>> local(arrays.size());
-            for (int d = 0; d < files; d++) {
+    writer.tp = h.tensor_parallel;
+    writer.pp = h.pipeline_parallel;
+    writer.dp = h.data_parallel;
+    for (int p = 0; p < writer.pp; p++)
+        for (int t = 0; t < writer.tp; t++)
+            for (int d = 0; d < (h.stage >= 1 ? writer.dp : 1); d++) {  // at stage 0 data rank 0 alone writes
                 MeshCoord coord;
                 coord.tp = t;
                 coord.pp = p;
                 coord.dp = d;
-                const int writer_rank = mesh_rank(writer, coord);
-                const std::string path = state_path(dir, step, writer_rank);
-                FILE* g = fopen(path.c_str(), "rb");
-                if (g == nullptr)
-                    die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
-                StageModel file_part;
-                const StateHeader h = read_state_header(g, path, &file_part);
-                if (d == 0) {
-                    writer_part = file_part;
-                    slices.reset(new ParameterLayout(part.config, 8 * s.data_parallel, s.tensor_parallel, writer_part));
-                    for_each_shared_run(sorted_full_runs(*slices, whole, t), mine,
-                                        [&](size_t at_writer, size_t at_part, size_t n) { shared.push_back({at_writer, at_part, n}); });
-                    if (!shared.empty())
-                        for (auto& a : local) a.assign(slices->total, 0.0f);
-                }
-                const size_t expected = s.stage >= 1 ? slices->total / s.data_parallel : slices->total;
-                if (h.data_parallel != s.data_parallel || h.tensor_parallel != s.tensor_parallel || h.pipeline_parallel != s.pipeline_parallel ||
-                    h.stage != s.stage || h.data_rank != d || h.tensor_rank != t || h.pipeline_rank != p || file_part.layers != writer_part.layers ||
-                    h.optimizer_elements != (long long)expected)
-                    die(path + ": does not belong with " + first);
-                if (!shared.empty()) {
-                    std::vector<float> buffer(expected);
-                    for (size_t k = 0; k < arrays.size(); k++) {
-                        if (fread(buffer.data(), sizeof(float), expected, g) != expected) die(path + ": truncated");
-                        size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
-                        for (int u = 0; u < slices->num_units(); u++) {
-                            const size_t slice = s.stage >= 1 ? slices->unit_size(u) / s.data_parallel : slices->unit_size(u);
-                            const size_t begin = s.stage >= 1 ? d * slice : 0;
-                            std::copy(buffer.begin() + next, buffer.begin() + next + slice, local[k].begin() + slices->unit_offset(u) + begin);
-                            next += slice;
-                        }
-                    }
-                } else if (writer_rank == 0) {  // nothing of `part`: only the data position, after the arrays
-                    if (fseek(g, (long)(arrays.size() * expected * sizeof(float)), SEEK_CUR) != 0) die(path + ": truncated");
-                }
-                if (writer_rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
-                    die(path + ": truncated while reading the data position");
-                fclose(g);
+                const int rank = mesh_rank(writer, coord);
+                if (rank != 0 && !verify(state_path(dir, step, rank))) return result;
             }
-            for (const LayoutRun& r : shared)
-                for (size_t k = 0; k < arrays.size(); k++)
-                    std::copy(local[k].begin() + r.full, local[k].begin() + r.full + r.count, arrays[k]->begin() + r.local);
+    return result;
+}
+
+// --resume 1's checkpoint: the newest complete one in `dir` that is whole, or -1 when there is none. Each damaged
+// one newer than it is named on `out` with its reason; when checkpoints exist but none is whole, the run stops
+// (it never starts again from scratch over a folder of checkpoints).
+inline int newest_whole_checkpoint(const std::string& dir, FILE* out) {
+    const std::vector<int> steps = complete_checkpoints(dir);
+    std::string newest_problem;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const CheckpointCheck check = check_checkpoint(dir, *it);
+        if (check.problem.empty()) {
+            if (check.unchecked > 0)
+                fprintf(out, "note: checkpoint %s: %d of its %d files carry no checksum, so they were not verified\n",
+                        checkpoint_path(dir, "model", *it).c_str(), check.unchecked, check.files);
+            return *it;
         }
+        if (newest_problem.empty()) newest_problem = check.problem;
+        fprintf(out, "skipping checkpoint %s: %s\n", checkpoint_path(dir, "model", *it).c_str(), check.problem.c_str());
     }
-    return saved;
+    if (!steps.empty())
+        die("--resume 1: none of the " + std::to_string(steps.size()) + " checkpoints in " + dir + " is whole (the newest: " + newest_problem +
+            "); move them away to start from scratch");
+    return -1;
+}
+
+// --verify-checkpoints DIR: every complete checkpoint in DIR, newest first, checked as --resume checks them, one
+// line each; no GPU is used. Returns the exit status: 0 when the newest is whole, 1 otherwise (or when there is none).
+inline int verify_checkpoint_folder(const std::string& dir, FILE* out) {
+    const std::vector<int> steps = complete_checkpoints(dir);
+    if (steps.empty()) {
+        fprintf(out, "%s: no complete checkpoint (no model_NNNNNNNN.bin)\n", dir.c_str());
+        return 1;
+    }
+    bool newest_whole = false;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const CheckpointCheck check = check_checkpoint(dir, *it);
+        if (it == steps.rbegin()) newest_whole = check.problem.empty();
+        if (!check.problem.empty()) fprintf(out, "step %d: damaged: %s\n", *it, check.problem.c_str());
+        else if (check.unchecked > 0) fprintf(out, "step %d: whole as far as known: %d files, %d without a checksum\n", *it, check.files, check.unchecked);
+        else fprintf(out, "step %d: whole: %d files, every checksum matches\n", *it, check.files);
+    }
+    return newest_whole ? 0 : 1;
 }
 
 // Why checkpoint `step` in `dir` cannot continue a run of `run` in `precision`, or "": from the files' headers,

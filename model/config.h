@@ -12,7 +12,8 @@
 #include <initializer_list>
 #include <string>
 #include <vector>
-#include "../kernels/common.cuh"    // LayoutMask
+#include "../kernels/die.h"          // die
+#include "../kernels/host_device.h"  // LayoutMask (plain C++: model files, state files and the flags compile without CUDA)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration

@@ -58,11 +58,13 @@ struct ActivationSet {
 
 
 // What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
-// the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped so far.
+// the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped so far;
+// whether any rank asked to stop after this step (the same on every rank).
 struct StepReport {
     float loss = 0, grad_norm = 0, loss_scale = 1;
     bool skipped = false;
     long skipped_steps = 0;
+    bool stop_requested = false;
 };
 
 template <typename floatX>
@@ -599,12 +601,15 @@ struct GPT2 {
     // shows. One wait: the losses' gathering and the update are enqueued first. A non-finite loss in the step's rows
     // skips the update, as a non-finite gradient norm does, in every precision: no parameter or optimizer state
     // changes. The loss scale is the one after the step (fp16: halved on a skip, doubled after clean steps).
-    StepReport step(const AdamWHyper& h) {
+    // vote_stop: this rank asks to stop after the step; the votes travel with the losses and the norm, so every rank
+    // reports the same stop_requested.
+    StepReport step(const AdamWHyper& h, bool vote_stop = false) {
+        if (vote_stop) loss.vote_stop((size_t)B * T, stream);
         request_losses();
-        trained().step(h, loss.nonfinite);
+        trained().step(h, loss.nonfinite, loss.stop_votes);
         const float loss = take_mean_loss();
         const typename ZeroOptimizer<floatX>::StepResult r = trained().finish_step();
-        return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps};
+        return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps, r.stop_requested};
     }
 
     // Returns once every rank has called it: a one-float all-reduce, waited for within --nccl-timeout.

@@ -10,9 +10,10 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "../kernels/common.cuh"    // LayoutMask
-#include "../distributed/zero.cuh"  // UnitKind
-#include "config.h"                 // ModelConfig, BlockTensor, ParameterLayout
+#include "../kernels/die.h"          // die
+#include "../kernels/host_device.h"  // LayoutMask
+#include "config.h"                  // ModelConfig, BlockTensor, ParameterLayout, UnitKind
+#include "file_integrity.h"          // seal_file_checksum, check_file_checksum, write_file_atomically
 
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
@@ -109,7 +110,8 @@ private:
 };
 
 // Adapter files (docs/lora.md): header of 256 int32 (magic 20261127, version 1, rank, alpha, targets, L, C,
-// tensor count), then fp32 A and B per layer and target. `values` uses the device layout (padded units).
+// tensor count; the CRC-32C in its last ints, file_integrity.h), then fp32 A and B per layer and target. `values`
+// uses the device layout (padded units).
 constexpr int kAdapterMagic = 20261127;
 
 inline void write_adapter_file(const std::string& path, const AdapterLayout& layout, const std::vector<float>& values) {
@@ -125,19 +127,17 @@ inline void write_adapter_file(const std::string& path, const AdapterLayout& lay
     std::vector<float> body;
     for (int l = 0; l < layout.config.num_layers; l++)
         body.insert(body.end(), values.begin() + layout.unit_begin(l), values.begin() + layout.unit_begin(l) + layout.layer_size());
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
-    bool ok = fwrite(header, sizeof(int), 256, f) == 256 && fwrite(body.data(), sizeof(float), body.size(), f) == body.size();
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) die(tmp + ": write failed (disk full?)");
-    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+    const FileParts parts = {{header, sizeof(header)}, {body.data(), body.size() * sizeof(float)}};
+    seal_file_checksum(header, parts);
+    write_file_atomically(path, parts);
 }
 
 // Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`.
 inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
     FILE* f = fopen(path.c_str(), "rb");
     if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
+    const FileChecksum checksum = check_file_checksum(path);
+    if (checksum.status == FileChecksum::kDamaged) die(checksum.problem);
     // the messages are docs/lora.md's, the same as scripts/reference/gpt2_reference.py's reader
     fseek(f, 0, SEEK_END);
     const long size = ftell(f);

@@ -1,37 +1,44 @@
 // The loss a run reports: each rank's per-row losses summed over the forwards of a step (or of an evaluation),
 // gathered from every data-parallel rank and averaged on the host in a fixed order, and the flag that makes a step
-// whose rows hold a non-finite loss skip its update (ZeroOptimizer::step reads it). Computing the per-row losses is
-// the classifier's (kernels/classifier.cuh, through the model's head).
+// whose rows hold a non-finite loss skip its update (ZeroOptimizer::step reads it). The gathering also carries each
+// rank's stop vote (a stop signal, distributed/stop_signals.h), so that the step's own collectives tell every rank
+// whether any asked to stop. Computing the per-row losses is the classifier's (kernels/classifier.cuh, through the
+// model's head).
 // defines: LossSums
 #pragma once
 #include <algorithm>
 #include "../kernels/common.cuh"
 #include "../kernels/classifier.cuh"       // defines: accumulate_losses
-#include "../kernels/global_norm.cuh"      // defines: nonfinite_flag
+#include "../kernels/global_norm.cuh"      // defines: nonfinite_flag, set_scalar, sum_strided
 #include "../distributed/process_group.h"  // defines: ProcessGroup (synchronize: a deadline-guarded wait)
 #include "../distributed/mesh.h"           // defines: ProcessMesh
 
 struct LossSums {
-    // This rank's rows are `mine`, slice `rank` of `all`, which holds every data-parallel rank's rows once request()
-    // has gathered them; `host` is its pinned copy (a copy into pageable memory blocks until the stream drains, which
-    // a stuck collective would make an unbounded wait).
+    // This rank's slice of `all` is `mine`: its rows' sums, then its stop vote (0, or 1 when it asks to stop); `all`
+    // holds every data-parallel rank's slice once request() has gathered them; `host` is its pinned copy (a copy into
+    // pageable memory blocks until the stream drains, which a stuck collective would make an unbounded wait).
     float *all = nullptr, *mine = nullptr, *host = nullptr;
-    float* nonfinite = nullptr;  // 0, or NaN when the rows request() gathered hold a non-finite loss
-    bool requested = false;      // request() ran since the last take_mean()
-    int forwards = 0;            // forwards summed since the last take_mean()
+    float* nonfinite = nullptr;   // 0, or NaN when the rows request() gathered hold a non-finite loss
+    float* stop_votes = nullptr;  // the votes request() gathered, summed: > 0 when any of those ranks asks to stop
+    bool requested = false;       // request() ran since the last take_mean()
+    int forwards = 0;             // forwards summed since the last take_mean()
+
+    static size_t slice(size_t rows) { return rows + 1; }  // a rank's rows and its vote
 
     // `rows`: one forward's rows on this rank (B*T).
     void allocate(size_t rows, const ProcessMesh& mesh) {
-        const size_t dp = mesh.data.size;  // the rows of every data-parallel rank (tensor-parallel ranks share theirs)
-        cudaCheck(cudaMalloc(&nonfinite, sizeof(float)));
-        cudaCheck(cudaMemset(nonfinite, 0, sizeof(float)));
-        cudaCheck(cudaMalloc(&all, dp * rows * sizeof(float)));
-        cudaCheck(cudaMemset(all, 0, dp * rows * sizeof(float)));
-        mine = all + mesh.data.rank * rows;
-        cudaCheck(cudaMallocHost(&host, dp * rows * sizeof(float)));
+        const size_t dp = mesh.data.size;  // the slices of every data-parallel rank (tensor-parallel ranks share theirs)
+        for (float** scalar : {&nonfinite, &stop_votes}) {
+            cudaCheck(cudaMalloc(scalar, sizeof(float)));
+            cudaCheck(cudaMemset(*scalar, 0, sizeof(float)));
+        }
+        cudaCheck(cudaMalloc(&all, dp * slice(rows) * sizeof(float)));
+        cudaCheck(cudaMemset(all, 0, dp * slice(rows) * sizeof(float)));
+        mine = all + mesh.data.rank * slice(rows);
+        cudaCheck(cudaMallocHost(&host, dp * slice(rows) * sizeof(float)));
     }
     ~LossSums() {
-        for (float* p : {all, nonfinite})
+        for (float* p : {all, nonfinite, stop_votes})
             if (p != nullptr) cudaFree(p);
         if (host != nullptr) cudaFreeHost(host);
     }
@@ -41,17 +48,23 @@ struct LossSums {
         if (losses != nullptr) accumulate_losses(mine, losses, rows, stream);
         forwards++;
     }
-    // Enqueues the gathering of every rank's sums (a collective: all ranks call it), their copy to the host and the
-    // clearing of the sums, without waiting: the training step asks for them before the optimizer step and reads them
-    // after its one wait, so no second round trip between ranks follows it. The data-parallel group's rows: a
-    // tensor-parallel group computes the same losses on every one of its ranks.
+    // This rank asks to stop after the step: its vote goes out with the next request().
+    void vote_stop(size_t rows, cudaStream_t stream) { set_scalar(mine + rows, 1.0f, stream); }
+    // Enqueues the gathering of every rank's sums and votes (a collective: all ranks call it), their copy to the host
+    // and the clearing of this rank's slice, without waiting: the training step asks for them before the optimizer
+    // step and reads them after its one wait, so no second round trip between ranks follows it. The data-parallel
+    // group's rows: a tensor-parallel group computes the same losses on every one of its ranks (its votes meet in
+    // the gradient norm's reduction, ZeroOptimizer::step).
     void request(const ProcessMesh& mesh, size_t rows, cudaStream_t stream) {
-        // the last pipeline stage computed the losses: summed over the stages, whose other sums are zero
-        if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(mine, mine, rows, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
-        if (mesh.data.size > 1) ncclCheck(ncclAllGather(mine, all, rows, ncclFloat32, mesh.data.comm, stream));
-        cudaCheck(cudaMemcpyAsync(host, all, mesh.data.size * rows * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        nonfinite_flag(nonfinite, all, (long)(mesh.data.size * rows), stream);  // every rank: the same rows, the same flag
-        cudaCheck(cudaMemsetAsync(mine, 0, rows * sizeof(float), stream));
+        const size_t n = slice(rows), dp = mesh.data.size;
+        // the last pipeline stage computed the losses: summed over the stages, whose other sums are zero (and the
+        // stages' votes with them)
+        if (mesh.pipeline.size > 1) ncclCheck(ncclAllReduce(mine, mine, n, ncclFloat32, ncclSum, mesh.pipeline.comm, stream));
+        if (dp > 1) ncclCheck(ncclAllGather(mine, all, n, ncclFloat32, mesh.data.comm, stream));
+        cudaCheck(cudaMemcpyAsync(host, all, dp * n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        nonfinite_flag(nonfinite, all, (long)(dp * n), stream);  // every rank: the same rows, the same flag (the votes are finite)
+        sum_strided(stop_votes, all + rows, (int)dp, (long)n, stream);
+        cudaCheck(cudaMemsetAsync(mine, 0, n * sizeof(float), stream));
         requested = true;
     }
     // Mean loss over all ranks' rows of the forwards accumulated since the last call (e.g. the micro-steps of one
@@ -63,7 +76,8 @@ struct LossSums {
         requested = false;
         const size_t total_rows = (size_t)mesh.data.size * rows;
         double total = 0.0;
-        for (size_t i = 0; i < total_rows; i++) total += host[i];
+        for (size_t r = 0; r < (size_t)mesh.data.size; r++)
+            for (size_t i = 0; i < rows; i++) total += host[r * slice(rows) + i];
         const float mean = (float)(total / ((double)total_rows * std::max(1, forwards)));
         forwards = 0;
         return mean;

@@ -10,7 +10,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "config.h"  // ModelConfig, config_problem, ParameterLayout
+#include "config.h"          // ModelConfig, config_problem, ParameterLayout
+#include "file_integrity.h"  // seal_file_checksum, write_file_atomically
 
 // ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.
@@ -123,8 +124,9 @@ inline ModelConfig read_model_file(const std::string& path, std::vector<float>& 
     return config;
 }
 
-// Writes `values` (fp32, device order) as an llm.c model file: fp32 (version 3) or bf16 (version 5).
-// Written to a temporary name and renamed, so a crash never leaves a half-written file.
+// Writes `values` (fp32, device order) as an llm.c model file: fp32 (version 3) or bf16 (version 5), with the
+// CRC-32C of its bytes in the header's last ints (file_integrity.h; llm.c reads ints 0-7). Written to a temporary
+// name, flushed and renamed, so a crash or a full disk never leaves a half-written file.
 inline void write_model_file(const std::string& path, const ParameterLayout& layout, const std::vector<float>& values, bool bf16) {
     const ModelConfig& c = layout.config;
     int header[256] = {};
@@ -147,11 +149,7 @@ inline void write_model_file(const std::string& path, const ParameterLayout& lay
             }
         }
     });
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
-    bool ok = fwrite(header, sizeof(int), 256, f) == 256 && fwrite(raw.data(), 1, raw.size(), f) == raw.size();
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) die(tmp + ": write failed (disk full?)");
-    if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": rename failed: " + strerror(errno));
+    const FileParts parts = {{header, sizeof(header)}, {raw.data(), raw.size()}};
+    seal_file_checksum(header, parts);
+    write_file_atomically(path, parts);
 }

@@ -13,6 +13,14 @@
 # and connects them over loopback sockets (NCCL_SOCKET_IFNAME=lo), so collectives are slow (a 64 MB
 # all-reduce between two ranks takes ~40 ms on an H200) and the ranks share the GPU's memory. One node only.
 #   scripts/launch.sh --one-gpu 4 ./train_gpt --model d6 ...   # rank r: LOCAL_RANK=0 NCCL_HOSTID=host<r>
+# Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP sent to the launcher (Slurm's `--signal=B:USR1@120`, `scancel
+# --signal`, Ctrl-C, a closed terminal) go to every rank. On the first three train_gpt's ranks stop after the same
+# step with a checkpoint and exit 75 (docs/reliability.md), and a second Ctrl-C stops them at once; SIGHUP ends them.
+# Each rank runs under setsid, out of the terminal's process group, so that a terminal's signals reach it once,
+# through the launcher. A process that exits with 75 (stopped by a signal) is no failure: the others stop at the same
+# step. When a process fails (any other non-zero status) the others get SIGTERM, and SIGCONT for one stopped with
+# SIGSTOP; any still running LAUNCH_KILL_AFTER seconds later (default 30) gets SIGKILL. The launcher exits with the
+# first non-zero status (75 after a stop), or 0.
 set -u
 usage="usage: $0 [--one-gpu] RANKS_PER_NODE COMMAND [ARGS...]"
 one_gpu=0
@@ -26,23 +34,47 @@ export WORLD_SIZE=$((per_node * nodes))
 export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 export MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 12000))}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see docs/parallel.md)
+kill_after=${LAUNCH_KILL_AFTER:-30}
+if ! [[ $kill_after =~ ^[0-9]+$ ]]; then echo "launch.sh: LAUNCH_KILL_AFTER must be a number of seconds, not '$kill_after'" >&2; exit 2; fi
+stopped=75  # a rank stopped by a signal, with its checkpoint (train_gpt's kExitStopped)
 pids=()
 for ((i = 0; i < per_node; i++)); do
     rank=$((node * per_node + i))
+    # a background command of a script starts with SIGINT ignored: restored, so that a forwarded Ctrl-C counts
     if [ $one_gpu -eq 1 ]; then
-        RANK=$rank LOCAL_RANK=0 NCCL_HOSTID=host$rank NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 "$@" &
+        (trap - INT; RANK=$rank LOCAL_RANK=0 NCCL_HOSTID=host$rank NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 exec setsid "$@") &
     else
-        RANK=$rank LOCAL_RANK=$i "$@" &
+        (trap - INT; RANK=$rank LOCAL_RANK=$i exec setsid "$@") &
     fi
     pids+=($!)
 done
-status=0
-for ((i = 0; i < per_node; i++)); do
-    wait -n; rc=$?
-    if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
-        status=$rc
-        echo "launch.sh: a process exited with status $rc; stopping the others" >&2
-        kill "${pids[@]}" 2> /dev/null
+
+signalled=0  # a trap ran: a `wait` it interrupted must be repeated
+for sig in TERM INT USR1 HUP; do trap "signalled=1; kill -s $sig \"\${pids[@]}\" 2> /dev/null" $sig; done
+
+# Polls rather than `wait -n`: a rank stopped with SIGSTOP must not block the launcher, which must go on forwarding
+# signals and escalating after a failure.
+status=0; running=$per_node; kill_at=""; killed=0
+ended=()
+while [ $running -gt 0 ]; do
+    for i in "${!pids[@]}"; do
+        [ -n "${ended[$i]:-}" ] && continue
+        kill -0 "${pids[$i]}" 2> /dev/null && continue
+        while :; do signalled=0; wait "${pids[$i]}"; rc=$?; [ $signalled -eq 0 ] && break; done
+        ended[$i]=1; running=$((running - 1))
+        [ $rc -eq 0 ] && continue
+        [ $status -eq 0 ] && status=$rc
+        if [ $rc -ne $stopped ] && [ -z "$kill_at" ]; then
+            echo "launch.sh: a process exited with status $rc; stopping the others" >&2
+            kill -TERM "${pids[@]}" 2> /dev/null; kill -CONT "${pids[@]}" 2> /dev/null
+            kill_at=$((SECONDS + kill_after))
+        fi
+    done
+    if [ -n "$kill_at" ] && [ $killed -eq 0 ] && [ $running -gt 0 ] && [ $SECONDS -ge "$kill_at" ]; then
+        echo "launch.sh: $running process(es) still running ${kill_after} s after the failure: SIGKILL" >&2
+        for i in "${!pids[@]}"; do [ -n "${ended[$i]:-}" ] || kill -KILL "${pids[$i]}" 2> /dev/null; done
+        killed=1
     fi
+    [ $running -gt 0 ] && sleep 0.2
 done
 exit $status

@@ -46,10 +46,13 @@ run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
 run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
 run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
+run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
+run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
 run prepare bash test/test_prepare.sh
+run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats

@@ -149,7 +149,34 @@ checkpoint(f"{d}/ck_heads", 5, 2, 1, 128, 1)       # older, of this run's shape:
 checkpoint(f"{d}/ck_layers", 10, 3, 1, 64, 1)
 checkpoint(f"{d}/ck_maxt", 10, 2, 1, 64, 1, max_t=128)
 checkpoint(f"{d}/ck_precision", 10, 2, 1, 64, 2)   # fp16 = 2
+# files that say they carry a checksum (the tag 0x43524343 in int 254) whose CRC-32C (int 255, here 0) does not match
+def damage(path):
+    with open(path, "r+b") as f:
+        f.seek(4 * 254)
+        f.write(struct.pack("<2i", 0x43524343, 0))
+checkpoint(f"{d}/ck_damaged", 10, 2, 1, 64, 1)
+checkpoint(f"{d}/ck_damaged", 5, 2, 1, 64, 1)
+damage(f"{d}/ck_damaged/state_00000010_00000.bin")
+damage(f"{d}/ck_damaged/model_00000005.bin")
+L, C, T, Vp = 2, 64, 64, 50304
+count = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+with open(f"{d}/damaged_model.bin", "wb") as f:
+    f.write(struct.pack("<256i", *([20240326, 3, T, 50257, L, 1, C, Vp] + [0] * 246 + [0x43524343, 0])))
+    f.write(b"\0" * (4 * count))
 PY
+expect_error "resume with every checkpoint damaged" \
+    "--resume 1: none of the 2 checkpoints in $W/ck_damaged is whole (the newest: $W/ck_damaged/state_00000010_00000.bin: checksum mismatch" \
+    $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged"
+out=$($BIN $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged" 2> /dev/null)
+if [ "$(printf '%s\n' "$out" | grep -c '^skipping checkpoint ')" -eq 2 ]; then echo "PASS cli resume names each damaged checkpoint on stdout"
+else echo "FAIL cli resume names each damaged checkpoint on stdout: $out"; fi
+expect_error "damaged model file" "--model $W/damaged_model.bin: checksum mismatch" --model "$W/damaged_model.bin"
+out=$($BIN --verify-checkpoints "$W/ck_damaged" 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$out" | grep -c ': damaged: .*checksum mismatch')" -eq 2 ]; then echo "PASS cli --verify-checkpoints: a line a checkpoint, exit 1 when the newest is damaged"
+else echo "FAIL cli --verify-checkpoints: rc=$rc $out"; fi
+out=$($BIN --verify-checkpoints "$W/none" 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$out" = "$W/none: no complete checkpoint (no model_NNNNNNNN.bin)" ]; then echo "PASS cli --verify-checkpoints of a folder without checkpoints"
+else echo "FAIL cli --verify-checkpoints of a folder without checkpoints: rc=$rc $out"; fi
 expect_error "resume another head count" "$W/ck_heads/model_00000010.bin: the checkpoint's heads is 2, this run's 1 (--model, --heads): --resume 1 continues the same model" \
     $SMALL --channels 128 --train-data "$W/good.bin" --resume 1 -o "$W/ck_heads"
 expect_error "resume another depth" "the checkpoint's layers is 3, this run's 2" $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_layers"
@@ -186,6 +213,7 @@ expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved ne
 # about the split
 expect_error "balanced split, interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 192
 expect_error "balanced split, total batch" "--total-batch-tokens 100 is not a multiple of --batch-size x --seq-len = 64" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced --total-batch-tokens 100
+expect_error "pipeline micro-batch count above 4096" "--pipeline-parallel 2 runs at most 4096 micro-batches (gradient-accumulation steps) a step, not 4097: raise --batch-size or lower --total-batch-tokens" $SMALL --train-data "$W/good.bin" --pipeline-parallel 2 --pipeline-layers balanced --total-batch-tokens 262208
 expect_error "balanced split, layers per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-layers balanced
 unset WORLD_SIZE RANK
 exit 0

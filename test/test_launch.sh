@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # scripts/launch.sh without a GPU: the environment each rank gets (one rank per GPU, and --one-gpu's several
-# ranks on GPU 0, each its own NCCL host over loopback), a failing rank stopping the others, and bad usage.
+# ranks on GPU 0, each its own NCCL host over loopback), a failing rank stopping the others (also one stopped with
+# SIGSTOP, and one deaf to SIGTERM), the signals it forwards to the ranks, and bad usage.
 # Prints one PASS/FAIL line per check.
 set -u
 cd "$(dirname "$0")/.."
+source test/watchdog.sh  # watchdog, watchdog_off
 W=build/test_work/launch
 rm -rf "$W"; mkdir -p "$W"
 
@@ -53,6 +55,71 @@ scripts/launch.sh --one-gpu 2 sh -c 'if [ "$RANK" = 0 ]; then exit 3; else exec 
 elapsed=$((SECONDS - start))
 [ $rc -eq 3 ] && [ $elapsed -lt 30 ] && grep -q "status 3" "$W/fail.err"
 check "a failing rank stops the others and sets the exit status" $? "exit status $rc after ${elapsed}s, stderr: $(cat "$W/fail.err")"
+
+# Signals sent to the launcher reach every rank once. A test rank records each signal it gets in $DIR/got.RANK and
+# exits with $EXIT_CODE after $EXIT_AFTER of them. The launcher starts under setsid, as a process group of its own,
+# so that a signal to its process group is what a terminal's Ctrl-C sends.
+cat > "$W/rank.sh" <<'SH'
+n=0
+on() { echo "$1" >> "$DIR/got.$RANK"; n=$((n + 1)); [ "$n" -ge "$EXIT_AFTER" ] && exit "$EXIT_CODE"; }
+trap 'on TERM' TERM; trap 'on INT' INT; trap 'on USR1' USR1
+echo $$ > "$DIR/pid.$RANK"
+while :; do sleep 0.1; done
+SH
+# signal_run NAME EXIT_AFTER EXIT_CODE SIGNAL...: starts 2 ranks, sends each SIGNAL (TERM, or -INT: to the
+# launcher's process group) 0.5 s apart once both ranks run; sets rc, got0, got1 (the signals each rank got, one
+# line), elapsed
+signal_run() {
+    local name=$1 after=$2 code=$3; shift 3
+    local dir=$W/$name launcher _ sig
+    mkdir -p "$dir"
+    # SIGINT restored: a script starts its background commands with it ignored, a terminal its foreground ones not
+    (trap - INT; DIR=$dir EXIT_AFTER=$after EXIT_CODE=$code exec setsid scripts/launch.sh --one-gpu 2 sh "$W/rank.sh" 2> "$dir/err") & launcher=$!
+    for _ in $(seq 100); do [ -f "$dir/pid.0" ] && [ -f "$dir/pid.1" ] && break; sleep 0.1; done
+    local start=$SECONDS
+    for sig in "$@"; do
+        if [ "${sig#-}" != "$sig" ]; then kill -s "${sig#-}" -- "-$launcher"; else kill -s "$sig" "$launcher"; fi
+        sleep 0.5
+    done
+    watchdog 20 "$launcher" $(cat "$dir"/pid.* 2> /dev/null)
+    wait "$launcher"; rc=$?
+    elapsed=$((SECONDS - start))
+    watchdog_off
+    got0=$(tr '\n' ' ' < "$dir/got.0" 2> /dev/null); got1=$(tr '\n' ' ' < "$dir/got.1" 2> /dev/null)
+}
+signal_run term 1 75 TERM
+[ $rc -eq 75 ] && [ "$got0" = "TERM " ] && [ "$got1" = "TERM " ]
+check "SIGTERM to the launcher reaches each rank once; their status 75 (stopped) is the launcher's" $? "exit $rc, rank 0 got '$got0', rank 1 '$got1'"
+signal_run usr1 1 75 USR1
+[ $rc -eq 75 ] && [ "$got0" = "USR1 " ] && [ "$got1" = "USR1 " ]
+check "SIGUSR1 (Slurm's --signal=B:USR1@120) reaches each rank once" $? "exit $rc, rank 0 got '$got0', rank 1 '$got1'"
+signal_run ctrl_c 3 130 -INT -INT TERM
+[ $rc -eq 130 ] && [ "$got0" = "INT INT TERM " ] && [ "$got1" = "INT INT TERM " ]
+check "Ctrl-C twice (SIGINT to the launcher's process group), then SIGTERM: each rank gets each once, through the launcher" $? \
+    "exit $rc, rank 0 got '$got0', rank 1 '$got1'"
+
+# A rank stopped with SIGSTOP while another fails: SIGTERM and SIGCONT end it, nothing is left behind.
+start=$SECONDS
+scripts/launch.sh --one-gpu 2 sh -c 'echo $$ > "$0/stop.pid.$RANK"; if [ "$RANK" = 0 ]; then kill -STOP $$; exec sleep 60; else sleep 1; exit 3; fi' "$W" \
+    2> "$W/stop.err" & launcher=$!
+watchdog 30 $launcher $(cat "$W"/stop.pid.* 2> /dev/null)
+wait $launcher; rc=$?
+elapsed=$((SECONDS - start)); watchdog_off
+left=$(for f in "$W"/stop.pid.*; do kill -0 "$(cat "$f")" 2> /dev/null && echo "$f"; done)
+[ $rc -eq 3 ] && [ $elapsed -lt 10 ] && [ -z "$left" ]
+check "a rank stopped with SIGSTOP ends once another fails (SIGTERM, SIGCONT): exit 3 after ${elapsed} s, none left" $? \
+    "exit $rc after ${elapsed} s, left: $left"
+# A rank that ignores SIGTERM gets SIGKILL LAUNCH_KILL_AFTER seconds after another failed.
+start=$SECONDS
+LAUNCH_KILL_AFTER=2 scripts/launch.sh --one-gpu 2 sh -c 'echo $$ > "$0/deaf.pid.$RANK"; if [ "$RANK" = 0 ]; then trap "" TERM; while :; do sleep 0.2; done; else sleep 1; exit 3; fi' \
+    "$W" 2> "$W/deaf.err" & launcher=$!
+watchdog 30 $launcher $(cat "$W"/deaf.pid.* 2> /dev/null)
+wait $launcher; rc=$?
+elapsed=$((SECONDS - start)); watchdog_off
+left=$(kill -0 "$(cat "$W/deaf.pid.0")" 2> /dev/null && echo "rank 0")
+[ $rc -eq 3 ] && [ $elapsed -ge 3 ] && [ $elapsed -lt 10 ] && [ -z "$left" ] && grep -q "SIGKILL" "$W/deaf.err"
+check "a rank that ignores SIGTERM gets SIGKILL LAUNCH_KILL_AFTER=2 s after the failure (ended after ${elapsed} s)" $? \
+    "exit $rc after ${elapsed} s, $left left, stderr: $(cat "$W/deaf.err")"
 
 # Bad usage: no count, a count that is not a positive number, --one-gpu on several nodes.
 for args in "--one-gpu" "--one-gpu 0 true" "two true" "--one-gpu -1 true"; do

@@ -7,7 +7,9 @@
 //                               (failures are summed over the world).
 //   test_mesh_nccl TP PP --die  rank 1 leaves after one tensor-parallel all-reduce; rank 0 then waits on a second
 //                               one, and must end with pg's message instead of hanging (test_mesh_nccl.sh checks
-//                               it).
+//                               it). Rank 1 ends normally (exit status 0: a goodbye to the heartbeats, and no
+//                               failure for the launcher), so only NCCL's error in the tensor-parallel communicator
+//                               (or the deadline) can end rank 0's wait.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
         cudaOk(cudaMemcpy(device, &pg.rank, sizeof(int), cudaMemcpyHostToDevice));
         ncclCheck(ncclAllReduce(device, device + 1, 1, ncclInt32, ncclSum, mesh.tensor.comm, stream));
         pg.synchronize(stream);
-        if (pg.rank == 1) _exit(0);  // exit status 0: the launcher must not stop the others for us
+        if (pg.rank == 1) exit(0);
         sleep(1);
         ncclCheck(ncclAllReduce(device, device + 1, 1, ncclInt32, ncclSum, mesh.tensor.comm, stream));
         pg.synchronize(stream);  // must end the process: rank 1 never joins

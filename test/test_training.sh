@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs
-# the uninterrupted run) in fp32, bf16 and fp16, --recompute levels (bitwise equal losses, less activation
-# memory), non-finite steps, ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and
-# not; its one-step delayed update against it, resumed, and twice), checkpoint retention, resume checks, the memory
-# plan's refusals, and loss-curve parity with the PyTorch
-# reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within
-# 3e-2 at every step; PARITY_* variables change the setting; plotted to build/test_work/training/curve_parity.png).
-# The quick tier (TEST_TIER=quick) runs bf16 only: resume (not the same-seed rerun), --recompute 3, the non-finite
-# steps, offload in fp32 against the resident run, the delayed update in fp32 (against offload, resumed), and LoRA,
-# retention and the refusals as in full; the full tier adds fp32 and fp16, the same seed twice, --recompute 1 and 2,
-# the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite steps, the delayed update
-# in bf16 and twice, and the curve parity.
+# Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs the
+# uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, stops for a signal and
+# their bitwise resume, --recompute levels (bitwise equal losses, less activation memory), non-finite steps,
+# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not; its one-step delayed update
+# against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve
+# parity with the PyTorch reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file
+# and batches, within 3e-2 at every step; PARITY_* variables change the setting; plotted to
+# build/test_work/training/curve_parity.png).
+# The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), a
+# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run, the
+# delayed update in fp32 (against offload, resumed), and LoRA, retention and the refusals as in full; the full tier
+# adds fp32 and fp16, the same seed twice, the stops for SIGUSR1, SIGINT twice and a signal during a save,
+# --recompute 1 and 2, the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite
+# steps, the delayed update in bf16 and twice, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
+source test/watchdog.sh  # watchdog, watchdog_off
 W=build/test_work/training
 rm -rf "$W"; mkdir -p "$W"
 PY=${PYTHON:-python3}
@@ -54,7 +57,98 @@ for p in $PRECISIONS; do
     else
         echo "FAIL training $p resume: final model files differ"
     fi
+    # a damaged newest checkpoint (one byte of its state file changed): skipped with a line naming the file, the
+    # step-10 one taken, and the run continues as the uninterrupted one
+    mkdir -p "$W/$p-d"
+    cp "$W/$p-a"/*_000000[12]0* "$W/$p-d/"
+    python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(3000); b = f.read(1); f.seek(3000); f.write(bytes([b[0] ^ 1]))" \
+        "$W/$p-d/state_00000020_00000.bin"
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-d" --resume 1 > "$W/$p-d.out" 2>&1
+    if grep -q "^skipping checkpoint $W/$p-d/model_00000020.bin: $W/$p-d/state_00000020_00000.bin: checksum mismatch" "$W/$p-d.out" &&
+        grep -q "resumed from $W/$p-d/model_00000010.bin" "$W/$p-d.out" && [ "$expected" == "$(train_log_lines "$W/$p-d")" ] &&
+        cmp -s "$W/$p-a/model_00000020.bin" "$W/$p-d/model_00000020.bin"; then
+        echo "PASS training $p resume past a damaged checkpoint: step 20's skipped (named), steps 10-19 and the model file bitwise equal"
+    else
+        echo "FAIL training $p resume past a damaged checkpoint: $(grep -m1 -E 'skipping|error' "$W/$p-d.out")"
+    fi
 done
+
+# Stop signals (docs/reliability.md): a signal after step 7 of 20 (that step's line seen, then the signal) stops the
+# run at the end of a step with its checkpoint, one line naming the signal, the step and the file, and exit status
+# 75; --resume 1 then finishes the run, and its steps, losses and final model file equal the uninterrupted run's bit
+# for bit. 16 micro-steps a step keep a step long enough for the signal to land mid-run. Quick tier: SIGTERM; the
+# full tier adds SIGUSR1, SIGINT twice (the second ends the run at once: status 130, no checkpoint) and SIGTERM
+# while a checkpoint is being written (the save finishes first; the run stops after the next step).
+STOP=("${SMALL[@]}" --precision bf16 --steps 20 --total-batch-tokens $((8 * 256 * 16)) --checkpoint-every 10)
+./train_gpt "${STOP[@]}" -o "$W/stop-ref" > "$W/stop-ref.out" 2>&1 || echo "FAIL training stop signals: the uninterrupted run: $(tail -n 1 "$W/stop-ref.out")"
+# interrupt NAME WHEN GAP SIGNAL... -- ARGS: runs train_gpt ARGS (stdout and stderr, in order, in $W/NAME.out); once
+# the shell test WHEN holds (polled every 10 ms) sends each SIGNAL, GAP seconds apart; sets rc and `sent` (the
+# signals sent, which a run that ended too early did not get)
+interrupt() {
+    local name=$1 when=$2 gap=$3; shift 3
+    local signals=() sig
+    while [ "$1" != "--" ]; do signals+=("$1"); shift; done; shift
+    ./train_gpt "$@" > "$W/$name.out" 2>&1 & local pid=$!
+    for _ in $(seq 30000); do eval "$when" && break; kill -0 $pid 2> /dev/null || break; sleep 0.01; done
+    sent=""
+    for sig in "${signals[@]}"; do kill -s "$sig" $pid 2> /dev/null && sent="$sent $sig"; sleep "$gap"; done
+    watchdog 300 $pid
+    wait $pid; rc=$?
+    watchdog_off
+}
+step_line() { grep -qF "$(printf 'step %5d/' "$2")" "$W/$1.out"; }  # step_line NAME N: step N's line is out
+# stop_and_resume SIGNAL: SIGNAL after step 7 of the STOP run, then --resume 1, against the uninterrupted run
+stop_and_resume() {
+    local sig=$1 name=stop-$1 line at
+    interrupt "$name" "step_line $name 7" 0 "$sig" -- "${STOP[@]}" -o "$W/$name"
+    line=$(grep -m1 '^stopped by' "$W/$name.out")
+    at=$(printf '%s' "$line" | sed -nE 's|^stopped by [A-Z0-9]+ after step ([0-9]+)/20: .*|\1|p')
+    if [ $rc -eq 75 ] && [ -n "$at" ] && [ "$at" -ge 7 ] && [ "$at" -lt 20 ] && [ -f "$W/$name/model_$(printf %08d "$at").bin" ] &&
+        printf '%s' "$line" | grep -qF "stopped by $sig after step $at/20: wrote checkpoint $W/$name/model_$(printf %08d "$at").bin" &&
+        [ "$(train_log_lines "$W/$name" | wc -l)" -eq "$at" ]; then
+        echo "PASS training $sig after step 7: the run stops at the end of step $at with its checkpoint, exit status 75: $line"
+    else
+        echo "FAIL training $sig after step 7 (sent:$sent): exit $rc, '${line:-no stop line}': $(tail -n 1 "$W/$name.out")"
+        return
+    fi
+    ./train_gpt "${STOP[@]}" -o "$W/$name" --resume 1 > "$W/$name-resume.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && [ "$(train_log_lines "$W/stop-ref")" == "$(train_log_lines "$W/$name")" ] &&
+        [ "$(train_log_lines "$W/$name" | wc -l)" -eq 20 ] && cmp -s "$W/stop-ref/model_00000020.bin" "$W/$name/model_00000020.bin"; then
+        echo "PASS training $sig, then --resume 1: steps 0-19, their losses and the final model file bitwise equal to the uninterrupted run"
+    else
+        echo "FAIL training $sig, then --resume 1: exit $rc: $(tail -n 1 "$W/$name-resume.out")"
+        diff <(train_log_lines "$W/stop-ref") <(train_log_lines "$W/$name") | head -4
+    fi
+}
+stop_and_resume SIGTERM
+if [ "$TIER" = full ]; then
+    stop_and_resume SIGUSR1
+    # SIGINT, then SIGINT 5 ms later (taken apart, within the step): the second ends the run at once
+    interrupt stop-int-twice "step_line stop-int-twice 7" 0.005 SIGINT SIGINT -- "${STOP[@]}" -o "$W/stop-int-twice"
+    if [ $rc -eq 130 ] && grep -q "^SIGINT while stopping: stopping at once, without a checkpoint" "$W/stop-int-twice.out" &&
+        ! grep -q '^stopped by' "$W/stop-int-twice.out" && [ -z "$(ls "$W/stop-int-twice"/model_* 2> /dev/null)" ]; then
+        echo "PASS training SIGINT twice: the second ends the run at once (status 130), without a checkpoint"
+    else
+        echo "FAIL training SIGINT twice (sent:$sent): exit $rc: $(tail -n 2 "$W/stop-int-twice.out" | tr '\n' ' ')"
+    fi
+    # SIGTERM while the step-2 checkpoint is being written (d6: 360 MB of optimizer state; its temporary file seen):
+    # the signal's note comes before the save's line, the save completes, and the run stops after the next step
+    SAVE=(--model d6 --max-seq-len 256 --seq-len 256 --batch-size 8 --train-data "$TRAIN" --val-every 0 --sample-every 0
+          --steps 6 --checkpoint-every 2 --deterministic 1)
+    interrupt stop-save "[ -e $W/stop-save/state_00000002_00000.bin.tmp ]" 0 SIGTERM -- "${SAVE[@]}" -o "$W/stop-save"
+    noted=$(grep -n -m1 '^SIGTERM: stopping after the current step' "$W/stop-save.out" | cut -d: -f1)
+    saved=$(grep -n -m1 "^wrote checkpoint $W/stop-save/model_00000002.bin" "$W/stop-save.out" | cut -d: -f1)
+    size() { stat -c %s "$W/stop-save/$1" 2> /dev/null; }
+    if [ $rc -eq 75 ] && [ -n "$noted" ] && [ -n "$saved" ] && [ "$noted" -lt "$saved" ] &&
+        grep -q "^stopped by SIGTERM after step 3/6: wrote checkpoint $W/stop-save/model_00000003.bin" "$W/stop-save.out" &&
+        [ -n "$(size model_00000002.bin)" ] && [ "$(size model_00000002.bin)" = "$(size model_00000003.bin)" ] &&
+        [ -n "$(size state_00000002_00000.bin)" ] && [ "$(size state_00000002_00000.bin)" = "$(size state_00000003_00000.bin)" ] &&
+        [ -z "$(ls "$W/stop-save"/*.tmp 2> /dev/null)" ]; then
+        echo "PASS training SIGTERM during a checkpoint's save: the save completes, the run stops after the next step with its checkpoint"
+    else
+        echo "FAIL training SIGTERM during a save (sent:$sent): exit $rc, note at line ${noted:-none}, step-2 save at line ${saved:-none}: $(tail -n 1 "$W/stop-save.out")"
+    fi
+fi
 
 # --recompute: the backward recomputes what it did not keep with the forward's deterministic kernels, so the
 # losses must equal the run that kept everything, bit for bit, while the activation memory falls. Levels 1-2
@@ -165,16 +259,18 @@ if [ "$TIER" = full ]; then
 fi
 
 # ZeRO-Offload's one-step delayed update (--offload-delayed-update 1): the CPU's AdamW of step N runs while the GPU
-# computes step N+1 on the parameters without it. The 5 warm-up steps' updates land within their step, so steps 0-5
-# are the non-delayed offload run's bit for bit, and step 6, whose forward misses step 5's update, differs. From there
-# the run trails the non-delayed one by about one update: every loss lies within the non-delayed run's largest loss
-# change over two steps of it (one step of trailing, as much again for the stale gradients and the batch-to-batch
-# spread). Its step-10 checkpoint (where the running update landed) resumes bit for bit. fp32 in the quick tier; the
-# full tier adds bf16 and the same run twice (bitwise the same losses, model file and optimizer state).
-two_step_change() { train_log_lines "$1" | awk '{ l[NR] = $2 } END { m = 0; for (i = 3; i <= NR; i++) { d = l[i] - l[i - 2]; if (d < 0) d = -d; if (d > m) m = d } print m }'; }
+# computes step N+1 on the parameters without it. Against the non-delayed offload run at the same --lr 3e-4 (at 1e-3
+# this small model, 2,048 tokens a step, spikes under the stale update): the 5 warm-up steps' updates land within
+# their step, so steps 0-5 are its bit for bit, and step 6, whose forward misses step 5's update, differs; the mean
+# loss of steps 15-19 within 5% of its (the run trails by about one update) and at least 1 below step 0's (it
+# trains: an update lost or applied twice fails one or the other). Its step-10 checkpoint (where the running update
+# landed) resumes bit for bit. fp32 in the quick tier; the full tier adds bf16 and the same run twice (bitwise the
+# same losses, model file and optimizer state).
+mean_of_last_five() { train_log_lines "$1" | awk '$1 >= 15 { s += $2; n++ } END { if (n == 5) printf "%.6f", s / n }'; }
 for p in fp32 $([ "$TIER" = full ] && echo bf16); do
-    D="$W/delayed-$p" ref="$W/offload-$p"
-    DELAYED=(--precision $p --steps 20 --checkpoint-every 10 --offload optimizer --offload-delayed-update 1)
+    D="$W/delayed-$p" ref="$W/delayed-ref-$p"
+    DELAYED=(--precision $p --lr 3e-4 --steps 20 --checkpoint-every 10 --offload optimizer --offload-delayed-update 1)
+    ./train_gpt "${SMALL[@]}" --precision $p --lr 3e-4 --steps 20 --offload optimizer -o "$ref" > "$ref.out" 2>&1
     ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D" > "$D.out" 2>&1
     six_ref=$(train_log_lines "$ref" | awk '$1 == 6') six=$(train_log_lines "$D" | awk '$1 == 6')
     if grep -q "^host memory per rank (GiB, pinned): .* | gradients .*delayed one step after the 5 warm-up steps" "$D.out" &&
@@ -184,12 +280,12 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     else
         echo "FAIL training $p offload delayed update: steps 0-5 differ from the non-delayed run or step 6 does not ($six vs $six_ref) $(grep -m1 error "$D.out")"
     fi
-    d=$(paste <(train_log_lines "$ref") <(train_log_lines "$D") | awk 'BEGIN { m = 0 } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d } END { print m }')
-    tol=$(two_step_change "$ref")
-    if [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }'; then
-        echo "PASS training $p offload delayed update: 20 losses within $d of the non-delayed run's (tol $tol: its largest change over two steps)"
+    last=$(mean_of_last_five "$D") last_ref=$(mean_of_last_five "$ref") first=$(train_log_lines "$D" | awk '$1 == 0 { print $2 }')
+    if [ -n "$last" ] && [ -n "$last_ref" ] && [ -n "$first" ] &&
+        awk -v a="$last" -v b="$last_ref" -v f="$first" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.05 && a <= f - 1) }'; then
+        echo "PASS training $p offload delayed update: steps 15-19 mean loss $last, the non-delayed run's $last_ref (within 5%), step 0's $first"
     else
-        echo "FAIL training $p offload delayed update: max loss difference $d from the non-delayed run (tol $tol: its largest change over two steps)"
+        echo "FAIL training $p offload delayed update: steps 15-19 mean loss ${last:-none}, the non-delayed run's ${last_ref:-none} (tol 5%), step 0's ${first:-none} (at least 1 below)"
     fi
     mkdir -p "$D-resumed"
     cp "$D"/*_00000010* "$D-resumed/"

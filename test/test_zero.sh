@@ -7,10 +7,12 @@
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards. ZeRO-Offload (--offload optimizer) at stages
 # 2 and 3 (at 3 also with the parameter shards on the host): bitwise the GPU-resident run at the same stage, and its
 # checkpoints resumed across offload and data-parallel sizes; at stage 2 its one-step delayed update (against the
-# non-delayed run, twice, resumed).
+# non-delayed run, twice, resumed). A stop signal to one rank stops both after the same step, and the resumed run
+# equals the uninterrupted one.
 # On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
 # need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
-# stage 3 in fp32 (losses, identical parameters) and its bf16 checkpoint resumed on the same ranks and on one.
+# stage 3 in fp32 (losses, identical parameters), its bf16 checkpoint resumed on the same ranks and on one, and the stop
+# signal to one rank.
 set -u
 cd "$(dirname "$0")/.."
 N=${1:-$(scripts/visible_gpus.sh)}
@@ -25,6 +27,7 @@ BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
 source test/loss_logs.sh  # losses, maxdiff, within, VISIBLE_GPUS
+source test/watchdog.sh  # watchdog, watchdog_off
 TIER=${TEST_TIER:-full}
 ONE_GPU=$([ "$VISIBLE_GPUS" -lt "$N" ] && echo --one-gpu)  # launch.sh's flag: the ranks share GPU 0
 WHERE=$([ -n "$ONE_GPU" ] && echo "$N ranks on one GPU" || echo "$N GPUs")
@@ -73,6 +76,41 @@ if [ "$(losses "$W/resume_one" | wc -l)" -eq 5 ] && within "$d" 2e-2; then
 else
     echo "FAIL zero resume of a $N-rank checkpoint on 1 rank: diff $d $(grep -m1 error "$W/resume_one.out")"
 fi
+# A stop signal to one rank: 2 ranks started by hand (as srun starts them) at ZeRO stage 0, where only the losses'
+# gathering carries rank 1's vote to rank 0; SIGTERM to rank 1 alone once rank 0 logged step 7 of 20. Both ranks
+# stop after the same step (the checkpoint's save is collective) with exit status 75, rank 0 saying it was "a signal
+# to another rank"; --resume 1 through the launcher finishes the run with the uninterrupted run's losses, bit for bit.
+STOP=("${MODEL[@]}" --precision bf16 --batch-size $BG --total-batch-tokens $((8 * 128 * 8)) --steps 20 --zero-stage 0 --deterministic 1
+      --checkpoint-every 10 --nccl-timeout 60)
+scripts/launch.sh $ONE_GPU $N ./train_gpt "${STOP[@]}" -o "$W/stop-ref" > "$W/stop-ref.out" 2>&1
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=$N
+pids=()
+for ((r = 0; r < N; r++)); do
+    if [ -n "$ONE_GPU" ]; then place=(LOCAL_RANK=0 NCCL_HOSTID=host$r NCCL_SOCKET_IFNAME=lo); else place=(LOCAL_RANK=$r); fi
+    env RANK=$r "${place[@]}" ./train_gpt "${STOP[@]}" -o "$W/stop" > "$W/stop_$r.out" 2>&1 &
+    pids+=($!)
+done
+unset MASTER_ADDR MASTER_PORT WORLD_SIZE
+for _ in $(seq 30000); do grep -qF "$(printf 'step %5d/' 7)" "$W/stop_0.out" && break; kill -0 "${pids[0]}" 2> /dev/null || break; sleep 0.01; done
+kill -TERM "${pids[1]}"
+watchdog 300 "${pids[@]}"
+statuses=""; for p in "${pids[@]}"; do wait "$p"; statuses="$statuses $?"; done
+watchdog_off
+line=$(grep -m1 '^stopped by' "$W/stop_0.out")
+at=$(printf '%s' "$line" | sed -nE 's|^stopped by a signal to another rank after step ([0-9]+)/20: wrote checkpoint .*|\1|p')
+if [ "$statuses" = "$(printf ' 75%.0s' $(seq $N))" ] && [ -n "$at" ] && [ -f "$W/stop/model_$(printf %08d "$at").bin" ] &&
+    grep -q "^SIGTERM: stopping after the current step" "$W/stop_1.out" && ! grep -q "^SIGTERM" "$W/stop_0.out"; then
+    echo "PASS zero $WHERE SIGTERM to rank 1 alone: every rank stops after step $at with exit status 75: $line"
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${STOP[@]}" -o "$W/stop" --resume 1 > "$W/stop-resume.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && [ "$(losses "$W/stop-ref")" == "$(losses "$W/stop")" ] && [ "$(losses "$W/stop" | wc -l)" -eq 20 ]; then
+        echo "PASS zero $WHERE SIGTERM to rank 1, then --resume 1: steps 0-19 bitwise equal to the uninterrupted run"
+    else
+        echo "FAIL zero $WHERE SIGTERM to rank 1, then --resume 1: exit $rc $(grep -m1 error "$W/stop-resume.out")"
+    fi
+else
+    echo "FAIL zero $WHERE SIGTERM to rank 1 alone: exit statuses$statuses, '${line:-no stop line}' $(grep -h -m1 error "$W"/stop_*.out)"
+fi
+
 [ "$TIER" = full ] || exit 0  # the quick tier ends here
 
 # gradient accumulation (2 micro-steps of half the rows), at stage 2 in fp32
@@ -232,7 +270,7 @@ else
     echo "FAIL zero d12 memory per GPU does not fall with the stage: $(tr '\n' ' ' < "$W/memory_d12.txt")"
 fi
 
-# a rank that dies mid-run: the other one must end with a message within --nccl-timeout, not hang
+# a rank that dies mid-run: the other one must end with a message naming it (its heartbeats stop, heartbeat.h), not hang
 export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 12000)) WORLD_SIZE=2
 RANK=0 LOCAL_RANK=0 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nccl-timeout 30 > "$W/survivor.out" 2>&1 &
 survivor=$!
@@ -240,12 +278,12 @@ RANK=1 LOCAL_RANK=1 ./train_gpt "${MODEL[@]}" --batch-size 4 --steps 100000 --nc
 victim=$!
 sleep 20; kill -9 $victim 2> /dev/null
 start=$(date +%s)
-( sleep 90; kill -9 $survivor 2> /dev/null ) & guard=$!
+watchdog 90 $survivor
 wait $survivor; rc=$?
 elapsed=$(( $(date +%s) - start ))
-kill $guard 2> /dev/null
+watchdog_off
 unset MASTER_ADDR MASTER_PORT WORLD_SIZE
-if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "rank 0: .*\(peer\|did not finish\)" "$W/survivor.out"; then
+if [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "rank 0: .*rank 1 was lost" "$W/survivor.out"; then
     echo "PASS zero a killed rank ends the job in ${elapsed} s with: $(grep -m1 'rank 0:' "$W/survivor.out")"
 else
     echo "FAIL zero after a rank was killed the other exited with $rc after ${elapsed} s: $(tail -n 1 "$W/survivor.out")"

@@ -19,6 +19,7 @@ Needs only numpy: the safetensors file is written by write_safetensors below. im
 model-file and safetensors code of this file. Bad input: one line on stderr, exit 1, nothing written.
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -37,6 +38,7 @@ import numpy as np  # noqa: E402
 MODEL_MAGIC = 20240326
 VERSION_FP32, VERSION_BF16 = 3, 5
 HEADER_INTS = 256
+MAX_LAYERS, MAX_CHANNELS, MAX_SEQ_LEN, MAX_VOCAB = 1024, 16384, 1 << 20, 1 << 20  # model/config.h's kMaxLayers, ...
 GPT2_EOT = 50256
 TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "gpt2")
 # files an export writes: an OUT_DIR holding only these (or nothing) may be replaced
@@ -55,7 +57,11 @@ BLOCK_TENSORS = [
 
 
 class InputError(Exception):
-    """Bad input: main() prints it as one line on stderr and exits 1."""
+    """Bad input: main() prints it as one line on stderr and exits 1. Control characters that the input put into the
+    message (a tensor name's newline) are escaped, so that it stays one line."""
+
+    def __init__(self, message):
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
 def pad_vocab(vocab_size):
@@ -66,6 +72,11 @@ def config_problem(c):
     """model/config.h's config_problem(): '' when train_gpt can run the shape, else why not."""
     if min(c["layers"], c["heads"], c["channels"], c["max_seq_len"], c["vocab"]) <= 0:
         return "layers, heads, channels, max sequence length and vocabulary must be positive"
+    for name, value, limit in (("layers", c["layers"], MAX_LAYERS), ("channels", c["channels"], MAX_CHANNELS),
+                               ("max sequence length", c["max_seq_len"], MAX_SEQ_LEN),
+                               ("padded vocabulary", c["padded_vocab"], MAX_VOCAB)):
+        if value > limit:
+            return f"{name} ({value}) must be at most {limit}"
     if c["channels"] % c["heads"]:
         return f"channels ({c['channels']}) must be divisible by heads ({c['heads']})"
     if c["channels"] // c["heads"] not in (64, 128):
@@ -95,7 +106,8 @@ def bf16_bits(x):
 
 
 def bf16_to_f32(bits):
-    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+    # a uint32 shift: with a Python int a 0-d array (a scalar tensor) would widen to int64 and not view as float32
+    return (np.asarray(bits, dtype=np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def read_model_file(path):
@@ -191,21 +203,28 @@ def read_safetensors(path):
             header = json.loads(f.read(n))
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply for json
         raise InputError(f"{path}: not a safetensors file (its header is not JSON)")
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: not a safetensors file (its header is a JSON {type(header).__name__}, not an object)")
+
+    def natural(x):  # a JSON integer >= 0 (not a bool)
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], [int(d) for d in info["shape"]], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
+        dtype, shape, offsets = (info.get("dtype"), info.get("shape"), info.get("data_offsets")) if isinstance(info, dict) else (None,) * 3
+        if not (isinstance(dtype, str) and isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2 and
+                all(natural(x) for x in shape + offsets)):
             raise InputError(f"{path}: tensor {name}: malformed header entry {info}")
+        begin, end = offsets
         if dtype not in SAFETENSORS_DTYPES:
             raise InputError(f"{path}: tensor {name} has dtype {dtype} (expected F32, F16 or BF16)")
         np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
-        count = int(np.prod(shape))
-        if end - begin != count * np_dtype.itemsize or begin < 0 or 8 + n + end > size:
+        count = math.prod(shape)  # exact: numpy's product would wrap around at 2^64
+        if end - begin != count * np_dtype.itemsize or 8 + n + end > size:
             raise InputError(f"{path}: tensor {name}: data_offsets {begin}..{end} do not hold {dtype} {shape} "
                              f"inside the file ({size} bytes)")
         a = np.fromfile(path, dtype=np_dtype, offset=8 + n + begin, count=count).reshape(shape)

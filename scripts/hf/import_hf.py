@@ -46,7 +46,7 @@ def read_config(hf_dir):
             raw = json.load(f)
     except FileNotFoundError:
         raise InputError(f"{path}: missing (expected a transformers GPT-2 folder)")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply for json
         raise InputError(f"{path}: not readable JSON ({e})")
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a JSON object")
@@ -61,8 +61,8 @@ def read_config(hf_dir):
     checks = [
         (h["n_inner"] in (None, 4 * C), "n_inner", f"null or 4 x n_embd = {4 * C}"),
         (h["activation_function"] in TANH_GELUS, "activation_function", "\"gelu_new\" (GELU, tanh approximation)"),
-        (isinstance(h["layer_norm_epsilon"], (int, float)) and abs(h["layer_norm_epsilon"] - 1e-5) < 1e-12,
-         "layer_norm_epsilon", "1e-05"),
+        (isinstance(h["layer_norm_epsilon"], (int, float)) and -1 < h["layer_norm_epsilon"] < 1 and  # compared exactly, even with a huge int
+         abs(h["layer_norm_epsilon"] - 1e-5) < 1e-12, "layer_norm_epsilon", "1e-05"),
         (h["scale_attn_weights"] is True, "scale_attn_weights", "true"),
         (h["scale_attn_by_inverse_layer_idx"] is False, "scale_attn_by_inverse_layer_idx", "false"),
         (h["add_cross_attention"] is False, "add_cross_attention", "false"),
