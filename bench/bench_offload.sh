@@ -5,9 +5,9 @@
 #             CPU AdamW (bench/bench_pytorch_adamw_cpu.py: foreach and fused, fp32), on the same cores: ours / limit
 #             and ours / the faster PyTorch, both counting 28 bytes an element.
 #   single    the 6.6B GPT (32 layers, C=4096, 32 heads, T=1024) on one GPU with steps of TOKENS tokens (default
-#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default both): resident (on the
-#             GPU) and offload (--offload optimizer); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
-#             offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
+#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three): resident
+#             (on the GPU), offload (--offload optimizer), delayed (also --offload-delayed-update 1); random
+#             tokens: tokens/s, MFU, peak GPU memory, the host plan line, and offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
 #             an 80 GB GPU) prints the refusal and the ratio is left out.
 #   fsdp      PyTorch FSDP with CPUOffload(offload_params=True) (bench/bench_pytorch_parallel.py --mode fsdp: eager,
 #             bf16 mixed precision, the micro-batches under no_sync) against train_gpt --offload optimizer, the same
@@ -88,14 +88,15 @@ fi
 if [[ " $SECTIONS " == *" single "* ]]; then
     rows=${ROWS:-4}; m=$(micro_steps ROWS) || exit 2
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-steps), bf16, $steps timed steps"
-    declare -A flags_of=([resident]="" [offload]="--offload optimizer") result
-    for name in ${VARIANTS:-resident offload}; do
-        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident and offload, got '$name'" >&2; exit 2; }
+    declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1") result
+    for name in ${VARIANTS:-resident offload delayed}; do
+        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
         # shellcheck disable=SC2086
         ours "single_$name" "$rows" -- "${SHAPE_6_6B[@]}" ${flags_of[$name]}
         result[$name]=$RESULT_LINE
     done
     ratio "single: offload / resident" "${result[offload]:-}" "${result[resident]:-}"
+    ratio "single: delayed / resident" "${result[delayed]:-}" "${result[resident]:-}"
 fi
 
 if [[ " $SECTIONS " == *" fsdp "* ]]; then
