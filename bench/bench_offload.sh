@@ -22,6 +22,8 @@
 #   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
 #   TOKENS, ROWS (default 4), STEPS (default 2), VARIANTS, OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
 #   FSDP_ROWS, FSDP_RUNS; LARGE_GPUS, LARGE_ROWS;
+#   GPU_MEMORY_GIB: the single and fsdp sections' GPU made smaller, bench/hold_gpu_memory.py holding all but this many
+#   GiB of GPU 0 (79.1: an H100 80GB's free memory, on an H200);
 #   PYTHON: the interpreter with torch (default python3). Work files go to build/bench_offload.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -83,6 +85,15 @@ if [[ " $SECTIONS " =~ " "(single|fsdp|large)" " ]]; then
     make -s train_gpt || exit 1
     [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+fi
+if [ -n "${GPU_MEMORY_GIB:-}" ] && [[ " $SECTIONS " =~ " "(single|fsdp)" " ]]; then
+    $PY bench/hold_gpu_memory.py --leave-gib "$GPU_MEMORY_GIB" > "$W/hold_gpu_memory.log" 2>&1 &
+    holder=$!; trap 'kill $holder 2>/dev/null' EXIT
+    until grep -q -e '^holding' -e 'error' "$W/hold_gpu_memory.log" 2>/dev/null; do
+        kill -0 $holder 2>/dev/null || break; sleep 1
+    done
+    grep -q '^holding' "$W/hold_gpu_memory.log" || { echo "bench_offload: GPU_MEMORY_GIB: $(tail -n 1 "$W/hold_gpu_memory.log")" >&2; exit 1; }
+    gpu="$gpu with $GPU_MEMORY_GIB GiB free ($(cat "$W/hold_gpu_memory.log"))"
 fi
 
 if [[ " $SECTIONS " == *" single "* ]]; then
