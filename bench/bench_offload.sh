@@ -56,10 +56,10 @@ fi
 
 T=1024; tokens=${TOKENS:-524288}; steps=${STEPS:-2}
 SHAPE_6_6B=(--layers 32 --channels 4096 --heads 32)
-# a step of `tokens` in micro-batches of ROWS rows (the variable's name) of T tokens
+# micro_steps ROWS NAME: a step of `tokens` in micro-batches of ROWS rows of T tokens (NAME: the rows' variable)
 micro_steps() {
-    [ $((tokens % (${!1} * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of $1 x $T ($((${!1} * T)))" >&2; exit 2; }
-    echo $((tokens / ${!1} / T))
+    [ $((tokens % ($1 * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of $2 x $T ($(($1 * T)))" >&2; exit 2; }
+    echo $((tokens / $1 / T))
 }
 # ours NAME ROWS [LAUNCHER...] -- FLAGS...: train_gpt on random tokens, its log $W/NAME.log; prints its RESULT (or why
 # none) and sets RESULT_LINE
@@ -97,7 +97,7 @@ if [ -n "${GPU_MEMORY_GIB:-}" ] && [[ " $SECTIONS " =~ " "(single|fsdp)" " ]]; t
 fi
 
 if [[ " $SECTIONS " == *" single "* ]]; then
-    rows=${ROWS:-4}; m=$(micro_steps ROWS) || exit 2
+    rows=${ROWS:-4}; m=$(micro_steps "$rows" ROWS) || exit 2
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-steps), bf16, $steps timed steps"
     declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1") result
     for name in ${VARIANTS:-resident offload delayed}; do
@@ -111,7 +111,7 @@ if [[ " $SECTIONS " == *" single "* ]]; then
 fi
 
 if [[ " $SECTIONS " == *" fsdp "* ]]; then
-    rows=${FSDP_ROWS:-8}; m=$(micro_steps FSDP_ROWS) || exit 2
+    rows=${FSDP_ROWS:-8}; m=$(micro_steps "$rows" FSDP_ROWS) || exit 2
     echo "== fsdp: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-batches), bf16: --offload optimizer against FSDP with CPU offload"
     ours_line="" torch_line=""
     for run in ${FSDP_RUNS:-ours torch}; do
@@ -129,7 +129,7 @@ if [[ " $SECTIONS " == *" fsdp "* ]]; then
 fi
 
 if [[ " $SECTIONS " == *" large "* ]]; then
-    gpus=${LARGE_GPUS:-4}; rows=${LARGE_ROWS:-2}; m=$(micro_steps LARGE_ROWS) || exit 2
+    gpus=${LARGE_GPUS:-4}; rows=${LARGE_ROWS:-2}; m=$(micro_steps "$rows" LARGE_ROWS) || exit 2
     [ $((m % gpus)) -eq 0 ] || { echo "bench_offload: $m micro-batches a step do not divide over LARGE_GPUS $gpus" >&2; exit 2; }
     echo "== large: 30B GPT on $gpus x $gpu, ZeRO-3 + --offload optimizer, $tokens tokens a step ($rows rows x $((m / gpus)) micro-steps a GPU), bf16"
     ours large_30b "$rows" scripts/launch.sh "$gpus" -- --layers 60 --channels 6656 --heads 52 --zero-stage 3 --offload optimizer
