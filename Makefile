@@ -32,7 +32,7 @@ endif
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
-          distributed/heartbeat.h distributed/stop_signals.h \
+          distributed/heartbeat.h distributed/stop_signals.h distributed/optimizer_file.h \
           $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp distributed/heartbeat.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
@@ -44,7 +44,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
-            $(BUILD)/test_heartbeat
+            $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
@@ -120,6 +120,10 @@ $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KE
 # ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
 $(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_adamw_cpu.cpp -o $@
+
+# ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
+$(BUILD)/test_offload_dir: test/test_offload_dir.cpp distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp test/test_offload_dir.cpp -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_sharding.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
