@@ -292,7 +292,7 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     const Offload offload = offload_mode(o.offload);
     const bool delayed_update = o.offload_delayed_update != 0;
     StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
-                             stages.chunks, {}};
+                             stages.chunks, {}, !o.offload_dir.empty()};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -316,8 +316,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                                 std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank" +
                                 (!delayed_update ? "" : o.warmup_steps > 0 ? ", delayed one step after the " + std::to_string(o.warmup_steps) + " warm-up steps"
                                                                             : std::string(", delayed one step"));
-        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu);
-        model.trained().set_offload(offload, threads, delayed_update);
+        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu, o.offload_dir);
+        model.trained().set_offload(offload, threads, delayed_update, o.offload_dir);
     }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
@@ -332,6 +332,10 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     }
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
             gib(device_memory_in_use()), gib(plan.total()), gib(in_use_before));
+    if (const OptimizerFile* file = model.trained().optimizer_file())
+        fprintf(out, "optimizer file %s: %.2f GiB preallocated, %d tiles of %.0f MiB, %s\n", file->path().c_str(), gib(file->file_bytes()),
+                file->num_tiles(), file->buffer_bytes() / (1024.0 * 1024.0),
+                file->direct() ? "direct I/O (O_DIRECT)" : "buffered I/O: the file system refuses direct I/O (O_DIRECT)");
     if (pg.world > 1 && !run.lora.enabled())  // the formula counts shards only; stages 2 and 3 also keep whole units being worked on
         fprintf(out, "model states per GPU: measured %.3f GiB, formula %.3f GiB (%+.1f%%), of which %.3f GiB are unsharded working buffers "
                      "(stage 2: gradients, stage 3: also parameters, of the embeddings, final LayerNorm and a two-block ring)\n",
@@ -467,6 +471,18 @@ struct StepLog {
                                      forecast);
     }
 };
+
+// --offload-dir at the end of the run: what this rank's optimizer file moved over `steps` steps (a step reads and writes
+// it once; checkpoints and the initialisation add theirs), the I/O thread's rates, and how long the updates waited for
+// it (bench/bench_offload_dir measures what the disk itself reaches).
+static void report_optimizer_file(FILE* out, const OptimizerFile& file, int steps) {
+    const OptimizerFile::Counters c = file.counters();
+    const double n = std::max(steps, 1);
+    fprintf(out, "optimizer file: %.2f GB read and %.2f GB written a step over %d steps; the disk ran at %.2f GB/s reading and %.2f GB/s "
+                 "writing; the update waited %.3f s a step for it\n",
+            c.bytes_read / n * 1e-9, c.bytes_written / n * 1e-9, steps, c.read_seconds > 0 ? c.bytes_read / c.read_seconds * 1e-9 : 0.0,
+            c.write_seconds > 0 ? c.bytes_written / c.write_seconds * 1e-9 : 0.0, c.wait_seconds / n);
+}
 
 // The checkpoint of step `step` (every rank takes part), then the old ones that --keep-checkpoints no longer keeps.
 template <typename floatX>
@@ -623,6 +639,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
 
     if (status == 0) {
         log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
+        if (const OptimizerFile* file = model.trained().optimizer_file()) report_optimizer_file(out, *file, steps - start_step);
         if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
         if (pg.world > 1) print_parameter_checksums(model, pg.rank, run.shape, mesh);
     }

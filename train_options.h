@@ -19,6 +19,7 @@
 #include "model/config.h"                   // defines: ModelConfig, config_from_descriptor, config_problem, tensor_parallel_problem, kMaxLayers
 #include "model/lora.h"                     // defines: LoraSpec, read_adapter_file, parse_lora_targets
 #include "model/model_file.h"               // defines: read_model_config
+#include "distributed/optimizer_file.h"     // defines: optimizer_file_bytes, offload_dir_problem, offload_dir_space_problem
 
 // ---------------------------------------------------------------------------------------------
 // Command-line flags. One table drives both the parser and --help, so they cannot disagree.
@@ -65,6 +66,7 @@ struct Options {
     std::string offload = "none";
     int offload_delayed_update = 0;
     float host_memory_gib = -1.0f;  // -1: MemTotal
+    std::string offload_dir;        // ZeRO-Offload's NVMe tier: the optimizer files' folder (empty: host memory)
     int tensor_parallel = 1;
     int sequence_parallel = 0;
     int pipeline_parallel = 1;
@@ -173,6 +175,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
         {"--offload-delayed-update", nullptr, Flag::INT, &o.offload_delayed_update, kOffOn, "1: with --offload optimizer, the CPU's AdamW of a step runs while the GPU computes the next step on the parameters without that update (one-step delayed update; the warm-up steps' updates are not delayed, and evaluations, samples and checkpoints wait for the running one)"},
+        {"--offload-dir", nullptr, Flag::STRING, &o.offload_dir, anything(), "with --offload: the folder (on a local NVMe disk) where each rank's master weights and Adam moments live, in a file of 12 bytes a parameter of its shard (8 in fp32), read and written tile by tile with direct I/O each step; the host keeps 3 tiles (empty: in host memory)"},
         {"--host-memory-gib", nullptr, Flag::FLOAT, &o.host_memory_gib, or_minus_one(above(0)), "with --offload: the pinned host memory this machine's ranks may take together, in GiB (-1: MemTotal of /proc/meminfo)"},
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
@@ -437,6 +440,18 @@ inline RunShape validate_options(const Options& o, int world) {
     if (o.offload_delayed_update && o.offload == "optimizer,parameters")
         die("--offload-delayed-update 1 runs with --offload optimizer (got optimizer,parameters): the next step's gathers read the host's "
             "parameter shard, which the delayed update would be rewriting; --offload optimizer keeps the parameters on the GPU");
+    // the NVMe tier: the folder takes this rank's optimizer file (the machine's files together: the start-up plan)
+    if (!o.offload_dir.empty()) {
+        if (o.offload == "none")
+            die("--offload-dir runs with --offload optimizer or optimizer,parameters (got none): it holds the offloaded optimizer state");
+        if (o.offload_delayed_update)
+            die("--offload-dir runs with --offload-delayed-update 0: the delayed update runs on whole-shard host arrays of the optimizer state");
+        const std::string problem = offload_dir_problem(o.offload_dir);
+        if (!problem.empty()) die(problem);
+        const size_t shard = ParameterLayout(config, 8 * shape.dp, shape.tp).total / shape.dp;  // stages 1-3, or one rank's everything
+        const std::string space = offload_dir_space_problem(o.offload_dir, optimizer_file_bytes(shard, o.precision == "fp32" ? 2 : 3), 1);
+        if (!space.empty()) die(space);
+    }
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");

@@ -33,11 +33,17 @@
 // step N+1's step() lands it (its parameters go up, then the all-gather) and sends its own gradient shard down. The
 // gradient shard and the new parameters live in whole-shard pinned host buffers instead of the staging slots: 16Ψ/N
 // on the host in all (bf16 and fp32).
+// The NVMe tier (ZeRO-Infinity's optimizer-state offload; --offload-dir PATH, with --offload and without the delayed
+// update): the master weights and Adam moments live in one file per rank in PATH (distributed/optimizer_file.h), 12Ψ/N
+// bytes (8Ψ/N in fp32), which the host's update reads and writes back tile by tile, one tile ahead and one behind on
+// an I/O thread; the host keeps OptimizerFile::kBuffers tiles of it. Checkpoints read and write the state through the
+// file, in the same format.
 #pragma once
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -48,6 +54,7 @@
 #include "process_group.h"
 #include "mesh.h"
 #include "nccl.h"                    // defines: nccl_type
+#include "optimizer_file.h"          // defines: OptimizerFile, optimizer_file_bytes, optimizer_file_path
 #include "../model/config.h"       // defines: UnitKind (each parameter unit's kind, with the layout)
 
 
@@ -103,10 +110,13 @@ struct ZeroMemory {
 };
 // ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, its compute-precision
 // parameters (--offload optimizer,parameters; under the delayed update the new parameters), its gradients (under the
-// delayed update), and the staging slots that the gradients come down and the new parameters go up through.
+// delayed update), and the staging slots that the gradients come down and the new parameters go up through. Under
+// --offload-dir the master weights and Adam moments are the optimizer file's (`disk` bytes, not in total()) and the host
+// holds its tile buffers (`file_tiles`, pageable).
 struct HostMemory {
-    size_t master_weights = 0, adam_state = 0, parameters = 0, gradients = 0, staging = 0;
-    size_t total() const { return master_weights + adam_state + parameters + gradients + staging; }
+    size_t master_weights = 0, adam_state = 0, parameters = 0, gradients = 0, staging = 0, file_tiles = 0;
+    size_t disk = 0;
+    size_t total() const { return master_weights + adam_state + parameters + gradients + staging + file_tiles; }
 };
 
 // What ZeRO-Offload moves to the host (--offload): nothing, the optimizer state, or also the stage-3 parameter shard.
@@ -166,6 +176,7 @@ public:
     // down and the last one's copy up, which nothing overlaps, take well under a millisecond), through kOffloadSlots
     // pinned slots each way: tile k+1 comes down and tile k-1 goes up while the CPU updates tile k.
     static constexpr size_t kOffloadTileElements = size_t(1) << 22;
+    static_assert(kOffloadTileElements % 1024 == 0, "the optimizer file's tile records start 4096-aligned");
     static constexpr int kOffloadSlots = 2;
     static size_t offload_tile(size_t shard) { return std::min(kOffloadTileElements, shard); }
 
@@ -197,8 +208,9 @@ public:
     // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
     // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of
     // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots. Under the
-    // delayed update (delayed, with kOptimizer) no slots: the shard's gradients and new parameters, whole.
-    static HostMemory host_memory(size_t total, int world, int stage, Offload offload, bool delayed = false) {
+    // delayed update (delayed, with kOptimizer) no slots: the shard's gradients and new parameters, whole. With the
+    // optimizer file (file: --offload-dir) the master weights and Adam moments are on the disk, the host holds its tiles.
+    static HostMemory host_memory(size_t total, int world, int stage, Offload offload, bool delayed = false, bool file = false) {
         if (offload == Offload::kNone) return {};
         const bool parameters = offload == Offload::kOptimizerParameters;
         const size_t shard = stage >= 1 ? total / world : total;
@@ -208,6 +220,12 @@ public:
         h.parameters = parameters || delayed ? shard * sizeof(floatX) : 0;
         h.gradients = delayed ? shard * sizeof(floatX) : 0;
         h.staging = delayed ? 0 : kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
+        if (file) {
+            const int arrays = kHasMaster ? 3 : 2;
+            h.master_weights = h.adam_state = 0;
+            h.file_tiles = OptimizerFile::buffers_bytes(offload_tile(shard), arrays);
+            h.disk = optimizer_file_bytes(shard, arrays);
+        }
         return h;
     }
 
@@ -219,19 +237,23 @@ public:
     // shard too. Trained parameters sharded at stage 1-3 or on one rank, the parameters at stage 3 (validate_options
     // refuses the rest: stage 0 on several ranks, pipelines, LoRA, parameters below stage 3 or on one rank).
     // delayed_update: the one-step delayed update (kOptimizer only): step() leaves its update running on a host
-    // thread while the next step computes, where delay_update() allows it.
-    void set_offload(Offload offload, int cpu_threads, bool delayed_update = false) {
+    // thread while the next step computes, where delay_update() allows it. offload_dir: the NVMe tier's folder (empty:
+    // none; not with the delayed update), where allocate() creates this rank's optimizer file.
+    void set_offload(Offload offload, int cpu_threads, bool delayed_update = false, const std::string& offload_dir = "") {
         const bool parameters = offload == Offload::kOptimizerParameters;
         if (offload == Offload::kNone) return;
         if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || (parameters && delayed_update) ||
-            adam_m_ != nullptr)
+            (delayed_update && !offload_dir.empty()) || adam_m_ != nullptr || file_ != nullptr)
             die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3, without the delayed "
-                "update), without pipeline stages, before allocate()");
+                "update; the optimizer file: without the delayed update), without pipeline stages, before allocate()");
         offload_ = true;
         offload_params_ = parameters;
         offload_delayed_ = delayed_update;
         cpu_threads_ = cpu_threads;
+        offload_dir_ = offload_dir;
     }
+    // The NVMe tier's optimizer file of this rank, or null (no --offload-dir); its counters say what the disk did.
+    const OptimizerFile* optimizer_file() const { return file_.get(); }
     // The delayed update (set_offload): whether the update of the coming step() may still be running on the host when
     // the step after it begins its forward (otherwise it lands within its own step, in finish_step()).
     void delay_update(bool delay) { delay_update_ = delay; }
@@ -274,12 +296,16 @@ public:
         if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_, false);
         else alloc(&grads_, total_);
         const size_t n = optimizer_elements();
-        if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
+        if (offload_ && !offload_dir_.empty()) {  // this rank's file, preallocated: zeros (set_unit writes the master weights)
+            file_.reset(new OptimizerFile(optimizer_file_path(offload_dir_, pg_.rank), n, tile_elements(), kHasMaster));
+        } else if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
             if (kHasMaster) cudaCheck(cudaHostAlloc(&master_, n * sizeof(float), cudaHostAllocDefault));
             cudaCheck(cudaHostAlloc(&adam_m_, n * sizeof(float), cudaHostAllocDefault));
             cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
             zero_host(adam_m_, n);
             zero_host(adam_v_, n);
+        }
+        if (offload_) {
             if (offload_delayed_) {  // the whole shard's gradients and new parameters (in fp32 the parameters the update reads)
                 cudaCheck(cudaHostAlloc(&host_shard_grads_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
                 cudaCheck(cudaHostAlloc(&host_shard_params_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
@@ -616,7 +642,12 @@ public:
         // the fp32 values the update starts from: the master weights, or in fp32 under the delayed update the host's
         // parameters (their own master weights)
         float* master = kHasMaster ? master_ : offload_delayed_ ? reinterpret_cast<float*>(host_shard_params_) : nullptr;
-        if (master != nullptr && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
+        if (file_ != nullptr && kHasMaster) {  // into the optimizer file, through the host (this rank's slice: stages 1-3 or one rank)
+            std::vector<float> slice(shard);
+            cudaCheck(cudaMemcpyAsync(slice.data(), values + mine, shard * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+            pg_.synchronize(compute_);
+            file_->write_range(OptimizerFile::kMaster, plan_.local_offset[u], slice.data(), shard);
+        } else if (master != nullptr && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
             const cudaMemcpyKind kind = offload_ ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
             if (stage_ >= 1)
                 cudaCheck(cudaMemcpyAsync(master + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
@@ -678,7 +709,8 @@ public:
     }
 
     // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats. Under
-    // ZeRO-Offload read and written in host memory directly, once set_unit's copies there are done.
+    // ZeRO-Offload read and written in host memory directly, once set_unit's copies there are done; with the optimizer
+    // file, through it (the same arrays: a checkpoint is the same whether or not the run had --offload-dir).
     size_t optimizer_elements() const { return stage_ >= 1 ? plan_.local_total : total_; }
     void optimizer_state_to_host(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) const {
         const size_t n = optimizer_elements();
@@ -687,6 +719,7 @@ public:
         v.resize(n);
         require_landed("reading the optimizer state");
         if (offload_) pg_.synchronize(compute_);
+        if (file_ != nullptr) return file_->read_all(kHasMaster ? master.data() : nullptr, m.data(), v.data());
         auto get = [&](std::vector<float>& to, const float* from) {
             if (offload_) std::copy(from, from + n, to.begin());
             else cudaCheck(cudaMemcpy(to.data(), from, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -699,6 +732,7 @@ public:
         const size_t n = optimizer_elements();
         require_landed("setting the optimizer state");
         if (offload_) pg_.synchronize(compute_);
+        if (file_ != nullptr) return file_->write_all(kHasMaster ? master.data() : nullptr, m.data(), v.data());
         auto put = [&](float* to, const std::vector<float>& from) {
             if (offload_) std::copy(from.begin(), from.begin() + n, to);
             else cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -767,7 +801,9 @@ private:
     // writes it in place and nothing goes up: the next forward's gathers, enqueued after this returns, copy it up (the
     // last step's gathers, which read it too, were done before the norm). A skipped step (adamw_grad_scale 0: a
     // non-finite norm) changes nothing, as on the GPU; its downloads go unread. Every wait is bounded by
-    // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job.
+    // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job. With the optimizer
+    // file the tiles' master weights and moments come from its pass (read one tile ahead, written one behind), in the
+    // same order.
     void update_on_host(const AdamWHyper& h) {
         cudaCheck(cudaEventRecord(norm_ready_, compute_));
         pg_.wait_event(norm_ready_);
@@ -775,7 +811,8 @@ private:
         if (step.grad_scale == 0.0f) return;
         using Cpu = typename CpuFloat<floatX>::type;
         const int tiles = num_tiles();
-        for (int k = 0; k < tiles; k++) {
+        // tile k, its master weights and moments from its first element on (in the whole-shard arrays or the file's tile)
+        auto update_tile = [&](int k, float* master, float* m, float* v) {
             const int slot = k % kOffloadSlots;
             const size_t first = (size_t)k * tile_elements();
             pg_.wait_event(downloaded_[slot]);
@@ -784,8 +821,9 @@ private:
             auto params = [&](size_t i) { return reinterpret_cast<Cpu*>(offload_params_ ? param_shards_ + i : host_params_[slot] + (i - first)); };
             const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
             for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                adamw_cpu::update(params(begin), kHasMaster ? master_ + begin : nullptr, grads + (begin - first), adam_m_ + begin,
-                                  adam_v_ + begin, 0, (long)(end - begin), (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
+                const size_t i = begin - first;
+                adamw_cpu::update(params(begin), kHasMaster ? master + i : nullptr, grads + i, m + i, v + i, 0, (long)(end - begin),
+                                  (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
             });
             if (!offload_params_)
                 for_each_piece(k, [&](int u, size_t begin, size_t end) {
@@ -794,6 +832,14 @@ private:
                 });
             cudaCheck(cudaEventRecord(uploaded_[slot], upload_));
             if (k + kOffloadSlots < tiles) download_tile(k + kOffloadSlots);
+        };
+        if (file_ != nullptr) {
+            file_->pass(0, tiles, OptimizerFile::Pass::kReadWrite, [&](const OptimizerFile::Tile& t) { update_tile(t.index, t.master, t.m, t.v); });
+        } else {
+            for (int k = 0; k < tiles; k++) {
+                const size_t first = (size_t)k * tile_elements();
+                update_tile(k, kHasMaster ? master_ + first : nullptr, adam_m_ + first, adam_v_ + first);
+            }
         }
         cudaCheck(cudaEventRecord(offload_done_, upload_));
         cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
@@ -942,6 +988,8 @@ private:
     // step's start, the norm on the host, the last upload)
     bool offload_ = false, offload_params_ = false;
     int cpu_threads_ = 0;
+    std::string offload_dir_;             // --offload-dir: the optimizer file's folder, or empty
+    std::unique_ptr<OptimizerFile> file_;  // with it: the master weights and Adam moments (master_, adam_m_, adam_v_ null)
     floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
     cudaStream_t download_ = nullptr, upload_ = nullptr;
     std::vector<cudaEvent_t> downloaded_, uploaded_;

@@ -113,16 +113,17 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
 // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
 // what ZeRO-Offload keeps on the host (p.host) instead of the GPU; delayed_update: its one-step delayed update, whose
-// whole-shard host buffers the host plan counts (the GPU's is the same).
+// whole-shard host buffers the host plan counts (the GPU's is the same); offload_file: its NVMe tier (--offload-dir),
+// the optimizer state on the disk and its tiles on the host.
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
-                       ActivationPlan ap = ActivationPlan()) {
+                       ActivationPlan ap = ActivationPlan(), bool offload_file = false) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
     const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
-    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload, delayed_update);
+    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload, delayed_update, offload_file);
     p.parameters = z.parameters;
     p.gradients = z.gradients;
     p.master_weights = z.master_weights;
@@ -164,9 +165,10 @@ struct StagePlans {
     LoraSpec lora;
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
+    bool offload_file = false;  // ZeRO-Offload's NVMe tier (--offload-dir)
     MemoryPlan of(int s, int split) const {
         const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets);
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, offload_file);
     }
 };
 
@@ -258,13 +260,26 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 // The start-up line of ZeRO-Offload's pinned host memory, next to the GPU's plan: a rank's part (`host`, each of the
 // `ranks_on_host` ranks of this machine takes as much) against the machine's budget, and the CPU AdamW that updates it
 // (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
-inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu) {
+// With the NVMe tier (offload_dir not empty) the host holds the optimizer file's tiles (pageable), and a second line
+// gives the file of a rank against the free space of offload_dir, which refuses too when the machine's files do not fit.
+inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu,
+                                    const std::string& offload_dir = "") {
     const size_t machine = host.total() * ranks_on_host;
     const std::string ranks = std::to_string(ranks_on_host) + (ranks_on_host == 1 ? " rank" : " ranks");
-    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | gradients %.2f | staging %.2f | "
+    const std::string tiles = offload_dir.empty() ? "" : " | optimizer file tiles (pageable) " + gib_text_of((double)host.file_tiles);
+    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | gradients %.2f | staging %.2f%s | "
                  "total %.2f; x %s on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
-            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.gradients), gib(host.staging), gib(host.total()),
-            ranks.c_str(), gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
+            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.gradients), gib(host.staging), tiles.c_str(),
+            gib(host.total()), ranks.c_str(), gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
+    if (!offload_dir.empty()) {
+        struct statvfs fs;
+        const double free_bytes = statvfs(offload_dir.c_str(), &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize : 0.0;
+        fprintf(out, "disk per rank (GiB, --offload-dir %s): optimizer file (master weights + Adam m+v) %.2f; x %s on this machine = %.2f of "
+                     "%.2f free\n",
+                offload_dir.c_str(), gib(host.disk), ranks.c_str(), gib(host.disk * ranks_on_host), free_bytes / (1024.0 * 1024.0 * 1024.0));
+        const std::string problem = offload_dir_space_problem(offload_dir, host.disk, ranks_on_host);
+        if (!problem.empty()) die(problem);
+    }
     if (machine > budget.bytes)
         die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + ranks + " x " +
             gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source + "): spread the job "

@@ -90,6 +90,29 @@ expect_error "delayed update without offload" "--offload-delayed-update 1 runs w
 expect_error "delayed update accepted" "--resume needs --output-dir" $SMALL --offload optimizer --offload-delayed-update 1 --resume 1
 # fp32 offloads too (no master weights: the host holds Adam's m and v): the run stops at a later check
 expect_error "offload in fp32 accepted" "--resume needs --output-dir" $SMALL --offload optimizer --precision fp32 --host-memory-gib 8 --resume 1
+# the NVMe tier (--offload-dir): with --offload, without the delayed update, a writable folder with room for the file
+mkdir -p "$W/offload_dir"; touch "$W/offload_file"
+expect_error "offload dir without offload" "--offload-dir runs with --offload optimizer or optimizer,parameters (got none)" $SMALL --offload-dir "$W/offload_dir"
+expect_error "offload dir with the delayed update" "--offload-dir runs with --offload-delayed-update 0" $SMALL --offload optimizer --offload-dir "$W/offload_dir" --offload-delayed-update 1
+expect_error "offload dir missing" "--offload-dir $W/missing: No such file or directory" $SMALL --offload optimizer --offload-dir "$W/missing"
+expect_error "offload dir not a folder" "--offload-dir $W/offload_file is not a folder" $SMALL --offload optimizer --offload-dir "$W/offload_file"
+expect_error "offload dir accepted" "--resume needs --output-dir" $SMALL --offload optimizer --offload-dir "$W/offload_dir" --resume 1
+# a folder without room, and a read-only one: a private tmpfs (unshare -rm), where the system allows one
+if unshare -rm true 2> /dev/null; then
+    mkdir -p "$W/offload_small"
+    # expect_line NAME START STDERR: STDERR is one line that starts with START
+    expect_line() {
+        if [[ $3 == "$2"* ]] && [ "$(printf '%s\n' "$3" | wc -l)" -eq 1 ]; then echo "PASS cli $1"; else echo "FAIL cli $1: $3"; fi
+    }
+    err=$(unshare -rm sh -c 'mount -t tmpfs -o size=64k none "$1" && shift && exec "$@"' sh "$W/offload_small" \
+          "$BIN" $SMALL --offload optimizer --offload-dir "$W/offload_small" --resume 1 2>&1 >/dev/null)
+    expect_line "offload dir without room" "error: --offload-dir $W/offload_small has 0.00 GiB free but the optimizer files need 0.04 GiB (1 rank x 0.04 GiB)" "$err"
+    err=$(unshare -rm sh -c 'mount -t tmpfs -o size=64k,ro none "$1" && shift && exec "$@"' sh "$W/offload_small" \
+          "$BIN" $SMALL --offload optimizer --offload-dir "$W/offload_small" --resume 1 2>&1 >/dev/null)
+    expect_line "offload dir read-only" "error: --offload-dir $W/offload_small is not writable (Read-only file system)" "$err"
+else
+    echo "SKIP cli offload dir without room, read-only: no user and mount namespace (unshare -rm)"
+fi
 
 # every flag's range: integers parsed whole, never cut to fit an int; floats finite and in range
 expect_error "integer above int" "--batch-size must be in [1, 2147483647], got 4294967297" --batch-size 4294967297
