@@ -46,6 +46,7 @@ run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
 run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
 run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
+run offload_dir build/test_offload_dir  # ZeRO-Offload's NVMe tier: AdamW through the optimizer file, bitwise; full disk, write errors, no O_DIRECT
 run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
 run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
 run launch bash test/test_launch.sh

@@ -2,17 +2,17 @@
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs the
 # uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, stops for a signal and
 # their bitwise resume, --recompute levels (bitwise equal losses, less activation memory), non-finite steps,
-# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not; its one-step delayed update
-# against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve
+# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not; its NVMe tier bitwise it and
+# resumed across it; its one-step delayed update against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve
 # parity with the PyTorch reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file
 # and batches, within 3e-2 at every step; PARITY_* variables change the setting; plotted to
 # build/test_work/training/curve_parity.png).
 # The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), a
-# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run, the
-# delayed update in fp32 (against offload, resumed), and LoRA, retention and the refusals as in full; the full tier
+# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run and
+# --offload-dir in fp32 against offload, the delayed update in fp32 (against offload, resumed), and LoRA, retention and the refusals as in full; the full tier
 # adds fp32 and fp16, the same seed twice, the stops for SIGUSR1, SIGINT twice and a signal during a save,
 # --recompute 1 and 2, the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite
-# steps, the delayed update in bf16 and twice, and the curve parity.
+# steps, --offload-dir in bf16 with its resume chain, the delayed update in bf16 and twice, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
@@ -230,6 +230,46 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16 fp16); do
         echo "FAIL training $p offload optimizer: $(grep -m1 error "$W/offload-$p.out")"; diff <(train_log_lines "$W/resident-$p") <(train_log_lines "$W/offload-$p") | head -4
     fi
 done
+# The NVMe tier (--offload-dir): the master weights and Adam moments in a file, read and written tile by tile (this
+# model's 16.1M parameters: 3 tiles of 2^22 and a partial one) by the I/O thread, so the run is --offload optimizer's bit
+# for bit: 20 losses, the final model file and the optimizer state; the start-up lines of the file and the disk, the
+# end-of-run line of its I/O, and no file left. fp32 in the quick tier; bf16 in full, with its resume chain --offload-dir
+# -> --offload optimizer -> --offload-dir against the uninterrupted run.
+mkdir -p "$W/offload_dir"
+for p in fp32 $([ "$TIER" = full ] && echo bf16); do
+    ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 5 --offload optimizer --offload-dir "$W/offload_dir" -o "$W/offload-dir-$p" \
+        > "$W/offload-dir-$p.out" 2>&1
+    if grep -q "^disk per rank (GiB, --offload-dir $W/offload_dir): optimizer file" "$W/offload-dir-$p.out" &&
+        grep -q "^optimizer file $W/offload_dir/optimizer_rank0.bin: .* GiB preallocated, 4 tiles" "$W/offload-dir-$p.out" &&
+        grep -q "^optimizer file: .* GB read and .* GB written a step over 20 steps" "$W/offload-dir-$p.out" && [ -z "$(ls -A "$W/offload_dir")" ] &&
+        [ "$(train_log_lines "$W/offload-dir-$p" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$W/offload-$p")" == "$(train_log_lines "$W/offload-dir-$p")" ] &&
+        cmp -s "$W/offload-$p/model_00000020.bin" "$W/offload-dir-$p/model_00000020.bin" &&
+        cmp -s "$W/offload-$p/state_00000020_00000.bin" "$W/offload-dir-$p/state_00000020_00000.bin"; then
+        echo "PASS training $p offload-dir: 20 losses, the final model file and the optimizer state bitwise equal to --offload optimizer, the file removed"
+    else
+        echo "FAIL training $p offload-dir: $(grep -m1 error "$W/offload-dir-$p.out") left: $(ls "$W/offload_dir" | tr '\n' ' ')"
+        diff <(train_log_lines "$W/offload-$p") <(train_log_lines "$W/offload-dir-$p") | head -4
+    fi
+done
+if [ "$TIER" = full ]; then
+    # resume --offload-dir -> --offload optimizer -> --offload-dir: the checkpoints are the same format either way
+    mkdir -p "$W/offload-dir-chain-host" "$W/offload-dir-chain-disk"
+    cp "$W/offload-dir-bf16"/*_00000005* "$W/offload-dir-chain-host/"
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --checkpoint-every 5 --offload optimizer -o "$W/offload-dir-chain-host" --resume 1 \
+        > "$W/offload-dir-chain-host.out" 2>&1
+    cp "$W/offload-dir-chain-host"/*_00000010* "$W/offload-dir-chain-disk/"
+    ./train_gpt "${SMALL[@]}" --precision bf16 --steps 20 --checkpoint-every 5 --offload optimizer --offload-dir "$W/offload_dir" \
+        -o "$W/offload-dir-chain-disk" --resume 1 > "$W/offload-dir-chain-disk.out" 2>&1
+    if [ "$(train_log_lines "$W/offload-bf16" | awk '$1 >= 5')" == "$(train_log_lines "$W/offload-dir-chain-host")" ] &&
+        [ "$(train_log_lines "$W/offload-bf16" | awk '$1 >= 10')" == "$(train_log_lines "$W/offload-dir-chain-disk")" ] &&
+        [ "$(train_log_lines "$W/offload-dir-chain-disk" | wc -l)" -eq 10 ] &&
+        cmp -s "$W/offload-bf16/model_00000020.bin" "$W/offload-dir-chain-disk/model_00000020.bin" &&
+        cmp -s "$W/offload-bf16/state_00000020_00000.bin" "$W/offload-dir-chain-disk/state_00000020_00000.bin"; then
+        echo "PASS training bf16 resume offload-dir -> offload -> offload-dir: steps 5-19, the final model file and optimizer state bitwise equal to the uninterrupted run"
+    else
+        echo "FAIL training bf16 resume offload-dir -> offload -> offload-dir: $(grep -m1 error "$W/offload-dir-chain-host.out" "$W/offload-dir-chain-disk.out")"
+    fi
+fi
 if [ "$TIER" = full ]; then
     # resume offload -> GPU-resident -> offload: the offloaded run's step-5 checkpoint continues without offload, whose
     # step-10 checkpoint continues with it; both continuations equal the uninterrupted resident run bit for bit

@@ -7,7 +7,7 @@
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards. ZeRO-Offload (--offload optimizer) at stages
 # 2 and 3 (at 3 also with the parameter shards on the host): bitwise the GPU-resident run at the same stage, and its
 # checkpoints resumed across offload and data-parallel sizes; at stage 2 its one-step delayed update (against the
-# non-delayed run, twice, resumed). A stop signal to one rank stops both after the same step, and the resumed run
+# non-delayed run, twice, resumed) and its NVMe tier (--offload-dir, bitwise the in-memory offload run). A stop signal to one rank stops both after the same step, and the resumed run
 # equals the uninterrupted one.
 # On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
 # need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
@@ -226,6 +226,22 @@ for check in again resumed; do
         echo "FAIL zero $WHERE stage 2 fp32 offload delayed update $check: $states of $N state files equal $(grep -m1 error "$c.out")"
     fi
 done
+# the NVMe tier at stage 2 (--offload-dir): each rank's master weights and Adam moments in its own file of one folder,
+# read and written tile by tile: 20 losses, the model file and every rank's state file bitwise the in-memory offload
+# run's, and no file left in the folder
+mkdir -p "$W/offload_dir_files"
+scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" --precision fp32 --deterministic 1 --batch-size $BG --steps 20 --zero-stage 2 \
+    --offload optimizer --offload-dir "$W/offload_dir_files" --checkpoint-every 5 -o "$W/offload_dir_s2" > "$W/offload_dir_s2.out" 2>&1
+a="$W/offload_optimizer_s2" b="$W/offload_dir_s2"
+states=0
+for r in $(seq 0 $((N - 1))); do cmp -s "$a/state_00000020_$(printf %05d $r).bin" "$b/state_00000020_$(printf %05d $r).bin" && states=$((states + 1)); done
+if [ "$(losses "$b" | wc -l)" -eq 20 ] && [ "$(losses "$a")" == "$(losses "$b")" ] && cmp -s "$a/model_00000020.bin" "$b/model_00000020.bin" &&
+    [ $states -eq $N ] && [ -z "$(ls -A "$W/offload_dir_files")" ]; then
+    echo "PASS zero $WHERE stage 2 fp32 offload-dir: 20 losses, the model file and all $N state files bitwise equal to --offload optimizer, the files removed"
+else
+    echo "FAIL zero $WHERE stage 2 fp32 offload-dir: $states of $N state files equal, left: $(ls "$W/offload_dir_files" | tr '\n' ' ') $(grep -m1 error "$b.out")"
+fi
+
 # resume across offload and data-parallel sizes: the offloaded stage-2 run's step-5 checkpoint continues on one GPU
 # without offload, whose step-10 checkpoint continues on N ranks at stage 3 with the optimizer state and the parameter
 # shards on the host; both within fp32's 1e-5 of the uninterrupted run (another data-parallel size sums the gradients
