@@ -47,7 +47,7 @@ CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tok
             $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
-BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir
 
 .PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
 all: train_gpt $(BUILD)/prepare_shards
@@ -120,6 +120,10 @@ $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KE
 # ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
 $(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_adamw_cpu.cpp -o $@
+
+# the NVMe tier's disk and its AdamW pass through the optimizer file (bench/bench_offload.sh's nvme section)
+$(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_offload_dir.cpp -o $@
 
 # ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
 $(BUILD)/test_offload_dir: test/test_offload_dir.cpp distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)

@@ -13,13 +13,19 @@
 #             bf16 mixed precision, the micro-batches under no_sync) against train_gpt --offload optimizer, the same
 #             6.6B GPT on one GPU, TOKENS tokens a step of FSDP_ROWS rows a micro-batch (default 8): tokens/s, peak
 #             GPU memory, ours / FSDP. FSDP_RUNS (default "ours torch") picks the runs.
+#   nvme      the NVMe tier (--offload-dir) on the disk under OFFLOAD_DIR (required), on the CPU alone
+#             (build/bench_offload_dir): the disk's sequential write and read GB/s with direct I/O in records of the tile
+#             (2^22 elements x 12 bytes), then the double-buffered AdamW pass over a shard of ELEMENTS parameters whose
+#             master weights and moments are in a file: params/s and the fraction of the disk's bandwidth it reaches.
+#             The single section takes the variant disk (--offload optimizer --offload-dir OFFLOAD_DIR) with it.
 #   large     the 30B GPT (60 layers, C=6656, 52 heads) on LARGE_GPUS GPUs (default 4) through scripts/launch.sh,
 #             ZeRO-3 with --offload optimizer, TOKENS tokens a step of LARGE_ROWS rows a micro-batch (default 2):
 #             tokens/s, MFU, peak GPU memory, the memory plan's lines (GPU and pinned host).
 # Each train_gpt result is its RESULT line: the median step after 3 warm-up steps of STEPS + 3; PyTorch's the median
 # of STEPS steps after one.
 # Usage: SECTIONS="cpu_adam" bench/bench_offload.sh
-#   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
+#   ELEMENTS (cpu_adam and nvme, default 2^28), THREADS (default: every core), REPS (default 5; nvme 3);
+#   OFFLOAD_DIR (nvme, the single section's disk variant), NVME_GIB (nvme: the disk probe's file, default 8);
 #   TOKENS, ROWS (default 4), STEPS (default 2), VARIANTS, OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
 #   FSDP_ROWS, FSDP_RUNS; LARGE_GPUS, LARGE_ROWS;
 #   GPU_MEMORY_GIB: the single and fsdp sections' GPU made smaller, bench/hold_gpu_memory.py holding all but this many
@@ -34,7 +40,7 @@ SECTIONS=${SECTIONS:-cpu_adam single}
 THREADS=${THREADS:-$(nproc)}
 kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }
 for s in $SECTIONS; do
-    case $s in cpu_adam|single|fsdp|large) ;; *) echo "bench_offload: SECTIONS takes cpu_adam, single, fsdp and large, got '$s'" >&2; exit 2 ;; esac
+    case $s in cpu_adam|single|fsdp|large|nvme) ;; *) echo "bench_offload: SECTIONS takes cpu_adam, single, fsdp, large and nvme, got '$s'" >&2; exit 2 ;; esac
 done
 
 if [[ " $SECTIONS " == *" cpu_adam "* ]]; then
@@ -52,6 +58,20 @@ if [[ " $SECTIONS " == *" cpu_adam "* ]]; then
         if (t > 0) printf "cpu_adam: ours / PyTorch (the faster of foreach and fused, fp32): bf16+master %.2fx, fp32 %.2fx\n", b / t, f / t
         else print "cpu_adam: no PyTorch result"
     }' | tee "$W/cpu_adam_summary.txt"
+fi
+
+if [[ " $SECTIONS " == *" nvme "* ]]; then
+    [ -n "${OFFLOAD_DIR:-}" ] || { echo "bench_offload: the nvme section needs OFFLOAD_DIR, a folder on the disk to measure" >&2; exit 2; }
+    make -s build/bench_offload_dir || exit 1
+    n=${ELEMENTS:-268435456}
+    echo "== nvme: $OFFLOAD_DIR on $(df --output=source,fstype "$OFFLOAD_DIR" | tail -n 1 | tr -s ' '), $n parameters, $THREADS threads"
+    build/bench_offload_dir --dir "$OFFLOAD_DIR" --gib "${NVME_GIB:-8}" --elements "$n" --threads "$THREADS" --reps "${REPS:-3}" | tee "$W/nvme.log"
+    line() { grep -m1 "^RESULT $1" "$W/nvme.log"; }
+    awk -v w="$(kv "$(line 'disk write')" GB_per_s)" -v r="$(kv "$(line 'disk read')" GB_per_s)" -v p="$(kv "$(line offload_dir_adamw)" params_per_s)" \
+        -v f="$(kv "$(line offload_dir_adamw)" disk_fraction)" 'BEGIN {
+        if (p == "") { print "nvme: no result"; exit }
+        printf "nvme: disk %.2f GB/s write, %.2f GB/s read; AdamW through the file %.3g params/s = %.0f%% of the disk'"'"'s limit (12 bytes read and written a parameter)\n", w, r, p, 100 * f
+    }' | tee "$W/nvme_summary.txt"
 fi
 
 T=1024; tokens=${TOKENS:-524288}; steps=${STEPS:-2}
@@ -74,6 +94,7 @@ ours() {
         echo "$name: ${RESULT_LINE#RESULT }"
         grep -m1 -E '^memory plan per GPU' "$W/$name.log"
         grep -m1 '^host memory per rank' "$W/$name.log"
+        grep -E '^(disk per rank|optimizer file:)' "$W/$name.log" | head -n 2
     else
         echo "$name: no result: $(grep -m1 -iE 'error|out of memory' "$W/$name.log" || tail -n 1 "$W/$name.log")"
     fi
@@ -100,14 +121,16 @@ if [[ " $SECTIONS " == *" single "* ]]; then
     rows=${ROWS:-4}; m=$(micro_steps "$rows" ROWS) || exit 2
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-steps), bf16, $steps timed steps"
     declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1") result
+    [ -n "${OFFLOAD_DIR:-}" ] && flags_of[disk]="--offload optimizer --offload-dir $OFFLOAD_DIR"
     for name in ${VARIANTS:-resident offload delayed}; do
-        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
+        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload, delayed and (with OFFLOAD_DIR) disk, got '$name'" >&2; exit 2; }
         # shellcheck disable=SC2086
         ours "single_$name" "$rows" -- "${SHAPE_6_6B[@]}" ${flags_of[$name]}
         result[$name]=$RESULT_LINE
     done
     ratio "single: offload / resident" "${result[offload]:-}" "${result[resident]:-}"
     ratio "single: delayed / resident" "${result[delayed]:-}" "${result[resident]:-}"
+    ratio "single: disk / offload" "${result[disk]:-}" "${result[offload]:-}"
 fi
 
 if [[ " $SECTIONS " == *" fsdp "* ]]; then
