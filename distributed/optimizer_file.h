@@ -13,7 +13,8 @@
 // writes where the file system refuses it (direct() says which). The file is created empty, preallocated with
 // posix_fallocate (a full disk is found before training) and removed by the destructor. A failed read or write ends
 // the program with one line naming the file (die, from the thread that waits for it).
-// defines: OptimizerFile, optimizer_file_bytes, optimizer_file_path, offload_dir_problem, offload_dir_space_problem
+// defines: OptimizerFile, optimizer_file_bytes, optimizer_file_path, offload_dir_problem, offload_dir_free_bytes,
+//          offload_dir_space_problem
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -28,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -61,12 +63,30 @@ inline std::string offload_dir_problem(const std::string& dir) {
     return "";
 }
 
+// The free bytes of the file system of `dir` for the optimizer files: its free space plus what the optimizer files
+// already there take (the files of ranks that started first, or ones a run that died left, which a start replaces).
+inline double offload_dir_free_bytes(const std::string& dir) {
+    struct statvfs fs;
+    if (statvfs(dir.c_str(), &fs) != 0) return -1.0;
+    double free_bytes = (double)fs.f_bavail * fs.f_frsize;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (const dirent* e = readdir(d)) {
+            const std::string name = e->d_name;
+            struct stat st;
+            if (name.rfind("optimizer_rank", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0 &&
+                stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+                free_bytes += (double)st.st_blocks * 512;
+        }
+        closedir(d);
+    }
+    return free_bytes;
+}
+
 // "" when the file system of `dir` has room for `ranks` optimizer files of `bytes` each (the ranks of one machine
 // that share the folder); else the problem, in one line.
 inline std::string offload_dir_space_problem(const std::string& dir, size_t bytes, int ranks) {
-    struct statvfs fs;
-    if (statvfs(dir.c_str(), &fs) != 0) return "--offload-dir " + dir + ": cannot read its free space: " + strerror(errno);
-    const double free_bytes = (double)fs.f_bavail * fs.f_frsize, need = (double)bytes * ranks;
+    const double free_bytes = offload_dir_free_bytes(dir), need = (double)bytes * ranks;
+    if (free_bytes < 0) return "--offload-dir " + dir + ": cannot read its free space: " + strerror(errno);
     if (need <= free_bytes) return "";
     return "--offload-dir " + dir + " has " + gib_text_of(free_bytes) + " GiB free but the optimizer files need " + gib_text_of(need) + " GiB (" +
            std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " x " + gib_text_of((double)bytes) + " GiB): free space there, give "
@@ -163,7 +183,8 @@ public:
         }
         wait_for(enqueued_);
     }
-    // The whole state into host arrays of elements() floats (master null without master weights), and back.
+    // The whole state into host arrays of elements() floats (master null without master weights), and back (master null
+    // with master weights: the file's are kept).
     void read_all(float* master, float* m, float* v) {
         float* to[3] = {master, m, v};
         pass(0, num_tiles(), Pass::kRead, [&](const Tile& t) {
@@ -173,9 +194,9 @@ public:
     }
     void write_all(const float* master, const float* m, const float* v) {
         const float* from[3] = {master, m, v};
-        pass(0, num_tiles(), Pass::kWrite, [&](const Tile& t) {
+        pass(0, num_tiles(), has_master() && master == nullptr ? Pass::kReadWrite : Pass::kWrite, [&](const Tile& t) {
             for (int a = kMaster; a <= kV; a++)
-                if (t.array((Array)a) != nullptr) std::copy(from[a] + t.first, from[a] + t.first + t.count, t.array((Array)a));
+                if (t.array((Array)a) != nullptr && from[a] != nullptr) std::copy(from[a] + t.first, from[a] + t.first + t.count, t.array((Array)a));
         });
     }
     // Elements [at, at + n) of one array from `values`; the rest of the tiles they lie in stays.
@@ -212,7 +233,11 @@ private:
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return completed_ >= ticket || !error_.empty(); });
         counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (!error_.empty()) die(error_);
+        if (!error_.empty()) {
+            const std::string error = error_;
+            lock.unlock();
+            die(error);
+        }
     }
     void run_io() {
         std::unique_lock<std::mutex> lock(mutex_);

@@ -732,7 +732,7 @@ public:
         const size_t n = optimizer_elements();
         require_landed("setting the optimizer state");
         if (offload_) pg_.synchronize(compute_);
-        if (file_ != nullptr) return file_->write_all(kHasMaster ? master.data() : nullptr, m.data(), v.data());
+        if (file_ != nullptr) return file_->write_all(kHasMaster && !master.empty() ? master.data() : nullptr, m.data(), v.data());
         auto put = [&](float* to, const std::vector<float>& from) {
             if (offload_) std::copy(from.begin(), from.begin() + n, to);
             else cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice));

@@ -261,7 +261,8 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 // `ranks_on_host` ranks of this machine takes as much) against the machine's budget, and the CPU AdamW that updates it
 // (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
 // With the NVMe tier (offload_dir not empty) the host holds the optimizer file's tiles (pageable), and a second line
-// gives the file of a rank against the free space of offload_dir, which refuses too when the machine's files do not fit.
+// gives the file of a rank against the free space of offload_dir (the optimizer files already there count as free: they
+// are the ranks' that started first, or left by a run that died), which refuses when the machine's files do not fit.
 inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu,
                                     const std::string& offload_dir = "") {
     const size_t machine = host.total() * ranks_on_host;
@@ -272,8 +273,7 @@ inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks
             gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.gradients), gib(host.staging), tiles.c_str(),
             gib(host.total()), ranks.c_str(), gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
     if (!offload_dir.empty()) {
-        struct statvfs fs;
-        const double free_bytes = statvfs(offload_dir.c_str(), &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize : 0.0;
+        const double free_bytes = std::max(offload_dir_free_bytes(offload_dir), 0.0);
         fprintf(out, "disk per rank (GiB, --offload-dir %s): optimizer file (master weights + Adam m+v) %.2f; x %s on this machine = %.2f of "
                      "%.2f free\n",
                 offload_dir.c_str(), gib(host.disk), ranks.c_str(), gib(host.disk * ranks_on_host), free_bytes / (1024.0 * 1024.0 * 1024.0));

@@ -115,6 +115,10 @@ void check_write_range(const std::string& dir) {
     std::vector<float> got_master(n), got_m(n), got_v(n);
     file.read_all(got_master.data(), got_m.data(), got_v.data());
     check(got_master == master && got_m == m && got_v == v, "write_range: elements 1000-3099 of the master weights over 3 tiles, the rest unchanged", "");
+    std::vector<float> zeros(n, 0.0f);
+    file.write_all(nullptr, zeros.data(), zeros.data());
+    file.read_all(got_master.data(), got_m.data(), got_v.data());
+    check(got_master == master && got_m == zeros && got_v == zeros, "write_all without master weights keeps the file's", "");
 }
 
 // Runs body() in a child process whose stderr goes to `err`: its exit status (-1 if it did not exit).
@@ -209,6 +213,14 @@ void check_file_systems() {
         check(status == 1 && message.find("error: cannot preallocate 0.00 GiB for the optimizer file " + path + ": No space left on device") == 0 &&
                   one_line(message) && !file_exists(path),
               "a full disk is found at creation: one line naming the file, no file left", message);
+        {  // the free space counts the optimizer files already there (a rank that started first, a file a dead run left)
+            OptimizerFile file(optimizer_file_path(small, 1), 12 * 1024, 1024, true);  // 144 KiB of the 256
+            struct statvfs fs;
+            statvfs(small.c_str(), &fs);
+            const double free_bytes = offload_dir_free_bytes(small);
+            check(free_bytes == (double)fs.f_bavail * fs.f_frsize + file.file_bytes() && offload_dir_space_problem(small, file.file_bytes(), 1).empty(),
+                  "the free space counts the optimizer files in the folder: a second start finds room for its own", fmt("%.0f bytes", free_bytes));
+        }
         check_update<adamw_cpu::Bf16>(ram, "ramfs (buffered I/O)", 7 * 1024 + 5, 2048, 3, 3);
         {
             OptimizerFile file(optimizer_file_path(ram, 1), 4096, 1024, true);
