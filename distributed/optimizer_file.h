@@ -156,7 +156,6 @@ public:
     static size_t buffers_bytes(size_t tile, int arrays) { return kBuffers * round_up_to_alignment(tile * arrays * sizeof(float)); }
 
     const std::string& path() const { return path_; }
-    size_t elements() const { return elements_; }
     size_t tile() const { return tile_; }
     int num_tiles() const { return (int)((elements_ + tile_ - 1) / tile_); }
     bool direct() const { return direct_; }

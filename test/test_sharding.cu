@@ -337,6 +337,28 @@ static void check_offload_memory(const ModelConfig& d12, const std::string& prec
     }
 }
 
+// The NVMe tier's plan (--offload-dir) for d12: the host holds no master weights or moments, the staging as without the
+// file and the optimizer file's 3 tile buffers (a 4,194,304-element tile of 12 bytes in bf16, 8 in fp32); the disk the
+// shard's 12 (8) bytes an element, rounded up to 4096.
+template <typename floatX>
+static void check_offload_file_memory(const ModelConfig& d12, const std::string& precision, Offload offload, int dp, size_t staging,
+                                      size_t file_tiles, size_t disk) {
+    const ParameterLayout l(d12, 8 * dp);
+    for (int stage : {1, 2, 3}) {
+        if (offload == Offload::kOptimizerParameters && stage != 3) continue;
+        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload, false, true);
+        const size_t parameters = offload == Offload::kOptimizerParameters ? l.total / dp * sizeof(floatX) : 0;
+        char text[200];
+        snprintf(text, sizeof(text), "host: master %zu, Adam %zu, staging %zu, file tiles %zu, total %zu; disk %zu", h.master_weights, h.adam_state,
+                 h.staging, h.file_tiles, h.total(), h.disk);
+        check(h.master_weights == 0 && h.adam_state == 0 && h.staging == staging && h.file_tiles == file_tiles && h.disk == disk &&
+                  h.total() == staging + file_tiles + parameters,
+              "offload-dir plan d12 " + precision + " dp " + std::to_string(dp) + " stage " + std::to_string(stage) +
+                  ": the file's tiles on the host, the shard's state on the disk",
+              text);
+    }
+}
+
 // ZeRO-Offload's tiles, for a model whose units are not multiples of each other, on 1-3 ranks, with tiles from one
 // element to more than a rank's storage: the tiles' pieces cover each rank's storage once, in order, each inside one
 // unit and one tile; and the CPU AdamW (bf16 with master weights) run piece by piece at ShardPlan::global_index equals
@@ -402,6 +424,9 @@ int main() {
     const Offload optimizer = Offload::kOptimizer, parameters = Offload::kOptimizerParameters;
     // master weights 124,475,904 x 4 / dp, m and v x 8 / dp
     check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 1, {1, 2, 3}, 497903616, 995807232, 0, 0, 33554432, 1527265280);
+    check_offload_file_memory<__nv_bfloat16>(d12, "bf16", optimizer, 2, 33554432, 150994944, 746856448);
+    check_offload_file_memory<__nv_bfloat16>(d12, "bf16", parameters, 4, 16777216, 150994944, 373428224);
+    check_offload_file_memory<float>(d12, "fp32", optimizer, 1, 67108864, 100663296, 995807232);
     check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 2, {1, 2, 3}, 248951808, 497903616, 0, 0, 33554432, 780409856);
     check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 4, {1, 2, 3}, 124475904, 248951808, 0, 0, 33554432, 406982144);
     check_offload_memory<float>(d12, "fp32", optimizer, false, 1, {1, 2, 3}, 0, 995807232, 0, 0, 67108864, 1062916096);

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs the
-# uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, stops for a signal and
-# their bitwise resume, --recompute levels (bitwise equal losses, less activation memory), non-finite steps,
-# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not; its NVMe tier bitwise it and
-# resumed across it; its one-step delayed update against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve
-# parity with the PyTorch reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file
-# and batches, within 3e-2 at every step; PARITY_* variables change the setting; plotted to
+# uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, stops for a signal and their
+# bitwise resume, --recompute levels (bitwise equal losses, less activation memory), non-finite steps, ZeRO-Offload on
+# one GPU (bitwise the GPU-resident run, resumed across offload and not; its NVMe tier bitwise it and resumed across it;
+# its one-step delayed update against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's
+# refusals, and loss-curve parity with the PyTorch reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the
+# same initial model file and batches, within 3e-2 at every step; PARITY_* variables change the setting; plotted to
 # build/test_work/training/curve_parity.png).
-# The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), a
-# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run and
-# --offload-dir in fp32 against offload, the delayed update in fp32 (against offload, resumed), and LoRA, retention and the refusals as in full; the full tier
-# adds fp32 and fp16, the same seed twice, the stops for SIGUSR1, SIGINT twice and a signal during a save,
-# --recompute 1 and 2, the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite
-# steps, --offload-dir in bf16 with its resume chain, the delayed update in bf16 and twice, and the curve parity.
+# The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), a stop
+# for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run and
+# --offload-dir in fp32 against offload, the delayed update in fp32 (against offload, resumed), and LoRA, retention and
+# the refusals as in full; the full tier adds fp32 and fp16, the same seed twice, the stops for SIGUSR1, SIGINT twice
+# and a signal during a save, --recompute 1 and 2, the activation sizes of d12, offload in bf16 and fp16 with its resume
+# chain and non-finite steps, --offload-dir in bf16 with its resume chain, the delayed update in bf16 and twice, and the
+# curve parity.
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
