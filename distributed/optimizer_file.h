@@ -182,7 +182,7 @@ public:
         }
         wait_for(enqueued_);
     }
-    // The whole state into host arrays of elements() floats (master null without master weights), and back (master null
+    // The whole state into host arrays of the shard's size (master null without master weights), and back (master null
     // with master weights: the file's are kept).
     void read_all(float* master, float* m, float* v) {
         float* to[3] = {master, m, v};
