@@ -55,7 +55,9 @@ inline std::string offload_dir_problem(const std::string& dir) {
     if (stat(dir.c_str(), &st) != 0)
         return "--offload-dir " + dir + ": " + strerror(errno) + ": give an existing folder on a local disk (NVMe) for the optimizer files";
     if (!S_ISDIR(st.st_mode)) return "--offload-dir " + dir + " is not a folder: give the folder the optimizer files go to";
-    const std::string probe = dir + "/.offload_dir_probe_" + std::to_string(getpid());
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);  // the ranks of several machines may share the folder
+    const std::string probe = dir + "/.offload_dir_probe_" + host + "_" + std::to_string(getpid());
     const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return "--offload-dir " + dir + " is not writable (" + strerror(errno) + "): give a folder this user can create files in";
     close(fd);
