@@ -641,7 +641,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
         if (const OptimizerFile* file = model.trained().optimizer_file()) report_optimizer_file(out, *file, steps - start_step);
         if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
-        if (pg.world > 1) print_parameter_checksums(model, pg.rank, run.shape, mesh);
+        if (pg.world > 1 && o.parameter_checksums) print_parameter_checksums(model, pg.rank, run.shape, mesh);
     }
     if (out != stdout) fclose(out);
     matmul_teardown();
