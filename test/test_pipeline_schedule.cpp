@@ -3,8 +3,10 @@
 // backward once, in Megatron-LM's order and after its inputs; the micro-batches in flight and the activation
 // sets stay within what the memory plan assumes; every message has one partner on a neighbouring stage, with
 // the key conditions the driver's two streams need, and the stages' message groups complete without
-// deadlock; the bubble equals its formula. Also the flag checks, the layer split, the simulation with each
-// stage's own work (the LM head on the last) and the split balanced by it.
+// deadlock; the bubble equals its formula. ZB-H1 (zb1, P 1..8, m 1..32 at four forward:B:W times) likewise,
+// each micro-batch's F, B and W once per stage, its slots held until W, never more than 1F1B's first stage
+// needs, and its bubble below 1F1B's. Also the flag checks, the layer split, the simulation with each stage's
+// own work (the LM head on the last) and the split balanced by it.
 //
 // Needs no GPU, CUDA or NCCL. Prints one PASS/FAIL line per check group (test/check.h); exits 1 on any FAIL.
 #include <algorithm>
