@@ -3,8 +3,7 @@
 // al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), and ZB-H1 of
 // Qi et al. 2023 ("Zero Bubble Pipeline Parallelism"), which splits each backward into the input gradient (B,
 // which the previous stage waits for) and the weight gradient (W, which nothing waits for) and runs W's late,
-// in the time 1F1B's stages wait. ZB-H1 is a schedule here only: the trainer's flags do not offer it, as the
-// model runs a backward as one action.
+// in the time 1F1B's stages wait (`--pipeline-schedule zb1`).
 //
 // make_pipeline_schedule builds each rank's order, then simulates it with fixed forward, backward (B) and
 // weight-gradient (W) times.
@@ -29,10 +28,11 @@
 
 enum class PipelineScheduleKind { kOneFOneB, kInterleaved, kZeroBubbleH1 };
 
-// "1f1b" / "interleaved"; false for anything else (zb1 too: the trainer cannot run it).
+// "1f1b" / "interleaved" / "zb1"; false for anything else.
 inline bool parse_pipeline_schedule(const std::string& name, PipelineScheduleKind* kind) {
     if (name == "1f1b") *kind = PipelineScheduleKind::kOneFOneB;
     else if (name == "interleaved") *kind = PipelineScheduleKind::kInterleaved;
+    else if (name == "zb1") *kind = PipelineScheduleKind::kZeroBubbleH1;
     else return false;
     return true;
 }
@@ -458,23 +458,38 @@ inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, in
     return result;
 }
 
-// The work model's two GPT figures, in units of one layer's forward: the LM head's forward and backward, 6 Vp C FLOPs
+// The work model's GPT figures, in units of one layer's forward: the LM head's forward and backward, 6 Vp C FLOPs
 // per token against a layer's forward, (72 C^2 + 12 C T) / 3 (MFU's count); a layer's backward, twice its forward,
 // or three times when --recompute 3 runs the forward again.
 inline double lm_head_work(int padded_vocab_size, int channels, int T) { return 3.0 * padded_vocab_size / (12.0 * channels + 2.0 * T); }
 inline double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
+// A layer's backward actions under a schedule: the backward (ZB-H1: its input gradient, B) and ZB-H1's weight
+// gradients (W; 0 for the other schedules). ZB-H1 splits the two products' gradients, one forward each; under
+// --recompute 3 both B and W refill the layer's activations, a forward each.
+struct LayerBackwardWork {
+    double backward, weight_gradient;
+};
+inline LayerBackwardWork layer_backward_actions_work(PipelineScheduleKind kind, int recompute) {
+    if (kind != PipelineScheduleKind::kZeroBubbleH1) return {layer_backward_work(recompute), 0.0};
+    const double refill = recompute == 3 ? 1.0 : 0.0;
+    return {1.0 + refill, 1.0 + refill};
+}
 
-// Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1 and
-// its backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward), and
-// on the last virtual stage, whose forward action also runs the LM head's forward and backward, head_work more (a
-// GPT's head: 3 Vp / (12 C + 2 T) by the FLOP count that MFU uses). The first stage's embedding (a gather) is free.
+// Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1, its
+// backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward; ZB-H1: B's)
+// and with `weight` ZB-H1's W layer_weight_gradient, and on the last virtual stage, whose forward action also runs
+// the LM head's forward and backward, head_work more (a GPT's head: 3 Vp / (12 C + 2 T) by the FLOP count that MFU
+// uses). The first stage's embedding (a gather) is free.
 inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, double layer_backward, double head_work,
-                                std::vector<double>* forward, std::vector<double>* backward) {
+                                std::vector<double>* forward, std::vector<double>* backward, double layer_weight_gradient = 0.0,
+                                std::vector<double>* weight = nullptr) {
     forward->clear();
     backward->clear();
+    if (weight) weight->clear();
     for (int layers : per_virtual_stage) {
         forward->push_back(layers);
         backward->push_back(layers * layer_backward);
+        if (weight) weight->push_back(layers * layer_weight_gradient);
     }
     if (!forward->empty()) forward->back() += head_work;
 }
@@ -485,7 +500,7 @@ inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, doubl
 // even split (pipeline_layer_split's default) loads the LM head's stage most: at T = 1024 a GPT-2 124M head is
 // 13.4 layer forwards of work (4.5 layers' forward and backward), 1.5B's 7.1, a 6.6B GPT's (C = 4096) 2.9. The shape must pass pipeline_schedule_problem.
 inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int layers, int P, int m, int v, double layer_backward,
-                                                double head_work) {
+                                                double head_work, double layer_weight_gradient = 0.0) {
     const int K = P * v;
     if (K == 1) return {layers};
     const int even_last = pipeline_detail::even_split(layers, K).back();
@@ -494,9 +509,9 @@ inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int l
     for (int c = 1; c <= layers - (K - 1); c++) {
         std::vector<int> split = pipeline_detail::even_split(layers - c, K - 1);
         split.push_back(c);
-        std::vector<double> forward, backward;
-        pipeline_stage_work(split, layer_backward, head_work, &forward, &backward);
-        const double makespan = simulate_pipeline(kind, P, m, v, forward, backward).makespan;
+        std::vector<double> forward, backward, weight;
+        pipeline_stage_work(split, layer_backward, head_work, &forward, &backward, layer_weight_gradient, &weight);
+        const double makespan = simulate_pipeline(kind, P, m, v, forward, backward, weight).makespan;
         const bool shorter = makespan < best_makespan * (1 - 1e-12);
         const bool as_short_and_nearer = !shorter && makespan <= best_makespan * (1 + 1e-12) && std::abs(c - even_last) < std::abs(best.back() - even_last);
         if (best.empty() || shorter || as_short_and_nearer) {

@@ -701,8 +701,9 @@ int check_zero_bubble_order(const PipelineSchedule& sched, int s, Verdict& v) {
 void test_zero_bubble_names_and_problems() {
     const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
     PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
-    expect(std::string(pipeline_schedule_name(zb1)) == "zb1" && !parse_pipeline_schedule("zb1", &kind) && kind == PipelineScheduleKind::kOneFOneB,
-           "zb1 name: printed as zb1, not parsed (the trainer does not run it)", std::string("named ") + pipeline_schedule_name(zb1));
+    expect(std::string(pipeline_schedule_name(zb1)) == "zb1" && parse_pipeline_schedule("zb1", &kind) && kind == zb1 &&
+               !parse_pipeline_schedule("ZB1", &kind) && !parse_pipeline_schedule("zb", &kind),
+           "zb1 name: printed and parsed as zb1 (ZB1, zb refused)", std::string("named ") + pipeline_schedule_name(zb1));
     Verdict v{"zb1 pipeline_schedule_problem: accepts exactly v 1 (P >= 1, m >= 1); other v refused in one line naming --virtual-stages"};
     int accepted = 0, refused = 0;
     for (int P = 0; P <= 8; P++)
