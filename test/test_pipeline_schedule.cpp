@@ -871,6 +871,46 @@ void test_weight_gradient_time_in_full_backward() {
         }
     v.detail = std::to_string(cases) + " shapes";
 }
+// The trainer's work model for zb1: a layer's B and W one forward each (two each under --recompute 3), the other
+// schedules' backward whole; pipeline_stage_work's W per virtual stage; the balanced split of zb1 a split of the
+// layers, simulated with W no slower than the even split.
+void test_zero_bubble_work_model() {
+    const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
+    const LayerBackwardWork plain = layer_backward_actions_work(zb1, 0), recomputed = layer_backward_actions_work(zb1, 3),
+                            one_f_one_b = layer_backward_actions_work(PipelineScheduleKind::kOneFOneB, 3);
+    expect(plain.backward == 1 && plain.weight_gradient == 1 && recomputed.backward == 2 && recomputed.weight_gradient == 2 &&
+               one_f_one_b.backward == 3 && one_f_one_b.weight_gradient == 0,
+           "layer_backward_actions_work: zb1's B and W 1 each (2 each under --recompute 3), 1f1b's backward whole",
+           fmt("zb1 %g + %g", plain.backward, plain.weight_gradient) + fmt(", recompute 3 %g + %g", recomputed.backward, recomputed.weight_gradient));
+    std::vector<double> forward, backward, weight;
+    pipeline_stage_work({3, 5}, 1.0, 1.5, &forward, &backward, 1.0, &weight);
+    expect(forward == std::vector<double>{3.0, 6.5} && backward == std::vector<double>{3.0, 5.0} && weight == std::vector<double>{3.0, 5.0},
+           "pipeline_stage_work with W: each virtual stage's B and W", fmt("weight %g %g", weight[0], weight[1]));
+    Verdict v{"pipeline_balanced_split zb1: a split of the layers, simulated with W no slower than the even split"};
+    int cases = 0;
+    for (int P = 2; P <= 8; P *= 2)
+        for (int layers : {8, 12, 32})
+            for (double head : {0.0, 3.0, 13.4}) {
+                const int m = 2 * P;
+                v.where = fmt("P %g, %g layers", P, layers) + fmt(", head %g", head);
+                const std::vector<int> split = pipeline_balanced_split(zb1, layers, P, m, 1, 1.0, head, 1.0);
+                std::vector<int> even;
+                pipeline_layer_split(layers, P, 1, "", &even);
+                int sum = 0;
+                for (int n : split) sum += n;
+                v.expect((int)split.size() == P && sum == layers && *std::min_element(split.begin(), split.end()) >= 1,
+                         "not a split of the layers into P non-empty parts");
+                if ((int)split.size() != P) continue;
+                auto makespan = [&](const std::vector<int>& s) {
+                    std::vector<double> f, b, w;
+                    pipeline_stage_work(s, 1.0, head, &f, &b, 1.0, &w);
+                    return simulate_pipeline(zb1, P, m, 1, f, b, w).makespan;
+                };
+                v.expect(makespan(split) <= makespan(even) * (1 + 1e-12), "slower than the even split");
+                cases++;
+            }
+    v.detail = std::to_string(cases) + " cases";
+}
 }  // namespace
 
 int main() {
@@ -887,5 +927,6 @@ int main() {
     guarded("zb1 names and problems", test_zero_bubble_names_and_problems);
     guarded("zb1 schedules", test_zero_bubble_schedules);
     guarded("backward time B + W", test_weight_gradient_time_in_full_backward);
+    guarded("zb1 work model", test_zero_bubble_work_model);
     return check_failures() ? 1 : 0;
 }
