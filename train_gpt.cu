@@ -29,7 +29,7 @@
 #include "distributed/stop_signals.h"     // defines: install_stop_signals, accept_stop_requests, stop_signal_received, kExitStopped
 #include "distributed/mesh.h"             // defines: MeshShape, ProcessMesh (rank arithmetic; tp, pp, dp communicators)
 #include "distributed/zero.cuh"           // defines: ZeroOptimizer (ZeRO stages 0-3: sharding, collectives, AdamW)
-#include "distributed/pipeline_schedule.h"  // defines: make_pipeline_schedule (1F1B, interleaved), pipeline_layer_split
+#include "distributed/pipeline_schedule.h"  // defines: make_pipeline_schedule (1F1B, interleaved, ZB-H1), pipeline_layer_split
 #include "distributed/pipeline_parallel.cuh"  // defines: PipelineParallel (runs a stage's schedule: compute and transfers)
 #include "model/config.h"                 // defines: ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
 #include "model/lora.h"                   // defines: LoraSpec, AdapterLayout, read_adapter_file, write_adapter_file, merge_adapters
@@ -208,7 +208,7 @@ static PipelineStages pipeline_stages(const Options& o, const RunShape& run, con
     for (int s = 0; s < P; s++) p.parts.push_back(pipeline_stage_model(po.per_virtual_stage, P, s, &p.chunks[s]));
     if (P > 1) {
         p.schedule.reset(new PipelineSchedule(make_pipeline_schedule(po.kind, P, batch.micro_batches, po.virtual_stages)));
-        p.forecast = forecast_pipeline(po.kind, P, batch.micro_batches, po.virtual_stages, po.per_virtual_stage, layer_backward_work(o.recompute),
+        p.forecast = forecast_pipeline(po.kind, P, batch.micro_batches, po.virtual_stages, po.per_virtual_stage, layer_backward_actions_work(po.kind, o.recompute),
                                        lm_head_work(run.config.padded_vocab_size, run.config.channels, batch.T));
     }
     return p;
@@ -294,6 +294,9 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
                              stages.chunks, {}, !o.offload_dir.empty()};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
+    // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in the sets between them
+    const bool split_backward = stages.schedule && stages.schedule->kind == PipelineScheduleKind::kZeroBubbleH1;
+    plans.output_grads = split_backward;
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
@@ -325,6 +328,7 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     model.deterministic_attention = o.deterministic != 0 || flash::hopper::available();
     model.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
+    model.split_backward = split_backward;
     model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>());
     if (stages.schedule) {
         pipeline.reset(new PipelineParallel<GPT2<floatX>>(*stages.schedule, model.mesh.pipeline));

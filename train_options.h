@@ -182,7 +182,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
         {"--pipeline-parallel", nullptr, Flag::INT, &o.pipeline_parallel, at_least(1), "GPUs that split the layers into pipeline stages; the gradient-accumulation steps are the micro-batches"},
-        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, one_of({"1f1b", "interleaved"}), "1f1b, or interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages)"},
+        {"--pipeline-schedule", nullptr, Flag::STRING, &o.pipeline_schedule, one_of({"1f1b", "interleaved", "zb1"}), "1f1b; interleaved (several model chunks per stage: a smaller bubble; micro-batches a multiple of the stages); zb1 (ZB-H1: weight gradients deferred into 1f1b's idle time; more activation memory)"},
         {"--virtual-stages", nullptr, Flag::INT, &o.virtual_stages, at_least(0), "model chunks per stage for --pipeline-schedule interleaved (0: 2 for interleaved, 1 for 1f1b)"},
         {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4; balanced: the split whose simulated step is shortest, counting the LM head's work on the last stage; empty: an even split, the remainder to the last stages"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, anything(), "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
@@ -376,8 +376,10 @@ inline RunShape validate_options(const Options& o, int world) {
     const int micro_batches = micro_batches_per_step(o, shape.dp);
     if (o.pipeline_layers == "balanced" && micro_batches > 0 &&
         pipeline_schedule_problem(pipeline.kind, shape.pp, micro_batches, pipeline.virtual_stages, config.num_layers).empty()) {
+        const LayerBackwardWork layer = layer_backward_actions_work(pipeline.kind, o.recompute);
         pipeline.per_virtual_stage = pipeline_balanced_split(pipeline.kind, config.num_layers, shape.pp, micro_batches, pipeline.virtual_stages,
-                                                             layer_backward_work(o.recompute), lm_head_work(config.padded_vocab_size, config.channels, o.seq_len));
+                                                             layer.backward, lm_head_work(config.padded_vocab_size, config.channels, o.seq_len),
+                                                             layer.weight_gradient);
     } else {
         const std::string layers_problem = pipeline_layer_split(config.num_layers, shape.pp, pipeline.virtual_stages,
                                                                 o.pipeline_layers == "balanced" ? "" : o.pipeline_layers, &pipeline.per_virtual_stage);

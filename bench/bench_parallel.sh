@@ -5,9 +5,9 @@
 #   tp       GPT-2 1.5B's shape with 24 heads (48 layers, C=1536: 1.4B; its 25 heads of 64 do not split into 2, 4
 #            or 8 groups) at B=8, and a 6.6B GPT (32 layers, C=4096, 32 heads) at B=4, at tp = 1, 2, 4, 8 (as many
 #            as there are GPUs), without and with sequence parallelism: tokens/s, MFU, per-GPU peak memory, ratio.
-#   pp       the 6.6B GPT at pp = 2, 4, 8 with m = 2P, 4P, 8P micro-batches of 2 rows, 1F1B and interleaved
-#            (2 chunks per stage): tokens/s, ratio against torch.distributed.pipelining's Schedule1F1B /
-#            ScheduleInterleaved1F1B, and train_gpt's measured bubble (median over the timed steps of its step
+#   pp       the 6.6B GPT at pp = 2, 4, 8 with m = 2P, 4P, 8P micro-batches of 2 rows, 1F1B, interleaved
+#            (2 chunks per stage) and zb1 (ZB-H1): tokens/s, ratio against torch.distributed.pipelining's Schedule1F1B /
+#            ScheduleInterleaved1F1B (zb1: none, torch has no ZB-H1 of one chunk per stage), and train_gpt's measured bubble (median over the timed steps of its step
 #            log) against the formula's, the schedule simulated with the LM head's work on the last stage, and the
 #            schedule simulated with each stage's measured busy time.
 #            PP_LAYERS=balanced passes --pipeline-layers balanced to train_gpt (default: the even split).
@@ -28,7 +28,7 @@
 #   Subsets, so that a section fits a device call: TP_MODELS (labels, default "1.4B 6.6B"), TP_SIZES (default
 #   "1 2 4 8"), TP_SP (sequence parallelism off and on at tp > 1, default "0 1"), PP_SIZES (default "2 4 8"),
 #   PP_MICRO (micro-batches per stage, default "2 4 8"), PP_SCHEDULES
-#   (default "1f1b interleaved"), LARGEST_PP (1 or 2); sizes above the GPU count are skipped.
+#   (default "1f1b interleaved zb1"), LARGEST_PP (1 or 2); sizes above the GPU count are skipped.
 # Logs: build/bench_parallel/. Summary lines start with "| ".
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -113,11 +113,12 @@ for section in "${SECTIONS[@]}"; do
         for P in $(counts_upto ${PP_SIZES:-2 4 8}); do
             for per_stage in ${PP_MICRO:-2 4 8}; do
                 m=$((per_stage * P))
-                for sched in ${PP_SCHEDULES:-1f1b interleaved}; do
+                for sched in ${PP_SCHEDULES:-1f1b interleaved zb1}; do
                     name="pp_p${P}_m${m}_$sched"
                     ours "$name" "$P" --model d48 "${P66[@]}" --batch-size 2 --total-batch-tokens $((2 * T * m)) \
                         --pipeline-parallel "$P" --pipeline-schedule $sched --zero-stage 0 ${PP_LAYERS:+--pipeline-layers $PP_LAYERS}
-                    torch_run "$name" "$P" --mode pp "${P66[@]}" -b 2 --microbatches $m --schedule $sched --virtual-stages 2
+                    TORCH=""
+                    [ $sched = zb1 ] || torch_run "$name" "$P" --mode pp "${P66[@]}" -b 2 --microbatches $m --schedule $sched --virtual-stages 2
                     # the step log's "bubble X% (theory Y%, with the head Z%)" of the timed steps: median measured, the
                     # formula, and the schedule simulated with each stage's work (the LM head's on the last)
                     bubble=$(grep -E '^step' "$W/$name.log" | tail -n "$STEPS" |

@@ -2,8 +2,10 @@
 // split into stages, one per rank of a pipeline group, and a step's micro-batches flow through them.
 //
 // The schedule (distributed/pipeline_schedule.h) gives each stage its compute actions (forward or backward of a
-// micro-batch on one of its model chunks, and the activation set that holds it) and its transfers (activations
-// forward, their gradients backward), each transfer keyed by its simulated send time. This file runs them:
+// micro-batch on one of its model chunks, and the activation set that holds it; ZB-H1 splits the backward into
+// its input gradient B and its weight gradients W, model/gpt2.cuh's BackwardPart) and its transfers (activations
+// forward, their gradients backward, sent by the backward or B), each transfer keyed by its simulated send time.
+// This file runs them:
 //   - compute on the model's stream, in the schedule's order;
 //   - transfers by ncclSend/ncclRecv on a communication stream, in key order, transfers of equal key in one
 //     ncclGroupStart/End, so they overlap the compute. The keys are the same on both sides of every transfer,
@@ -11,13 +13,15 @@
 //     the set's previous backward: so every rank issues its transfers in an order that cannot deadlock (the
 //     schedule's tests check this on the CPU);
 //   - events join the two streams: a send waits for the action that produced its data, an action for the
-//     receive of its input, a receive into a set for the set's previous backward.
+//     receive of its input, a receive into a set for the set's previous micro-batch's last use of it (its
+//     backward; ZB-H1: its W, which reads the layer inputs and the output gradients that B kept in the set).
 // The host enqueues both streams in one merged order (transfers of key k before actions that start at k or
 // later), so that every event is recorded before it is waited for.
 //
 // Gradients: the last stage runs the LM head's backward right after its forward (so the logits need no copy
 // per micro-batch in flight); ZeRO (stages 0-1 with pipelines) reduces each unit after its last micro-batch's
-// backward, and the tied token embedding is summed over the embedding group at the end (ZeroOptimizer).
+// backward (ZB-H1: its last W, every stage's last action), and the tied token embedding is summed over the
+// embedding group at the end (ZeroOptimizer).
 // Also the pipeline's report: its predicted bubble at start-up (PipelineForecast), the bubble of each step, and at
 // the end every stage's timing with the schedule simulated on the stages' measured work.
 // defines: PipelineForecast, forecast_pipeline, print_pipeline_plan, PipelineParallel
@@ -28,29 +32,31 @@
 #include <algorithm>
 #include "../kernels/common.cuh"
 #include "pipeline_schedule.h"
+#include "../model/backward_part.h"  // defines: BackwardPart
 #include "process_group.h"
 #include "mesh.h"
 #include "nccl.h"  // defines: nccl_type
 
-// What a schedule predicts for the bubble: the formula's idle share, and the first stage's simulated with each
-// virtual stage's work (forward_work, backward_work, in layer forwards; the LM head's head_work on the last).
+// What a schedule predicts for the bubble: the formula's idle share (ZB-H1's with a layer's forward, B and W work),
+// and the first stage's simulated with each virtual stage's work (forward_work, backward_work, ZB-H1's
+// weight_work, in layer forwards; the LM head's head_work on the last). `layer` is layer_backward_actions_work's.
 struct PipelineForecast {
     PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
     int P = 1, m = 1, v = 1;
     double head_work = 0, theory = 0, with_work = 0;
-    std::vector<double> forward_work, backward_work;
+    std::vector<double> forward_work, backward_work, weight_work;
 };
 inline PipelineForecast forecast_pipeline(PipelineScheduleKind kind, int P, int m, int v, const std::vector<int>& per_virtual_stage,
-                                          double layer_backward, double head_work) {
+                                          const LayerBackwardWork& layer, double head_work) {
     PipelineForecast f;
     f.kind = kind;
     f.P = P;
     f.m = m;
     f.v = v;
     f.head_work = head_work;
-    f.theory = pipeline_bubble_theory(kind, P, m, v);
-    pipeline_stage_work(per_virtual_stage, layer_backward, head_work, &f.forward_work, &f.backward_work);
-    f.with_work = simulate_pipeline(kind, P, m, v, f.forward_work, f.backward_work).idle_share[0];
+    f.theory = pipeline_bubble_theory(kind, P, m, v, 1.0, layer.backward, layer.weight_gradient);
+    pipeline_stage_work(per_virtual_stage, layer.backward, head_work, &f.forward_work, &f.backward_work, layer.weight_gradient, &f.weight_work);
+    f.with_work = simulate_pipeline(kind, P, m, v, f.forward_work, f.backward_work, f.weight_work).idle_share[0];
     return f;
 }
 inline void print_pipeline_plan(FILE* out, const PipelineForecast& f) {
@@ -120,7 +126,7 @@ public:
             if (a.type == PipelineAction::kForward) {
                 if (!model.model_begins(a.chunk)) cudaCheck(cudaStreamWaitEvent(model.stream, e.input_ready));
                 cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_sent));  // the set's previous dresidual has left
-            } else if (!model.model_ends(a.chunk)) {
+            } else if (a.type != PipelineAction::kWeightGradient && !model.model_ends(a.chunk)) {
                 cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_ready));
             }
             cudaCheck(cudaEventRecord(timing_[2 * i], model.stream));
@@ -136,9 +142,11 @@ public:
                 }
                 cudaCheck(cudaEventRecord(e.forward_done, model.stream));
             } else {
-                trained.begin_backward(last_micro_batch);  // again: another chunk's actions may have come in between
-                model.backward_chunk(a.chunk, set);
-                cudaCheck(cudaEventRecord(e.backward_done, model.stream));
+                // again: another chunk's actions may have come in between (ZB-H1: the last W reduces the gradients)
+                trained.begin_backward(last_micro_batch);
+                model.backward_chunk(a.chunk, set, backward_part(a.type));
+                if (a.type != PipelineAction::kWeightGradient) cudaCheck(cudaEventRecord(e.backward_done, model.stream));
+                if (a.type != PipelineAction::kInputGradient) cudaCheck(cudaEventRecord(e.set_free, model.stream));
             }
             cudaCheck(cudaEventRecord(timing_[2 * i + 1], model.stream));
         }
@@ -150,12 +158,18 @@ public:
         if (!model.layout.part.last) model.loss.forwards += m;  // the losses are the last stage's
         trained.end_backward();
     }
+    static BackwardPart backward_part(PipelineAction::Type type) {
+        return type == PipelineAction::kInputGradient ? BackwardPart::kInputGradient
+               : type == PipelineAction::kWeightGradient ? BackwardPart::kWeightGradient
+                                                          : BackwardPart::kBoth;
+    }
 
     // After the step has been waited for: this stage's actions on the compute stream, from the first one's start
     // to the last one's end (span), and the time inside them (busy: in forward actions, which on the last stage
-    // include the LM head's forward and backward, and in backward actions); the idle share is the stage's bubble.
+    // include the LM head's forward and backward, in backward actions (ZB-H1: B) and in ZB-H1's W actions); the
+    // idle share is the stage's bubble.
     struct StageTiming {
-        double span_ms = 0, busy_ms = 0, forward_ms = 0, backward_ms = 0;
+        double span_ms = 0, busy_ms = 0, forward_ms = 0, backward_ms = 0, weight_ms = 0;
         double bubble() const { return span_ms > 0 ? std::max(0.0, (span_ms - busy_ms) / span_ms) : 0.0; }
     };
     StageTiming measured() const {
@@ -166,54 +180,63 @@ public:
         t.span_ms = ms;
         for (size_t i = 0; i < timing_.size() / 2; i++) {
             cudaCheck(cudaEventElapsedTime(&ms, timing_[2 * i], timing_[2 * i + 1]));
-            (mine().actions[i].type == PipelineAction::kForward ? t.forward_ms : t.backward_ms) += ms;
+            const PipelineAction::Type type = mine().actions[i].type;
+            (type == PipelineAction::kForward ? t.forward_ms : type == PipelineAction::kWeightGradient ? t.weight_ms : t.backward_ms) += ms;
         }
-        t.busy_ms = t.forward_ms + t.backward_ms;
+        t.busy_ms = t.forward_ms + t.backward_ms + t.weight_ms;
         return t;
     }
 
     // Every stage's timing over `timings` (the steps after the warm-up; the step log shows the first stage's): a
     // slower stage makes the others wait. Then, on the first stage, the schedule simulated with each stage's measured
-    // busy time (split over its chunks, and each chunk's over forward and backward, as the work model splits them):
-    // what the stages' unequal speeds alone leave. A collective of the pipeline group.
+    // busy time (split over its chunks, and each chunk's over forward, backward and ZB-H1's W, as the work model
+    // splits them): what the stages' unequal speeds alone leave. A collective of the pipeline group.
     void report_timings(const Model& model, const std::vector<StageTiming>& timings, const PipelineForecast& f) const {
-        std::vector<double> busy, forward, backward, span, bubble;
+        std::vector<double> busy, forward, backward, weight, span, bubble;
         for (const StageTiming& t : timings) {
             busy.push_back(t.busy_ms);
             forward.push_back(t.forward_ms);
             backward.push_back(t.backward_ms);
+            weight.push_back(t.weight_ms);
             span.push_back(t.span_ms);
             bubble.push_back(t.bubble());
         }
-        printf("pipeline stage %d: median over the timed steps: busy %.2f ms (forward actions %.2f%s, backward %.2f) of a %.2f ms span, "
-               "bubble %.1f%%\n", group_.rank, median_of(busy), median_of(forward), model.layout.part.last ? " with the LM head's forward and backward" : "",
-               median_of(backward), median_of(span), 100.0 * median_of(bubble));
+        char backward_text[96];  // ZB-H1's B and W apart
+        if (f.kind == PipelineScheduleKind::kZeroBubbleH1)
+            snprintf(backward_text, sizeof backward_text, "input gradients (B) %.2f, weight gradients (W) %.2f", median_of(backward), median_of(weight));
+        else
+            snprintf(backward_text, sizeof backward_text, "backward %.2f", median_of(backward));
+        printf("pipeline stage %d: median over the timed steps: busy %.2f ms (forward actions %.2f%s, %s) of a %.2f ms span, bubble %.1f%%\n",
+               group_.rank, median_of(busy), median_of(forward), model.layout.part.last ? " with the LM head's forward and backward" : "",
+               backward_text, median_of(span), 100.0 * median_of(bubble));
         fflush(stdout);
         const std::vector<std::vector<float>> stage_busy = model.gather_over_pipeline({(float)median_of(busy)});
         if (group_.rank != 0) return;
         const int P = f.P, K = P * f.v;
-        std::vector<double> chunk_forward(K), chunk_backward(K);
+        std::vector<double> chunk_forward(K), chunk_backward(K), chunk_weight(K);
         for (int s = 0; s < P; s++) {
             double work = 0;  // the stage's modelled work per micro-batch
-            for (int k = s; k < K; k += P) work += f.forward_work[k] + f.backward_work[k];
+            for (int k = s; k < K; k += P) work += f.forward_work[k] + f.backward_work[k] + f.weight_work[k];
             for (int k = s; k < K; k += P) {
                 chunk_forward[k] = stage_busy[s][0] / f.m * f.forward_work[k] / work;
                 chunk_backward[k] = stage_busy[s][0] / f.m * f.backward_work[k] / work;
+                chunk_weight[k] = stage_busy[s][0] / f.m * f.weight_work[k] / work;
             }
         }
         printf("pipeline: the schedule simulated with each stage's measured busy time leaves the first stage %.1f%% idle\n",
-               100.0 * simulate_pipeline(f.kind, P, f.m, f.v, chunk_forward, chunk_backward).idle_share[0]);
+               100.0 * simulate_pipeline(f.kind, P, f.m, f.v, chunk_forward, chunk_backward, chunk_weight).idle_share[0]);
         fflush(stdout);
     }
 
 private:
     struct SetEvents {  // of one activation set
-        cudaEvent_t all[5] = {};
+        cudaEvent_t all[6] = {};
         cudaEvent_t& forward_done = all[0];
-        cudaEvent_t& backward_done = all[1];
+        cudaEvent_t& backward_done = all[1];   // its input's gradient computed: by the backward, or ZB-H1's B
         cudaEvent_t& input_ready = all[2];     // its input received
         cudaEvent_t& gradient_ready = all[3];  // its output's gradient received
         cudaEvent_t& gradient_sent = all[4];   // its input's gradient (dresidual) sent
+        cudaEvent_t& set_free = all[5];        // its micro-batch's last use done: the backward, or ZB-H1's W
         SetEvents() = default;
         SetEvents(const SetEvents&) : SetEvents() {}  // the references must point into the copy
     };
@@ -226,7 +249,7 @@ private:
             const PipelineTransfer& t = s.transfers[i];
             SetEvents& e = events_[t.chunk][t.slot];
             if (t.send) cudaCheck(cudaStreamWaitEvent(transfers_, t.gradient ? e.backward_done : e.forward_done));
-            else if (!t.gradient) cudaCheck(cudaStreamWaitEvent(transfers_, e.backward_done));  // the set's previous micro-batch is done
+            else if (!t.gradient) cudaCheck(cudaStreamWaitEvent(transfers_, e.set_free));  // the set's previous micro-batch is done
         }
         ncclCheck(ncclGroupStart());
         for (size_t i = begin; i < end; i++) {

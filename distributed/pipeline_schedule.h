@@ -1,8 +1,12 @@
 // Pipeline-parallel schedules: which forward and backward each pipeline stage (rank) runs in which order, and
 // the point-to-point messages between them, for the 1F1B and the interleaved 1F1B schedules of Narayanan et
-// al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM").
+// al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), and ZB-H1 of
+// Qi et al. 2023 ("Zero Bubble Pipeline Parallelism"), which splits each backward into the input gradient (B,
+// which the previous stage waits for) and the weight gradient (W, which nothing waits for) and runs W's late,
+// in the time 1F1B's stages wait (`--pipeline-schedule zb1`).
 //
-// make_pipeline_schedule builds each rank's order, then simulates it with fixed forward and backward times.
+// make_pipeline_schedule builds each rank's order, then simulates it with fixed forward, backward (B) and
+// weight-gradient (W) times.
 // The simulated times are not a prediction the driver relies on; they give every message a key (its send
 // time) that both sides agree on, so that sorting each rank's messages by key orders them the same way on
 // every rank (no deadlock), and they decide which activation set ("slot") each micro-batch uses.
@@ -22,18 +26,24 @@
 #include <utility>
 #include <vector>
 
-enum class PipelineScheduleKind { kOneFOneB, kInterleaved };
+enum class PipelineScheduleKind { kOneFOneB, kInterleaved, kZeroBubbleH1 };
 
-// "1f1b" / "interleaved"; false for anything else.
+// "1f1b" / "interleaved" / "zb1"; false for anything else.
 inline bool parse_pipeline_schedule(const std::string& name, PipelineScheduleKind* kind) {
     if (name == "1f1b") *kind = PipelineScheduleKind::kOneFOneB;
     else if (name == "interleaved") *kind = PipelineScheduleKind::kInterleaved;
+    else if (name == "zb1") *kind = PipelineScheduleKind::kZeroBubbleH1;
     else return false;
     return true;
 }
 
 inline const char* pipeline_schedule_name(PipelineScheduleKind kind) {
-    return kind == PipelineScheduleKind::kOneFOneB ? "1f1b" : "interleaved";
+    switch (kind) {
+        case PipelineScheduleKind::kOneFOneB: return "1f1b";
+        case PipelineScheduleKind::kInterleaved: return "interleaved";
+        case PipelineScheduleKind::kZeroBubbleH1: return "zb1";
+    }
+    return "unknown";
 }
 
 namespace pipeline_detail {
@@ -62,8 +72,8 @@ constexpr int kMaxPipelineMicroBatches = 4096;
 
 // "" when the schedule can run P stages, m micro-batches, v model chunks per rank and `layers` transformer
 // layers; otherwise one line naming the flags and values. 1F1B runs any m in 1..kMaxPipelineMicroBatches (m < P
-// is allowed but leaves each stage idle for most of the step: the bubble is (P-1)/(m+P-1)). The interleaved
-// schedule hands out micro-batches in groups of P per chunk, so it needs m to be a multiple of P.
+// is allowed but leaves each stage idle for most of the step: the bubble is (P-1)/(m+P-1)), and so does ZB-H1.
+// The interleaved schedule hands out micro-batches in groups of P per chunk, so it needs m to be a multiple of P.
 inline std::string pipeline_schedule_problem(PipelineScheduleKind kind, int P, int m, int v, int layers) {
     if (P < 1) return "--pipeline-parallel " + std::to_string(P) + " must be at least 1";
     if (v < 1) return "--virtual-stages " + std::to_string(v) + " must be at least 1";
@@ -74,8 +84,9 @@ inline std::string pipeline_schedule_problem(PipelineScheduleKind kind, int P, i
         return "--pipeline-parallel " + std::to_string(P) + " runs at most " + std::to_string(kMaxPipelineMicroBatches) +
                " micro-batches (gradient-accumulation steps) a step, not " + std::to_string(m) +
                ": raise --batch-size or lower --total-batch-tokens";
-    if (kind == PipelineScheduleKind::kOneFOneB && v != 1)
-        return "--virtual-stages " + std::to_string(v) + " needs --pipeline-schedule interleaved (1f1b runs one model chunk per stage)";
+    if (kind != PipelineScheduleKind::kInterleaved && v != 1)
+        return "--virtual-stages " + std::to_string(v) + " needs --pipeline-schedule interleaved (" + pipeline_schedule_name(kind) +
+               " runs one model chunk per stage)";
     if (kind == PipelineScheduleKind::kInterleaved) {
         if (v < 2) return "--pipeline-schedule interleaved needs --virtual-stages of at least 2, not " + std::to_string(v);
         if (P < 2) return "--pipeline-schedule interleaved needs --pipeline-parallel of at least 2, not " + std::to_string(P);
@@ -126,7 +137,10 @@ inline std::string pipeline_layer_split(int layers, int P, int v, const std::str
 }
 
 struct PipelineAction {              // one compute action of one rank, in execution order
-    enum Type { kForward, kBackward } type;
+    // kBackward: both gradients of the chunk (1F1B, interleaved). ZB-H1 splits it: kInputGradient (B) computes
+    // and sends the gradient of the chunk's input, kWeightGradient (W) the weight gradients, later, from the
+    // layer inputs and output gradients that B leaves in the slot; W sends nothing.
+    enum Type { kForward, kBackward, kInputGradient, kWeightGradient } type;
     int micro_batch;                 // 0..m-1
     int chunk;                       // this rank's model chunk 0..v-1; virtual stage = chunk * P + stage
     int slot;                        // the activation set of this chunk that holds the micro-batch
@@ -145,7 +159,8 @@ struct StageSchedule {
     std::vector<PipelineAction> actions;       // execution order (sorted by start)
     std::vector<PipelineTransfer> transfers;   // sorted by key; transfers of equal key form one group (ncclGroupStart/End)
     std::vector<int> slots;                    // activation sets needed per chunk (v entries)
-    int max_in_flight = 0;                     // most micro-batches (over all chunks) whose forward began and backward has not ended
+    int max_in_flight = 0;                     // most micro-batches (over all chunks) whose forward began and whose
+                                               // backward (ZB-H1: W) has not ended
     double busy = 0;                           // sum of action durations
 };
 struct PipelineSchedule {
@@ -164,9 +179,11 @@ struct PipelineSchedule {
 namespace pipeline_detail {
 
 struct Step {
-    bool backward;
+    PipelineAction::Type type;
     int micro_batch, chunk;
 };
+constexpr PipelineAction::Type kF = PipelineAction::kForward, kFullBackward = PipelineAction::kBackward,
+                               kB = PipelineAction::kInputGradient, kW = PipelineAction::kWeightGradient;
 
 // 1F1B on stage s: P-1-s forwards fill the pipeline (the later stages then get work without waiting), then
 // each forward is followed by the oldest outstanding backward, which caps the micro-batches in flight at
@@ -174,12 +191,35 @@ struct Step {
 inline std::vector<Step> one_f_one_b_order(int P, int m, int s) {
     const int warmup = std::min(P - 1 - s, m);
     std::vector<Step> order;
-    for (int i = 0; i < warmup; i++) order.push_back({false, i, 0});
+    for (int i = 0; i < warmup; i++) order.push_back({kF, i, 0});
     for (int i = warmup; i < m; i++) {
-        order.push_back({false, i, 0});
-        order.push_back({true, i - warmup, 0});
+        order.push_back({kF, i, 0});
+        order.push_back({kFullBackward, i - warmup, 0});
     }
-    for (int i = m - warmup; i < m; i++) order.push_back({true, i, 0});
+    for (int i = m - warmup; i < m; i++) order.push_back({kFullBackward, i, 0});
+    return order;
+}
+
+// ZB-H1 on stage s: 1F1B's order of forwards and B's, each B followed by the oldest waiting W once more than s
+// W's wait; the W's still waiting after the last B run at the end. Holding W's back runs the B's, which the
+// earlier stages wait for, sooner, and the held W's fill the end of the step, when 1F1B's later stages idle while
+// the last gradients travel to the first stage. With 1F1B's P-1-s warm-up forwards every stage then has up to P
+// micro-batches in flight (until their W ends), as many as 1F1B's first stage.
+inline std::vector<Step> zero_bubble_h1_order(int P, int m, int s) {
+    const int warmup = std::min(P - 1 - s, m);
+    std::vector<Step> order;
+    int oldest_waiting_weight = 0;
+    auto input_gradient = [&](int i) {
+        order.push_back({kB, i, 0});
+        if (i + 1 - oldest_waiting_weight > s) order.push_back({kW, oldest_waiting_weight++, 0});
+    };
+    for (int i = 0; i < warmup; i++) order.push_back({kF, i, 0});
+    for (int i = warmup; i < m; i++) {
+        order.push_back({kF, i, 0});
+        input_gradient(i - warmup);
+    }
+    for (int i = m - warmup; i < m; i++) input_gradient(i);
+    while (oldest_waiting_weight < m) order.push_back({kW, oldest_waiting_weight++, 0});
     return order;
 }
 
@@ -195,7 +235,7 @@ inline std::vector<Step> interleaved_order(int P, int m, int v, int s) {
     const int warmup = std::min((P - 1 - s) * 2 + (v - 1) * P, total);
     auto step = [&](int i, bool backward) {
         const int chunk_in_group = i % (P * v) / P;
-        return Step{backward, i / (P * v) * P + i % P, backward ? v - 1 - chunk_in_group : chunk_in_group};
+        return Step{backward ? kFullBackward : kF, i / (P * v) * P + i % P, backward ? v - 1 - chunk_in_group : chunk_in_group};
     };
     std::vector<Step> order;
     for (int i = 0; i < warmup; i++) order.push_back(step(i, false));
@@ -216,33 +256,48 @@ struct Times {
     bool done() const { return end >= 0; }
 };
 struct Simulated {
-    std::vector<std::vector<Step>> orders;  // per rank
-    std::vector<Times> forward, backward;   // indexed by virtual stage * m + micro-batch
+    std::vector<std::vector<Step>> orders;        // per rank
+    std::vector<Times> forward, backward, weight;  // indexed by virtual stage * m + micro-batch; backward holds the
+                                                  // backward or B, weight ZB-H1's W
+    std::vector<Times>& of(PipelineAction::Type type) { return type == kF ? forward : type == kW ? weight : backward; }
+    const std::vector<Times>& of(PipelineAction::Type type) const { return type == kF ? forward : type == kW ? weight : backward; }
+    // The action after which a micro-batch's activations on virtual stage k are no longer needed.
+    const Times& last_use(PipelineScheduleKind kind, int k, int m, int i) const {
+        return (kind == PipelineScheduleKind::kZeroBubbleH1 ? weight : backward)[k * m + i];
+    }
 };
 // The action whose output a step of virtual stage k consumes (K virtual stages); null for virtual stage 0's forward.
 inline const Times* input_of(const Simulated& sim, const Step& step, int k, int K, int m) {
     const int i = step.micro_batch;
-    if (!step.backward) return k > 0 ? &sim.forward[(k - 1) * m + i] : nullptr;
+    if (step.type == kF) return k > 0 ? &sim.forward[(k - 1) * m + i] : nullptr;
+    if (step.type == kW) return &sim.backward[k * m + i];
     return k < K - 1 ? &sim.backward[(k + 1) * m + i] : &sim.forward[k * m + i];
 }
 
 // Each rank's order, run as far as the inputs exist until all actions have run: an action starts at max(end of
-// this rank's previous action, end of the producing action of its input) and takes forward_cost[k] or
-// backward_cost[k] on virtual stage k. A forward of virtual stage k > 0 needs the activation of virtual stage
-// k-1, a backward of virtual stage k < P*v-1 the gradient of virtual stage k+1; the backward of the last
-// virtual stage needs only its own forward.
+// this rank's previous action, end of the producing action of its input) and takes forward_cost[k],
+// backward_cost[k] (B) or weight_cost[k] (W) on virtual stage k, a backward of both gradients backward_cost[k] +
+// weight_cost[k]. A forward of virtual stage k > 0 needs the activation of virtual stage k-1, a backward (or B)
+// of virtual stage k < P*v-1 the gradient of virtual stage k+1; the backward of the last virtual stage needs
+// only its own forward; a W needs its B.
 inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v, const std::vector<double>& forward_cost,
-                                 const std::vector<double>& backward_cost) {
+                                 const std::vector<double>& backward_cost, const std::vector<double>& weight_cost) {
     const int K = P * v;  // virtual stages
     Simulated sim;
     sim.orders.resize(P);
-    for (int s = 0; s < P; s++)
-        sim.orders[s] = kind == PipelineScheduleKind::kOneFOneB ? one_f_one_b_order(P, m, s) : interleaved_order(P, m, v, s);
+    size_t remaining = 0;
+    for (int s = 0; s < P; s++) {
+        sim.orders[s] = kind == PipelineScheduleKind::kOneFOneB  ? one_f_one_b_order(P, m, s)
+                        : kind == PipelineScheduleKind::kInterleaved ? interleaved_order(P, m, v, s)
+                                                                     : zero_bubble_h1_order(P, m, s);
+        remaining += sim.orders[s].size();
+    }
     sim.forward.assign(K * m, Times{});
     sim.backward.assign(K * m, Times{});
+    sim.weight.assign(K * m, Times{});
     std::vector<size_t> next(P, 0);
     std::vector<double> rank_free(P, 0.0);
-    for (size_t remaining = 2 * (size_t)K * m; remaining > 0;) {
+    while (remaining > 0) {
         bool progressed = false;
         for (int s = 0; s < P; s++) {
             while (next[s] < sim.orders[s].size()) {
@@ -250,9 +305,13 @@ inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v,
                 const int k = step.chunk * P + s;
                 const Times* input = input_of(sim, step, k, K, m);
                 if (input && !input->done()) break;
-                Times& t = (step.backward ? sim.backward : sim.forward)[k * m + step.micro_batch];
+                Times& t = sim.of(step.type)[k * m + step.micro_batch];
+                const double cost = step.type == kF   ? forward_cost[k]
+                                    : step.type == kB ? backward_cost[k]
+                                    : step.type == kW ? weight_cost[k]
+                                                      : backward_cost[k] + weight_cost[k];
                 t.start = std::max(rank_free[s], input ? input->end : 0.0);
-                t.end = rank_free[s] = t.start + (step.backward ? backward_cost[k] : forward_cost[k]);
+                t.end = rank_free[s] = t.start + cost;
                 next[s]++;
                 remaining--;
                 progressed = true;
@@ -266,14 +325,16 @@ inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v,
 }  // namespace pipeline_detail
 
 // Builds each rank's order and simulates it (pipeline_detail::simulate_orders) with every chunk's forward taking
-// forward_time / v and its backward backward_time / v. Then it lays out each rank's messages and activation sets
-// (slots): a slot of a chunk is taken when
-// the micro-batch's activation arrives (at its forward's start for virtual stage 0) and freed at the end of
-// its backward; the lowest free slot is taken, and at equal times frees come first. Integer forward_time and
-// backward_time keep the times exact, so that messages sent at the same moment share one key (one group).
+// forward_time / v, its input gradient (ZB-H1's B) backward_time / v and its weight gradients (ZB-H1's W)
+// weight_gradient_time / v; 1F1B's and the interleaved schedule's backward computes both, in (backward_time +
+// weight_gradient_time) / v. Then it lays out each rank's messages and activation sets (slots): a slot of a
+// chunk is taken when the micro-batch's activation arrives (at its forward's start for virtual stage 0) and
+// freed at the end of its backward (ZB-H1: of its W, which reads the layer inputs and output gradients); the
+// lowest free slot is taken, and at equal times frees come first. Integer times keep the simulation exact, so
+// that messages sent at the same moment share one key (one group).
 // Throws std::invalid_argument for a shape that pipeline_schedule_problem rejects.
 inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P, int m, int v, double forward_time = 1.0,
-                                               double backward_time = 2.0) {
+                                               double backward_time = 2.0, double weight_gradient_time = 0.0) {
     using namespace pipeline_detail;
     const std::string problem = pipeline_schedule_problem(kind, P, m, v, P * v);
     if (!problem.empty()) throw std::invalid_argument(problem);
@@ -281,9 +342,10 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
 
     // Simulate in units of 1/v of the final times (a chunk's forward takes forward_time), so that integer
     // times stay exact sums; they are divided by v at the end.
-    const Simulated sim = simulate_orders(kind, P, m, v, std::vector<double>(K, forward_time), std::vector<double>(K, backward_time));
+    const Simulated sim = simulate_orders(kind, P, m, v, std::vector<double>(K, forward_time), std::vector<double>(K, backward_time),
+                                          std::vector<double>(K, weight_gradient_time));
     const std::vector<std::vector<Step>>& orders = sim.orders;
-    const std::vector<Times>&forward = sim.forward, &backward = sim.backward;
+    const std::vector<Times>& forward = sim.forward;
     auto input_of = [&](const Step& step, int k) { return pipeline_detail::input_of(sim, step, k, K, m); };
 
     // Slots of each virtual stage, handed out in time order of the takes and frees.
@@ -297,7 +359,7 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
         std::vector<Event> events;
         for (int i = 0; i < m; i++) {
             events.push_back({k == 0 ? forward[i].start : forward[(k - 1) * m + i].end, true, i});
-            events.push_back({backward[k * m + i].end, false, i});
+            events.push_back({sim.last_use(kind, k, m, i).end, false, i});
         }
         std::sort(events.begin(), events.end(),
                   [](const Event& a, const Event& b) { return a.time != b.time ? a.time < b.time : !a.take && b.take; });
@@ -319,18 +381,21 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
     for (int s = 0; s < P; s++) {
         StageSchedule& stage = schedule.stages[s];
         for (int c = 0; c < v; c++) stage.slots.push_back(slots_needed[c * P + s]);
-        std::vector<std::pair<double, int>> in_flight_changes;  // +1 at a forward's start, -1 at a backward's end
+        std::vector<std::pair<double, int>> in_flight_changes;  // +1 at a forward's start, -1 at the slot's last use
         for (const Step& step : orders[s]) {
             const int k = step.chunk * P + s, i = step.micro_batch, slot = slot_of[k * m + i];
-            const Times& t = (step.backward ? backward : forward)[k * m + i];
-            stage.actions.push_back({step.backward ? PipelineAction::kBackward : PipelineAction::kForward, i, step.chunk, slot, t.start / v, t.end / v});
+            const Times& t = sim.of(step.type)[k * m + i];
+            stage.actions.push_back({step.type, i, step.chunk, slot, t.start / v, t.end / v});
             stage.busy += (t.end - t.start) / v;
             schedule.makespan = std::max(schedule.makespan, t.end / v);
-            in_flight_changes.push_back(step.backward ? std::make_pair(t.end, -1) : std::make_pair(t.start, +1));
+            if (step.type == kF) in_flight_changes.emplace_back(t.start, +1);
+            if (step.type == kFullBackward || step.type == kW) in_flight_changes.emplace_back(t.end, -1);
+            if (step.type == kW) continue;  // W neither receives nor sends
             // The message this action sends to the neighbouring virtual stage, and the one it received from it.
-            const int to = step.backward ? k - 1 : k + 1, from = step.backward ? k + 1 : k - 1;
-            if (to >= 0 && to < K) stage.transfers.push_back({true, step.backward, to % P, i, step.chunk, slot, t.end / v});
-            if (from >= 0 && from < K) stage.transfers.push_back({false, step.backward, from % P, i, step.chunk, slot, input_of(step, k)->end / v});
+            const bool gradient = step.type != kF;
+            const int to = gradient ? k - 1 : k + 1, from = gradient ? k + 1 : k - 1;
+            if (to >= 0 && to < K) stage.transfers.push_back({true, gradient, to % P, i, step.chunk, slot, t.end / v});
+            if (from >= 0 && from < K) stage.transfers.push_back({false, gradient, from % P, i, step.chunk, slot, input_of(step, k)->end / v});
         }
         std::stable_sort(stage.transfers.begin(), stage.transfers.end(),
                          [](const PipelineTransfer& a, const PipelineTransfer& b) { return a.key < b.key; });
@@ -341,15 +406,27 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
     return schedule;
 }
 
-// The bubble fraction the schedule should have, makespan idle over makespan: 1F1B (P-1)/(m+P-1), interleaved
-// (P-1)/(v*m+P-1).
-inline double pipeline_bubble_theory(PipelineScheduleKind kind, int P, int m, int v) {
+// The bubble fraction the schedule should have, makespan idle over makespan, with make_pipeline_schedule's
+// times F = forward_time, B = backward_time, W = weight_gradient_time: 1F1B (P-1)/(m+P-1) and interleaved
+// (P-1)/(v*m+P-1) for any times. ZB-H1: every stage works m (F+B+W) of a step that lasts
+//     m (F+B+W) + (P-1)(F+B) - (min(m,P) - 1) min(F,B,W),
+// the simulated step for any times (the tests check it). With m >= P and W no longer than F or B the idle
+// time is the paper's (P-1)(F+B-W), against 1F1B's (P-1)(F+B+W): a third of it when F = B = W.
+inline double pipeline_bubble_theory(PipelineScheduleKind kind, int P, int m, int v, double forward_time = 1.0, double backward_time = 2.0,
+                                     double weight_gradient_time = 0.0) {
+    if (kind == PipelineScheduleKind::kZeroBubbleH1) {
+        const double work = m * (forward_time + backward_time + weight_gradient_time);
+        const double makespan = work + (P - 1) * (forward_time + backward_time) -
+                                (std::min(m, P) - 1) * std::min({forward_time, backward_time, weight_gradient_time});
+        return (makespan - work) / makespan;
+    }
     const int chunks = kind == PipelineScheduleKind::kOneFOneB ? 1 : v;
     return double(P - 1) / (chunks * m + P - 1);
 }
 
-// A pipeline step in which virtual stage k's forward takes forward_cost[k] and its backward backward_cost[k] (any
-// unit): each stage's idle share of its span, (span - busy) / span from its first action's start to its last
+// A pipeline step in which virtual stage k's forward takes forward_cost[k], its input gradient backward_cost[k]
+// and its weight gradients weight_gradient_cost[k] (any unit; empty: none, the backward_cost is the whole
+// backward), 1F1B's and the interleaved schedule's backward both: each stage's idle share of its span, (span - busy) / span from its first action's start to its last
 // action's end (what the step log measures on the first stage), and the step's length. With equal work on every
 // virtual stage the first stage's share is pipeline_bubble_theory's; a heavier stage makes the others wait.
 // Throws std::invalid_argument for a shape that pipeline_schedule_problem rejects or costs of the wrong length.
@@ -358,17 +435,19 @@ struct PipelineSimulation {
     double makespan = 0;
 };
 inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, int m, int v, const std::vector<double>& forward_cost,
-                                            const std::vector<double>& backward_cost) {
+                                            const std::vector<double>& backward_cost, const std::vector<double>& weight_gradient_cost = {}) {
     const std::string problem = pipeline_schedule_problem(kind, P, m, v, P * v);
     if (!problem.empty()) throw std::invalid_argument(problem);
-    if ((int)forward_cost.size() != P * v || (int)backward_cost.size() != P * v)
-        throw std::invalid_argument("simulate_pipeline: one forward and one backward cost per virtual stage");
-    const pipeline_detail::Simulated sim = pipeline_detail::simulate_orders(kind, P, m, v, forward_cost, backward_cost);
+    if ((int)forward_cost.size() != P * v || (int)backward_cost.size() != P * v ||
+        !(weight_gradient_cost.empty() || (int)weight_gradient_cost.size() == P * v))
+        throw std::invalid_argument("simulate_pipeline: one forward, one backward and none or one weight-gradient cost per virtual stage");
+    const std::vector<double> weight = weight_gradient_cost.empty() ? std::vector<double>(P * v, 0.0) : weight_gradient_cost;
+    const pipeline_detail::Simulated sim = pipeline_detail::simulate_orders(kind, P, m, v, forward_cost, backward_cost, weight);
     PipelineSimulation result;
     for (int s = 0; s < P; s++) {
         double first = 1e300, last = 0, busy = 0;
         for (const pipeline_detail::Step& step : sim.orders[s]) {
-            const pipeline_detail::Times& t = (step.backward ? sim.backward : sim.forward)[(step.chunk * P + s) * m + step.micro_batch];
+            const pipeline_detail::Times& t = sim.of(step.type)[(step.chunk * P + s) * m + step.micro_batch];
             first = std::min(first, t.start);
             last = std::max(last, t.end);
             busy += t.end - t.start;
@@ -379,23 +458,38 @@ inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, in
     return result;
 }
 
-// The work model's two GPT figures, in units of one layer's forward: the LM head's forward and backward, 6 Vp C FLOPs
+// The work model's GPT figures, in units of one layer's forward: the LM head's forward and backward, 6 Vp C FLOPs
 // per token against a layer's forward, (72 C^2 + 12 C T) / 3 (MFU's count); a layer's backward, twice its forward,
 // or three times when --recompute 3 runs the forward again.
 inline double lm_head_work(int padded_vocab_size, int channels, int T) { return 3.0 * padded_vocab_size / (12.0 * channels + 2.0 * T); }
 inline double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
+// A layer's backward actions under a schedule: the backward (ZB-H1: its input gradient, B) and ZB-H1's weight
+// gradients (W; 0 for the other schedules). ZB-H1 splits the two products' gradients, one forward each; under
+// --recompute 3 both B and W refill the layer's activations, a forward each.
+struct LayerBackwardWork {
+    double backward, weight_gradient;
+};
+inline LayerBackwardWork layer_backward_actions_work(PipelineScheduleKind kind, int recompute) {
+    if (kind != PipelineScheduleKind::kZeroBubbleH1) return {layer_backward_work(recompute), 0.0};
+    const double refill = recompute == 3 ? 1.0 : 0.0;
+    return {1.0 + refill, 1.0 + refill};
+}
 
-// Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1 and
-// its backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward), and
-// on the last virtual stage, whose forward action also runs the LM head's forward and backward, head_work more (a
-// GPT's head: 3 Vp / (12 C + 2 T) by the FLOP count that MFU uses). The first stage's embedding (a gather) is free.
+// Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1, its
+// backward layer_backward (2 for the products' two gradients, 3 when the backward recomputes the forward; ZB-H1: B's)
+// and with `weight` ZB-H1's W layer_weight_gradient, and on the last virtual stage, whose forward action also runs
+// the LM head's forward and backward, head_work more (a GPT's head: 3 Vp / (12 C + 2 T) by the FLOP count that MFU
+// uses). The first stage's embedding (a gather) is free.
 inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, double layer_backward, double head_work,
-                                std::vector<double>* forward, std::vector<double>* backward) {
+                                std::vector<double>* forward, std::vector<double>* backward, double layer_weight_gradient = 0.0,
+                                std::vector<double>* weight = nullptr) {
     forward->clear();
     backward->clear();
+    if (weight) weight->clear();
     for (int layers : per_virtual_stage) {
         forward->push_back(layers);
         backward->push_back(layers * layer_backward);
+        if (weight) weight->push_back(layers * layer_weight_gradient);
     }
     if (!forward->empty()) forward->back() += head_work;
 }
@@ -406,7 +500,7 @@ inline void pipeline_stage_work(const std::vector<int>& per_virtual_stage, doubl
 // even split (pipeline_layer_split's default) loads the LM head's stage most: at T = 1024 a GPT-2 124M head is
 // 13.4 layer forwards of work (4.5 layers' forward and backward), 1.5B's 7.1, a 6.6B GPT's (C = 4096) 2.9. The shape must pass pipeline_schedule_problem.
 inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int layers, int P, int m, int v, double layer_backward,
-                                                double head_work) {
+                                                double head_work, double layer_weight_gradient = 0.0) {
     const int K = P * v;
     if (K == 1) return {layers};
     const int even_last = pipeline_detail::even_split(layers, K).back();
@@ -415,9 +509,9 @@ inline std::vector<int> pipeline_balanced_split(PipelineScheduleKind kind, int l
     for (int c = 1; c <= layers - (K - 1); c++) {
         std::vector<int> split = pipeline_detail::even_split(layers - c, K - 1);
         split.push_back(c);
-        std::vector<double> forward, backward;
-        pipeline_stage_work(split, layer_backward, head_work, &forward, &backward);
-        const double makespan = simulate_pipeline(kind, P, m, v, forward, backward).makespan;
+        std::vector<double> forward, backward, weight;
+        pipeline_stage_work(split, layer_backward, head_work, &forward, &backward, layer_weight_gradient, &weight);
+        const double makespan = simulate_pipeline(kind, P, m, v, forward, backward, weight).makespan;
         const bool shorter = makespan < best_makespan * (1 - 1e-12);
         const bool as_short_and_nearer = !shorter && makespan <= best_makespan * (1 + 1e-12) && std::abs(c - even_last) < std::abs(best.back() - even_last);
         if (best.empty() || shorter || as_short_and_nearer) {

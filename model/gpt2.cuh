@@ -4,7 +4,7 @@
 // the initial values (initialization.cuh, whole_model.cuh), LoRA's products (lora_hooks.cuh), the loss
 // bookkeeping (loss.h), the tensor-parallel collectives (distributed/tensor_parallel.cuh), the optimizer and its
 // sharding (distributed/zero.cuh), the pipeline's schedule (distributed/pipeline_parallel.cuh).
-// defines: LayerActivations, ActivationSet, StepReport, GPT2
+// defines: LayerActivations, LayerOutputGrads, ActivationSet, StepReport, GPT2
 #pragma once
 #include <algorithm>
 #include <array>
@@ -29,6 +29,7 @@
 #include "batch_staging.h"                     // defines: BatchStaging
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
+#include "backward_part.h"                     // defines: BackwardPart
 
 // every width --channels accepts has a LayerNorm backward
 static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
@@ -43,19 +44,26 @@ struct LayerActivations {
     float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
 };
 
+// ZB-H1's split backward (BackwardPart): the output gradients of a block's four products, which the input-gradient
+// pass (B) computes and the weight-gradient pass (W) multiplies with the products' inputs later. N rows each, of
+// 3 Cs (this rank's heads' q, k, v), C, 4 Cs (this rank's hidden units) and C columns (whole rows: under sequence
+// parallelism the gathered gradient that the product reads).
+template <typename floatX>
+struct LayerOutputGrads {
+    floatX *qkv, *attproj, *fc, *fcproj;
+};
+
 // One micro-batch's activations on one chunk of blocks (all of them, without pipeline parallelism): what its
 // backward needs, kept from its forward. A pipeline stage has one set per micro-batch in flight on each chunk.
 template <typename floatX>
 struct ActivationSet {
     std::vector<LayerActivations<floatX>> layers;  // the chunk's blocks
+    std::vector<LayerOutputGrads<floatX>> output_grads;  // the blocks', kept from B to W (split backward only)
     floatX* input = nullptr;      // the residual stream entering the chunk: the embeddings' output, or received
     floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
     int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
     int num_buckets = 0;
 };
-
-
-
 
 // What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
 // the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped so far;
@@ -108,6 +116,9 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
+    // Set before allocate(): the backward runs as ZB-H1's B and W (BackwardPart), so each activation set also keeps
+    // its blocks' output gradients from B to W.
+    bool split_backward = false;
     // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
     // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
     // fc-proj in the backward). false: separate GELU kernels everywhere (test_model's base model, which must
@@ -159,6 +170,7 @@ struct GPT2 {
         for (int k = 0; k < num_chunks(); k++) p.chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
         p.slots = slots.empty() ? std::vector<int>(num_chunks(), 1) : slots;
         p.head = layout.part.last;
+        p.output_grads = split_backward;
         return p;
     }
     // The optimizer of what trains: the adapters under LoRA, else the model.
@@ -208,6 +220,11 @@ struct GPT2 {
                     for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
                     a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
                     a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
+                }
+                set.output_grads.resize(ap.output_grads ? ap.chunk_blocks[k] : 0);
+                for (LayerOutputGrads<floatX>& d : set.output_grads) {
+                    const size_t Cs = C / layout.tp;
+                    d.qkv = take(N * 3 * Cs); d.attproj = take(N * C); d.fc = take(N * 4 * Cs); d.fcproj = take(N * C);
                 }
                 set.input = take(Nr * C);
                 set.dresidual = take(Nr * C);
@@ -515,8 +532,15 @@ struct GPT2 {
     // The backward of chunk k on `set`, whose dresidual holds d(loss)/d(the chunk's output): from the head
     // (head_backward), or received from the next stage. Leaves d(loss)/d(the chunk's input) in set.dresidual
     // (sent to the previous stage) or, when the chunk begins the model, adds it into the embeddings' gradients.
-    void backward_chunk(int k, ActivationSet<floatX>& set) {
-        const int N = B * T, C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
+    // `part` (BackwardPart): kInputGradient leaves the products' output gradients in set.output_grads and their
+    // weight gradients, and the embeddings', to kWeightGradient (weight_gradient_chunk).
+    void backward_chunk(int k, ActivationSet<floatX>& set, BackwardPart part = BackwardPart::kBoth) {
+        if (part == BackwardPart::kWeightGradient) {
+            weight_gradient_chunk(k, set);
+            return;
+        }
+        const bool input_only = part == BackwardPart::kInputGradient;
+        const int N = B * T, C = config.channels, Nr = region_rows();
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
         floatX* dresidual = set.dresidual;
@@ -526,33 +550,43 @@ struct GPT2 {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dbig
+            // B: the products' output gradients go to the set's buffers, which W reads, and their weight gradients
+            // (null here) are W's; the products' inputs are read only by LoRA's adapters, which run with tp = 1 (no
+            // gather)
+            LayerOutputGrads<floatX>* kept = input_only ? &set.output_grads[l - begin] : nullptr;
+            auto product_grad = [&](BlockTensor t) { return input_only ? nullptr : grad(l, t); };
+            auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
+            floatX* dfch = kept ? kept->fc : dbig;
+            floatX* dqkv = kept ? kept->qkv : dbig;
+            // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dfch
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
+            if (kept) keep_output_grad(kept->fcproj, dmlp);
             // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
             const bool bias_in_layernorm = sequence_split() == 1;
-            matmul_backward(dbig, grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), reduce_scratch, dmlp,
+            matmul_backward(dfch, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_grad(FCPROJB), reduce_scratch, dmlp,
                             a.fch_gelu, param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
-                adapt_backward(l, kLoraFcProj, dbig, dmlp, a.fch_gelu);
-                gelu_backward(dbig, a.fch, dbig, (long)N * hidden(), stream);
+                adapt_backward(l, kLoraFcProj, dfch, dmlp, a.fch_gelu);
+                gelu_backward(dfch, a.fch, dfch, (long)N * hidden(), stream);
             }
             // ln2 re-gathered under sequence parallelism
-            const floatX* dln2 = column_parallel_backward(grad(l, FCW), grad(l, FCB), param(l, FCW), dbig, column_input(a.ln2),
+            const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
                                                           hidden(), l, kLoraFc);
             // fc-proj's bias gradient from dresidual as it enters: d(loss)/d(residual3)
             layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
                                a.ln2_mean, a.ln2_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
-            matmul_backward(dbtc, grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), reduce_scratch,
+            if (kept) keep_output_grad(kept->attproj, dattention);
+            matmul_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), reduce_scratch,
                             dattention, a.atty, param(l, ATTPROJW), N, Cs, C, stream);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
-            flash_attention_backward(dbig, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
+            flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
@@ -560,16 +594,16 @@ struct GPT2 {
             // those are dattention's column sums times ATTPROJW: from the partial sums the LayerNorm backward below
             // leaves for the attention projection's bias (a 1 x C by C x Cs product instead of reading dO), unless
             // that bias gradient is not taken there or an adapter adds to dO; then from dO (dbtc) before the qkv
-            // product's backward overwrites it. The query part from dQ, the first Cs columns of dbig.
+            // product's backward overwrites it. The query part from dQ, the first Cs columns of dqkv (W's under B).
             floatX* dqkv_bias = grad(l, QKVB);
             floatX* dattproj_bias = bias_in_layernorm ? grad(l, ATTPROJB) : nullptr;
             const bool value_bias_from_layernorm = dqkv_bias != nullptr && dattproj_bias != nullptr &&
                                                    !(lora.enabled() && lora.targets_has(kLoraAttnProj));
             if (dqkv_bias != nullptr) {
                 if (!value_bias_from_layernorm) bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
-                bias_backward(dqkv_bias, reduce_scratch, dbig, N, Cs, stream, 3L * Cs);
+                if (!input_only) bias_backward(dqkv_bias, reduce_scratch, dqkv, N, Cs, stream, 3L * Cs);
             }
-            const floatX* dln1 = column_parallel_backward(grad(l, QKVW), nullptr, param(l, QKVW), dbig, column_input(a.ln1), 3 * Cs,
+            const floatX* dln1 = column_parallel_backward(product_grad(QKVW), nullptr, param(l, QKVW), dqkv, product_input(a.ln1), 3 * Cs,
                                                           l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
             layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
@@ -580,13 +614,54 @@ struct GPT2 {
                                     param(l, ATTPROJW), C, Cs, stream);
             sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
             sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
-            if (adapters) adapters->after_unit_backward(l + 1);
-            else zero->after_unit_backward(layout.block_unit(l));
+            if (!input_only) block_gradients_done(l);  // B: W completes them
         }
-        if (!model_begins(k)) return;
+        if (model_begins(k) && !input_only) embeddings_backward(set);
+    }
+
+    // ZB-H1's W of chunk k on `set`, after its B (backward_chunk with BackwardPart::kInputGradient) left the products'
+    // output gradients in set.output_grads and d(loss)/d(the chunk's input) in set.dresidual: the products' weight
+    // gradients (their inputs refilled again where --recompute dropped them) and the biases summed from the output
+    // gradients (backward_chunk's, less those B took), then the embeddings' when the chunk begins the model.
+    void weight_gradient_chunk(int k, ActivationSet<floatX>& set) {
+        const int N = B * T, C = config.channels;
+        const int Cs = heads() * head_size();
+        const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        const bool bias_in_layernorm = sequence_split() == 1;  // B took the row-parallel biases (backward_chunk)
+        for (int l = end - 1; l >= begin; l--) {
+            LayerActivations<floatX>& a = set.layers[l - begin];
+            const LayerOutputGrads<floatX>& d = set.output_grads[l - begin];
+            const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
+            zero->before_unit_backward(layout.block_unit(l));
+            if (adapters) adapters->before_unit_backward(l + 1);
+            recompute_activations(l, a, residual_in);
+            matmul_backward_weights(grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), reduce_scratch, d.fcproj,
+                                    a.fch_gelu, N, hidden(), C, stream);
+            matmul_backward_weights(grad(l, FCW), grad(l, FCB), reduce_scratch, d.fc, column_input(a.ln2), N, C, hidden(), stream);
+            matmul_backward_weights(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), reduce_scratch, d.attproj,
+                                    a.atty, N, Cs, C, stream);
+            if (grad(l, QKVB) != nullptr) bias_backward(grad(l, QKVB), reduce_scratch, d.qkv, N, Cs, stream, 3L * Cs);  // the query part
+            matmul_backward_weights(grad(l, QKVW), (floatX*)nullptr, reduce_scratch, d.qkv, column_input(a.ln1), N, C, 3 * Cs, stream);
+            block_gradients_done(l);
+        }
+        if (model_begins(k)) embeddings_backward(set);
+    }
+    // B's copy of a product's output gradient (N x C: whole rows), which dresidual's next change would overwrite.
+    void keep_output_grad(floatX* kept, const floatX* grad) {
+        cudaCheck(cudaMemcpyAsync(kept, grad, (size_t)B * T * config.channels * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    }
+    // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
+    void block_gradients_done(int l) {
+        if (adapters) adapters->after_unit_backward(l + 1);
+        else zero->after_unit_backward(layout.block_unit(l));
+    }
+    // The embeddings' gradients from d(loss)/d(the model's input), which the backward of the model's first chunk
+    // leaves in set.dresidual.
+    void embeddings_backward(ActivationSet<floatX>& set) {
+        const int C = config.channels, Vl = layout.vocab_rows();
         const int* bucket_data = set.tokens + 2 * (size_t)B * T;
         if (wte_grads() != nullptr)  // not frozen
-            encoder_backward(wte_grads(), wpe_grads(), row_output_grad(dresidual), bucket_data, set.num_buckets, B, T, C, stream,
+            encoder_backward(wte_grads(), wpe_grads(), row_output_grad(set.dresidual), bucket_data, set.num_buckets, B, T, C, stream,
                              tensor_parallel.rank() * Vl, Vl);
         if (adapters) {
             adapters->after_unit_backward(0);

@@ -24,11 +24,13 @@
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
-// flight), and whether the stage ends the model (final LayerNorm, LM head, loss).
+// flight), whether the stage ends the model (final LayerNorm, LM head, loss), and whether each set also keeps its
+// blocks' output gradients from B to W (ZB-H1's split backward, model/gpt2.cuh's LayerOutputGrads).
 struct ActivationPlan {
     std::vector<int> chunk_blocks;
     std::vector<int> slots;
     bool head = true;
+    bool output_grads = false;
     static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
     int sets() const {
         int n = 0;
@@ -90,9 +92,17 @@ inline bool activation_shared(int recompute, int buffer) {
     }
 }
 
+// Elements of one row (token) of a block's output gradients kept from B to W: the qkv product's (3 C / tp), the
+// attention projection's (C), fc's (4 C / tp) and the fc projection's (C).
+inline size_t output_grads_width(const ModelConfig& c, int tp) {
+    const size_t C = c.channels, Cs = C / tp;
+    return 3 * Cs + C + 4 * Cs + C;
+}
+
 // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
 // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
-// Each activation set keeps its blocks' activations, its input and its dresidual; the recomputed buffers,
+// Each activation set keeps its blocks' activations (and with ap.output_grads their output gradients), its input
+// and its dresidual; the recomputed buffers,
 // the head's (lnf, logits) and the scratch are shared by all sets.
 inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
                               size_t* x_elements, size_t* stat_elements) {
@@ -105,7 +115,8 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-    *x_elements = N * (kept * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+    const size_t output_grads = ap.output_grads ? output_grads_width(c, tp) : 0;
+    *x_elements = N * ((kept + output_grads) * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
                      (ap.head ? Nr * 2 : 0) + N;
 }
@@ -166,8 +177,9 @@ struct StagePlans {
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     bool offload_file = false;  // ZeRO-Offload's NVMe tier (--offload-dir)
+    bool output_grads = false;  // ZB-H1: every set keeps its blocks' output gradients from B to W
     MemoryPlan of(int s, int split) const {
-        const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
+        const ActivationPlan sets{chunks[s], slots[s], parts[s].last, output_grads};
         return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, offload_file);
     }
 };
@@ -210,9 +222,10 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
             chunks += (k ? "+" : "") + std::to_string(plans.chunks[s][k]);
             slots += (k ? "+" : "") + std::to_string(plans.slots[s][k]);
         }
-        fprintf(out, "  stage %d: %s blocks%s%s, %s micro-batches in flight: parameters+gradients+optimizer %.2f GiB, activations %.2f GiB, total %.2f GiB\n",
+        fprintf(out, "  stage %d: %s blocks%s%s, %s micro-batches in flight: parameters+gradients+optimizer %.2f GiB, activations%s %.2f GiB, total %.2f GiB\n",
                 s, chunks.c_str(), plans.parts[s].first ? " + embeddings" : "", plans.parts[s].last ? " + final LayerNorm and LM head" : "",
-                slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state), gib(p.activations), gib(p.total()));
+                slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state),
+                plans.output_grads ? " (with the output gradients kept from B to W)" : "", gib(p.activations), gib(p.total()));
     }
     const LoraSpec& lora = plans.lora;
     if (lora.enabled()) {

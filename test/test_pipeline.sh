@@ -5,6 +5,11 @@
 # same global batch:
 #   - pp 2 and 4, 1f1b and interleaved (2 chunks per stage): fp32 losses within FP32_TOL, bf16 within BF16_TOL (below), pp 2
 #     fp16 within 2e-2;
+#   - zb1 (ZB-H1: the backward split into B and W) on 2 and 4 stages in fp32: losses within FP32_TOL of pp 1, the final
+#     model file bitwise equal to 1f1b's on as many stages (the same sums in the same order: every parameter's
+#     micro-batch gradients are added in micro-batch order by both) and within PARAM_TOL of pp 1's; under
+#     --recompute 3 (W refills the activations again), under tp 2 x pp 2 x dp 2 and with sequence parallelism;
+#     checkpoints of 1f1b resumed with zb1 and back;
 #   - uneven splits: --pipeline-layers 3,5, --pipeline-layers balanced and a 6-layer model on 4 stages;
 #   - the first and the last stage's copies of the tied wte bitwise identical after the steps;
 #   - 3D: tp 2 x pp 2 x dp 2 (8 ranks; ZeRO-1) and pp 2 x dp 2 with ZeRO-0 against one rank;
@@ -22,15 +27,18 @@
 # magnifies rounding noise: there they spread over 0.02, and pp 4 interleaved has differed from pp 1 by up to
 # 0.0207 on an H200 (with the qkv bias gradient from dO and dQ alone, exact in real arithmetic). The fp32 runs are
 # the exactness check; the bf16 ones check the bf16 path through the stages.
-# The quick tier (TEST_TIER=quick) runs fp32 1F1B on 4 stages (losses, tied wte, the log), the resume 4 ->
-# interleaved 2 x tp 2, and the evaluation and sample through 2 stages; the rest (pp 2, bf16, fp16, the other
-# schedules and splits, 3D, the other resumes, the export) only in the full tier.
+# Final parameters against pp 1: PARAM_TOL = 1e-4, or no further from pp 1 than 1f1b's on as many stages (the
+# exact check is the bitwise one against 1f1b).
+# The quick tier (TEST_TIER=quick) runs fp32 1F1B and zb1 on 4 stages (losses, tied wte, the log, the final model),
+# the resumes 4 -> interleaved 2 x tp 2 and 1f1b -> zb1, and the evaluation and sample through 2 stages; the rest
+# (pp 2, bf16, fp16, the other schedules and splits, 3D, the other resumes, the export) only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/pipeline
 rm -rf "$W"; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0
 FP32_TOL=2e-5
+PARAM_TOL=1e-4
 BF16_TOL=3e-2
 TIER=${TEST_TIER:-full}
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
@@ -42,6 +50,31 @@ RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3
      --batch-size 2 --total-batch-tokens 1024 --shuffle 0 --parameter-checksums 1)  # the files' order: runs of other batch shapes read the same tokens
 SUITE="pipeline"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
+# max_param_diff A B: the largest difference between the parameters of two fp32 model files
+max_param_diff() {
+    python3 -c "import numpy as np, sys; a, b = (np.fromfile(f, '<f4', offset=1024) for f in sys.argv[1:]); \
+print(f'{np.abs(a - b).max():.3g}' if a.shape == b.shape else 'inf')" "$1" "$2" 2>/dev/null || echo inf
+}
+# zero_bubble_runs P: zb1 on P stages (fp32) against pp 1 and against 1f1b on P stages (run just before)
+zero_bubble_runs() {
+    local pp=$1 final=model_00000010.bin
+    run pp${pp}z_fp32 $pp --precision fp32 --pipeline-parallel $pp --pipeline-schedule zb1 --checkpoint-every 5
+    compare pp${pp}z_fp32 single_fp32 $FP32_TOL 0 10 "pp $pp zb1 fp32: 10 losses match pp 1"
+    tied_identical pp${pp}z_fp32 "pp $pp zb1 fp32"
+    if [ -f "$W/pp${pp}z_fp32/$final" ] && cmp -s "$W/pp${pp}z_fp32/$final" "$W/pp${pp}_fp32/$final"; then
+        echo "PASS pipeline pp $pp zb1 fp32: the final model file equals 1f1b's on $pp stages bit for bit"
+    else
+        echo "FAIL pipeline pp $pp zb1 fp32: the final model file differs from 1f1b's on $pp stages (max $(max_param_diff "$W/pp${pp}z_fp32/$final" "$W/pp${pp}_fp32/$final")) $(grep -m1 -iE 'error|abort' "$W/pp${pp}z_fp32.out")"
+    fi
+    local d_zb1 d_1f1b
+    d_zb1=$(max_param_diff "$W/pp${pp}z_fp32/$final" "$W/single_fp32/$final")
+    d_1f1b=$(max_param_diff "$W/pp${pp}_fp32/$final" "$W/single_fp32/$final")
+    if [ "$d_zb1" != inf ] && { within "$d_zb1" $PARAM_TOL || { [ "$d_1f1b" != inf ] && within "$d_zb1" "$d_1f1b"; }; }; then
+        echo "PASS pipeline pp $pp zb1 fp32: final parameters within $d_zb1 of pp 1's (tol $PARAM_TOL; 1f1b's $d_1f1b)"
+    else
+        echo "FAIL pipeline pp $pp zb1 fp32: final parameters $d_zb1 from pp 1's (tol $PARAM_TOL; 1f1b's $d_1f1b)"
+    fi
+}
 # the first and last stage of every (tp, dp) coordinate report the same wte checksum
 tied_identical() {
     local name=$1 what=$2
@@ -60,12 +93,23 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
         run pp${pp}_$p $pp --precision $p --pipeline-parallel $pp --checkpoint-every 5
         compare pp${pp}_$p single_$p $tol 0 10 "pp $pp 1f1b $p: 10 losses match pp 1"
         tied_identical pp${pp}_$p "pp $pp 1f1b $p"
+        [ $p = fp32 ] && zero_bubble_runs $pp
         [ "$TIER" = full ] || continue  # the quick tier's interleaved run: the resume below
         run pp${pp}i_$p $pp --precision $p --pipeline-parallel $pp --pipeline-schedule interleaved --virtual-stages 2
         compare pp${pp}i_$p single_$p $tol 0 10 "pp $pp interleaved (2 chunks per stage) $p: 10 losses match pp 1"
         tied_identical pp${pp}i_$p "pp $pp interleaved $p"
     done
 done
+
+# zb1's step log: the bubble next to ZB-H1's theory with a layer's F = B = W (P-1 = 3 idle of 8 x 3 + 3, 11.1%) and
+# the simulation with the head (88.9%); each stage's B and W apart; the plan counts the output gradients kept for W
+stage_lines=$(grep -cE '^pipeline stage [0-3]: median over the timed steps: busy [0-9.]+ ms .*input gradients \(B\) [0-9.]+, weight gradients \(W\) [0-9.]+' "$W/pp4z_fp32.out")
+if grep -q 'bubble [0-9.]*% (theory 11.1%, with the head 88.9%)' "$W/pp4z_fp32.out" && [ "$stage_lines" -eq 4 ] &&
+   grep -q '^  stage 3: .*activations (with the output gradients kept from B to W)' "$W/pp4z_fp32.out"; then
+    echo "PASS pipeline pp 4 zb1 log: measured bubble next to ZB-H1's theory (11.1%) and the simulation with the head (88.9%), each stage's B and W times, the plan's kept output gradients"
+else
+    echo "FAIL pipeline pp 4 zb1 log: no zb1 bubble line, plan line or $stage_lines of 4 stage timings with B and W: $(grep -m1 -E 'bubble|error' "$W/pp4z_fp32.out")"
+fi
 
 # the memory plan shows every stage; the step log the measured bubble next to the theory, and next to the simulation
 # with the LM head's work on the last stage (47 layer forwards against 2 layers per stage: 89.2%); each stage
@@ -87,6 +131,7 @@ resume() {
     compare "$name" "$from" $FP32_TOL 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
 }
 resume pp4_fp32 pp4_to_interleaved_tp2 4 --pipeline-parallel 2 --pipeline-schedule interleaved --tensor-parallel 2
+resume pp4_fp32 pp4_to_zb1 4 --pipeline-parallel 4 --pipeline-schedule zb1
 
 # evaluation and sampling through the stages: the validation loss and a greedy sample of pp 2 equal pp 1's
 EVAL=(--precision fp32 --steps 2 --val-data "$VAL" --val-every 2 --val-batches 2 --sample-every 2 --sample-tokens 16 --top-k 1)
@@ -131,9 +176,19 @@ compare 3d single_fp32 $FP32_TOL 0 10 "3D tp 2 x pp 2 x dp 2 ZeRO-1 fp32 (8 rank
 tied_identical 3d "3D tp 2 x pp 2 x dp 2"
 run pp2dp2_s0 4 --precision fp32 --pipeline-parallel 2 --zero-stage 0
 compare pp2dp2_s0 single_fp32 $FP32_TOL 0 10 "pp 2 x dp 2 ZeRO-0 fp32: 10 losses match one rank"
+# zb1 in 3D (the ZeRO-1 reductions after the last W) and with sequence parallelism (W's biases from the kept output
+# gradients, its inputs re-gathered); under --recompute 3 (W refills the activations again)
+run 3d_zb1 8 --precision fp32 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 1 --pipeline-schedule zb1
+compare 3d_zb1 single_fp32 $FP32_TOL 0 10 "3D tp 2 x pp 2 x dp 2 ZeRO-1 zb1 fp32 (8 ranks): 10 losses match one rank"
+tied_identical 3d_zb1 "3D tp 2 x pp 2 x dp 2 zb1"
+run tp2pp2_sp_zb1 4 --precision fp32 --tensor-parallel 2 --sequence-parallel 1 --pipeline-parallel 2 --pipeline-schedule zb1
+compare tp2pp2_sp_zb1 single_fp32 $FP32_TOL 0 10 "tp 2 x pp 2 zb1 with sequence parallelism fp32: 10 losses match one rank"
+run pp2z_recompute 2 --precision fp32 --pipeline-parallel 2 --pipeline-schedule zb1 --recompute 3
+compare pp2z_recompute single_fp32 $FP32_TOL 0 10 "pp 2 zb1 --recompute 3 fp32: 10 losses match pp 1"
 
 # the other resumes across pipeline sizes
 resume pp2_fp32 pp2_to_1 1
+resume pp2z_fp32 pp2_zb1_to_1f1b 4 --pipeline-parallel 4
 resume single_fp32 pp1_to_4 4 --pipeline-parallel 4
 
 # export: one step at learning rate 0 from a model file leaves every parameter as it was, so the model file the

@@ -3,8 +3,10 @@
 // backward once, in Megatron-LM's order and after its inputs; the micro-batches in flight and the activation
 // sets stay within what the memory plan assumes; every message has one partner on a neighbouring stage, with
 // the key conditions the driver's two streams need, and the stages' message groups complete without
-// deadlock; the bubble equals its formula. Also the flag checks, the layer split, the simulation with each
-// stage's own work (the LM head on the last) and the split balanced by it.
+// deadlock; the bubble equals its formula. ZB-H1 (zb1, P 1..8, m 1..32 at four forward:B:W times) likewise,
+// each micro-batch's F, B and W once per stage, its slots held until W, never more than 1F1B's first stage
+// needs, and its bubble below 1F1B's. Also the flag checks, the layer split, the simulation with each stage's
+// own work (the LM head on the last) and the split balanced by it.
 //
 // Needs no GPU, CUDA or NCCL. Prints one PASS/FAIL line per check group (test/check.h); exits 1 on any FAIL.
 #include <algorithm>
@@ -179,8 +181,11 @@ void test_layer_split() {
 
 // The actions of a schedule by virtual stage and micro-batch (index k * m + i).
 struct ActionIndex {
-    std::vector<const PipelineAction*> forward, backward;
+    std::vector<const PipelineAction*> forward, backward;  // backward: the backward, or ZB-H1's B
+    std::vector<const PipelineAction*> weight;             // ZB-H1's W (empty for the other schedules)
     std::vector<int> stage_of;  // of each entry, the stage that ran it
+    // The action after which the micro-batch's slot is free: its backward, or its W.
+    const PipelineAction* last_use(int entry) const { return weight.empty() ? backward[entry] : weight[entry]; }
 };
 
 // The stage's (type, micro-batch, chunk) sequence Megatron-LM runs: `warmup` forwards, then one forward and
@@ -262,11 +267,14 @@ void check_actions(const PipelineSchedule& sched, Verdict& v, Verdict& order, Ac
 
 // What the memory plan assumes each chunk's activation sets and the micro-batches in flight stay within
 // (1F1B's slots reach the bound).
+// ZB-H1 stays within what 1F1B needs on its first stage.
 int slots_bound(const PipelineSchedule& sched, int s, int chunk) {
+    if (sched.kind == PipelineScheduleKind::kZeroBubbleH1) return std::min(sched.m, sched.P);
     if (sched.kind == PipelineScheduleKind::kOneFOneB) return std::min(sched.m, s == 0 ? sched.P : sched.P - s + 1);
     return std::min(sched.m, chunk < (sched.v + 1) / 2 ? 2 * sched.P : sched.P);
 }
 int in_flight_bound(const PipelineSchedule& sched, int s) {
+    if (sched.kind == PipelineScheduleKind::kZeroBubbleH1) return std::min(sched.m, sched.P);
     if (sched.kind == PipelineScheduleKind::kOneFOneB) return std::min(sched.m, sched.P - s);
     return std::min(sched.m * sched.v, 2 * (sched.P - 1 - s) + (sched.v - 1) * sched.P + 1);
 }
@@ -279,7 +287,7 @@ const PipelineTransfer* find_receive(const StageSchedule& stage, bool gradient, 
 }
 
 // Each micro-batch keeps one slot of its chunk from its take (the activation's arrival, or virtual stage 0's
-// forward start) to its backward's end; no slot holds two at once, so an activation arrives into a slot no
+// forward start) to its backward's end (ZB-H1: its W's end); no slot holds two at once, so an activation arrives into a slot no
 // earlier than the end of the backward of the slot's previous micro-batch (condition (c)); slots[c] is the
 // most held at once; the
 // micro-batches in flight are counted right; both stay within the memory plan's bounds. Records the most
@@ -302,14 +310,16 @@ void check_memory(const PipelineSchedule& sched, const ActionIndex& index, Verdi
                 v.expect(k == 0 || arrival, "an activation never arrives");
                 if (k > 0 && !arrival) return;
                 const double take = k == 0 ? f->start : arrival->key;
-                v.expect(f->slot == b->slot && f->slot >= 0 && f->slot < stage.slots[c], "forward and backward use different or bad slots");
+                const PipelineAction* last = index.last_use(k * m + i);
+                v.expect(f->slot == b->slot && f->slot == last->slot && f->slot >= 0 && f->slot < stage.slots[c],
+                         "forward and backward (or B and W) use different or bad slots");
                 for (const PipelineTransfer& t : stage.transfers)
                     if (t.chunk == c && t.micro_batch == i) v.expect(t.slot == f->slot, "a transfer uses another slot than its actions");
-                held[f->slot].emplace_back(take, b->end);
+                held[f->slot].emplace_back(take, last->end);
                 occupancy_changes.emplace_back(take, +1);
-                occupancy_changes.emplace_back(b->end, -1);
+                occupancy_changes.emplace_back(last->end, -1);
                 in_flight_changes.emplace_back(f->start, +1);
-                in_flight_changes.emplace_back(b->end, -1);
+                in_flight_changes.emplace_back(last->end, -1);
             }
             for (auto& [slot, intervals] : held) {
                 std::sort(intervals.begin(), intervals.end());
@@ -595,6 +605,312 @@ void test_balanced_split() {
     expect(split == std::vector<int>{8, 4} && balanced < 0.9 * even, "pipeline_balanced_split: GPT-2 124M on 2 stages, 1f1b, m 8: 8 + 4 layers",
            fmt("%g parts, simulated step %.1f against the even split's %.1f", split.size(), balanced, even));
 }
+
+// ZB-H1 (zb1), v 1 only. The stage times F, B, W it is tested with: all equal (the paper's case), and each of
+// the three the shortest once, which the step's formula depends on.
+struct StageTimes {
+    double forward, input_gradient, weight_gradient;
+};
+const StageTimes kZeroBubbleTimes[] = {{1, 1, 1}, {2, 3, 1}, {3, 1, 2}, {1, 2, 4}};
+std::string times_name(const StageTimes& t) { return fmt("F:B:W %g:%g:%g", t.forward, t.input_gradient, t.weight_gradient); }
+
+// Each micro-batch's F, B and W once per stage and nothing else, each lasting its time, one at a time; F before
+// B before W; F after the previous stage's F, B after the next stage's B (the last stage's after its own F).
+void check_zero_bubble_actions(const PipelineSchedule& sched, const StageTimes& times, Verdict& v, ActionIndex* index) {
+    const int P = sched.P, m = sched.m;
+    index->forward.assign(P * m, nullptr);
+    index->backward.assign(P * m, nullptr);
+    index->weight.assign(P * m, nullptr);
+    index->stage_of.assign(P * m, -1);
+    v.expect((int)sched.stages.size() == P && sched.v == 1, "not one stage schedule per stage, or v is not 1");
+    if ((int)sched.stages.size() != P) return;
+    double makespan = 0;
+    for (int s = 0; s < P; s++) {
+        const StageSchedule& stage = sched.stages[s];
+        v.expect((int)stage.actions.size() == 3 * m, "a stage does not have 3 m actions");
+        double busy = 0, free_at = 0;
+        for (const PipelineAction& a : stage.actions) {
+            const bool in_range = a.micro_batch >= 0 && a.micro_batch < m && a.chunk == 0;
+            v.expect(in_range, "micro-batch or chunk out of range");
+            if (!in_range) return;
+            const PipelineAction** seen = nullptr;
+            double duration = 0;
+            const int entry = s * m + a.micro_batch;
+            if (a.type == PipelineAction::kForward) seen = &index->forward[entry], duration = times.forward;
+            if (a.type == PipelineAction::kInputGradient) seen = &index->backward[entry], duration = times.input_gradient;
+            if (a.type == PipelineAction::kWeightGradient) seen = &index->weight[entry], duration = times.weight_gradient;
+            v.expect(seen != nullptr, "an action is neither F, B nor W");
+            if (!seen) return;
+            v.expect(std::fabs(a.end - a.start - duration) < 1e-12, "an action does not last its F, B or W time");
+            v.expect(a.start >= free_at, "an action starts before the previous one on its stage ends");
+            free_at = a.end;
+            busy += a.end - a.start;
+            makespan = std::max(makespan, a.end);
+            v.expect(*seen == nullptr, "an action runs twice");
+            *seen = &a;
+            index->stage_of[entry] = s;
+        }
+        v.expect(std::fabs(stage.busy - busy) < 1e-9, "busy is not the sum of the action durations");
+    }
+    v.expect(std::fabs(sched.makespan - makespan) < 1e-9, "makespan is not the last action's end");
+    for (int s = 0; s < P; s++)
+        for (int i = 0; i < m; i++) {
+            const int entry = s * m + i;
+            const PipelineAction *f = index->forward[entry], *b = index->backward[entry], *w = index->weight[entry];
+            v.expect(f && b && w, "an F, B or W never runs");
+            if (!f || !b || !w) return;
+            v.expect(b->start >= f->end && w->start >= b->end, "not F before B before W");
+            if (s > 0 && index->forward[entry - m]) v.expect(f->start >= index->forward[entry - m]->end, "an F starts before the previous stage's");
+            if (s < P - 1 && index->backward[entry + m])
+                v.expect(b->start >= index->backward[entry + m]->end, "a B starts before the next stage's");
+        }
+}
+
+// The order on stage s: the F's and B's in 1F1B's order (its backwards as B's), the W's in micro-batch order,
+// at most s W's waiting (B run, W not) at any time, and a W only where the (s+1)-th would wait or after the
+// last B. Returns the most W's seen waiting on the stage.
+int check_zero_bubble_order(const PipelineSchedule& sched, int s, Verdict& v) {
+    const int P = sched.P, m = sched.m;
+    const std::vector<std::tuple<bool, int, int>> one_f_one_b =
+        megatron_order(std::min(P - 1 - s, m), m, [](int n, bool) { return std::make_tuple(n, 0); });
+    std::vector<std::tuple<bool, int, int>> forwards_and_input_gradients;
+    int waiting = 0, most_waiting = 0, next_weight = 0, input_gradients = 0;
+    const std::vector<PipelineAction>& actions = sched.stages[s].actions;
+    for (size_t j = 0; j < actions.size(); j++) {
+        const PipelineAction& a = actions[j];
+        if (a.type != PipelineAction::kWeightGradient) {
+            forwards_and_input_gradients.emplace_back(a.type != PipelineAction::kForward, a.micro_batch, a.chunk);
+            if (a.type == PipelineAction::kInputGradient) waiting++, input_gradients++;
+        } else {
+            v.expect(a.micro_batch == next_weight++, "the W's do not run in micro-batch order");
+            const bool after_input_gradient = j > 0 && actions[j - 1].type == PipelineAction::kInputGradient;
+            v.expect(waiting > s || input_gradients == m, "a W runs before s+1 W's wait, before the last B");
+            v.expect(after_input_gradient || input_gradients == m, "a W runs other than right after a B, before the last B");
+            waiting--;
+        }
+        // The W's waiting before the next F or B (a B that leaves s+1 waiting is followed by the oldest W).
+        if (j + 1 < actions.size() && actions[j + 1].type != PipelineAction::kWeightGradient) {
+            v.expect(waiting <= s, "more than s W's wait on stage s");
+            most_waiting = std::max(most_waiting, waiting);
+        }
+    }
+    v.expect(forwards_and_input_gradients == one_f_one_b, "the F's and B's are not in 1F1B's order");
+    return most_waiting;
+}
+
+void test_zero_bubble_names_and_problems() {
+    const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
+    PipelineScheduleKind kind = PipelineScheduleKind::kOneFOneB;
+    expect(std::string(pipeline_schedule_name(zb1)) == "zb1" && parse_pipeline_schedule("zb1", &kind) && kind == zb1 &&
+               !parse_pipeline_schedule("ZB1", &kind) && !parse_pipeline_schedule("zb", &kind),
+           "zb1 name: printed and parsed as zb1 (ZB1, zb refused)", std::string("named ") + pipeline_schedule_name(zb1));
+    Verdict v{"zb1 pipeline_schedule_problem: accepts exactly v 1 (P >= 1, m >= 1); other v refused in one line naming --virtual-stages"};
+    int accepted = 0, refused = 0;
+    for (int P = 0; P <= 8; P++)
+        for (int m = 0; m <= 32; m++)
+            for (int chunks = 0; chunks <= 4; chunks++) {
+                v.where = shape_name({zb1, P, m, chunks});
+                const std::string problem = pipeline_schedule_problem(zb1, P, m, chunks, P * chunks);
+                if (P >= 1 && m >= 1 && chunks == 1) {
+                    accepted++;
+                    if (!problem.empty()) v.fail("refused: " + problem);
+                    continue;
+                }
+                refused++;
+                v.expect(one_line(problem) && problem.compare(0, 2, "--") == 0, "not refused in one line that starts with a flag");
+                if (P >= 1 && m >= 1 && chunks > 1)
+                    v.expect(contains(problem, "--virtual-stages " + std::to_string(chunks)) && contains(problem, "zb1"),
+                             ("the refusal of v > 1 does not name --virtual-stages and zb1: \"" + problem + "\"").c_str());
+                bool schedule_threw = false, simulation_threw = false;
+                try {
+                    make_pipeline_schedule(zb1, P, m, chunks, 1, 1, 1);
+                } catch (const std::invalid_argument&) {
+                    schedule_threw = true;
+                }
+                try {
+                    const std::vector<double> costs(std::max(P * chunks, 0), 1.0);
+                    simulate_pipeline(zb1, P, m, chunks, costs, costs, costs);
+                } catch (const std::invalid_argument&) {
+                    simulation_threw = true;
+                }
+                v.expect(schedule_threw && simulation_threw, "make_pipeline_schedule or simulate_pipeline does not throw std::invalid_argument");
+            }
+    const std::string message = pipeline_schedule_problem(zb1, 4, 8, 2, 8);
+    v.where = "the message at P 4, m 8, v 2";
+    v.expect(message == "--virtual-stages 2 needs --pipeline-schedule interleaved (zb1 runs one model chunk per stage)", ("\"" + message + "\"").c_str());
+    v.detail = std::to_string(accepted) + " accepted, " + std::to_string(refused) + " refused, e.g. \"" + message + "\"";
+}
+
+// ZB-H1 over P 1..8, m 1..32, at each of kZeroBubbleTimes.
+void test_zero_bubble_schedules() {
+    const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
+    const std::vector<Shape> shapes = accepted_shapes(zb1);
+    const std::string count = std::to_string(shapes.size()) + " shapes x " + std::to_string(std::size(kZeroBubbleTimes)) + " F:B:W times";
+    Verdict actions{"zb1 actions: each micro-batch's F, B and W once per stage, F before B before W, F and B after the neighbouring stages'"};
+    Verdict order{"zb1 order: 1F1B's F's and B's; W's in order, run once s+1 wait on stage s, the rest after the last B"};
+    Verdict memory{"zb1 memory: slots held from arrival to W's end, never shared (c), within min(m, P)"};
+    Verdict like_one_f_one_b{"zb1 memory: no stage needs more slots or micro-batches in flight than 1F1B's stages do (P, m alike)"};
+    Verdict transfers{"zb1 transfers: B carries the gradient, W sends nothing: matched pairs keyed at the producer's end (a), before the consumer (b)"};
+    Verdict deadlock{"zb1 transfers: every stage's groups complete (no deadlock)"};
+    Verdict bubble{"zb1 bubble() equals pipeline_bubble_theory; simulate_pipeline's idle shares are the stages', the first stage's the theory at F = B = W"};
+    Verdict paper{"zb1 idle time (P-1)(F+B-W) at F = B = W and m >= P, 1f1b's (P-1)(F+B+W)"};
+    Verdict smaller{"zb1 bubble < 1f1b bubble (backward B + W) for P > 1 and m >= P, <= for every m"};
+    MostSlots most_slots;
+    std::map<int, int> most_waiting;  // stage at P 8 -> most W's waiting
+    int compared = 0;
+    for (const Shape& shape : shapes) {
+        const int P = shape.P, m = shape.m;
+        for (const StageTimes& t : kZeroBubbleTimes) {
+            const std::string where = shape_name(shape) + ", " + times_name(t);
+            actions.where = order.where = memory.where = like_one_f_one_b.where = transfers.where = deadlock.where = bubble.where = paper.where =
+                smaller.where = where;
+            try {
+                const PipelineSchedule sched = make_pipeline_schedule(zb1, P, m, 1, t.forward, t.input_gradient, t.weight_gradient);
+                ActionIndex index;
+                const std::string before = actions.first_failure;
+                check_zero_bubble_actions(sched, t, actions, &index);
+                if (actions.first_failure != before) continue;  // the later checks need every action once
+                for (int s = 0; s < P; s++) {
+                    const int waiting = check_zero_bubble_order(sched, s, order);
+                    if (P == 8) most_waiting[s] = std::max(most_waiting[s], waiting);
+                }
+                check_memory(sched, index, memory, &most_slots);
+                check_transfers(sched, index, transfers);
+                deadlock.expect(groups_complete(sched), "the transfer groups deadlock");
+
+                // 1F1B at the same times, its backward computing both gradients.
+                const PipelineSchedule one_f_one_b = make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, P, m, 1, t.forward, t.input_gradient + t.weight_gradient);
+                int one_f_one_b_slots = 0, one_f_one_b_in_flight = 0;
+                for (const StageSchedule& stage : one_f_one_b.stages) {
+                    one_f_one_b_slots = std::max(one_f_one_b_slots, stage.slots[0]);
+                    one_f_one_b_in_flight = std::max(one_f_one_b_in_flight, stage.max_in_flight);
+                }
+                for (const StageSchedule& stage : sched.stages)
+                    like_one_f_one_b.expect(stage.slots[0] <= one_f_one_b_slots && stage.max_in_flight <= one_f_one_b_in_flight,
+                                            "a stage needs more slots or micro-batches in flight than 1F1B's most");
+
+                const double theory = pipeline_bubble_theory(zb1, P, m, 1, t.forward, t.input_gradient, t.weight_gradient);
+                if (std::fabs(sched.bubble() - theory) > 1e-9) bubble.fail(fmt("bubble %.9f, theory %.9f", sched.bubble(), theory));
+                const std::vector<double> F(P, t.forward), B(P, t.input_gradient), W(P, t.weight_gradient);
+                const PipelineSimulation sim = simulate_pipeline(zb1, P, m, 1, F, B, W);
+                bubble.expect(std::fabs(sim.makespan - sched.makespan) < 1e-9, "simulate_pipeline's makespan differs from make_pipeline_schedule's");
+                for (int s = 0; s < P; s++) {
+                    const StageSchedule& stage = sched.stages[s];
+                    const double span = stage.actions.back().end - stage.actions.front().start;
+                    if (std::fabs(sim.idle_share[s] - (span - stage.busy) / span) > 1e-9)
+                        bubble.fail(fmt("stage %g idle share %.9f, the schedule's %.9f", s, sim.idle_share[s], (span - stage.busy) / span));
+                }
+                const bool equal_times = t.forward == t.input_gradient && t.input_gradient == t.weight_gradient;
+                if (equal_times && std::fabs(sim.idle_share[0] - theory) > 1e-9)
+                    bubble.fail(fmt("first stage idle %.9f, theory %.9f", sim.idle_share[0], theory));
+
+                const double work = m * (t.forward + t.input_gradient + t.weight_gradient);
+                const double one_f_one_b_bubble = one_f_one_b.bubble();
+                if (equal_times && m >= P) {
+                    const double idle = sched.makespan - work, one_f_one_b_idle = one_f_one_b.makespan - work;
+                    paper.expect(std::fabs(idle - (P - 1) * t.forward) < 1e-9, "the idle time is not (P-1)(F+B-W)");
+                    paper.expect(std::fabs(one_f_one_b_idle - 3 * (P - 1) * t.forward) < 1e-9, "1f1b's idle time is not (P-1)(F+B+W)");
+                }
+                smaller.expect(sched.bubble() <= one_f_one_b_bubble + 1e-12, "larger than 1f1b's");
+                if (P > 1 && m >= P) {
+                    smaller.expect(sched.bubble() < one_f_one_b_bubble - 1e-12, "not smaller than 1f1b's");
+                    compared++;
+                }
+            } catch (const std::exception& e) {
+                actions.fail(std::string("exception: ") + e.what());
+            }
+        }
+    }
+    actions.detail = transfers.detail = deadlock.detail = bubble.detail = count;
+    std::string waiting_text;
+    for (int s = 0; s < 8; s++) waiting_text += (s ? "," : "") + std::to_string(most_waiting[s]);
+    order.detail = count + "; most W's waiting per stage at P 8: " + waiting_text;
+    memory.detail = count + "; most slots per stage at P 8: " + slots_by_stage(most_slots, 8, 1) + " (in flight until W's end <= min(m, P))";
+    std::string one_f_one_b_slots;
+    for (const StageSchedule& stage : make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, 8, 32, 1).stages)
+        one_f_one_b_slots += (one_f_one_b_slots.empty() ? "" : " ") + std::to_string(stage.slots[0]);
+    like_one_f_one_b.detail = count + "; 1F1B's slots per stage at P 8: " + one_f_one_b_slots +
+                              " (ZB-H1 needs its first stage's on every stage)";
+    paper.detail = "P 1..8, m P..32";
+    smaller.detail = std::to_string(compared) + " shapes and times with m >= P";
+    actions.report();
+    order.report();
+    memory.report();
+    like_one_f_one_b.report();
+    transfers.report();
+    deadlock.report();
+    bubble.report();
+    paper.report();
+    smaller.report();
+}
+
+// 1F1B's and the interleaved schedule's backward computes both gradients: with a weight-gradient time its
+// actions last backward + weight-gradient time, and the schedule is the one with that backward time.
+void test_weight_gradient_time_in_full_backward() {
+    Verdict v{"1f1b and interleaved: the backward lasts B + W (weight_gradient_time added to backward_time)"};
+    int cases = 0;
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+        for (const Shape& shape : accepted_shapes(kind)) {
+            v.where = shape_name(shape);
+            const PipelineSchedule split = make_pipeline_schedule(kind, shape.P, shape.m, shape.v, 2.0, 1.0, 3.0);
+            const PipelineSchedule whole = make_pipeline_schedule(kind, shape.P, shape.m, shape.v, 2.0, 4.0);
+            v.expect(split.makespan == whole.makespan && split.bubble() == whole.bubble(), "a different step");
+            for (int s = 0; s < shape.P; s++)
+                for (size_t j = 0; j < split.stages[s].actions.size(); j++) {
+                    const PipelineAction &a = split.stages[s].actions[j], &b = whole.stages[s].actions[j];
+                    v.expect(a.type == b.type && a.start == b.start && a.end == b.end && a.slot == b.slot &&
+                                 (a.type == PipelineAction::kForward || a.type == PipelineAction::kBackward),
+                             "an action differs, or is not a forward or a backward");
+                }
+            const int K = shape.P * shape.v;
+            const PipelineSimulation with_weight = simulate_pipeline(kind, shape.P, shape.m, shape.v, std::vector<double>(K, 2.0),
+                                                                     std::vector<double>(K, 1.0), std::vector<double>(K, 3.0));
+            const PipelineSimulation without = simulate_pipeline(kind, shape.P, shape.m, shape.v, std::vector<double>(K, 2.0), std::vector<double>(K, 4.0));
+            v.expect(with_weight.makespan == without.makespan && with_weight.idle_share == without.idle_share, "simulate_pipeline differs");
+            cases++;
+        }
+    v.detail = std::to_string(cases) + " shapes";
+}
+// The trainer's work model for zb1: a layer's B and W one forward each (two each under --recompute 3), the other
+// schedules' backward whole; pipeline_stage_work's W per virtual stage; the balanced split of zb1 a split of the
+// layers, simulated with W no slower than the even split.
+void test_zero_bubble_work_model() {
+    const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
+    const LayerBackwardWork plain = layer_backward_actions_work(zb1, 0), recomputed = layer_backward_actions_work(zb1, 3),
+                            one_f_one_b = layer_backward_actions_work(PipelineScheduleKind::kOneFOneB, 3);
+    expect(plain.backward == 1 && plain.weight_gradient == 1 && recomputed.backward == 2 && recomputed.weight_gradient == 2 &&
+               one_f_one_b.backward == 3 && one_f_one_b.weight_gradient == 0,
+           "layer_backward_actions_work: zb1's B and W 1 each (2 each under --recompute 3), 1f1b's backward whole",
+           fmt("zb1 %g + %g", plain.backward, plain.weight_gradient) + fmt(", recompute 3 %g + %g", recomputed.backward, recomputed.weight_gradient));
+    std::vector<double> forward, backward, weight;
+    pipeline_stage_work({3, 5}, 1.0, 1.5, &forward, &backward, 1.0, &weight);
+    expect(forward == std::vector<double>{3.0, 6.5} && backward == std::vector<double>{3.0, 5.0} && weight == std::vector<double>{3.0, 5.0},
+           "pipeline_stage_work with W: each virtual stage's B and W", fmt("weight %g %g", weight[0], weight[1]));
+    Verdict v{"pipeline_balanced_split zb1: a split of the layers, simulated with W no slower than the even split"};
+    int cases = 0;
+    for (int P = 2; P <= 8; P *= 2)
+        for (int layers : {8, 12, 32})
+            for (double head : {0.0, 3.0, 13.4}) {
+                const int m = 2 * P;
+                v.where = fmt("P %g, %g layers", P, layers) + fmt(", head %g", head);
+                const std::vector<int> split = pipeline_balanced_split(zb1, layers, P, m, 1, 1.0, head, 1.0);
+                std::vector<int> even;
+                pipeline_layer_split(layers, P, 1, "", &even);
+                int sum = 0;
+                for (int n : split) sum += n;
+                v.expect((int)split.size() == P && sum == layers && *std::min_element(split.begin(), split.end()) >= 1,
+                         "not a split of the layers into P non-empty parts");
+                if ((int)split.size() != P) continue;
+                auto makespan = [&](const std::vector<int>& s) {
+                    std::vector<double> f, b, w;
+                    pipeline_stage_work(s, 1.0, head, &f, &b, 1.0, &w);
+                    return simulate_pipeline(zb1, P, m, 1, f, b, w).makespan;
+                };
+                v.expect(makespan(split) <= makespan(even) * (1 + 1e-12), "slower than the even split");
+                cases++;
+            }
+    v.detail = std::to_string(cases) + " cases";
+}
 }  // namespace
 
 int main() {
@@ -608,5 +924,9 @@ int main() {
     guarded("interleaved bubble < 1f1b bubble", test_interleaved_beats_1f1b);
     guarded("simulate_pipeline with each stage's work", test_simulation_with_work);
     guarded("pipeline_balanced_split", test_balanced_split);
+    guarded("zb1 names and problems", test_zero_bubble_names_and_problems);
+    guarded("zb1 schedules", test_zero_bubble_schedules);
+    guarded("backward time B + W", test_weight_gradient_time_in_full_backward);
+    guarded("zb1 work model", test_zero_bubble_work_model);
     return check_failures() ? 1 : 0;
 }
