@@ -48,6 +48,7 @@ run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU
 run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
 run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
 run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
+run fp8 build/test_fp8  # FP8 rounding (the host reference), scales from amaxes, the shapes the FP8 products take
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
@@ -56,6 +57,7 @@ run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
+run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax and products on the GPU (skipped without one; its host checks run)
 fixture_rc=3  # not selected
 selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
                             echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
