@@ -1,19 +1,17 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
 // the MLP's GELU fused into the products' epilogues, FP8 products (E4M3/E5M2 operands, bf16 output), and our own
 // deterministic bias-gradient kernels.
-// defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward,
-//          matmul_fp8
+// defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward
 //          (matmul_backward_input, matmul_backward_weights),
 //          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, colsum_times_weight,
-//          colsum_times_weight_scratch_floats, matmul_compute_type
+//          colsum_times_weight_scratch_floats, matmul_compute_type, matmul_fp8
 #pragma once
 #include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
 #include "common.cuh"
-#include "fp8.cuh"   // defines: Fp8Traits (the FP8 types' cuBLASLt types), require_fp8_gpu
-#include "fp8_formats.h"  // defines: fp8_matmul_shape_problem
+#include "fp8.cuh"   // defines: the FP8 types' cuBLASLt types, require_fp8_gpu, fp8_matmul_shape_problem (fp8_formats.h)
 #include "gelu.cuh"  // defines: gelu_tanh (the small-row products' GELU)
 
 // A product as cuBLASLt's algorithm heuristic sees it, plus whether it accumulates. The heuristic reads the
