@@ -65,8 +65,10 @@ __global__ void __launch_bounds__(kFp8Threads) fp8_amax_kernel(float* amax, cons
     block_amax_into(amax, magnitude, shared);
 }
 
-inline int fp8_grid_blocks(long work_per_thread_units) {
-    return (int)std::max(1L, std::min((long)ceil_div(work_per_thread_units, kFp8Threads), (long)kFp8BlocksPerSM * device_sm_count()));
+// Blocks for a grid-stride kernel over `items` pieces of one thread's work: a thread each, up to kFp8BlocksPerSM
+// blocks a multiprocessor.
+inline int fp8_grid_blocks(long items) {
+    return (int)std::max(1L, std::min((long)ceil_div(items, kFp8Threads), (long)kFp8BlocksPerSM * device_sm_count()));
 }
 
 // Adds max |x| over x[0, n) into *amax (a float in device memory, e.g. an Fp8Scaling's amax). Runs on any GPU.
