@@ -40,9 +40,11 @@ HOST_DEVICE_INLINE float fp8_scale_from_amax(float amax, float previous_scale, F
 // A quantised tensor's scaling state, in device memory (one per tensor; 16 bytes). Delayed scaling: a cast uses the
 // scale from the amaxes seen up to the last update and adds its own input's amax for the next one. A tensor's
 // first cast has no amax behind it: fp8_amax and an update before it make the scale from the tensor itself.
-struct Fp8Scaling {
-    float scale = 1.0f;               // the cast stores round(x * scale)
+// cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED, cuBLAS 13.1 on an H200) A and B scale pointers that are not 16-byte
+// aligned: inverse_scale comes first in a 16-byte aligned struct.
+struct alignas(16) Fp8Scaling {
     float inverse_scale = 1.0f;       // 1 / scale: the product's dequantisation (cuBLASLt's A and B scale pointers)
+    float scale = 1.0f;               // the cast stores round(x * scale)
     float amax = 0.0f;                // max |x| over the casts and fp8_amax calls since the last update (NaN, inf kept)
     uint32_t non_finite_amax = 0;     // updates that found a NaN or infinite amax and kept the scale
 };

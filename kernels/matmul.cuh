@@ -279,7 +279,7 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
 // a = weight[OC, C] (E4M3), b = inp[N, C] (E4M3); the input gradient a = weight^T[C, OC] (E4M3), b = dout[N, OC]
 // (E5M2); the weight gradient a = inp^T[C, N] (E4M3), b = dout^T[OC, N] (E5M2), accumulating: the transposed
 // copies come from fp8_cast. a_scale and b_scale point to the operands' inverse scales (Fp8Scaling's
-// inverse_scale). m and k must be multiples of 16 (fp8_matmul_shape_problem), the buffers 16-byte aligned, the GPU
+// inverse_scale). m and k must be multiples of 16 (fp8_matmul_shape_problem), the buffers and scale pointers 16-byte aligned, the GPU
 // of compute capability 8.9 or newer; each is refused in one line. cuBLASLt has no E5M2 x E5M2 product.
 template <typename fp8A, typename fp8B>
 void matmul_fp8(__nv_bfloat16* out, const fp8A* a, const fp8B* b, const float* a_scale, const float* b_scale,
@@ -290,6 +290,7 @@ void matmul_fp8(__nv_bfloat16* out, const fp8A* a, const fp8B* b, const float* a
     if (!shape.empty()) die(shape);
     if ((uintptr_t)out % 16 != 0 || (uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0 || (uintptr_t)bias % 16 != 0)
         die("FP8 product: the operands, the output and the bias must be 16-byte aligned");
+    if ((uintptr_t)a_scale % 16 != 0 || (uintptr_t)b_scale % 16 != 0) die("FP8 product: the scale pointers must be 16-byte aligned");
     require_fp8_gpu();
     const cublasLtEpilogue_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const MatmulKey key{m, n, k, true, false, accumulate, epilogue, cuda_data_type<fp8A>(), cuda_data_type<fp8B>(),

@@ -344,6 +344,8 @@ static double half_smallest_subnormal(Fp8Format f) { return std::ldexp(1.0, -fp8
 //      comes from the operand's own amax (current scaling, margin 0).
 //   4. The relative L2 error against the unquantised product is below u_a + u_b (typically a third of that): a
 //      statistical check that the bound of 3. is not met by a product that is off by a constant factor.
+static double bf16_value(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
 static void check_product(const std::string& name, int m, int n, int k, Fp8Format fa, Fp8Format fb, const std::vector<uint8_t>& qa,
                           const std::vector<uint8_t>& qb, const Fp8Scaling& sa, const Fp8Scaling& sb, const std::vector<float>& a_src,
                           const std::vector<float>& b_src, const std::vector<float>& bias, const std::vector<float>& before,
@@ -375,7 +377,8 @@ static void check_product(const std::string& name, int m, int n, int k, Fp8Forma
                 const double da = ua * std::fabs(a) + ha, db = ub * std::fabs(b) + hb;
                 quantisation += da * std::fabs(b) + std::fabs(a) * db + da * db;
             }
-            const double extra = (bias.empty() ? 0.0 : bias[i]) + (before.empty() ? 0.0 : before[(size_t)j * m + i]);
+            // the bias and the accumulated output went to the GPU as bf16: their rounded values
+            const double extra = (bias.empty() ? 0.0 : bf16_value(bias[i])) + (before.empty() ? 0.0 : bf16_value(before[(size_t)j * m + i]));
             const double ref_q = sum_q * dequant + extra, ref_x = sum_x + extra;
             const double tol_q = std::ldexp(std::fabs(ref_q), -8) + std::ldexp(abs_q * dequant, -12);
             const double got = out[(size_t)j * m + i];
