@@ -156,7 +156,7 @@ FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize
 FUZZ_SECONDS ?= 60
 FUZZ_HARNESSES = shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
 FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
-FUZZ_HDRS = test/fuzz/fuzz_util.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
+FUZZ_HDRS = test/fuzz/fuzz_util.h test/fuzz/fuzz_gpt2.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
             distributed/pipeline_schedule.h train_options.h
 
 fuzz-build: $(FUZZ_HARNESSES:%=$(BUILD)/fuzz/fuzz_%)

@@ -268,11 +268,14 @@ static Offload offload_mode(const std::string& flag) {
 
 // ZeRO-Offload's CPU threads for one of the `ranks_on_host` ranks of this machine: OpenMP's default team (0) when
 // OMP_NUM_THREADS sets it; all the processors this process may run on when a launcher bound it to fewer than the
-// machine's; otherwise an equal share of the machine's.
-static int offload_cpu_threads(int ranks_on_host) {
+// machine's; otherwise an equal share of the machine's. The delayed update runs beside the thread that launches the
+// next step's kernels, so it leaves that thread a processor (a static split over all of them would wait for the
+// thread that shares one).
+static int offload_cpu_threads(int ranks_on_host, bool delayed_update) {
     if (getenv("OMP_NUM_THREADS") != nullptr) return 0;
     const int mine = omp_get_num_procs(), online = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return mine < online ? mine : std::max(1, online / ranks_on_host);
+    const int share = mine < online ? mine : std::max(1, online / ranks_on_host);
+    return delayed_update ? std::max(1, share - 1) : share;
 }
 
 // The start-up report (model, batch, mesh, pipeline, the memory plan against the GPU's free memory, which refuses a
@@ -287,7 +290,9 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1, P = shape.pp;
     const int my_stage = mesh_coord(shape, pg.rank).pp;
     const Offload offload = offload_mode(o.offload);
-    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, run.lora, stages.parts, stages.chunks, {}};
+    const bool delayed_update = o.offload_delayed_update != 0;
+    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
+                             stages.chunks, {}};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -306,11 +311,13 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                                                model.trainable_parameters(), o.lora_targets);
     if (offload != Offload::kNone) {
         const int ranks_on_host = pg.ranks_on_this_host();
-        const int threads = offload_cpu_threads(ranks_on_host);
+        const int threads = offload_cpu_threads(ranks_on_host, delayed_update);
         const std::string cpu = std::string(adamw_cpu::isa_name(adamw_cpu::best_isa())) + ", " +
-                                std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank";
+                                std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank" +
+                                (!delayed_update ? "" : o.warmup_steps > 0 ? ", delayed one step after the " + std::to_string(o.warmup_steps) + " warm-up steps"
+                                                                            : std::string(", delayed one step"));
         report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu);
-        model.trained().set_offload(offload, threads);
+        model.trained().set_offload(offload, threads, delayed_update);
     }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
@@ -479,7 +486,13 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
                        const std::vector<int>& prompt, const std::vector<HellaSwagItem>& hellaswag_items, int step, int start_step, int steps) {
     const bool last = step == steps;
     const bool evaluate = o.val_every > 0 && (step % o.val_every == 0 || last);
-    if (evaluate && o.hellaswag) {
+    const bool hellaswag = evaluate && o.hellaswag, validate = evaluate && data.val;
+    const bool sample = o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last);
+    const bool checkpoint = o.checkpoint_every > 0 && step > start_step && (step % o.checkpoint_every == 0 || last);
+    // ZeRO-Offload's delayed update: the last step's update lands first, so that these see every update and a
+    // checkpoint holds one consistent state (a run resumed from it lands at the same steps)
+    if (hellaswag || validate || sample || checkpoint || last) model.trained().finish_update();
+    if (hellaswag) {
         const auto start = std::chrono::steady_clock::now();
         HellaSwagScore score = evaluate_hellaswag(model, hellaswag_items, *text.tokenizer);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -488,7 +501,7 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
         if (log) fprintf(log, "# hellaswag step %d acc_norm %.6f acc %.6f\n", step, (double)score.correct_mean / score.items,
                          (double)score.correct_sum / score.items);
     }
-    if (evaluate && data.val) {
+    if (validate) {
         const int val_batches = (int)std::min<uint64_t>(o.val_batches, data.val->batches_per_epoch());
         data.val->reset();
         for (int i = 0; i < val_batches; i++) {
@@ -501,11 +514,11 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
         fprintf(out, "step %d: val loss %.6f\n", step, val_loss);
         if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
     }
-    if (o.sample_every > 0 && step > 0 && (step % o.sample_every == 0 || last)) {
-        std::vector<int> sample = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
-        fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(sample.begin() + 1, sample.end())).c_str());
+    if (sample) {
+        std::vector<int> tokens = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
+        fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str());
     }
-    if (o.checkpoint_every > 0 && step > start_step && (step % o.checkpoint_every == 0 || last)) save_and_prune(out, model, data, o, pg, step);
+    if (checkpoint) save_and_prune(out, model, data, o, pg, step);
 }
 
 // Every rank saw the same norm (summed over all of them) and stops at the same step; rank 0 says why.
@@ -525,6 +538,7 @@ static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, i
 // step loop reads the signal only between steps, so a checkpoint being written when it comes is finished first.
 template <typename floatX>
 void stop_for_signal(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, int step, int steps) {
+    model.trained().finish_update();  // the delayed update of `step` lands: the checkpoint holds it, no host thread outlives the run
     std::string saved;
     if (model.lora.enabled()) {
         save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
@@ -592,6 +606,9 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         const float lr = learning_rate(step, steps, o.lr, o.warmup_steps, o.final_lr_frac, o.lr_schedule);
         const AdamWHyper h{lr, o.beta1, o.beta2, o.eps, run.lora.enabled() ? o.lora_weight_decay : o.weight_decay, o.grad_clip, 1.0f, step + 1,
                            splitmix64((uint64_t)o.seed + 0x5EED + step)};
+        // --offload-delayed-update: the warm-up steps' updates land within their step, as the gradients change fastest
+        // there; from then on each runs on the host while the next step computes
+        model.trained().delay_update(step >= o.warmup_steps);
         const StepReport r = train_step(model, pipeline.get(), *data.train, o, batch, step, h, &data_seconds);
         log.step(step, r, lr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), data_seconds, pipeline.get(),
                  stages.forecast);

@@ -63,6 +63,7 @@ struct Options {
     int fp16_growth_interval = 2000;
     int zero_stage = 1;
     std::string offload = "none";
+    int offload_delayed_update = 0;
     float host_memory_gib = -1.0f;  // -1: MemTotal
     int tensor_parallel = 1;
     int sequence_parallel = 0;
@@ -171,6 +172,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
+        {"--offload-delayed-update", nullptr, Flag::INT, &o.offload_delayed_update, kOffOn, "1: with --offload optimizer, the CPU's AdamW of a step runs while the GPU computes the next step on the parameters without that update (one-step delayed update; the warm-up steps' updates are not delayed, and evaluations, samples and checkpoints wait for the running one)"},
         {"--host-memory-gib", nullptr, Flag::FLOAT, &o.host_memory_gib, or_minus_one(above(0)), "with --offload: the pinned host memory this machine's ranks may take together, in GiB (-1: MemTotal of /proc/meminfo)"},
         {"--tensor-parallel", nullptr, Flag::INT, &o.tensor_parallel, at_least(1), "GPUs that split every layer (Megatron tensor parallelism); the rest of the GPUs are data parallel"},
         {"--sequence-parallel", nullptr, Flag::INT, &o.sequence_parallel, kOffOn, "1: with --tensor-parallel > 1, the LayerNorm and residual activations split along the sequence (less memory)"},
@@ -430,6 +432,11 @@ inline RunShape validate_options(const Options& o, int world) {
     } else if (o.host_memory_gib != -1.0f) {
         die("--host-memory-gib bounds the pinned host memory of --offload, which is none");
     }
+    if (o.offload_delayed_update && o.offload == "none")
+        die("--offload-delayed-update 1 runs with --offload optimizer (got none): it delays the CPU's update, which runs only with offload");
+    if (o.offload_delayed_update && o.offload == "optimizer,parameters")
+        die("--offload-delayed-update 1 runs with --offload optimizer (got optimizer,parameters): the next step's gathers read the host's "
+            "parameter shard, which the delayed update would be rewriting; --offload optimizer keeps the parameters on the GPU");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");

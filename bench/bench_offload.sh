@@ -5,9 +5,9 @@
 #             CPU AdamW (bench/bench_pytorch_adamw_cpu.py: foreach and fused, fp32), on the same cores: ours / limit
 #             and ours / the faster PyTorch, both counting 28 bytes an element.
 #   single    the 6.6B GPT (32 layers, C=4096, 32 heads, T=1024) on one GPU with steps of TOKENS tokens (default
-#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default both): resident (on the
-#             GPU) and offload (--offload optimizer); random tokens: tokens/s, MFU, peak GPU memory, the host plan line, and
-#             offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
+#             524,288: ROWS rows a micro-batch, accumulated), VARIANTS of them (default all three): resident
+#             (on the GPU), offload (--offload optimizer), delayed (also --offload-delayed-update 1); random
+#             tokens: tokens/s, MFU, peak GPU memory, the host plan line, and offload / resident. A run the memory plan refuses (the resident states of 6.6B need 106 GB: more than
 #             an 80 GB GPU) prints the refusal and the ratio is left out.
 #   fsdp      PyTorch FSDP with CPUOffload(offload_params=True) (bench/bench_pytorch_parallel.py --mode fsdp: eager,
 #             bf16 mixed precision, the micro-batches under no_sync) against train_gpt --offload optimizer, the same
@@ -22,6 +22,8 @@
 #   ELEMENTS (cpu_adam, default 2^28), THREADS (default: every core), REPS (default 5);
 #   TOKENS, ROWS (default 4), STEPS (default 2), VARIANTS, OURS_FLAGS (more train_gpt flags, e.g. "--recompute 1");
 #   FSDP_ROWS, FSDP_RUNS; LARGE_GPUS, LARGE_ROWS;
+#   GPU_MEMORY_GIB: the single and fsdp sections' GPU made smaller, bench/hold_gpu_memory.py holding all but this many
+#   GiB of GPU 0 (79.1: an H100 80GB's free memory, on an H200);
 #   PYTHON: the interpreter with torch (default python3). Work files go to build/bench_offload.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -54,10 +56,10 @@ fi
 
 T=1024; tokens=${TOKENS:-524288}; steps=${STEPS:-2}
 SHAPE_6_6B=(--layers 32 --channels 4096 --heads 32)
-# a step of `tokens` in micro-batches of ROWS rows (the variable's name) of T tokens
+# micro_steps ROWS NAME: a step of `tokens` in micro-batches of ROWS rows of T tokens (NAME: the rows' variable)
 micro_steps() {
-    [ $((tokens % (${!1} * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of $1 x $T ($((${!1} * T)))" >&2; exit 2; }
-    echo $((tokens / ${!1} / T))
+    [ $((tokens % ($1 * T))) -eq 0 ] || { echo "bench_offload: TOKENS ($tokens) must be a multiple of $2 x $T ($(($1 * T)))" >&2; exit 2; }
+    echo $((tokens / $1 / T))
 }
 # ours NAME ROWS [LAUNCHER...] -- FLAGS...: train_gpt on random tokens, its log $W/NAME.log; prints its RESULT (or why
 # none) and sets RESULT_LINE
@@ -84,22 +86,32 @@ if [[ " $SECTIONS " =~ " "(single|fsdp|large)" " ]]; then
     [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 fi
+if [ -n "${GPU_MEMORY_GIB:-}" ] && [[ " $SECTIONS " =~ " "(single|fsdp)" " ]]; then
+    $PY bench/hold_gpu_memory.py --leave-gib "$GPU_MEMORY_GIB" > "$W/hold_gpu_memory.log" 2>&1 &
+    holder=$!; trap 'kill $holder 2>/dev/null' EXIT
+    until grep -q -e '^holding' -e 'error' "$W/hold_gpu_memory.log" 2>/dev/null; do
+        kill -0 $holder 2>/dev/null || break; sleep 1
+    done
+    grep -q '^holding' "$W/hold_gpu_memory.log" || { echo "bench_offload: GPU_MEMORY_GIB: $(tail -n 1 "$W/hold_gpu_memory.log")" >&2; exit 1; }
+    gpu="$gpu with $GPU_MEMORY_GIB GiB free ($(cat "$W/hold_gpu_memory.log"))"
+fi
 
 if [[ " $SECTIONS " == *" single "* ]]; then
-    rows=${ROWS:-4}; m=$(micro_steps ROWS) || exit 2
+    rows=${ROWS:-4}; m=$(micro_steps "$rows" ROWS) || exit 2
     echo "== single: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-steps), bf16, $steps timed steps"
-    declare -A flags_of=([resident]="" [offload]="--offload optimizer") result
-    for name in ${VARIANTS:-resident offload}; do
-        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident and offload, got '$name'" >&2; exit 2; }
+    declare -A flags_of=([resident]="" [offload]="--offload optimizer" [delayed]="--offload optimizer --offload-delayed-update 1") result
+    for name in ${VARIANTS:-resident offload delayed}; do
+        [ -n "${flags_of[$name]+set}" ] || { echo "bench_offload: VARIANTS takes resident, offload and delayed, got '$name'" >&2; exit 2; }
         # shellcheck disable=SC2086
         ours "single_$name" "$rows" -- "${SHAPE_6_6B[@]}" ${flags_of[$name]}
         result[$name]=$RESULT_LINE
     done
     ratio "single: offload / resident" "${result[offload]:-}" "${result[resident]:-}"
+    ratio "single: delayed / resident" "${result[delayed]:-}" "${result[resident]:-}"
 fi
 
 if [[ " $SECTIONS " == *" fsdp "* ]]; then
-    rows=${FSDP_ROWS:-8}; m=$(micro_steps FSDP_ROWS) || exit 2
+    rows=${FSDP_ROWS:-8}; m=$(micro_steps "$rows" FSDP_ROWS) || exit 2
     echo "== fsdp: 6.6B GPT on one $gpu, $tokens tokens a step ($rows rows x $m micro-batches), bf16: --offload optimizer against FSDP with CPU offload"
     ours_line="" torch_line=""
     for run in ${FSDP_RUNS:-ours torch}; do
@@ -117,7 +129,7 @@ if [[ " $SECTIONS " == *" fsdp "* ]]; then
 fi
 
 if [[ " $SECTIONS " == *" large "* ]]; then
-    gpus=${LARGE_GPUS:-4}; rows=${LARGE_ROWS:-2}; m=$(micro_steps LARGE_ROWS) || exit 2
+    gpus=${LARGE_GPUS:-4}; rows=${LARGE_ROWS:-2}; m=$(micro_steps "$rows" LARGE_ROWS) || exit 2
     [ $((m % gpus)) -eq 0 ] || { echo "bench_offload: $m micro-batches a step do not divide over LARGE_GPUS $gpus" >&2; exit 2; }
     echo "== large: 30B GPT on $gpus x $gpu, ZeRO-3 + --offload optimizer, $tokens tokens a step ($rows rows x $((m / gpus)) micro-steps a GPU), bf16"
     ours large_30b "$rows" scripts/launch.sh "$gpus" -- --layers 60 --channels 6656 --heads 52 --zero-stage 3 --offload optimizer

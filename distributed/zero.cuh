@@ -28,10 +28,18 @@
 // --offload optimizer,parameters (stage 3, N >= 2): the parameter shard lives on the host too, where the CPU writes
 // it; each gather copies the rank's slice up into the unit's buffer and all-gathers in place, so the GPU keeps only
 // the gathered working buffers of the parameters (2Ψ/N on the host instead).
+// The one-step delayed update (Ren et al.'s DPU; --offload-delayed-update 1, with --offload optimizer): a host thread
+// runs step N's AdamW while the GPU runs step N+1's forward and backward on the parameters without step N's update;
+// step N+1's step() lands it (its parameters go up, then the all-gather) and sends its own gradient shard down. The
+// gradient shard and the new parameters live in whole-shard pinned host buffers instead of the staging slots: 16Ψ/N
+// on the host in all (bf16 and fp32).
 #pragma once
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
@@ -94,11 +102,11 @@ struct ZeroMemory {
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
 // ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, its compute-precision
-// parameters (--offload optimizer,parameters), and the staging slots that the gradients come down and the new
-// parameters go up through.
+// parameters (--offload optimizer,parameters; under the delayed update the new parameters), its gradients (under the
+// delayed update), and the staging slots that the gradients come down and the new parameters go up through.
 struct HostMemory {
-    size_t master_weights = 0, adam_state = 0, parameters = 0, staging = 0;
-    size_t total() const { return master_weights + adam_state + parameters + staging; }
+    size_t master_weights = 0, adam_state = 0, parameters = 0, gradients = 0, staging = 0;
+    size_t total() const { return master_weights + adam_state + parameters + gradients + staging; }
 };
 
 // What ZeRO-Offload moves to the host (--offload): nothing, the optimizer state, or also the stage-3 parameter shard.
@@ -188,16 +196,18 @@ public:
     // Pinned host bytes of one rank under `offload`, for `total` elements on `world` data-parallel ranks at `stage` (the
     // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
     // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of
-    // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots.
-    static HostMemory host_memory(size_t total, int world, int stage, Offload offload) {
+    // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots. Under the
+    // delayed update (delayed, with kOptimizer) no slots: the shard's gradients and new parameters, whole.
+    static HostMemory host_memory(size_t total, int world, int stage, Offload offload, bool delayed = false) {
         if (offload == Offload::kNone) return {};
         const bool parameters = offload == Offload::kOptimizerParameters;
         const size_t shard = stage >= 1 ? total / world : total;
         HostMemory h;
         h.master_weights = kHasMaster ? shard * sizeof(float) : 0;
         h.adam_state = 2 * shard * sizeof(float);
-        h.parameters = parameters ? shard * sizeof(floatX) : 0;
-        h.staging = kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
+        h.parameters = parameters || delayed ? shard * sizeof(floatX) : 0;
+        h.gradients = delayed ? shard * sizeof(floatX) : 0;
+        h.staging = delayed ? 0 : kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
         return h;
     }
 
@@ -208,15 +218,32 @@ public:
     // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team); with kOptimizerParameters the stage-3 parameter
     // shard too. Trained parameters sharded at stage 1-3 or on one rank, the parameters at stage 3 (validate_options
     // refuses the rest: stage 0 on several ranks, pipelines, LoRA, parameters below stage 3 or on one rank).
-    void set_offload(Offload offload, int cpu_threads) {
+    // delayed_update: the one-step delayed update (kOptimizer only): step() leaves its update running on a host
+    // thread while the next step computes, where delay_update() allows it.
+    void set_offload(Offload offload, int cpu_threads, bool delayed_update = false) {
         const bool parameters = offload == Offload::kOptimizerParameters;
         if (offload == Offload::kNone) return;
-        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || adam_m_ != nullptr)
-            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3), without pipeline "
-                "stages, before allocate()");
+        if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || (parameters && delayed_update) ||
+            adam_m_ != nullptr)
+            die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3, without the delayed "
+                "update), without pipeline stages, before allocate()");
         offload_ = true;
         offload_params_ = parameters;
+        offload_delayed_ = delayed_update;
         cpu_threads_ = cpu_threads;
+    }
+    // The delayed update (set_offload): whether the update of the coming step() may still be running on the host when
+    // the step after it begins its forward (otherwise it lands within its own step, in finish_step()).
+    void delay_update(bool delay) { delay_update_ = delay; }
+    // Lands the delayed update that is still running, if any: waits for the host, brings its parameters up and
+    // shares them (stages 1-2: all-gathered; stage 3: gathered on use). Whatever reads the parameters or the optimizer
+    // state between steps (evaluations, samples, checkpoints, the end of the run) calls it first.
+    void finish_update() {
+        if (!update_running_) return;
+        wait_for_parameters();  // the uploads rewrite the slices that the last gathers send
+        cudaCheck(cudaEventRecord(offload_start_, compute_));
+        cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
+        land_update(false);
     }
 
     void allocate() {
@@ -253,7 +280,11 @@ public:
             cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
             zero_host(adam_m_, n);
             zero_host(adam_v_, n);
-            for (int i = 0; i < kOffloadSlots; i++) {
+            if (offload_delayed_) {  // the whole shard's gradients and new parameters (in fp32 the parameters the update reads)
+                cudaCheck(cudaHostAlloc(&host_shard_grads_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
+                cudaCheck(cudaHostAlloc(&host_shard_params_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
+            }
+            for (int i = 0; i < kOffloadSlots && !offload_delayed_; i++) {
                 cudaCheck(cudaHostAlloc(&host_grads_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
                 if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
             }
@@ -271,17 +302,30 @@ public:
         cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
         for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
-                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_})
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_,
+                        &grads_read_, &grads_cleared_})
             cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         unit_events_.resize(U);
         gathered_.resize(U);
-        downloaded_.resize(kOffloadSlots);
-        uploaded_.resize(kOffloadSlots);
+        downloaded_.resize(offload_delayed_ ? num_tiles() : kOffloadSlots);  // the delayed update: one per tile of the shard
+        uploaded_.resize(offload_delayed_ ? num_tiles() : kOffloadSlots);
         for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        if (offload_delayed_) {
+            cudaCheck(cudaGetDevice(&device_));
+            update_thread_ = std::thread([this] { run_host_updates(); });
+        }
     }
 
     ~ZeroOptimizer() {
+        if (update_thread_.joinable()) {  // it finishes the update it runs, if any, first
+            {
+                std::lock_guard<std::mutex> lock(update_mutex_);
+                stop_updates_ = true;
+            }
+            update_cv_.notify_all();
+            update_thread_.join();
+        }
         for (void* p : {(void*)params_, (void*)grads_, (void*)grad_shards_, (void*)ring_params_[0], (void*)ring_params_[1],
                         (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
@@ -301,10 +345,13 @@ public:
         for (int i = 0; i < kOffloadSlots; i++)
             for (floatX* p : {host_grads_[i], host_params_[i]})
                 if (p) cudaFreeHost(p);
+        for (floatX* p : {host_shard_grads_, host_shard_params_})
+            if (p) cudaFreeHost(p);
         for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
             for (cudaEvent_t e : *events) cudaEventDestroy(e);
         for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1], ring_params_free_[0],
-                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1], offload_start_, norm_ready_, offload_done_})
+                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1], offload_start_, norm_ready_, offload_done_,
+                              grads_read_, grads_cleared_})
             if (e) cudaEventDestroy(e);
         for (cudaStream_t stream : {comm_, download_, upload_})
             if (stream) cudaStreamDestroy(stream);
@@ -337,8 +384,18 @@ public:
 
     void zero_grad() {
         if (!trainable_) return;
-        if (stage_ < 2) cudaCheck(cudaMemsetAsync(grads_, 0, total_ * sizeof(floatX), compute_));
-        else cudaCheck(cudaMemsetAsync(grad_shards_, 0, plan_.local_total * sizeof(floatX), compute_));
+        floatX* grads = stage_ < 2 ? grads_ : grad_shards_;
+        const size_t n = stage_ < 2 ? total_ : plan_.local_total;
+        if (!offload_delayed_) {
+            cudaCheck(cudaMemsetAsync(grads, 0, n * sizeof(floatX), compute_));
+            return;
+        }
+        // the delayed update: the last step's gradients may still be going down to the host, so they are cleared
+        // after that on the copy stream, and the backward waits for it (begin_backward), not the forward
+        cudaCheck(cudaEventRecord(grads_read_, compute_));
+        cudaCheck(cudaStreamWaitEvent(download_, grads_read_));
+        cudaCheck(cudaMemsetAsync(grads, 0, n * sizeof(floatX), download_));
+        cudaCheck(cudaEventRecord(grads_cleared_, download_));
     }
 
     void begin_forward() {
@@ -370,6 +427,7 @@ public:
     void begin_backward(bool last_micro_step) {
         if (!trainable_) return;
         last_micro_step_ = last_micro_step;
+        if (offload_delayed_) cudaCheck(cudaStreamWaitEvent(compute_, grads_cleared_));
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
     }
     void before_unit_backward(int u) {
@@ -446,14 +504,16 @@ public:
     // the squared norm through its reductions, which cover the tensor-parallel group that the losses' gathering
     // leaves out: every rank of the mesh ends with the same verdict, at no extra collective.
     // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (update_on_host), then
-    // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step).
+    // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step). Under the delayed
+    // update the step enqueues the norm and the gradients' copies down, then lands the last step's update if it is
+    // still running (land_update); finish_step() starts this step's update on the host thread.
     void step(AdamWHyper h, const float* nonfinite_loss = nullptr, const float* stop_votes = nullptr) {
         if (!trainable_) {
             die("internal: optimizer step on frozen parameters");
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
-        if (offload_) start_downloads();
+        if (offload_) start_offload_copies();
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0 && !has_tied_copy_) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
@@ -483,6 +543,12 @@ public:
         // pinned: a copy into pageable memory would block until the stream drains, past --nccl-timeout's deadline
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, 2 * sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
+        step_hyper_ = h;
+        if (offload_delayed_) {  // each gradient tile goes down once the last update has read its host tile
+            if (update_running_) land_update(true);
+            else for (int k = 0; k < num_tiles(); k++) download_tile(k);
+            return;
+        }
         if (offload_) update_on_host(h);
         else if (stage_ == 0) adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
         for (int u = 0; u < U && stage_ >= 1; u++) {
@@ -494,37 +560,33 @@ public:
             // offload: once the host's update is back) and the next forward starts, which waits for each unit just
             // before it uses it (wait_for_unit). A skipped step gathers the unchanged shards: the same parameters
             // everywhere.
-            if (stage_ < 3) {
-                cudaCheck(cudaEventRecord(unit_events_[u], compute_));
-                cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
-                floatX* unit = params_ + plan_.unit_offset[u];
-                ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u],
-                                        nccl_type<floatX>(), data_.comm, comm_));
-                cudaCheck(cudaEventRecord(gathered_[u], comm_));
-            }
+            if (stage_ < 3) gather_updated_unit(u);
         }
         if (stage_ == 3) {
             persistent_gathered_ = false;
             ring_unit_[0] = ring_unit_[1] = -1;
         }
-        step_hyper_ = h;
     }
     // After step() and a wait for the compute stream: the step's gradient norm (unscaled, before clipping),
-    // whether it was skipped, and the loss-scale update that follows from it.
+    // whether it was skipped, and the loss-scale update that follows from it. Under the delayed update it starts the
+    // step's update on the host thread (unless skipped), and lands it at once unless delay_update() allows it to run on.
     StepResult finish_step() {
         const float norm = sqrtf(norm_host_[0]) / step_hyper_.loss_scale;
         const bool stop = norm_host_[1] > 0.0f;
-        if (adamw_grad_scale(norm_host_[0], step_hyper_) == 0.0f) {  // the kernels' own test: they skipped the step
+        const bool skipped = adamw_grad_scale(norm_host_[0], step_hyper_) == 0.0f;  // the kernels' own test: they skipped the step
+        if (skipped) {
             scaler.skipped_steps++;
             scaler.clean_steps = 0;
             scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
-            return {norm, true, stop};
-        }
-        if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
+        } else if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
             scaler.scale *= 2.0f;
             scaler.clean_steps = 0;
         }
-        return {norm, false, stop};
+        if (offload_delayed_ && !skipped) {
+            start_host_update(adamw_cpu::make_step(step_hyper_, norm_host_[0]));
+            if (!delay_update_) finish_update();
+        }
+        return {norm, skipped, stop};
     }
 
     // ------------------------------------------------------------------------------------------
@@ -546,16 +608,20 @@ public:
     // Unit u's parameters (and master weights) from `values` on the device (fp32, the unit's padded length):
     // the compute-precision copy (stage 3: this rank's shard of it) and this rank's master weights.
     void set_unit(int u, const float* values) {
+        require_landed("setting parameters");
         wait_for_parameters();
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
         if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
         else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
-        if (kHasMaster && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
+        // the fp32 values the update starts from: the master weights, or in fp32 under the delayed update the host's
+        // parameters (their own master weights)
+        float* master = kHasMaster ? master_ : offload_delayed_ ? reinterpret_cast<float*>(host_shard_params_) : nullptr;
+        if (master != nullptr && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
             const cudaMemcpyKind kind = offload_ ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
             if (stage_ >= 1)
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
+                cudaCheck(cudaMemcpyAsync(master + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
             else
-                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), kind, compute_));
+                cudaCheck(cudaMemcpyAsync(master + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), kind, compute_));
         }
         persistent_gathered_ = false;
         ring_unit_[0] = ring_unit_[1] = -1;
@@ -566,6 +632,7 @@ public:
     // or save need not hold it whole on every rank. Stage 3 gathers each unit: every rank calls; an empty visit
     // only takes part in the gathers.
     void for_each_unit_host(const std::function<void(size_t, const float*, size_t)>& visit) {
+        require_landed("reading the parameters");
         wait_for_parameters();
         if (!visit && stage_ < 3) return;
         const size_t largest = *std::max_element(plan_.unit_size.begin(), plan_.unit_size.end());
@@ -618,6 +685,7 @@ public:
         master.resize(kHasMaster ? n : 0);
         m.resize(n);
         v.resize(n);
+        require_landed("reading the optimizer state");
         if (offload_) pg_.synchronize(compute_);
         auto get = [&](std::vector<float>& to, const float* from) {
             if (offload_) std::copy(from, from + n, to.begin());
@@ -629,6 +697,7 @@ public:
     }
     void optimizer_state_from_host(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v) {
         const size_t n = optimizer_elements();
+        require_landed("setting the optimizer state");
         if (offload_) pg_.synchronize(compute_);
         auto put = [&](float* to, const std::vector<float>& from) {
             if (offload_) std::copy(from.begin(), from.begin() + n, to);
@@ -655,7 +724,7 @@ private:
     // ------------------------------------------------------------------------------------------
     // ZeRO-Offload's step. The host state is in the order of this rank's storage (plan_.local_offset: the rank's
     // slices, or on one rank the whole layout); its tile k (ShardPlan::for_each_tile_piece) lies in staging slot
-    // k % kOffloadSlots.
+    // k % kOffloadSlots, or under the delayed update at its own place in the whole-shard buffers.
 
     static void zero_host(float* p, size_t n) {
 #pragma omp parallel for schedule(static)
@@ -666,27 +735,30 @@ private:
     template <typename Visit>
     void for_each_piece(int k, Visit visit) const { plan_.for_each_tile_piece(tile_elements(), k, visit); }
     // Enqueues tile k's gradients (fp32 with the parameters on the GPU: and its parameters, which are their own master
-    // weights) into its slot, on the download stream; downloaded_[slot] marks them there.
+    // weights) into its slot, on the download stream; downloaded_[slot] marks them there. Under the delayed update the
+    // gradients go to their place in the whole shard and downloaded_[k] marks them (the host keeps the fp32 parameters).
     void download_tile(int k) {
-        const int slot = k % kOffloadSlots;
+        const int slot = k % kOffloadSlots, event = offload_delayed_ ? k : slot;
         const size_t first = (size_t)k * tile_elements();
-        const bool parameters = !kHasMaster && !offload_params_;
+        const bool parameters = !kHasMaster && !offload_params_ && !offload_delayed_;
         if (parameters) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
         for_each_piece(k, [&](int u, size_t begin, size_t end) {
             const size_t in_unit = begin - plan_.local_offset[u], bytes = (end - begin) * sizeof(floatX);
-            cudaCheck(cudaMemcpyAsync(host_grads_[slot] + (begin - first), shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
+            floatX* grads = offload_delayed_ ? host_shard_grads_ + begin : host_grads_[slot] + (begin - first);
+            cudaCheck(cudaMemcpyAsync(grads, shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
             if (parameters)
                 cudaCheck(cudaMemcpyAsync(host_params_[slot] + (begin - first), shard_params(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
         });
-        cudaCheck(cudaEventRecord(downloaded_[slot], download_));
+        cudaCheck(cudaEventRecord(downloaded_[event], download_));
     }
     // At the start of step(): the copy streams wait until the gradients are reduced and the last step's gathers are
-    // done (wait_for_parameters), and the first tiles come down while the GPU computes the norm.
-    void start_downloads() {
+    // done (wait_for_parameters), and the first tiles come down while the GPU computes the norm (under the delayed
+    // update step() enqueues every tile's copy after the norm).
+    void start_offload_copies() {
         cudaCheck(cudaEventRecord(offload_start_, compute_));
         cudaCheck(cudaStreamWaitEvent(download_, offload_start_));
         cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
-        for (int k = 0; k < kOffloadSlots && k < num_tiles(); k++) download_tile(k);
+        for (int k = 0; k < kOffloadSlots && k < num_tiles() && !offload_delayed_; k++) download_tile(k);
     }
     // Once the squared norm's copy to norm_host_ is enqueued: waits for it, then for each tile waits for its download,
     // runs AdamW on the CPU into its parameter slot, enqueues the slot's copy up to the GPU and the download of the
@@ -725,6 +797,90 @@ private:
         }
         cudaCheck(cudaEventRecord(offload_done_, upload_));
         cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
+    }
+    // ------------------------------------------------------------------------------------------
+    // The delayed update. One host thread (run_host_updates) runs the updates, one at a time: for each tile it waits
+    // until the tile's gradients are down and its last parameters have gone up (it rewrites them in place), runs
+    // AdamW on it, and reports the tile done (update_tiles_done_). The main thread lands the update (land_update) in
+    // the next step() or at finish_update(), tile by tile as the host finishes them.
+
+    // From finish_step(), once the stream is done: the step's update (its scalars from the step's own norm) starts.
+    void start_host_update(const adamw_cpu::Step& step) {
+        std::lock_guard<std::mutex> lock(update_mutex_);
+        update_step_ = step;
+        update_tiles_done_ = 0;
+        update_requested_ = true;
+        update_running_ = true;
+        update_cv_.notify_all();
+    }
+    void run_host_updates() {
+        cudaCheck(cudaSetDevice(device_));  // the events it waits for are this rank's GPU's
+        std::unique_lock<std::mutex> lock(update_mutex_);
+        for (;;) {
+            update_cv_.wait(lock, [this] { return update_requested_ || stop_updates_; });
+            if (stop_updates_) return;
+            update_requested_ = false;
+            const adamw_cpu::Step step = update_step_;
+            lock.unlock();
+            update_host_tiles(step);
+            lock.lock();
+        }
+    }
+    // On the host thread. Its waits are bounded by --nccl-timeout (pg_.wait_event), as update_on_host's.
+    void update_host_tiles(const adamw_cpu::Step& step) {
+        using Cpu = typename CpuFloat<floatX>::type;
+        for (int k = 0; k < num_tiles(); k++) {
+            pg_.wait_event(downloaded_[k]);
+            pg_.wait_event(uploaded_[k]);
+            for_each_piece(k, [&](int u, size_t begin, size_t end) {  // fp32: the host's parameters are their own master weights
+                adamw_cpu::update(reinterpret_cast<Cpu*>(host_shard_params_ + begin), kHasMaster ? master_ + begin : nullptr,
+                                  reinterpret_cast<const Cpu*>(host_shard_grads_ + begin), adam_m_ + begin, adam_v_ + begin, 0,
+                                  (long)(end - begin), (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
+            });
+            std::lock_guard<std::mutex> lock(update_mutex_);
+            update_tiles_done_ = k + 1;
+            update_cv_.notify_all();
+        }
+    }
+    // Lands the running update, its copy streams already behind the compute stream's last read of the parameters
+    // (offload_start_): as the host finishes each tile, the tile's new parameters go up into this rank's slices (with
+    // download_gradients, the new step's gradient tile comes down into the host tile just read); the compute stream
+    // waits for the last upload, and the parameters are shared as after any update (stages 1-2: all-gathered; stage 3:
+    // gathered on use).
+    void land_update(bool download_gradients) {
+        for (int k = 0; k < num_tiles(); k++) {
+            {
+                std::unique_lock<std::mutex> lock(update_mutex_);
+                update_cv_.wait(lock, [&] { return update_tiles_done_ > k; });
+            }
+            for_each_piece(k, [&](int u, size_t begin, size_t end) {
+                cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_shard_params_ + begin,
+                                          (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
+            });
+            cudaCheck(cudaEventRecord(uploaded_[k], upload_));
+            if (download_gradients) download_tile(k);
+        }
+        update_running_ = false;
+        cudaCheck(cudaEventRecord(offload_done_, upload_));
+        cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
+        for (int u = 0; u < plan_.num_units() && (stage_ == 1 || stage_ == 2); u++) gather_updated_unit(u);
+        if (stage_ == 3) {
+            persistent_gathered_ = false;
+            ring_unit_[0] = ring_unit_[1] = -1;
+        }
+    }
+    // Whatever reads or writes the parameters or the optimizer state outside the step: no delayed update may be running.
+    void require_landed(const char* what) const {
+        if (update_running_) die(std::string("internal: ") + what + " while a delayed update runs (finish_update() first)");
+    }
+    // Stages 1/2: unit u's updated slice goes to every rank, all-gathered in place on the communication stream once the
+    // compute stream has come here; gathered_[u] marks it for the next forward.
+    void gather_updated_unit(int u) {
+        cudaCheck(cudaEventRecord(unit_events_[u], compute_));
+        cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+        floatX* unit = params_ + plan_.unit_offset[u];
+        ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u], nccl_type<floatX>(), data_.comm, comm_));
+        cudaCheck(cudaEventRecord(gathered_[u], comm_));
     }
     // All-gather unit u from the parameter shards into `dst` on `stream`. Shards on the host (--offload
     // optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
@@ -790,4 +946,18 @@ private:
     cudaStream_t download_ = nullptr, upload_ = nullptr;
     std::vector<cudaEvent_t> downloaded_, uploaded_;
     cudaEvent_t offload_start_ = nullptr, norm_ready_ = nullptr, offload_done_ = nullptr;
+    // The delayed update: the whole-shard host buffers (no slots), the gradients' clearing after their copy down (the
+    // compute stream's reads are done, the copy stream cleared them), and the host thread with what it shares with the
+    // main thread: the update asked for, its progress in tiles, the stop at destruction (under update_mutex_).
+    bool offload_delayed_ = false, delay_update_ = false;
+    bool update_running_ = false;  // main thread's: started and not yet landed
+    floatX *host_shard_grads_ = nullptr, *host_shard_params_ = nullptr;
+    cudaEvent_t grads_read_ = nullptr, grads_cleared_ = nullptr;
+    int device_ = 0;
+    std::thread update_thread_;
+    std::mutex update_mutex_;
+    std::condition_variable update_cv_;
+    bool update_requested_ = false, stop_updates_ = false;
+    int update_tiles_done_ = 0;
+    adamw_cpu::Step update_step_ = {};
 };

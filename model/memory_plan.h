@@ -112,15 +112,17 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 
 // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
 // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
-// what ZeRO-Offload keeps on the host (p.host) instead of the GPU.
+// what ZeRO-Offload keeps on the host (p.host) instead of the GPU; delayed_update: its one-step delayed update, whose
+// whole-shard host buffers the host plan counts (the GPU's is the same).
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
-                       const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(), ActivationPlan ap = ActivationPlan()) {
+                       bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
+                       ActivationPlan ap = ActivationPlan()) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
     const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
-    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload);
+    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload, delayed_update);
     p.parameters = z.parameters;
     p.gradients = z.gradients;
     p.master_weights = z.master_weights;
@@ -158,12 +160,13 @@ struct StagePlans {
     ModelConfig config;
     int B = 0, T = 0, dp = 1, tp = 1, zero_stage = 0, recompute = 0;
     Offload offload = Offload::kNone;
+    bool delayed_update = false;  // ZeRO-Offload's one-step delayed update
     LoraSpec lora;
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     MemoryPlan of(int s, int split) const {
         const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, lora, parts[s], sets);
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets);
     }
 };
 
@@ -258,10 +261,10 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu) {
     const size_t machine = host.total() * ranks_on_host;
     const std::string ranks = std::to_string(ranks_on_host) + (ranks_on_host == 1 ? " rank" : " ranks");
-    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | staging %.2f | total %.2f; x %s "
-                 "on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
-            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.staging), gib(host.total()), ranks.c_str(),
-            gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
+    fprintf(out, "host memory per rank (GiB, pinned): master weights %.2f | Adam m+v %.2f | parameters %.2f | gradients %.2f | staging %.2f | "
+                 "total %.2f; x %s on this machine = %.2f of %.2f (budget: %s); AdamW on the CPU: %s\n",
+            gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.gradients), gib(host.staging), gib(host.total()),
+            ranks.c_str(), gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
     if (machine > budget.bytes)
         die("the offloaded state needs " + gib_text(machine) + " GiB of pinned host memory on this machine (" + ranks + " x " +
             gib_text(host.total()) + " GiB) but the budget is " + gib_text(budget.bytes) + " GiB (" + budget.source + "): spread the job "

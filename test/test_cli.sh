@@ -84,6 +84,10 @@ expect_error "offloaded parameters on one rank" "--offload optimizer,parameters 
 expect_error "offload with LoRA" "--offload runs without LoRA" $SMALL --offload optimizer --lora-rank 4
 expect_error "host budget 0" "--host-memory-gib must be -1 or a finite number > 0, got 0" $SMALL --offload optimizer --host-memory-gib 0
 expect_error "host budget without offload" "--host-memory-gib bounds the pinned host memory of --offload, which is none" $SMALL --host-memory-gib 64
+expect_error "bad delayed update" "--offload-delayed-update must be one of 0, 1, got 2" $SMALL --offload optimizer --offload-delayed-update 2
+expect_error "delayed update without offload" "--offload-delayed-update 1 runs with --offload optimizer (got none)" $SMALL --offload-delayed-update 1
+# the delayed update with --offload optimizer is accepted: the run stops at a later check
+expect_error "delayed update accepted" "--resume needs --output-dir" $SMALL --offload optimizer --offload-delayed-update 1 --resume 1
 # fp32 offloads too (no master weights: the host holds Adam's m and v): the run stops at a later check
 expect_error "offload in fp32 accepted" "--resume needs --output-dir" $SMALL --offload optimizer --precision fp32 --host-memory-gib 8 --resume 1
 
@@ -203,6 +207,7 @@ expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parall
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2
 expect_error "pipeline refuses LoRA" "LoRA runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --lora-rank 4
 expect_error "pipeline refuses offload" "--offload runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --offload optimizer
+expect_error "delayed update with offloaded parameters" "--offload-delayed-update 1 runs with --offload optimizer (got optimizer,parameters)" $SMALL --zero-stage 3 --offload optimizer,parameters --offload-delayed-update 1
 expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 192
 # --pipeline-layers balanced with a batch or micro-batch count that is refused: the refusal's own message, not one
 # about the split

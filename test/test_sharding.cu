@@ -7,7 +7,7 @@
 // any stage reads back, unit by unit, into the layout of any other number of ranks, also across tensor- and
 // pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
 // initialisation's runs, unit by unit, give each rank's part. ZeRO-Offload's memory plan: d12's pinned host memory
-// per rank against hand-computed bytes, and the GPU's plan without the optimizer state; its tiles cover each rank's
+// per rank against hand-computed bytes (with the delayed update too), and the GPU's plan without the optimizer state; its tiles cover each rank's
 // storage once, and the CPU AdamW over them equals the update unit slice by unit slice, bit for bit.
 #define TESTING
 #include "../train_gpt.cu"
@@ -309,24 +309,30 @@ static void check_unit_runs(const ModelConfig& config, const std::string& name) 
 // holds the shard's fp32 master weights (4 bytes an element; none in fp32) and Adam m and v (8), and two staging
 // slots of a 4,194,304-element tile of gradients and one of parameters (2 x 4,194,304 x (2 + 2) bytes in bf16, x
 // (4 + 4) in fp32), whatever the stage; with the parameters (stage 3) also the shard's parameters (2 bytes an element
-// in bf16) and only the gradient slots. The GPU's model states are those without offload less what the host holds.
+// in bf16) and only the gradient slots. With the delayed update (`delayed`) no slots, but the shard's gradients and
+// its new parameters whole (2 + 2 bytes an element in bf16, 4 + 4 in fp32). The GPU's model states are those without
+// offload less what the host holds instead (the optimizer state, and with optimizer,parameters the parameter shard).
 template <typename floatX>
-static void check_offload_memory(const ModelConfig& d12, const std::string& precision, Offload offload, int dp, std::vector<int> stages,
-                                 size_t master, size_t adam, size_t parameters, size_t staging, size_t total) {
+static void check_offload_memory(const ModelConfig& d12, const std::string& precision, Offload offload, bool delayed, int dp,
+                                 std::vector<int> stages, size_t master, size_t adam, size_t parameters, size_t gradients, size_t staging,
+                                 size_t total) {
     const ParameterLayout l(d12, 8 * dp);
     for (int stage : stages) {
-        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload);
+        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload, delayed);
         const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, offload);
         const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, Offload::kNone);
+        const size_t parameters_moved = offload == Offload::kOptimizerParameters ? parameters : 0;
         char text[256];
-        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, parameters %zu, staging %zu, total %zu; GPU optimizer state %zu",
-                 l.total, h.master_weights, h.adam_state, h.parameters, h.staging, h.total(), offloaded.master_weights + offloaded.adam_state);
-        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.parameters == parameters && h.staging == staging &&
-                  h.total() == total && offloaded.master_weights == 0 && offloaded.adam_state == 0 &&
-                  offloaded.parameters + parameters == resident.parameters && offloaded.gradients == resident.gradients && resident.adam_state > 0 &&
-                  ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, Offload::kNone).total() == 0,
-              "offload plan d12 " + precision + (offload == Offload::kOptimizerParameters ? " optimizer,parameters" : " optimizer") + " dp " +
-                  std::to_string(dp) + " stage " + std::to_string(stage) + ": host bytes per rank as computed by hand, the GPU without them",
+        snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, parameters %zu, gradients %zu, staging %zu, total %zu; GPU optimizer state %zu",
+                 l.total, h.master_weights, h.adam_state, h.parameters, h.gradients, h.staging, h.total(),
+                 offloaded.master_weights + offloaded.adam_state);
+        check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.parameters == parameters && h.gradients == gradients &&
+                  h.staging == staging && h.total() == total && offloaded.master_weights == 0 && offloaded.adam_state == 0 &&
+                  offloaded.parameters + parameters_moved == resident.parameters && offloaded.gradients == resident.gradients &&
+                  resident.adam_state > 0 && ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, Offload::kNone, delayed).total() == 0,
+              "offload plan d12 " + precision + (offload == Offload::kOptimizerParameters ? " optimizer,parameters" : " optimizer") +
+                  (delayed ? " delayed update" : "") + " dp " + std::to_string(dp) + " stage " + std::to_string(stage) +
+                  ": host bytes per rank as computed by hand, the GPU without them",
               text);
     }
 }
@@ -395,16 +401,23 @@ int main() {
     check_layout(d12, "d12");
     const Offload optimizer = Offload::kOptimizer, parameters = Offload::kOptimizerParameters;
     // master weights 124,475,904 x 4 / dp, m and v x 8 / dp
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 1, {1, 2, 3}, 497903616, 995807232, 0, 33554432, 1527265280);
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 2, {1, 2, 3}, 248951808, 497903616, 0, 33554432, 780409856);
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, 4, {1, 2, 3}, 124475904, 248951808, 0, 33554432, 406982144);
-    check_offload_memory<float>(d12, "fp32", optimizer, 1, {1, 2, 3}, 0, 995807232, 0, 67108864, 1062916096);
-    check_offload_memory<float>(d12, "fp32", optimizer, 2, {1, 2, 3}, 0, 497903616, 0, 67108864, 565012480);
-    check_offload_memory<float>(d12, "fp32", optimizer, 4, {1, 2, 3}, 0, 248951808, 0, 67108864, 316060672);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 1, {1, 2, 3}, 497903616, 995807232, 0, 0, 33554432, 1527265280);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 2, {1, 2, 3}, 248951808, 497903616, 0, 0, 33554432, 780409856);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, false, 4, {1, 2, 3}, 124475904, 248951808, 0, 0, 33554432, 406982144);
+    check_offload_memory<float>(d12, "fp32", optimizer, false, 1, {1, 2, 3}, 0, 995807232, 0, 0, 67108864, 1062916096);
+    check_offload_memory<float>(d12, "fp32", optimizer, false, 2, {1, 2, 3}, 0, 497903616, 0, 0, 67108864, 565012480);
+    check_offload_memory<float>(d12, "fp32", optimizer, false, 4, {1, 2, 3}, 0, 248951808, 0, 0, 67108864, 316060672);
     // and the parameter shard, 124,475,904 x 2 / dp in bf16 (x 4 in fp32); staging 2 x 4,194,304 x 2 (x 4)
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 2, {3}, 248951808, 497903616, 124475904, 16777216, 888108544);
-    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, 4, {3}, 124475904, 248951808, 62237952, 16777216, 452442880);
-    check_offload_memory<float>(d12, "fp32", parameters, 2, {3}, 0, 497903616, 248951808, 33554432, 780409856);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, false, 2, {3}, 248951808, 497903616, 124475904, 0, 16777216, 888108544);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", parameters, false, 4, {3}, 124475904, 248951808, 62237952, 0, 16777216, 452442880);
+    check_offload_memory<float>(d12, "fp32", parameters, false, 2, {3}, 0, 497903616, 248951808, 0, 33554432, 780409856);
+    // the delayed update: no staging; the shard's gradients and new parameters, 124,475,904 x 2 / dp each in bf16
+    // (x 4 in fp32): 16 bytes an element of the shard in both
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, true, 1, {1, 2, 3}, 497903616, 995807232, 248951808, 248951808, 0, 1991614464);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, true, 2, {1, 2, 3}, 248951808, 497903616, 124475904, 124475904, 0, 995807232);
+    check_offload_memory<__nv_bfloat16>(d12, "bf16", optimizer, true, 4, {1, 2, 3}, 124475904, 248951808, 62237952, 62237952, 0, 497903616);
+    check_offload_memory<float>(d12, "fp32", optimizer, true, 1, {1, 2, 3}, 0, 995807232, 497903616, 497903616, 0, 1991614464);
+    check_offload_memory<float>(d12, "fp32", optimizer, true, 2, {1, 2, 3}, 0, 497903616, 248951808, 248951808, 0, 995807232);
     ModelConfig toy;  // parameter count not divisible by any N > 1
     toy.num_layers = 3; toy.num_heads = 3; toy.channels = 72; toy.max_seq_len = 129; toy.vocab_size = 1001; toy.padded_vocab_size = 1024;
     check_layout(toy, "toy");

@@ -2,15 +2,17 @@
 # Training runs on the GPU: bitwise determinism (same seed twice), bitwise resume (from a checkpoint vs the
 # uninterrupted run) in fp32, bf16 and fp16, a damaged newest checkpoint skipped on resume, stops for a signal and
 # their bitwise resume, --recompute levels (bitwise equal losses, less activation memory), non-finite steps,
-# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not), checkpoint retention,
-# resume checks, the memory plan's refusals, and loss-curve parity with the PyTorch reference (200 steps of d12 in
-# bf16, B=16, T=512, lr 1e-4, from the same initial model file and batches, within 3e-2 at every step; PARITY_*
-# variables change the setting; plotted to build/test_work/training/curve_parity.png).
+# ZeRO-Offload on one GPU (bitwise the GPU-resident run, resumed across offload and not; its one-step delayed update
+# against it, resumed, and twice), checkpoint retention, resume checks, the memory plan's refusals, and loss-curve
+# parity with the PyTorch reference (200 steps of d12 in bf16, B=16, T=512, lr 1e-4, from the same initial model file
+# and batches, within 3e-2 at every step; PARITY_* variables change the setting; plotted to
+# build/test_work/training/curve_parity.png).
 # The quick tier (TEST_TIER=quick) runs bf16 only: resume and the damaged checkpoint (not the same-seed rerun), a
-# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run, and
-# LoRA, retention and the refusals as in full; the full tier adds fp32 and fp16, the same seed twice, the stops for
-# SIGUSR1, SIGINT twice and a signal during a save, --recompute 1 and 2, the activation sizes of d12, offload in bf16
-# and fp16 with its resume chain and non-finite steps, and the curve parity.
+# stop for SIGTERM and its resume, --recompute 3, the non-finite steps, offload in fp32 against the resident run, the
+# delayed update in fp32 (against offload, resumed), and LoRA, retention and the refusals as in full; the full tier
+# adds fp32 and fp16, the same seed twice, the stops for SIGUSR1, SIGINT twice and a signal during a save,
+# --recompute 1 and 2, the activation sizes of d12, offload in bf16 and fp16 with its resume chain and non-finite
+# steps, the delayed update in bf16 and twice, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
@@ -255,6 +257,55 @@ if [ "$TIER" = full ]; then
         echo "FAIL training bf16 offload non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-offload.err")"
     fi
 fi
+
+# ZeRO-Offload's one-step delayed update (--offload-delayed-update 1): the CPU's AdamW of step N runs while the GPU
+# computes step N+1 on the parameters without it. Against the non-delayed offload run at the same --lr 3e-4 (at 1e-3
+# this small model, 2,048 tokens a step, spikes under the stale update): the 5 warm-up steps' updates land within
+# their step, so steps 0-5 are its bit for bit, and step 6, whose forward misses step 5's update, differs; the mean
+# loss of steps 15-19 within 5% of its (the run trails by about one update) and at least 1 below step 0's (it
+# trains: an update lost or applied twice fails one or the other). Its step-10 checkpoint (where the running update
+# landed) resumes bit for bit. fp32 in the quick tier; the full tier adds bf16 and the same run twice (bitwise the
+# same losses, model file and optimizer state).
+mean_of_last_five() { train_log_lines "$1" | awk '$1 >= 15 { s += $2; n++ } END { if (n == 5) printf "%.6f", s / n }'; }
+for p in fp32 $([ "$TIER" = full ] && echo bf16); do
+    D="$W/delayed-$p" ref="$W/delayed-ref-$p"
+    DELAYED=(--precision $p --lr 3e-4 --steps 20 --checkpoint-every 10 --offload optimizer --offload-delayed-update 1)
+    ./train_gpt "${SMALL[@]}" --precision $p --lr 3e-4 --steps 20 --offload optimizer -o "$ref" > "$ref.out" 2>&1
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D" > "$D.out" 2>&1
+    six_ref=$(train_log_lines "$ref" | awk '$1 == 6') six=$(train_log_lines "$D" | awk '$1 == 6')
+    if grep -q "^host memory per rank (GiB, pinned): .* | gradients .*delayed one step after the 5 warm-up steps" "$D.out" &&
+        [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$ref" | awk '$1 <= 5')" == "$(train_log_lines "$D" | awk '$1 <= 5')" ] &&
+        [ -n "$six" ] && [ "$six" != "$six_ref" ]; then
+        echo "PASS training $p offload delayed update: steps 0-5 (the warm-up's updates land at once) bitwise the non-delayed run's, step 6 not ($six vs $six_ref)"
+    else
+        echo "FAIL training $p offload delayed update: steps 0-5 differ from the non-delayed run or step 6 does not ($six vs $six_ref) $(grep -m1 error "$D.out")"
+    fi
+    last=$(mean_of_last_five "$D") last_ref=$(mean_of_last_five "$ref") first=$(train_log_lines "$D" | awk '$1 == 0 { print $2 }')
+    if [ -n "$last" ] && [ -n "$last_ref" ] && [ -n "$first" ] &&
+        awk -v a="$last" -v b="$last_ref" -v f="$first" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.05 && a <= f - 1) }'; then
+        echo "PASS training $p offload delayed update: steps 15-19 mean loss $last, the non-delayed run's $last_ref (within 5%), step 0's $first"
+    else
+        echo "FAIL training $p offload delayed update: steps 15-19 mean loss ${last:-none}, the non-delayed run's ${last_ref:-none} (tol 5%), step 0's ${first:-none} (at least 1 below)"
+    fi
+    mkdir -p "$D-resumed"
+    cp "$D"/*_00000010* "$D-resumed/"
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D-resumed" --resume 1 > "$D-resumed.out" 2>&1
+    if grep -q "resumed from" "$D-resumed.out" && [ "$(train_log_lines "$D" | awk '$1 >= 10')" == "$(train_log_lines "$D-resumed")" ] &&
+        [ "$(train_log_lines "$D-resumed" | wc -l)" -eq 10 ] && cmp -s "$D/model_00000020.bin" "$D-resumed/model_00000020.bin" &&
+        cmp -s "$D/state_00000020_00000.bin" "$D-resumed/state_00000020_00000.bin"; then
+        echo "PASS training $p offload delayed update resumed at step 10: steps 10-19, the final model file and optimizer state bitwise the uninterrupted run's"
+    else
+        echo "FAIL training $p offload delayed update resumed at step 10: $(grep -m1 error "$D-resumed.out")"; diff <(train_log_lines "$D" | awk '$1 >= 10') <(train_log_lines "$D-resumed") | head -4
+    fi
+    [ "$TIER" = full ] || continue
+    ./train_gpt "${SMALL[@]}" "${DELAYED[@]}" -o "$D-again" > "$D-again.out" 2>&1
+    if [ "$(train_log_lines "$D" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$D")" == "$(train_log_lines "$D-again")" ] &&
+        cmp -s "$D/model_00000020.bin" "$D-again/model_00000020.bin" && cmp -s "$D/state_00000020_00000.bin" "$D-again/state_00000020_00000.bin"; then
+        echo "PASS training $p offload delayed update twice: 20 losses, the final model file and optimizer state bitwise equal"
+    else
+        echo "FAIL training $p offload delayed update twice: $(grep -m1 error "$D-again.out")"; diff <(train_log_lines "$D") <(train_log_lines "$D-again") | head -4
+    fi
+done
 
 # Checkpoint retention: checkpoints at steps 3, 6, ..., 18 and the last (20); --keep-checkpoints 2 keeps 18 and 20,
 # --keep-every 9 the milestone 9; the others' model and state files are gone, and no temporary file is left.

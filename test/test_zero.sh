@@ -6,8 +6,9 @@
 # (when built with MPI) mpirun. With 4 GPUs also 3 ranks: GPT-2 shapes (C a multiple of 64) divide evenly
 # by 2, 4 and 8, so 3 ranks are what exercises padded, uneven shards. ZeRO-Offload (--offload optimizer) at stages
 # 2 and 3 (at 3 also with the parameter shards on the host): bitwise the GPU-resident run at the same stage, and its
-# checkpoints resumed across offload and data-parallel sizes. A stop signal to one rank stops both after the same step,
-# and the resumed run equals the uninterrupted one.
+# checkpoints resumed across offload and data-parallel sizes; at stage 2 its one-step delayed update (against the
+# non-delayed run, twice, resumed). A stop signal to one rank stops both after the same step, and the resumed run
+# equals the uninterrupted one.
 # On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
 # need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
 # stage 3 in fp32 (losses, identical parameters), its bf16 checkpoint resumed on the same ranks and on one, and the stop
@@ -188,6 +189,42 @@ for stage in 2 3; do
             echo "FAIL zero $WHERE stage $stage fp32 offload $mode: $states of $N state files equal $(grep -m1 error "$b.out")"
         fi
     done
+done
+# the one-step delayed update at stage 2 (fp32, --deterministic 1): the 2 warm-up steps' updates land within their
+# step, so steps 0-2 are the non-delayed offload run's bit for bit and step 3, whose forward misses step 2's update,
+# differs; every loss within the non-delayed run's largest loss change over two steps (it trails by about one update);
+# the same run twice gives the same losses, model file and state files; its step-10 checkpoint resumed on the same
+# ranks continues it bit for bit
+DELAYED=(--precision fp32 --deterministic 1 --batch-size $BG --steps 20 --zero-stage 2 --offload optimizer --offload-delayed-update 1 --checkpoint-every 10)
+for run in delayed_s2 delayed_s2_again; do
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" "${DELAYED[@]}" -o "$W/$run" > "$W/$run.out" 2>&1
+done
+mkdir -p "$W/delayed_s2_resumed"; cp "$W/delayed_s2"/*_00000010* "$W/delayed_s2_resumed/"
+scripts/launch.sh $ONE_GPU $N ./train_gpt "${MODEL[@]}" "${DELAYED[@]}" -o "$W/delayed_s2_resumed" --resume 1 > "$W/delayed_s2_resumed.out" 2>&1
+a="$W/offload_optimizer_s2" b="$W/delayed_s2"
+three_ref=$(losses "$a" | awk '$1 == 3') three=$(losses "$b" | awk '$1 == 3')
+if [ "$(losses "$b" | wc -l)" -eq 20 ] && [ "$(losses "$a" | awk '$1 <= 2')" == "$(losses "$b" | awk '$1 <= 2')" ] && [ -n "$three" ] && [ "$three" != "$three_ref" ]; then
+    echo "PASS zero $WHERE stage 2 fp32 offload delayed update: steps 0-2 (the warm-up's updates land at once) bitwise the non-delayed run's, step 3 not"
+else
+    echo "FAIL zero $WHERE stage 2 fp32 offload delayed update: steps 0-2 differ from the non-delayed run or step 3 does not ($three vs $three_ref) $(grep -m1 error "$b.out")"
+fi
+d=$(maxdiff "$a" "$b")
+tol=$(losses "$a" | awk '{ l[NR] = $2 } END { m = 0; for (i = 3; i <= NR; i++) { d = l[i] - l[i - 2]; if (d < 0) d = -d; if (d > m) m = d } print m }')
+if [ "$(losses "$b" | wc -l)" -eq 20 ] && within "$d" "$tol"; then
+    echo "PASS zero $WHERE stage 2 fp32 offload delayed update: 20 losses within $d of the non-delayed run's (tol $tol: its largest change over two steps)"
+else
+    echo "FAIL zero $WHERE stage 2 fp32 offload delayed update: max loss difference $d from the non-delayed run (tol $tol)"
+fi
+for check in again resumed; do
+    c="$W/delayed_s2_$check" from=$([ $check = again ] && echo 0 || echo 10)
+    states=0
+    for r in $(seq 0 $((N - 1))); do cmp -s "$b/state_00000020_$(printf %05d $r).bin" "$c/state_00000020_$(printf %05d $r).bin" && states=$((states + 1)); done
+    if [ "$(losses "$c" | wc -l)" -eq $((20 - from)) ] && [ "$(losses "$b" | awk -v f=$from '$1 >= f')" == "$(losses "$c")" ] &&
+        cmp -s "$b/model_00000020.bin" "$c/model_00000020.bin" && [ $states -eq $N ]; then
+        echo "PASS zero $WHERE stage 2 fp32 offload delayed update $([ $check = again ] && echo twice || echo "resumed at step 10"): steps $from-19, the model file and all $N state files bitwise equal"
+    else
+        echo "FAIL zero $WHERE stage 2 fp32 offload delayed update $check: $states of $N state files equal $(grep -m1 error "$c.out")"
+    fi
 done
 # resume across offload and data-parallel sizes: the offloaded stage-2 run's step-5 checkpoint continues on one GPU
 # without offload, whose step-10 checkpoint continues on N ranks at stage 3 with the optimizer state and the parameter

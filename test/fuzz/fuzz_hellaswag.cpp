@@ -3,19 +3,10 @@
 // T (1..64). Every batch must mask exactly its items' ending tokens and score every item once.
 #include "fuzz_util.h"
 #include "dataloader/hellaswag.h"
-#include "dataloader/tokenizer.h"
-
-namespace {
-
-const GPT2Tokenizer& gpt2() {
-    static const GPT2Tokenizer tok = GPT2Tokenizer::load(repository_path("data/gpt2"));
-    return tok;
-}
-
-}  // namespace
+#include "fuzz_gpt2.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    gpt2();
+    gpt2_tokenizer();
     return 0;
 }
 
@@ -27,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const int B = 4 * (1 + data[0] % 3), T = 1 + data[size - 1] % 64;
     refused([&] {
-        const HellaSwagBatcher batcher(items, gpt2(), B, T);
+        const int vocab = gpt2_tokenizer().vocab_size();
+        const HellaSwagBatcher batcher(items, gpt2_tokenizer(), B, T);
         std::vector<int32_t> inputs(B * T), targets(B * T);
         std::vector<uint8_t> mask(B * T);
         std::vector<float> losses(B * T);
@@ -37,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             const int count = batcher.fill(b, inputs.data(), targets.data(), mask.data());
             FUZZ_CHECK(count >= 1 && count <= B / 4, "a batch holds 1 to B/4 items");
             for (int k = 0; k < B * T; k++) {
-                FUZZ_CHECK(inputs[k] >= 0 && inputs[k] < gpt2().vocab_size() && targets[k] >= 0 && targets[k] < gpt2().vocab_size(),
+                FUZZ_CHECK(inputs[k] >= 0 && inputs[k] < vocab && targets[k] >= 0 && targets[k] < vocab,
                            "batches hold token ids");
                 FUZZ_CHECK(mask[k] <= 1 && (k < 4 * count * T || mask[k] == 0), "rows past the batch's items are masked out");
             }

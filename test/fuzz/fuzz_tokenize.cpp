@@ -3,24 +3,15 @@
 // ids of the vocabulary (the ordinary encoding never the eot id), and a cut that safe_parts calls safe must split
 // the tokens too (prepare_shards encodes long documents in such parts).
 #include "fuzz_util.h"
-#include "dataloader/tokenizer.h"
-
-namespace {
-
-const GPT2Tokenizer& gpt2() {
-    static const GPT2Tokenizer tok = GPT2Tokenizer::load(repository_path("data/gpt2"));
-    return tok;
-}
-
-}  // namespace
+#include "fuzz_gpt2.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    gpt2();  // loaded once, before the first input
+    gpt2_tokenizer();  // loaded once, before the first input
     return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    const GPT2Tokenizer& tok = gpt2();
+    const GPT2Tokenizer& tok = gpt2_tokenizer();
     const std::string text(reinterpret_cast<const char*>(data), size);
     const std::vector<int> ids = tok.encode(text);
     for (int id : ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size() && id != tok.eot(), "encode gives ordinary token ids");
