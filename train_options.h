@@ -33,6 +33,7 @@ struct Options {
     int seq_len = 1024;
     long total_batch_tokens = -1;  // -1: one micro-batch per step
     std::string precision = "bf16";
+    int fp8_stats = 0;
     int tf32 = 0;
     float lr = 3e-4f;
     int warmup_steps = 0;
@@ -125,7 +126,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
         {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32"}), "bf16 | fp16 (dynamic loss scaling) | fp32"},
+        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; one GPU of compute capability 8.9+, no tensor or pipeline parallelism, no LoRA)"},
+        {"--fp8-stats", nullptr, Flag::INT, &o.fp8_stats, kOffOn, "1: with --precision fp8, a line per step with the FP8 scaling states: non-finite amaxes counted so far, the range of the weights', inputs' and output gradients' scales"},
         {"--tf32", nullptr, Flag::INT, &o.tf32, kOffOn, "1: allow TF32 matrix products in fp32 mode"},
         {"--lr", "-l", Flag::FLOAT, &o.lr, at_least(0), "maximum learning rate"},
         {"--warmup-steps", "-u", Flag::INT, &o.warmup_steps, at_least(0), "linear warm-up steps"},
@@ -437,6 +439,26 @@ inline RunShape validate_options(const Options& o, int world) {
     if (o.offload_delayed_update && o.offload == "optimizer,parameters")
         die("--offload-delayed-update 1 runs with --offload optimizer (got optimizer,parameters): the next step's gathers read the host's "
             "parameter shard, which the delayed update would be rewriting; --offload optimizer keeps the parameters on the GPU");
+    // --precision fp8: bf16 training with FP8 products in the blocks' linear layers (model/fp8_linear.cuh), on one
+    // model-parallel rank (data parallelism and ZeRO see only its bf16 parameters and gradients); the GPU's FP8
+    // support is checked once it is there (train_gpt.cu's connect_gpu)
+    if (o.precision == "fp8") {
+        if (shape.tp > 1)
+            die("--precision fp8 runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): the FP8 products do not split across ranks");
+        if (shape.pp > 1)
+            die("--precision fp8 runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): the FP8 products do not run on pipeline stages");
+        if (lora.enabled())
+            die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
+        if (config.channels % 16 != 0)
+            die("--precision fp8 needs the model's width (--channels) to be a multiple of 16, got " + std::to_string(config.channels) +
+                ": cuBLASLt's FP8 products and the FP8 casts take rows in multiples of 16");
+        if ((long)o.batch_size * o.seq_len % 16 != 0)
+            die("--precision fp8 needs --batch-size x --seq-len to be a multiple of 16, got " + std::to_string(o.batch_size) + " x " +
+                std::to_string(o.seq_len) + " = " + std::to_string((long)o.batch_size * o.seq_len) +
+                ": the backward's FP8 casts transpose the rows in tiles of 16");
+    } else if (o.fp8_stats) {
+        die("--fp8-stats 1 runs with --precision fp8 (got " + o.precision + "): it reports the FP8 products' scaling");
+    }
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");
