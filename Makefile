@@ -46,7 +46,7 @@ CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tok
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
             $(BUILD)/test_heartbeat $(BUILD)/test_fp8
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu
+            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_fp8
 
 .PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
@@ -140,6 +140,9 @@ $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_referenc
 
 $(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_fp8_model: test/test_fp8_model.cu train_gpt.cu test/gpu_check.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_fp8_model.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_model.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

@@ -93,6 +93,7 @@ if [ "$gpu_count" -ge 1 ]; then
     else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
     run attention build/test_attention $sdpa
     run model bash test/test_model.sh
+    run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
     run training bash test/test_training.sh
     run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
     run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
@@ -119,7 +120,7 @@ if [ "$gpu_count" -ge 1 ]; then
         for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
     fi
 else
-    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)"
+    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
                 "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face"
                 "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                 "zero on 2 ranks")
