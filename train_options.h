@@ -441,7 +441,8 @@ inline RunShape validate_options(const Options& o, int world) {
             "parameter shard, which the delayed update would be rewriting; --offload optimizer keeps the parameters on the GPU");
     // --precision fp8: bf16 training with FP8 products in the blocks' linear layers (model/fp8_linear.cuh), on one
     // model-parallel rank (data parallelism and ZeRO see only its bf16 parameters and gradients); the GPU's FP8
-    // support is checked once it is there (train_gpt.cu's connect_gpu)
+    // support is checked once it is there (train_gpt.cu's connect_gpu). The products' widths (C, 3C, 4C) are multiples
+    // of 16 as FP8 needs: C is a multiple of the head size, 64 or 128 (config_problem)
     if (o.precision == "fp8") {
         if (shape.tp > 1)
             die("--precision fp8 runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): the FP8 products do not split across ranks");
@@ -449,9 +450,6 @@ inline RunShape validate_options(const Options& o, int world) {
             die("--precision fp8 runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): the FP8 products do not run on pipeline stages");
         if (lora.enabled())
             die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
-        if (config.channels % 16 != 0)
-            die("--precision fp8 needs the model's width (--channels) to be a multiple of 16, got " + std::to_string(config.channels) +
-                ": cuBLASLt's FP8 products and the FP8 casts take rows in multiples of 16");
         if ((long)o.batch_size * o.seq_len % 16 != 0)
             die("--precision fp8 needs --batch-size x --seq-len to be a multiple of 16, got " + std::to_string(o.batch_size) + " x " +
                 std::to_string(o.seq_len) + " = " + std::to_string((long)o.batch_size * o.seq_len) +
