@@ -126,7 +126,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
         {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; one GPU of compute capability 8.9+, no tensor or pipeline parallelism, no LoRA)"},
+        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; GPUs of compute capability 8.9+, data parallelism and ZeRO, no tensor or pipeline parallelism, no LoRA)"},
         {"--fp8-stats", nullptr, Flag::INT, &o.fp8_stats, kOffOn, "1: with --precision fp8, a line per step with the FP8 scaling states: non-finite amaxes counted so far, the range of the weights', inputs' and output gradients' scales"},
         {"--tf32", nullptr, Flag::INT, &o.tf32, kOffOn, "1: allow TF32 matrix products in fp32 mode"},
         {"--lr", "-l", Flag::FLOAT, &o.lr, at_least(0), "maximum learning rate"},
