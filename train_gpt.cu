@@ -642,7 +642,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
         if (model.fp8) fprintf(out, "fp8 (rank 0's scaling states at the end): %s\n", model.fp8_stats().line().c_str());
         if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
-        if (pg.world > 1) print_parameter_checksums(model, pg.rank, run.shape, mesh);
+        if (pg.world > 1 && o.parameter_checksums) print_parameter_checksums(model, pg.rank, run.shape, mesh);
     }
     if (out != stdout) fclose(out);
     matmul_teardown();

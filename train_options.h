@@ -79,6 +79,7 @@ struct Options {
     float lora_weight_decay = 0.0f;
     std::string lora_load = "", lora_save = "", lora_merge = "";
     int deterministic = 0;
+    int parameter_checksums = 0;
     int gelu_fusion = 1;
     int recompute = 0;
     std::string nccl_init_file = "";
@@ -163,6 +164,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--fp16-growth-interval", nullptr, Flag::INT, &o.fp16_growth_interval, at_least(1), "fp16: double the loss scale after this many clean steps"},
         {"--gelu-fusion", "-ge", Flag::INT, &o.gelu_fusion, kOffOn, "1: the MLP's GELU in the cuBLASLt products' epilogues (not with --recompute 1-2 or LoRA on fc/fc-proj); 0: separate kernels"},
         {"--recompute", "-r", Flag::INT, &o.recompute, one_of({"0", "1", "2", "3"}), "activations recomputed in the backward instead of kept: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block"},
+        {"--parameter-checksums", nullptr, Flag::INT, &o.parameter_checksums, kOffOn, "1: at the end of a run on several ranks each prints a checksum of its parameters on stderr (replicas must agree; a pass over the whole model on the host: minutes for tens of billions of parameters)"},
         {"--deterministic", nullptr, Flag::INT, &o.deterministic, kOffOn, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: products autotuned at their first call and, except on Hopper, atomic dQ sums, faster"},
         {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, at_least(0), "LoRA: adapter rank r (0: off, train the whole model)"},
         {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, or_minus_one(above(0)), "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},

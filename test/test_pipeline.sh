@@ -39,7 +39,7 @@ VAL="data/tinyshakespeare/tinyshakespeare_val_*.bin"
     || { echo "FAIL pipeline training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
 SHAPE=(--layers 8 --heads 4 --channels 256 --max-seq-len 64)
 RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10
-     --batch-size 2 --total-batch-tokens 1024 --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
+     --batch-size 2 --total-batch-tokens 1024 --shuffle 0 --parameter-checksums 1)  # the files' order: runs of other batch shapes read the same tokens
 SUITE="pipeline"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
 # the first and last stage of every (tp, dp) coordinate report the same wte checksum

@@ -24,7 +24,7 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
     || { echo "FAIL tensor_parallel training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
 SHAPE=(--layers 2 --heads 4 --channels 256 --max-seq-len 64)
 RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --deterministic 1 --steps 10
-     --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
+     --shuffle 0 --parameter-checksums 1)  # the files' order: runs of other batch shapes read the same tokens
 SUITE="tensor_parallel"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
 TIER=${TEST_TIER:-full}

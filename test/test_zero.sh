@@ -25,7 +25,7 @@ TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 # B per GPU = 8/N keeps the global batch at 8 rows
 BG=$((8 / N))
 MODEL=(--layers 3 --heads 1 --channels 64 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN" --val-every 0
-       --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --shuffle 0)  # the files' order: runs of other batch shapes read the same tokens
+       --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --shuffle 0 --parameter-checksums 1)  # the files' order: runs of other batch shapes read the same tokens
 source test/loss_logs.sh  # losses, maxdiff, within, VISIBLE_GPUS
 source test/watchdog.sh  # watchdog, watchdog_off
 TIER=${TEST_TIER:-full}
