@@ -304,12 +304,16 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                              stages.chunks, {}};
     for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
     plans.fp8 = o.precision == "fp8";
+    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    const std::string precision = !plans.fp8 ? o.precision
+                                  : !plans.fp8_options.delayed ? "fp8 (current scaling)"
+                                  : "fp8 (delayed scaling, amax history " + std::to_string(plans.fp8_options.amax_history) + ")";
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n",
-            batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
+            batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, precision.c_str());
     const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX), offload);
     if (pg.world > 1)
         fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x pipeline parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by "
@@ -335,7 +339,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     model.deterministic_attention = o.deterministic != 0 || flash::hopper::available();
     model.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
-    model.fp8 = o.precision == "fp8";
+    model.fp8 = plans.fp8;
+    model.fp8_options = plans.fp8_options;
     model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>());
     if (stages.schedule) {
         pipeline.reset(new PipelineParallel<GPT2<floatX>>(*stages.schedule, model.mesh.pipeline));

@@ -4,7 +4,8 @@
 // contiguous: matmul_fp8, matmul.cuh). The formats, the scale rule and the host reference of the rounding are plain
 // C++ in fp8_formats.h. The cast kernels hold code for compute capability 8.9 and newer only (FP8 conversions in
 // hardware); on older GPUs the host functions refuse in one line before launching anything.
-// defines: Fp8Traits, fp8_gpu_problem, require_fp8_gpu, fp8_amax, fp8_update_scales, fp8_cast (fp8_cast_kernel, fp8_cast_transpose_kernel)
+// defines: Fp8Traits, fp8_gpu_problem, require_fp8_gpu, fp8_amax, fp8_update_scales, fp8_scale_from_current,
+//          fp8_update_scales_from_history, fp8_cast (fp8_cast_kernel, fp8_cast_transpose_kernel)
 #pragma once
 #include <cuda_fp8.h>
 #include "common.cuh"
@@ -35,15 +36,23 @@ template <> inline cudaDataType_t cuda_data_type<__nv_fp8_e5m2>() { return CUDA_
 __device__ __forceinline__ uint32_t bf16_magnitude_bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x) & 0x7FFFu; }
 
 // Max of the block's `magnitude` values (bf16 magnitude bits) into *amax, one atomic per block: the amax float's
-// bits, non-negative, order as unsigned integers do. `shared` holds 32 values; the block size is a multiple of 32.
-__device__ __forceinline__ void block_amax_into(float* amax, uint32_t magnitude, uint32_t* shared) {
+// bits, non-negative, order as unsigned integers do; with `overflow`, the sum of the block's `saturated` counts added
+// to it (one atomic, only when not zero). `shared` holds 64 values; the block size is a multiple of 32.
+__device__ __forceinline__ void block_amax_into(float* amax, uint32_t magnitude, uint32_t* shared, unsigned long long* overflow = nullptr,
+                                                uint32_t saturated = 0) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
     magnitude = __reduce_max_sync(0xffffffffu, magnitude);
-    if (lane == 0) shared[warp] = magnitude;
+    saturated = __reduce_add_sync(0xffffffffu, saturated);
+    if (lane == 0) {
+        shared[warp] = magnitude;
+        shared[32 + warp] = saturated;
+    }
     __syncthreads();
     if (warp != 0) return;
     magnitude = __reduce_max_sync(0xffffffffu, lane < num_warps ? shared[lane] : 0u);
+    saturated = __reduce_add_sync(0xffffffffu, lane < num_warps ? shared[32 + lane] : 0u);
     if (lane == 0 && magnitude != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), magnitude << 16);
+    if (lane == 0 && overflow != nullptr && saturated != 0) atomicAdd(overflow, (unsigned long long)saturated);
 }
 
 constexpr int kFp8Threads = 256;
@@ -52,7 +61,7 @@ constexpr int kFp8BlocksPerSM = 8;
 
 // *amax = max(*amax, max |x|) over n values (16-byte aligned); the caller clears *amax where a new max is meant.
 __global__ void __launch_bounds__(kFp8Threads) fp8_amax_kernel(float* amax, const __nv_bfloat16* x, long n) {
-    __shared__ uint32_t shared[32];
+    __shared__ uint32_t shared[64];
     constexpr int X = Packed128<__nv_bfloat16>::size;
     const long thread = (long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long)gridDim.x * blockDim.x;
     uint32_t magnitude = 0;
@@ -94,6 +103,44 @@ inline void fp8_update_scales(Fp8Scaling* scalings, int count, Fp8Format format,
     cudaCheckLaunch();
 }
 
+// Current scaling: the scale of each of `count` tensors' states (one format) from its current_amax (fp8_amax's, just
+// before), which is cleared for the next; the states' amax, the casts' record, is left as it is.
+__global__ void fp8_scale_from_current_kernel(Fp8Scaling* scalings, int count, Fp8Format format) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    Fp8Scaling s = scalings[i];
+    fp8_set_scale(s, s.current_amax, format, 0);
+    s.current_amax = 0.0f;
+    scalings[i] = s;
+}
+inline void fp8_scale_from_current(Fp8Scaling* scalings, int count, Fp8Format format, cudaStream_t stream) {
+    if (count <= 0) return;
+    fp8_scale_from_current_kernel<<<ceil_div(count, kFp8Threads), kFp8Threads, 0, stream>>>(scalings, count, format);
+    cudaCheckLaunch();
+}
+
+// Delayed scaling: fp8_update_scaling_from_history on each of `count` tensors' states, tensor i's `length` past amaxes
+// at history[i * length], this interval's going into slot `slot`. The tensors come in groups of `group` states, the
+// one at `e5m2_index` of each E5M2 and the others E4M3 (-1: all E4M3): one launch for a model's weights, inputs and
+// output gradients.
+__global__ void fp8_update_scales_from_history_kernel(Fp8Scaling* scalings, float* history, int count, int length, int slot, int group,
+                                                      int e5m2_index, int margin) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    Fp8Scaling s = scalings[i];
+    const Fp8Format format = i % group == e5m2_index ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    fp8_update_scaling_from_history(s, history + (size_t)i * length, length, slot, format, margin);
+    scalings[i] = s;
+}
+inline void fp8_update_scales_from_history(Fp8Scaling* scalings, float* history, int count, int length, int slot, int group, int e5m2_index,
+                                           int margin, cudaStream_t stream) {
+    if (count <= 0) return;
+    if (length < 1 || slot < 0 || slot >= length || group < 1) die("internal: FP8 amax history of length " + std::to_string(length) + ", slot " + std::to_string(slot));
+    fp8_update_scales_from_history_kernel<<<ceil_div(count, kFp8Threads), kFp8Threads, 0, stream>>>(scalings, history, count, length, slot,
+                                                                                                   group, e5m2_index, margin);
+    cudaCheckLaunch();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The cast. Each thread takes 16 consecutive values (two 16-byte loads) and writes their 16 codes (one 16-byte
 // store); x * scale is rounded to fp32 first, then to FP8 with saturation (cvt.rn.satfinite), as fp8_round does on
@@ -107,13 +154,14 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
     return low | (high << 16);
 }
 template <typename fp8>
-__device__ __forceinline__ uint4 cast16(const __nv_bfloat16* in, float scale, uint32_t& magnitude) {
+__device__ __forceinline__ uint4 cast16(const __nv_bfloat16* in, float scale, uint32_t& magnitude, uint32_t& saturated) {
     const Packed128<__nv_bfloat16> p[2] = {load128cs(in), load128cs(in + 8)};
     float f[16];
     for (int i = 0; i < 16; i++) {
         const __nv_bfloat16 x = p[i / 8][i % 8];
         magnitude = max(magnitude, bf16_magnitude_bits(x));
         f[i] = __fmul_rn(__bfloat162float(x), scale);  // never contracted into anything else
+        saturated += fp8_saturates(fabsf(f[i]), Fp8Traits<fp8>::format);
     }
     return make_uint4(fp8x4<fp8>(f[0], f[1], f[2], f[3]), fp8x4<fp8>(f[4], f[5], f[6], f[7]),
                       fp8x4<fp8>(f[8], f[9], f[10], f[11]), fp8x4<fp8>(f[12], f[13], f[14], f[15]));
@@ -124,13 +172,13 @@ __device__ __forceinline__ uint4 cast16(const __nv_bfloat16* in, float scale, ui
 template <typename fp8>
 __global__ void __launch_bounds__(kFp8Threads) fp8_cast_kernel(fp8* out, const __nv_bfloat16* in, long n, Fp8Scaling* scaling) {
 #if FP8_DEVICE_CODE
-    __shared__ uint32_t shared[32];
+    __shared__ uint32_t shared[64];
     const float scale = scaling->scale;
-    uint32_t magnitude = 0;
+    uint32_t magnitude = 0, saturated = 0;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n; i += (long)gridDim.x * blockDim.x * 16) {
-        *reinterpret_cast<uint4*>(out + i) = cast16<fp8>(in + i, scale, magnitude);
+        *reinterpret_cast<uint4*>(out + i) = cast16<fp8>(in + i, scale, magnitude, saturated);
     }
-    block_amax_into(&scaling->amax, magnitude, shared);
+    block_amax_into(&scaling->amax, magnitude, shared, &scaling->overflow, saturated);
 #endif
 }
 
@@ -146,17 +194,17 @@ __global__ void __launch_bounds__(kFp8Threads) fp8_cast_transpose_kernel(fp8* ou
                                                                          long cols, Fp8Scaling* scaling) {
 #if FP8_DEVICE_CODE
     __shared__ alignas(16) uint8_t tile[kCastTileRows][kCastTileCols];
-    __shared__ uint32_t shared[32];
+    __shared__ uint32_t shared[64];
     const float scale = scaling->scale;
     const long row0 = (long)blockIdx.x * kCastTileRows, col0 = (long)blockIdx.y * kCastTileCols;
-    uint32_t magnitude = 0;
+    uint32_t magnitude = 0, saturated = 0;
     constexpr int kThreadsPerRow = kCastTileCols / 16;
     const int chunk = threadIdx.x % kThreadsPerRow;
     const long col = col0 + chunk * 16;
     for (int r = threadIdx.x / kThreadsPerRow; r < kCastTileRows; r += kFp8Threads / kThreadsPerRow) {
         const long row = row0 + r;
         if (row >= rows || col >= cols) continue;
-        const uint4 codes = cast16<fp8>(in + row * cols + col, scale, magnitude);
+        const uint4 codes = cast16<fp8>(in + row * cols + col, scale, magnitude, saturated);
         if (out != nullptr) *reinterpret_cast<uint4*>(out + row * cols + col) = codes;
         *reinterpret_cast<uint4*>(&tile[r][chunk * 16]) = codes;
     }
@@ -178,7 +226,7 @@ __global__ void __launch_bounds__(kFp8Threads) fp8_cast_transpose_kernel(fp8* ou
                     make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
         }
     }
-    block_amax_into(&scaling->amax, magnitude, shared);
+    block_amax_into(&scaling->amax, magnitude, shared, &scaling->overflow, saturated);
 #endif
 }
 
@@ -218,7 +266,8 @@ inline void require_fp8_gpu() {
 
 // Casts the row-major bf16 [rows, cols] tensor `in` to FP8 (fp8: __nv_fp8_e4m3 or __nv_fp8_e5m2) with
 // scaling->scale: out[rows, cols] (may be null when out_transposed is not) and, unless null, out_transposed[cols,
-// rows]; adds max |in| into scaling->amax (delayed scaling: the next fp8_update_scales makes the scale from it).
+// rows]; adds max |in| into scaling->amax (delayed scaling: the next update makes the scale from it) and the count of
+// values it saturated (fp8_saturates) into scaling->overflow.
 // cols must be a multiple of 16, rows too with the transposed copy; the buffers 16-byte aligned.
 template <typename fp8>
 void fp8_cast(fp8* out, fp8* out_transposed, const __nv_bfloat16* in, long rows, long cols, Fp8Scaling* scaling, cudaStream_t stream) {

@@ -1,8 +1,9 @@
 // FP8 in plain C++ (g++ and nvcc, no CUDA header), shared by the kernels (fp8.cuh, matmul.cuh) and host code: the two
-// formats and their limits, the per-tensor scale from an amax (delayed scaling), the reference cast float -> FP8
+// formats and their limits, the per-tensor scale from an amax (current or delayed scaling, an amax history), the reference cast float -> FP8
 // (round to nearest even, saturating to the largest finite value, with subnormals) that the GPU's cast matches bit
 // for bit, the decoding back to float, and the shapes cuBLASLt's FP8 products take. The kernels are in fp8.cuh.
-// defines: Fp8Format, fp8_max, fp8_name, fp8_scale_from_amax, kFp8MaxScale, Fp8Scaling, fp8_update_scaling, fp8_round,
+// defines: Fp8Format, fp8_max, fp8_name, fp8_scale_from_amax, kFp8MaxScale, Fp8Scaling, fp8_set_scale, fp8_update_scaling,
+//          fp8_update_scaling_from_history, fp8_saturates, fp8_round,
 //          fp8_to_float, fp8_matmul_shape_problem, fp8_cast_shape_problem
 #pragma once
 #include <cfloat>
@@ -37,25 +38,56 @@ HOST_DEVICE_INLINE float fp8_scale_from_amax(float amax, float previous_scale, F
     return fminf(ldexpf(fp8_max(format) / amax, -margin), kFp8MaxScale);  // fminf: an inf quotient becomes the cap
 }
 
-// A quantised tensor's scaling state, in device memory (one per tensor; 16 bytes). Delayed scaling: a cast uses the
-// scale from the amaxes seen up to the last update and adds its own input's amax for the next one. A tensor's
-// first cast has no amax behind it: fp8_amax and an update before it make the scale from the tensor itself.
+// A quantised tensor's scaling state, in device memory (one per tensor; 32 bytes). Delayed scaling: a cast uses the
+// scale from the amaxes seen up to the last update and adds its own input's amax for the next one. Current scaling:
+// fp8_amax takes the tensor's amax into current_amax just before the cast, and fp8_scale_from_current (fp8.cuh)
+// makes the scale from it, leaving `amax` to the casts. The casts count the values they saturate (overflow).
 // cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED, cuBLAS 13.1 on an H200) A and B scale pointers that are not 16-byte
 // aligned: inverse_scale comes first in a 16-byte aligned struct.
 struct alignas(16) Fp8Scaling {
     float inverse_scale = 1.0f;       // 1 / scale: the product's dequantisation (cuBLASLt's A and B scale pointers)
     float scale = 1.0f;               // the cast stores round(x * scale)
     float amax = 0.0f;                // max |x| over the casts and fp8_amax calls since the last update (NaN, inf kept)
+    float current_amax = 0.0f;        // current scaling: max |x| of the tensor about to be cast (cleared once used)
+    unsigned long long overflow = 0;  // values whose |x * scale| lay beyond the format's range (fp8_saturates), all casts
     uint32_t non_finite_amax = 0;     // updates that found a NaN or infinite amax and kept the scale
 };
+
+// Sets the scale from `amax` (the previous one kept, and counted when the amax is NaN or inf) and its inverse.
+HOST_DEVICE_INLINE void fp8_set_scale(Fp8Scaling& s, float amax, Fp8Format format, int margin) {
+    if (amax != amax || amax > FLT_MAX) s.non_finite_amax++;
+    s.scale = fp8_scale_from_amax(amax, s.scale, format, margin);
+    s.inverse_scale = 1.0f / s.scale;
+}
 
 // One update of a tensor's scaling (fp8_update_scales runs it on the device): the scale from the amax (or the
 // previous one, counted when the amax was NaN or inf), its inverse, and the amax cleared for the next interval.
 HOST_DEVICE_INLINE void fp8_update_scaling(Fp8Scaling& s, Fp8Format format, int margin) {
-    if (s.amax != s.amax || s.amax > FLT_MAX) s.non_finite_amax++;
-    s.scale = fp8_scale_from_amax(s.amax, s.scale, format, margin);
+    fp8_set_scale(s, s.amax, format, margin);
+    s.amax = 0.0f;
+}
+
+// Delayed scaling with an amax history (fp8_update_scales_from_history runs it on the device): this interval's amax
+// goes into slot `slot` of the tensor's `length` past amaxes (a NaN or inf one counted and stored as 0: it says
+// nothing of the range), the scale comes from their max (all zero: the previous scale), and the amax is cleared.
+HOST_DEVICE_INLINE void fp8_update_scaling_from_history(Fp8Scaling& s, float* history, int length, int slot, Fp8Format format, int margin) {
+    const bool finite = s.amax == s.amax && s.amax <= FLT_MAX;
+    if (!finite) s.non_finite_amax++;
+    history[slot] = finite ? s.amax : 0.0f;
+    float amax = 0.0f;
+    for (int i = 0; i < length; i++) amax = fmaxf(amax, history[i]);
+    s.scale = fp8_scale_from_amax(amax, s.scale, format, margin);
     s.inverse_scale = 1.0f / s.scale;
     s.amax = 0.0f;
+}
+
+// Whether the cast saturates |x * scale| = v: whether rounding it to nearest even without a bound would give more
+// than the largest finite value (v beyond the midpoint between that value and the next binade's step; at the
+// midpoint itself the even code wins: E4M3's largest, S.1111.110, is even, E5M2's, S.11110.11, odd). Values up to
+// the midpoint round to the largest value anyway; infinities saturate; NaN does not count.
+HOST_DEVICE_INLINE bool fp8_saturates(float v, Fp8Format format) {
+    const float midpoint = format == Fp8Format::E4M3 ? 464.0f : 61440.0f;  // 448 + 32 / 2, 57344 + 8192 / 2
+    return format == Fp8Format::E4M3 ? v > midpoint : v >= midpoint;
 }
 
 // The host reference of the cast: x rounded to the format's nearest value, ties to the even code (the one whose

@@ -121,6 +121,7 @@ struct GPT2 {
     // --precision fp8 (bf16 models only; set before allocate()): the four linear layers of every block multiply in
     // FP8 (fp8_linear.cuh); tensor and pipeline parallelism and LoRA are refused by the flags' checks
     bool fp8 = false;
+    Fp8Options fp8_options;  // --fp8-scaling, --fp8-amax-history
     Fp8Linear fp8_linear;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
@@ -242,7 +243,8 @@ struct GPT2 {
             if (!std::is_same<floatX, __nv_bfloat16>::value || layout.tp > 1 || lora.enabled() || num_chunks() > 1 || !layout.part.first ||
                 !layout.part.last)
                 die("internal: FP8 products run in a bf16 model on one pipeline stage without tensor parallelism or LoRA");
-            fp8_linear.allocate(config, N, layout.num_blocks());
+            // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
+            fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3);
         }
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
@@ -363,7 +365,7 @@ struct GPT2 {
     void linear_forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
             if (fp8_products()) {
-                fp8_linear.forward(out, x, weight, bias, N(), C, OC, l, layer, stream);
+                fp8_linear.forward(out, x, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
                 return;
             }
         }
@@ -376,7 +378,7 @@ struct GPT2 {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
             if (fp8_products()) {
                 if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
-                fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, stream);
+                fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
                 fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
                 return;
             }
@@ -655,6 +657,7 @@ struct GPT2 {
     // vote_stop: this rank asks to stop after the step; the votes travel with the losses and the norm, so every rank
     // reports the same stop_requested.
     StepReport step(const AdamWHyper& h, bool vote_stop = false) {
+        if (fp8) fp8_linear.end_step(stream);  // delayed scaling: the scales from this step's amaxes
         if (vote_stop) loss.vote_stop((size_t)B * T, stream);
         request_losses();
         trained().step(h, loss.nonfinite, loss.stop_votes);

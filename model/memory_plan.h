@@ -114,12 +114,12 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 // Per GPU, for `dp` data-parallel and `tp` tensor-parallel ranks (`split` = tp with sequence parallelism, else 1),
 // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
 // what ZeRO-Offload keeps on the host (p.host) instead of the GPU; delayed_update: its one-step delayed update, whose
-// whole-shard host buffers the host plan counts (the GPU's is the same). fp8: --precision fp8's scratch (FP8 copies of
-// one layer's operands, the scaling states).
+// whole-shard host buffers the host plan counts (the GPU's is the same). fp8 (null without --precision fp8): FP8's
+// memory (the weights' copies, kept except under ZeRO-3, one layer's activation copies, the scaling states).
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
-                       ActivationPlan ap = ActivationPlan(), bool fp8 = false) {
+                       ActivationPlan ap = ActivationPlan(), const Fp8Options* fp8 = nullptr) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
@@ -152,7 +152,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                 flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
                 (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
-                (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks()) : 0);
+                (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks(), *fp8, dp == 1 || zero_stage < 3) : 0);
     return p;
 }
 
@@ -168,9 +168,10 @@ struct StagePlans {
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     bool fp8 = false;                             // --precision fp8
+    Fp8Options fp8_options;
     MemoryPlan of(int s, int split) const {
         const ActivationPlan sets{chunks[s], slots[s], parts[s].last};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, fp8);
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, fp8 ? &fp8_options : nullptr);
     }
 };
 

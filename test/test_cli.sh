@@ -88,6 +88,10 @@ expect_error "bad delayed update" "--offload-delayed-update must be one of 0, 1,
 expect_error "fp8 refuses LoRA" "--precision fp8 runs without LoRA" $SMALL --precision fp8 --lora-rank 4
 expect_error "fp8 rows not a multiple of 16" "--precision fp8 needs --batch-size x --seq-len to be a multiple of 16, got 1 x 31 = 31" $SMALL --batch-size 1 --seq-len 31 --precision fp8
 expect_error "fp8 stats without fp8" "--fp8-stats 1 runs with --precision fp8 (got bf16)" $SMALL --fp8-stats 1
+expect_error "fp8 scaling without fp8" "--fp8-scaling delayed runs with --precision fp8 (got bf16): it chooses the FP8 products' scales" $SMALL --fp8-scaling delayed
+expect_error "fp8 amax history without delayed scaling" "--fp8-amax-history 8 runs with --fp8-scaling delayed (got current): current scaling keeps no history" $SMALL --precision fp8 --fp8-amax-history 8
+expect_error "bad fp8 scaling" "--fp8-scaling must be one of current, delayed, got 'late'" --fp8-scaling late
+expect_error "bad fp8 amax history" "--fp8-amax-history must be -1 or in [1, 1024], got 0" --fp8-amax-history 0
 expect_error "delayed update without offload" "--offload-delayed-update 1 runs with --offload optimizer (got none)" $SMALL --offload-delayed-update 1
 # the delayed update with --offload optimizer is accepted: the run stops at a later check
 expect_error "delayed update accepted" "--resume needs --output-dir" $SMALL --offload optimizer --offload-delayed-update 1 --resume 1

@@ -153,6 +153,30 @@ static void check_scales() {
     fp8_update_scaling(s, e4m3, 0);
     check(s.scale == 1.0f && s.inverse_scale == 1.0f && s.non_finite_amax == 2, "update after a NaN: a finite amax sets the scale again",
           fmt("scale %g", s.scale));
+
+    // delayed scaling: the scale from the history's max, this interval's amax in its slot, NaN stored as 0 and counted
+    Fp8Scaling d;
+    float history[4] = {1.0f, 8.0f, 2.0f, 0.0f};
+    d.amax = 4.0f;
+    fp8_update_scaling_from_history(d, history, 4, 1, e4m3, 0);  // overwrites the 8
+    const bool from_max = d.scale == 112.0f && history[1] == 4.0f && d.amax == 0.0f;
+    d.amax = NAN;
+    fp8_update_scaling_from_history(d, history, 4, 1, e4m3, 0);
+    const bool nan_kept = d.scale == 224.0f && history[1] == 0.0f && d.non_finite_amax == 1;  // max of 1, 0, 2, 0
+    float empty[2] = {0.0f, 0.0f};
+    d.amax = 0.0f;
+    fp8_update_scaling_from_history(d, empty, 2, 0, e4m3, 0);
+    const bool zeros_keep = d.scale == 224.0f;
+    check(from_max && nan_kept && zeros_keep, "amax history: the scale from its max, a NaN amax stored as 0 and counted, an all-zero history keeps the scale",
+          fmt("scale %g", d.scale));
+
+    // saturation: beyond the midpoint above the largest value (ties: E4M3's largest code is even, E5M2's odd)
+    const bool e4m3_edges = !fp8_saturates(448.0f, e4m3) && !fp8_saturates(464.0f, e4m3) && fp8_saturates(464.03125f, e4m3) &&
+                            fp8_round(464.0f, e4m3) == 0x7E && fp8_saturates(INFINITY, e4m3) && !fp8_saturates(NAN, e4m3);
+    const bool e5m2_edges = !fp8_saturates(57344.0f, e5m2) && !fp8_saturates(61439.0f, e5m2) && fp8_saturates(61440.0f, e5m2) &&
+                            fp8_round(61439.0f, e5m2) == 0x7B && fp8_saturates(INFINITY, e5m2);
+    check(e4m3_edges && e5m2_edges, "saturated values: beyond the rounding midpoint above 448 (E4M3) and 57344 (E5M2), infinities; not NaN",
+          std::string(e4m3_edges ? "" : "E4M3 edges wrong ") + (e5m2_edges ? "" : "E5M2 edges wrong"));
 }
 
 static void check_shapes() {

@@ -5,8 +5,10 @@
 //     the refusal of FP8 product and cast shapes cuBLASLt or the cast cannot take, one line and exit status 1
 //     (in a child process);
 //   on a GPU of compute capability 8.9 or newer (skipped below): the amax exact, NaN and inf propagated; the scale
-//     update as fp8_update_scaling; the cast, E4M3 and E5M2, bit for bit against fp8_round (saturation, subnormals,
-//     infinities and NaN included), its fused amax, the transposed copy, on shapes that are not multiples of the
+//     update as fp8_update_scaling, current scaling's (fp8_scale_from_current) and the amax history's
+//     (fp8_update_scales_from_history) as their host rules; the cast, E4M3 and E5M2, bit for bit against fp8_round
+//     (saturation, subnormals, infinities and NaN included), its fused amax and count of saturated values, the
+//     transposed copy, on shapes that are not multiples of the
 //     kernel's tiles; the FP8 products against an fp64 host product of the same dequantised operands and against
 //     the unquantised product of the bf16 inputs within the FP8 error bound, on shapes that are not multiples of
 //     cuBLASLt's tiles, with bias, accumulating, and as a Linear layer's three products from the transposed casts.
@@ -213,6 +215,12 @@ static void test_amax(cudaStream_t stream) {
     check(same_bits(s.download().amax, host_amax(large)), "amax accumulates across calls (the max of both)", "got " + bits_of(s.download().amax));
 }
 
+// Two scaling states field by field, bit for bit (the struct's padding is not compared).
+static bool same_state(const Fp8Scaling& a, const Fp8Scaling& b) {
+    return same_bits(a.inverse_scale, b.inverse_scale) && same_bits(a.scale, b.scale) && same_bits(a.amax, b.amax) &&
+           same_bits(a.current_amax, b.current_amax) && a.overflow == b.overflow && a.non_finite_amax == b.non_finite_amax;
+}
+
 static void test_update_scales(cudaStream_t stream) {
     const float amaxes[] = {4.0f, 0.0f, NAN, INFINITY, 1e-3f, 3.0e5f, std::ldexp(1.0f, -130), 448.0f};
     for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
@@ -236,12 +244,84 @@ static void test_update_scales(cudaStream_t stream) {
             std::string bad;
             for (size_t i = 0; i < states.size(); i++) {
                 fp8_update_scaling(states[i], format, margin);
-                if (memcmp(&states[i], &got[i], sizeof(Fp8Scaling)) != 0)
+                if (!same_state(states[i], got[i]))
                     bad += fmt(" amax %g: scale %g count %g", amaxes[i], got[i].scale, got[i].non_finite_amax) + fmt(" (host %g count %g)", states[i].scale, states[i].non_finite_amax);
             }
             expect(bad.empty(), std::string("scale update ") + fp8_name(format) + " margin " + std::to_string(margin) + " equals fp8_update_scaling bit for bit", bad);
         }
     }
+}
+
+// Current scaling's scale from current_amax (fp8_amax's, before the cast), and delayed scaling's from an amax history:
+// both against their host rules (fp8_set_scale, fp8_update_scaling_from_history) bit for bit, the casts' record
+// (amax) untouched by the first, and the history slot written by the second.
+// Scaling states in device memory (states_to_device: the caller frees) and back.
+static Fp8Scaling* states_to_device(const std::vector<Fp8Scaling>& states) {
+    Fp8Scaling* d;
+    cudaCheck(cudaMalloc(&d, states.size() * sizeof(Fp8Scaling)));
+    cudaCheck(cudaMemcpy(d, states.data(), states.size() * sizeof(Fp8Scaling), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<Fp8Scaling> states_from_device(const Fp8Scaling* d, size_t n) {
+    std::vector<Fp8Scaling> states(n);
+    cudaCheck(cudaMemcpy(states.data(), d, n * sizeof(Fp8Scaling), cudaMemcpyDeviceToHost));
+    return states;
+}
+
+static void test_current_and_history_scales(cudaStream_t stream) {
+    const float amaxes[] = {4.0f, 0.0f, NAN, INFINITY, 1e-3f, 3.0e5f, std::ldexp(1.0f, -130), 448.0f};
+    const int count = (int)(sizeof amaxes / sizeof amaxes[0]);
+    std::vector<Fp8Scaling> states;
+    for (float amax : amaxes) {
+        Fp8Scaling s;
+        s.scale = 3.0f;
+        s.inverse_scale = 1.0f / 3.0f;
+        s.amax = 2.0f;  // the casts' record: left alone
+        s.current_amax = amax;
+        s.non_finite_amax = 5;
+        states.push_back(s);
+    }
+    Fp8Scaling* d = states_to_device(states);
+    fp8_scale_from_current(d, count, Fp8Format::E5M2, stream);
+    std::vector<Fp8Scaling> got = states_from_device(d, count);
+    cudaCheck(cudaFree(d));
+    std::string bad;
+    for (int i = 0; i < count; i++) {
+        Fp8Scaling expected = states[i];
+        fp8_set_scale(expected, amaxes[i], Fp8Format::E5M2, 0);
+        expected.current_amax = 0.0f;
+        if (!same_state(expected, got[i])) bad += fmt(" current amax %g: scale %g amax %g", amaxes[i], got[i].scale, got[i].amax);
+    }
+    expect(bad.empty(), "current scaling: the scale from current_amax (cleared), the casts' amax kept, bit for bit", bad);
+
+    // delayed: tensors in groups of 3, the third E5M2; history of 4 with earlier amaxes, this interval's into slot 2
+    const int length = 4, slot = 2;
+    std::vector<float> history((size_t)count * length);
+    for (int i = 0; i < count; i++)
+        for (int k = 0; k < length; k++) history[(size_t)i * length + k] = k == slot ? 0.0f : (float)(i + 1) * (k + 1) * 0.25f;
+    for (int i = 0; i < count; i++) states[i].amax = amaxes[i];
+    Fp8Scaling* dh = states_to_device(states);
+    DeviceBuffer<float> history_d(history);
+    fp8_update_scales_from_history(dh, history_d.ptr, count, length, slot, 3, 2, 0, stream);
+    got = states_from_device(dh, count);
+    cudaCheck(cudaFree(dh));
+    const std::vector<float> history_got = history_d.download();
+    bad.clear();
+    for (int i = 0; i < count; i++) {
+        Fp8Scaling expected = states[i];
+        fp8_update_scaling_from_history(expected, history.data() + (size_t)i * length, length, slot,
+                                        i % 3 == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3, 0);
+        if (!same_state(expected, got[i]) || memcmp(history.data() + (size_t)i * length, history_got.data() + (size_t)i * length, length * sizeof(float)) != 0)
+            bad += fmt(" amax %g: scale %g", amaxes[i], got[i].scale) + fmt(" (host %g)", expected.scale);
+    }
+    // the host rule itself: the scale from the history's max, a NaN stored as 0 and counted
+    Fp8Scaling h;
+    float past[3] = {2.0f, 7.0f, 0.0f};
+    h.amax = NAN;
+    fp8_update_scaling_from_history(h, past, 3, 1, Fp8Format::E4M3, 0);
+    const bool rule = past[1] == 0.0f && h.non_finite_amax == 1 && h.scale == 448.0f / 2.0f && h.amax == 0.0f;
+    expect(bad.empty() && rule, "delayed scaling: the scales from the amax histories (groups of 3, the third E5M2) equal the host rule bit for bit",
+           bad + (rule ? "" : fmt(" host rule: scale %g", h.scale)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,6 +368,10 @@ static void test_cast(long rows, long cols, bool transposed, bool row_major_too,
         if (row_major_too) expect(wrong == 0, name + tag + ": codes equal fp8_round bit for bit", std::to_string(wrong) + " wrong, the first " + first);
         if (transposed) expect(wrong_t == 0, name + tag + ": transposed codes equal fp8_round bit for bit", std::to_string(wrong_t) + " wrong, the first " + first);
         const Fp8Scaling after = s.download();
+        unsigned long long saturated = 0;
+        for (float v : x) saturated += fp8_saturates(std::fabs(v * state.scale), format);
+        check(after.overflow == saturated, name + tag + ": saturated values counted (fp8_saturates)",
+              fmt("counted %g", (double)after.overflow) + fmt(", expected %g", (double)saturated));
         if (pass == 0)
             check(same_bits(after.amax, finite_amax) && after.scale == state.scale, name + ": fused amax exact, scale untouched",
                   "amax " + bits_of(after.amax) + ", expected " + bits_of(finite_amax));
@@ -476,6 +560,7 @@ int main(int argc, char** argv) {
     using e5m2 = __nv_fp8_e5m2;
     guarded("amax", [&] { test_amax(stream); });
     guarded("scale update", [&] { test_update_scales(stream); });
+    guarded("current and delayed scales", [&] { test_current_and_history_scales(stream); });
     guarded("casts", [&] {
         // tiles are 64 x 128: 48 x 80 is less than one, 272 x 1040 leaves partial tiles in both directions
         test_cast<e4m3>(16, 16, true, true, stream);

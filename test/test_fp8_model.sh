@@ -4,7 +4,10 @@
 # precisions, so a bf16 checkpoint resumes in fp8 and an fp8 one in bf16 (the resumed losses within 0.1 of the
 # uninterrupted run's: the two precisions' curves differ by the FP8 rounding, a few 1e-2 here); an fp8 run resumed in
 # fp8 is bitwise the uninterrupted one (current scaling keeps no state across steps); --fp8-stats 1 prints a line a
-# step and no non-finite amax. Skipped, with the reason, on a GPU without FP8 (test_fp8_model says which).
+# step, no non-finite amax and the saturated values' count. --fp8-scaling delayed: 10 steps within 0.1 of current
+# scaling's, and resumed from its step-5 checkpoint within 0.1 of the uninterrupted run (the amax history is not in
+# checkpoints: the resumed run's first step takes current scaling). Skipped, with the reason, on a GPU without FP8
+# (test_fp8_model says which).
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/fp8_model
@@ -55,6 +58,19 @@ if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --
     fi
     resume bf16-to-fp8 fp8 bf16 && grep -q "resumed from" "$W/bf16-to-fp8.out" && close "bf16 checkpoint resumed in fp8" bf16 bf16-to-fp8
     resume fp8-to-bf16 bf16 fp8 && grep -q "resumed from" "$W/fp8-to-bf16.out" && close "fp8 checkpoint resumed in bf16" fp8 fp8-to-bf16
+    if train delayed fp8 --checkpoint-every 5 --fp8-stats 1 --fp8-scaling delayed --fp8-amax-history 4; then
+        close "fp8 delayed scaling against current (10 steps)" fp8 delayed
+        if [ "$(grep -c '^fp8 step .*non-finite amax 0 | saturated values [0-9]* |' "$W/delayed.out")" -eq 10 ] &&
+           grep -q 'precision fp8 (delayed scaling, amax history 4)' "$W/delayed.out"; then
+            echo "PASS fp8_model --fp8-scaling delayed --fp8-stats 1: 10 step lines with the saturated values' count ($(grep '^fp8 step 10:' "$W/delayed.out" | grep -o 'saturated values [0-9]*')), the scaling named"
+        else
+            echo "FAIL fp8_model --fp8-scaling delayed --fp8-stats 1: $(grep -m1 '^fp8 step' "$W/delayed.out"); $(grep -m1 '^batch:' "$W/delayed.out")"
+        fi
+        mkdir -p "$W/delayed-resumed"
+        cp "$W/delayed"/*_00000005* "$W/delayed-resumed/"
+        train delayed-resumed fp8 --resume 1 --checkpoint-every 5 --fp8-scaling delayed --fp8-amax-history 4 &&
+            close "fp8 delayed scaling resumed (its history afresh)" delayed delayed-resumed
+    fi
     if resume fp8-to-fp8 fp8 fp8; then
         if [ "$(train_log_lines "$W/fp8" | awk '$1 >= 5')" == "$(train_log_lines "$W/fp8-to-fp8")" ] &&
            cmp -s "$W/fp8/model_00000010.bin" "$W/fp8-to-fp8/model_00000010.bin"; then
