@@ -44,10 +44,10 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
-            $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir
+            $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers
-BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir
+            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
 
 .PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
 all: train_gpt $(BUILD)/prepare_shards
@@ -94,6 +94,10 @@ $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/
 $(BUILD)/test_adamw_cpu: test/test_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_adamw_cpu.cpp -o $@
 
+# FP8's formats, scales and shape rules are plain C++ (kernels/fp8_formats.h): a plain g++ test.
+$(BUILD)/test_fp8: test/test_fp8.cpp kernels/fp8_formats.h kernels/host_device.h kernels/gpu_support.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_fp8.cpp -o $@
+
 # The stop signals and the heartbeats are plain threads, signals and sockets (distributed/stop_signals.h,
 # distributed/heartbeat.cpp): g++ tests on forked processes.
 $(BUILD)/test_stop_signals: test/test_stop_signals.cpp distributed/stop_signals.h test/check.h | $(BUILD)
@@ -111,11 +115,18 @@ $(BUILD)/test_kernels: test/test_kernels.cu test/cpu_reference.cpp test/cpu_refe
 $(BUILD)/test_attention: test/test_attention.cu test/cpu_reference.cpp test/cpu_reference.h test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_attention.cu test/cpu_reference.cpp $(CUDA_LIBS) -o $@
 
+# The FP8 casts and products on the GPU (its host reference checks run without one)
+$(BUILD)/test_fp8_gpu: test/test_fp8_gpu.cu test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_fp8_gpu.cu $(CUDA_LIBS) -o $@
+
 $(BUILD)/bench_attention: bench/bench_attention.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_attention.cu $(CUDA_LIBS) -o $@
 
 $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_memory_bound.cu $(CUDA_LIBS) -o $@
+
+$(BUILD)/bench_fp8: bench/bench_fp8.cu bench/bench_util.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) bench/bench_fp8.cu $(CUDA_LIBS) -o $@
 
 # ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
 $(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
@@ -137,6 +148,9 @@ $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_referenc
 
 $(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
+
+$(BUILD)/test_fp8_model: test/test_fp8_model.cu train_gpt.cu test/gpu_check.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_fp8_model.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_model: test/test_model.cu train_gpt.cu test/debug_state.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_model.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@

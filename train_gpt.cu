@@ -95,12 +95,21 @@ struct SampleText {
 };
 
 // Selects this rank's GPU and connects the ranks; first refuses, with one line and before anything is allocated, a
-// GPU that train_gpt cannot run on, or that this binary holds no code for.
-static GpuInfo connect_gpu(ProcessGroup& pg, const ProcessGroupOptions& options) {
+// GPU that train_gpt cannot run on, or that this binary holds no code for; with fp8 (--precision fp8) also one
+// without FP8 tensor cores, or whose code in this binary has no FP8 (kernels/fp8.cuh's fp8_gpu_problem).
+static GpuInfo connect_gpu(ProcessGroup& pg, const ProcessGroupOptions& options, bool fp8 = false) {
     int devices = 0;
-    if (cudaGetDeviceCount(&devices) == cudaSuccess && pg.local_rank < devices) require_supported_gpu(pg.local_rank);
+    if (cudaGetDeviceCount(&devices) == cudaSuccess && pg.local_rank < devices) {
+        require_supported_gpu(pg.local_rank);
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, pg.local_rank));
+        const std::string problem = fp8 ? fp8_support_problem(prop.name, prop.major, prop.minor) : "";
+        if (!problem.empty()) die("--precision fp8: " + problem);
+    }
     pg.connect(options);
-    return current_gpu();
+    const GpuInfo gpu = current_gpu();
+    if (fp8 && !fp8_gpu_problem().empty()) die("--precision fp8: " + fp8_gpu_problem());
+    return gpu;
 }
 
 // --generate: continue --prompt with a trained (or freshly initialised) model, and report the speed.
@@ -297,18 +306,23 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in the sets between them
     const bool split_backward = stages.schedule && stages.schedule->kind == PipelineScheduleKind::kZeroBubbleH1;
     plans.output_grads = split_backward;
+    plans.fp8 = o.precision == "fp8";
+    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    const std::string precision = !plans.fp8 ? o.precision
+                                  : !plans.fp8_options.delayed ? "fp8 (current scaling)"
+                                  : "fp8 (delayed scaling, amax history " + std::to_string(plans.fp8_options.amax_history) + ")";
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
             config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n",
-            batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
+            batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, precision.c_str());
     const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX), offload);
     if (pg.world > 1)
         fprintf(out, "mesh: %d GPUs (%s) = data parallel %d x pipeline parallel %d x tensor parallel %d; ZeRO stage %d: model states per GPU by "
                      "the formula %.2f GiB for %zu parameters per rank (%s)\n",
                 pg.world, pg.launcher.c_str(), shape.dp, shape.pp, shape.tp, stage, gib((size_t)zero_formula), model.layout.count,
-                zero_states_words(o.precision, offload).c_str());
+                zero_states_words(o.precision == "fp8" ? "bf16" : o.precision, offload).c_str());
     if (stages.schedule) print_pipeline_plan(out, stages.forecast);
     const MemoryPlan plan = report_memory_plan(out, plans, my_stage, split, free_bytes, model.num_parameters(),
                                                model.trainable_parameters(), o.lora_targets);
@@ -329,6 +343,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     model.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
     model.split_backward = split_backward;
+    model.fp8 = plans.fp8;
+    model.fp8_options = plans.fp8_options;
     model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>());
     if (stages.schedule) {
         pipeline.reset(new PipelineParallel<GPT2<floatX>>(*stages.schedule, model.mesh.pipeline));
@@ -434,8 +450,13 @@ struct StepLog {
     ~StepLog() {
         if (file) fclose(file);
     }
-    void print_peak(const GpuInfo& gpu) const {
-        if (peak_flops > 0) fprintf(out, "MFU against the dense bf16 peak of %s: %g TFLOP/s per GPU\n", gpu.name.c_str(), gpu.peak_tflops);
+    // fp8: the FP8 tensor cores' dense peak is twice the bf16 one on every GPU that has them (Ada, Hopper, Blackwell);
+    // the step log's MFU stays against bf16's, as only the blocks' linear layers multiply in FP8.
+    void print_peak(const GpuInfo& gpu, bool fp8) const {
+        if (peak_flops > 0 && fp8)
+            fprintf(out, "MFU against the dense bf16 peak of %s: %g TFLOP/s per GPU (its dense FP8 peak, 2x: %g TFLOP/s; the MFU against it "
+                         "is half the one shown)\n", gpu.name.c_str(), gpu.peak_tflops, 2 * gpu.peak_tflops);
+        else if (peak_flops > 0) fprintf(out, "MFU against the dense bf16 peak of %s: %g TFLOP/s per GPU\n", gpu.name.c_str(), gpu.peak_tflops);
         else fprintf(out, "MFU: n/a (%s is not in the table of dense bf16 peaks, kernels/gpu_support.h)\n", gpu.name.c_str());
     }
     std::string mfu_text(double tokens_per_second) const {
@@ -591,7 +612,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     RunData data = open_data(o, run, coord, have_gpu);
     const int resume_step = checkpoint_to_resume<floatX>(o, run.config, out);
     if (!have_gpu) die("no CUDA GPU found");
-    const GpuInfo gpu = connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout});
+    const GpuInfo gpu = connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout}, o.precision == "fp8");
     ProcessMesh mesh;
     mesh.build(pg, run.shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
@@ -613,7 +634,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
         try { hellaswag_items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
     }
-    log.print_peak(gpu);
+    log.print_peak(gpu, model.fp8);
 
     int skipped_in_a_row = 0;  // steps skipped for a non-finite loss or gradient norm, up to this one
     int status = 0;
@@ -632,6 +653,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         const StepReport r = train_step(model, pipeline.get(), *data.train, o, batch, step, h, &data_seconds);
         log.step(step, r, lr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), data_seconds, pipeline.get(),
                  stages.forecast);
+        if (o.fp8_stats) fprintf(out, "fp8 step %d: %s\n", step + 1, model.fp8_stats().line().c_str());
         skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
         if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, step, skipped_in_a_row, r);
         if (r.stop_requested && step + 1 < steps) {
@@ -644,6 +666,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     if (status == 0) {
         log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
         if (const OptimizerFile* file = model.trained().optimizer_file()) report_optimizer_file(out, *file, steps - start_step);
+        if (model.fp8) fprintf(out, "fp8 (rank 0's scaling states at the end): %s\n", model.fp8_stats().line().c_str());
         if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
         if (pg.world > 1 && o.parameter_checksums) print_parameter_checksums(model, pg.rank, run.shape, mesh);
     }
@@ -661,6 +684,8 @@ int main(int argc, char** argv) {
     const Options o = parse_options(argc, argv);
     if (!o.verify_checkpoints.empty()) return verify_checkpoint_folder(o.verify_checkpoints, stdout);  // no GPU
     const RunShape run = validate_options(o, pg.world);  // every flag and shape error, before a GPU is touched
+    // fp8 is bf16 training whose blocks' linear layers multiply in FP8 (GPT2::fp8): a bf16 model, bf16 checkpoints;
+    // --generate runs every product in bf16
     int rc;
     if (o.generate > 0)
         rc = o.precision == "fp32" ? generate_only<float>(o, pg, run) : o.precision == "fp16" ? generate_only<__half>(o, pg, run)

@@ -34,6 +34,9 @@ struct Options {
     int seq_len = 1024;
     long total_batch_tokens = -1;  // -1: one micro-batch per step
     std::string precision = "bf16";
+    int fp8_stats = 0;
+    std::string fp8_scaling = "current";
+    int fp8_amax_history = -1;  // -1: kFp8DefaultAmaxHistory (16) with delayed scaling
     int tf32 = 0;
     float lr = 3e-4f;
     int warmup_steps = 0;
@@ -128,7 +131,10 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
         {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32"}), "bf16 | fp16 (dynamic loss scaling) | fp32"},
+        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; GPUs of compute capability 8.9+, data parallelism and ZeRO, no tensor or pipeline parallelism, no LoRA)"},
+        {"--fp8-stats", nullptr, Flag::INT, &o.fp8_stats, kOffOn, "1: with --precision fp8, a line per step with the FP8 scaling states: non-finite amaxes and saturated values counted so far, the range of the weights', inputs' and output gradients' scales"},
+        {"--fp8-scaling", nullptr, Flag::STRING, &o.fp8_scaling, one_of({"current", "delayed"}), "with --precision fp8, each tensor's scale: current (from its own amax, an extra pass before each cast) | delayed (from the max of its last --fp8-amax-history amaxes, which the casts record; updated once per step; the first step current)"},
+        {"--fp8-amax-history", nullptr, Flag::INT, &o.fp8_amax_history, or_minus_one(closed(1, 1024)), "with --fp8-scaling delayed, the amaxes per tensor that its scale comes from (-1: 16)"},
         {"--tf32", nullptr, Flag::INT, &o.tf32, kOffOn, "1: allow TF32 matrix products in fp32 mode"},
         {"--lr", "-l", Flag::FLOAT, &o.lr, at_least(0), "maximum learning rate"},
         {"--warmup-steps", "-u", Flag::INT, &o.warmup_steps, at_least(0), "linear warm-up steps"},
@@ -456,6 +462,29 @@ inline RunShape validate_options(const Options& o, int world) {
         const std::string space = offload_dir_space_problem(o.offload_dir, optimizer_file_bytes(shard, o.precision == "fp32" ? 2 : 3), 1);
         if (!space.empty()) die(space);
     }
+    // --precision fp8: bf16 training with FP8 products in the blocks' linear layers (model/fp8_linear.cuh), on one
+    // model-parallel rank (data parallelism and ZeRO see only its bf16 parameters and gradients); the GPU's FP8
+    // support is checked once it is there (train_gpt.cu's connect_gpu). The products' widths (C, 3C, 4C) are multiples
+    // of 16 as FP8 needs: C is a multiple of the head size, 64 or 128 (config_problem)
+    if (o.precision == "fp8") {
+        if (shape.tp > 1)
+            die("--precision fp8 runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): the FP8 products do not split across ranks");
+        if (shape.pp > 1)
+            die("--precision fp8 runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): the FP8 products do not run on pipeline stages");
+        if (lora.enabled())
+            die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
+        if ((long)o.batch_size * o.seq_len % 16 != 0)
+            die("--precision fp8 needs --batch-size x --seq-len to be a multiple of 16, got " + std::to_string(o.batch_size) + " x " +
+                std::to_string(o.seq_len) + " = " + std::to_string((long)o.batch_size * o.seq_len) +
+                ": the backward's FP8 casts transpose the rows in tiles of 16");
+    } else if (o.fp8_stats) {
+        die("--fp8-stats 1 runs with --precision fp8 (got " + o.precision + "): it reports the FP8 products' scaling");
+    } else if (o.fp8_scaling != "current") {
+        die("--fp8-scaling " + o.fp8_scaling + " runs with --precision fp8 (got " + o.precision + "): it chooses the FP8 products' scales");
+    }
+    if (o.fp8_amax_history != -1 && o.fp8_scaling != "delayed")
+        die("--fp8-amax-history " + std::to_string(o.fp8_amax_history) + " runs with --fp8-scaling delayed (got " + o.fp8_scaling +
+            "): current scaling keeps no history");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");

@@ -15,6 +15,10 @@
 #                   of 1024 tokens, e.g. 124M-64
 #   recompute[-B]   train_gpt alone at 124M, --recompute 0-3 (speed against activation memory); B default 64
 #   deterministic[-B]  train_gpt --deterministic 1 at 124M (ratio against 124M-B's PyTorch if that ran before)
+#   fp8-MODEL-B     train_gpt alone, --precision fp8 against bf16 (tokens/s, MFU against the bf16 peak, memory, fp8 / bf16),
+#                   bf16 once, then fp8 with each --fp8-scaling of FP8_SCALING (default "current delayed");
+#                   MODEL also 6.6B (32 layers, C=4096, 32 heads; --recompute 3, as its resident states take 106 GB),
+#                   e.g. "fp8-124M-64 fp8-1.5B-8 fp8-6.6B-4" in one call
 #   default: 124M-64 124M-8 350M-16 1.5B-8 (the sizes of the speed targets against PyTorch; mostly torch.compile
 #   time: if one call runs too long, split it, e.g. "124M-64 124M-8" then "350M-16 1.5B-8")
 #   old form: bench/bench_gpt2.sh STEPS [B...] = STEPS=STEPS bench/bench_gpt2.sh 124M-B... recompute-B1
@@ -23,7 +27,8 @@
 #   COMPILE_MODE (space-separated torch.compile modes, each timed, the fastest taken; default "default
 #   reduce-overhead"; under reduce-overhead, whose replayed CUDA graphs dispatch no operator, the SDPA operator
 #   is checked on the first step, before the graphs are recorded), OURS_FLAGS (extra train_gpt flags), NO_TORCH=1
-#   (train_gpt only), PYTHON (default python3). Logs: build/bench/.
+#   (train_gpt only), PYTHON (default python3), FP8_SCALING (the fp8 configurations' --fp8-scaling values, each run
+#   against the one bf16 run; default "current delayed"). Logs: build/bench/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ -n "${SIZES:-}" ]; then
@@ -58,10 +63,16 @@ label_of() { case $1 in d12) echo 124M ;; d24) echo 350M ;; d36) echo 774M ;; d4
 for c in "${CONFIGS[@]}"; do
     case $c in
         recompute|deterministic|recompute-[0-9]*|deterministic-[0-9]*) ;;
+        fp8-6.6B-[0-9]*) [[ ${c##*-} =~ ^[1-9][0-9]*$ ]] || { echo "bench_gpt2.sh: unknown configuration '$c' (fp8-MODEL-B)" >&2; exit 2; } ;;
+        fp8-*-[0-9]*) m=${c#fp8-}; [ -n "$(size_of "${m%-*}")" ] && [[ ${c##*-} =~ ^[1-9][0-9]*$ ]] \
+                          || { echo "bench_gpt2.sh: unknown configuration '$c' (fp8-MODEL-B, e.g. fp8-124M-64)" >&2; exit 2; } ;;
         *-[0-9]*) [ -n "$(size_of "${c%-*}")" ] && [[ ${c##*-} =~ ^[1-9][0-9]*$ ]] \
                       || { echo "bench_gpt2.sh: unknown configuration '$c' (MODEL-B, e.g. 124M-64)" >&2; exit 2; } ;;
-        *) echo "bench_gpt2.sh: unknown configuration '$c' (MODEL-B, recompute[-B], deterministic[-B])" >&2; exit 2 ;;
+        *) echo "bench_gpt2.sh: unknown configuration '$c' (MODEL-B, recompute[-B], deterministic[-B], fp8-MODEL-B)" >&2; exit 2 ;;
     esac
+done
+for scaling in ${FP8_SCALING:-current delayed}; do
+    case $scaling in current|delayed) ;; *) echo "bench_gpt2.sh: FP8_SCALING takes current and delayed, got '$scaling'" >&2; exit 2 ;; esac
 done
 
 make -s -j"$(nproc)" train_gpt || exit 1
@@ -113,6 +124,22 @@ for c in "${CONFIGS[@]}"; do
             SUMMARY+=("$(printf '%-16s %12s %12s %-22s %6s %9s %s' "124M-$B det" "$(kv "$OURS" tokens_per_s)" "$tb" "$tback" "$ratio" \
                 "$(kv "$OURS" peak_mem_gib)" "$tpeak")")
         fi ;;
+    fp8-*)
+        m=${c#fp8-}; model=${m%-*}; B=${c##*-}
+        if [ "$model" = 6.6B ]; then size=d32; label=6.6B; shape=(--layers 32 --channels 4096 --heads 32 --recompute 3)
+        else size=$(size_of "$model"); label=$(label_of "$size"); shape=(); fi
+        printf '\n== GPT-%s B=%s T=%s: train_gpt --precision fp8 against bf16 ==\n' "$label" "$B" $T
+        ours "$W/ours_${label}_b${B}_bf16.log" "$size" "$B" "${shape[@]}" --precision bf16
+        bf16_line=$OURS
+        for scaling in ${FP8_SCALING:-current delayed}; do
+            ours "$W/ours_${label}_b${B}_fp8_$scaling.log" "$size" "$B" "${shape[@]}" --precision fp8 --fp8-scaling "$scaling"
+            if [ -n "$OURS" ] && [ -n "$bf16_line" ]; then
+                ratio=$(awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$(kv "$bf16_line" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }')
+                echo "  ratio fp8 ($scaling scaling) / bf16: $ratio (MFU against the bf16 peak: fp8 $(kv "$OURS" mfu)%, bf16 $(kv "$bf16_line" mfu)%)"
+                SUMMARY+=("$(printf '%-16s %12s %12s %-22s %6s %9s %s' "$label-$B fp8 ${scaling:0:3}" "$(kv "$OURS" tokens_per_s)" \
+                    "$(kv "$bf16_line" tokens_per_s)" "train_gpt bf16" "$ratio" "$(kv "$OURS" peak_mem_gib)" "$(kv "$bf16_line" peak_mem_gib) (bf16)")")
+            fi
+        done ;;
     *)
         model=${c%-*}; B=${c##*-}; size=$(size_of "$model"); label=$(label_of "$size")
         printf '\n== GPT-2 %s (%s) B=%s T=%s bf16 ==\n' "$label" "$size" "$B" $T

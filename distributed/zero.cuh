@@ -383,6 +383,10 @@ public:
             if (stream) cudaStreamDestroy(stream);
     }
 
+    // Counts the changes of the parameters (step, set_unit, a landed delayed update): what is derived from them and
+    // kept (--precision fp8's weight copies, model/fp8_linear.cuh) is stale once it moved.
+    unsigned long long parameters_version() const { return parameters_version_; }
+
     // ------------------------------------------------------------------------------------------
     // Where the compute kernels find a unit's parameters and gradients (valid inside the hooks below).
     floatX* unit_params(int u) const {
@@ -539,6 +543,7 @@ public:
         }
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
+        parameters_version_++;
         if (offload_) start_offload_copies();
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0 && !has_tied_copy_) {
@@ -656,6 +661,7 @@ public:
         }
         persistent_gathered_ = false;
         ring_unit_[0] = ring_unit_[1] = -1;
+        parameters_version_++;
     }
 
     // The parameters in compute precision as fp32 on the host, unit by unit in order: visit(offset, values, n)
@@ -907,6 +913,7 @@ private:
             if (download_gradients) download_tile(k);
         }
         update_running_ = false;
+        parameters_version_++;
         cudaCheck(cudaEventRecord(offload_done_, upload_));
         cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
         for (int u = 0; u < plan_.num_units() && (stage_ == 1 || stage_ == 2); u++) gather_updated_unit(u);
@@ -972,6 +979,7 @@ private:
     int ring_unit_[2] = {-1, -1};  // stage 3: which gathered unit (its ordinal) each parameter ring slot holds
 
     floatX *params_ = nullptr, *grads_ = nullptr;                // full (stages < 3 / < 2)
+    unsigned long long parameters_version_ = 0;
     floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
     std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
     floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones

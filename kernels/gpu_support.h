@@ -3,7 +3,8 @@
 // (require_supported_gpu).
 // Every kernel needs compute capability 8.0 (bf16 tensor cores, cp.async, mma.sync m16n8k16); Hopper (9.x) with
 // sm_90a code in the binary runs its own attention kernels (wgmma, TMA), every other GPU the mma.sync ones.
-// defines: gpu_support_problem, dense_bf16_peak_tflops
+// FP8 tensor cores (E4M3, E5M2) come with compute capability 8.9 (Ada) and later: fp8_support_problem.
+// defines: gpu_support_problem, fp8_support_problem, dense_bf16_peak_tflops
 #pragma once
 #include <string>
 #include <vector>
@@ -15,6 +16,16 @@ inline std::string gpu_support_problem(const std::string& name, int major, int m
     if (major >= kMinComputeMajor) return "";
     return name + " has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
            "; train_gpt needs 8.0 or newer (bf16 tensor cores: Ampere, Ada, Hopper, Blackwell, e.g. A100, RTX 3090/4090, L40S, H100)";
+}
+
+constexpr int kMinFp8ComputeMajor = 8, kMinFp8ComputeMinor = 9;
+
+// "" when the GPU has FP8 tensor cores (the FP8 casts and products of kernels/fp8.cuh and matmul.cuh), else the
+// one-line reason.
+inline std::string fp8_support_problem(const std::string& name, int major, int minor) {
+    if (major > kMinFp8ComputeMajor || (major == kMinFp8ComputeMajor && minor >= kMinFp8ComputeMinor)) return "";
+    return name + " has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+           "; FP8 needs 8.9 or newer (FP8 tensor cores: Ada, Hopper, Blackwell, e.g. L4, L40S, RTX 4090, H100, H200, B200)";
 }
 
 // Dense (no sparsity) bf16 tensor-core peak with fp32 accumulation, in TFLOP/s, from the vendor's datasheets and

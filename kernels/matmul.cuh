@@ -1,32 +1,46 @@
 // Matrix products through cuBLASLt (forward with a fused bias epilogue, backward for inputs and weights),
-// the MLP's GELU fused into the products' epilogues, and our own deterministic bias-gradient kernels.
+// the MLP's GELU fused into the products' epilogues, FP8 products (E4M3/E5M2 operands, bf16 output), and our own
+// deterministic bias-gradient kernels.
 // defines: matmul_setup, matmul_teardown, matmul_context, overlaps, matmul_forward, matmul_forward_gelu, matmul_backward
 //          (matmul_backward_input, matmul_backward_weights),
 //          matmul_gelu_epilogues, kFuseGeluInFp32, bias_backward, bias_backward_scratch_floats, colsum_times_weight,
-//          colsum_times_weight_scratch_floats, matmul_compute_type
+//          colsum_times_weight_scratch_floats, matmul_compute_type, matmul_fp8
 #pragma once
 #include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
 #include "common.cuh"
+#include "fp8.cuh"   // defines: the FP8 types' cuBLASLt types, require_fp8_gpu, fp8_matmul_shape_problem (fp8_formats.h)
 #include "gelu.cuh"  // defines: gelu_tanh (the small-row products' GELU)
 
 // A product as cuBLASLt's algorithm heuristic sees it, plus whether it accumulates. The heuristic reads the
-// bias and aux pointers from the description and picks algorithms their alignment allows, so their
-// alignments are part of the key.
+// bias and aux pointers from the description and picks algorithms their alignments allow, so their
+// alignments are part of the key. The operands have D's type but in FP8 products (matmul_fp8: FP8 A and B, bf16 D).
 struct MatmulKey {
     int m, n, k;
     bool trans_a, trans_b, accumulate;
     cublasLtEpilogue_t epilogue;
-    cudaDataType_t type;
+    cudaDataType_t a_type, b_type, d_type;
     cublasComputeType_t compute;
     int bias_alignment, aux_alignment;
     bool operator<(const MatmulKey& o) const {
-        return std::tie(m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute, bias_alignment, aux_alignment) <
-               std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.accumulate, o.epilogue, o.type, o.compute,
+        return std::tie(m, n, k, trans_a, trans_b, accumulate, epilogue, a_type, b_type, d_type, compute, bias_alignment,
+                        aux_alignment) <
+               std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.accumulate, o.epilogue, o.a_type, o.b_type, o.d_type, o.compute,
                         o.bias_alignment, o.aux_alignment);
     }
+};
+// What changes from one product of a plan to the next: the pointers. a_scale and b_scale, FP8 products' factors
+// (device floats) that cuBLASLt multiplies the product by; null in the others.
+struct MatmulOperands {
+    void* d;
+    const void* a;
+    const void* b;
+    const void* bias;
+    void* aux;
+    const float* a_scale;
+    const float* b_scale;
 };
 
 struct MatmulContext {
@@ -108,6 +122,25 @@ inline bool overlaps(const void* p, size_t p_bytes, const void* q, size_t q_byte
 // How many of the heuristic's candidates autotuning times (cuBLASLt returns up to 8 for GPT-2's products).
 constexpr int kMatmulCandidates = 8;
 
+inline size_t cuda_type_bytes(cudaDataType_t type) {
+    switch (type) {
+        case CUDA_R_32F: return 4;
+        case CUDA_R_16BF: case CUDA_R_16F: return 2;
+        case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: return 1;
+        default: die("matmul: unexpected data type " + std::to_string((int)type));
+    }
+}
+inline bool epilogue_writes_aux(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+inline bool epilogue_uses_aux(cublasLtEpilogue_t e) { return epilogue_writes_aux(e) || e == CUBLASLT_EPILOGUE_DGELU; }
+
+// Sets a call's pointers in a plan's description (every other attribute is the key's).
+inline void matmul_set_pointers(cublasLtMatmulDesc_t desc, const MatmulKey& key, const MatmulOperands& p) {
+    if (p.bias != nullptr) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+    if (epilogue_uses_aux(key.epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
+    if (p.a_scale != nullptr) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &p.a_scale, sizeof(p.a_scale)));
+    if (p.b_scale != nullptr) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &p.b_scale, sizeof(p.b_scale)));
+}
+
 // Autotuning: times each of the heuristic's candidates and returns the fastest one's index. Each candidate runs
 // kTuneRounds times kTuneReps products, the rounds interleaved across candidates, and its fastest round counts:
 // one round of 3 picked a candidate 1-7% slower than the fastest in 2 to 10 of 10 tries for 4 of GPT-2 124M's
@@ -116,34 +149,35 @@ constexpr int kMatmulCandidates = 8;
 // or an output overlapping an input) they write a temporary buffer of D's (and aux's) size instead, or, if
 // that does not fit in memory, the heuristic's first choice is kept.
 constexpr int kTuneRounds = 3, kTuneReps = 5;
-template <typename floatX>
-int fastest_candidate(const cublasLtMatmulHeuristicResult_t* heuristics, int found, cublasLtMatmulDesc_t desc,
-                      cublasLtMatrixLayout_t layout_a, cublasLtMatrixLayout_t layout_b, cublasLtMatrixLayout_t layout_d,
-                      floatX* d, const floatX* a, const floatX* b, const floatX* bias, floatX* aux, int m, int n, int k,
-                      MatmulGelu gelu, bool accumulate, float alpha, cudaStream_t stream) {
+inline int fastest_candidate(const cublasLtMatmulHeuristicResult_t* heuristics, int found, cublasLtMatmulDesc_t desc,
+                             cublasLtMatrixLayout_t layout_a, cublasLtMatrixLayout_t layout_b, cublasLtMatrixLayout_t layout_d,
+                             const MatmulKey& key, const MatmulOperands& p, float alpha, cudaStream_t stream) {
     MatmulContext& ctx = matmul_context();
-    const size_t e = sizeof(floatX), d_bytes = (size_t)m * n * e;
-    const bool aux_written = gelu == MatmulGelu::kForward;
+    const size_t d_bytes = (size_t)key.m * key.n * cuda_type_bytes(key.d_type);
+    const size_t a_bytes = (size_t)key.m * key.k * cuda_type_bytes(key.a_type), b_bytes = (size_t)key.k * key.n * cuda_type_bytes(key.b_type);
+    const size_t bias_bytes = (size_t)key.m * cuda_type_bytes(key.d_type);
+    const bool aux_written = epilogue_writes_aux(key.epilogue);
     const bool outputs_apart =
-        !overlaps(d, d_bytes, a, (size_t)m * k * e) && !overlaps(d, d_bytes, b, (size_t)k * n * e) &&
-        !overlaps(d, d_bytes, bias, (size_t)m * e) && !overlaps(d, d_bytes, aux, d_bytes) &&
-        (!aux_written || (!overlaps(aux, d_bytes, a, (size_t)m * k * e) && !overlaps(aux, d_bytes, b, (size_t)k * n * e)));
-    floatX *tune_d = d, *tune_aux = aux, *temporary = nullptr;
-    if (accumulate || !outputs_apart) {
+        !overlaps(p.d, d_bytes, p.a, a_bytes) && !overlaps(p.d, d_bytes, p.b, b_bytes) && !overlaps(p.d, d_bytes, p.bias, bias_bytes) &&
+        !overlaps(p.d, d_bytes, p.aux, d_bytes) &&
+        (!aux_written || (!overlaps(p.aux, d_bytes, p.a, a_bytes) && !overlaps(p.aux, d_bytes, p.b, b_bytes)));
+    MatmulOperands tune = p;
+    char* temporary = nullptr;
+    if (key.accumulate || !outputs_apart) {
         if (cudaMalloc(&temporary, d_bytes * (aux_written ? 2 : 1)) != cudaSuccess) {
             (void)cudaGetLastError();  // clears the failed allocation's error: no room to tune, keep the first choice
             return 0;
         }
         cudaCheck(cudaMemsetAsync(temporary, 0, d_bytes * (aux_written ? 2 : 1), stream));
-        tune_d = temporary;
+        tune.d = temporary;
         if (aux_written) {
-            tune_aux = temporary + (size_t)m * n;
-            cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &tune_aux, sizeof(tune_aux)));
+            tune.aux = temporary + d_bytes;
+            matmul_set_pointers(desc, key, tune);
         }
     }
-    const float beta = accumulate ? 1.0f : 0.0f;
+    const float beta = key.accumulate ? 1.0f : 0.0f;
     auto run = [&](int i) {
-        return cublasLtMatmul(ctx.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, tune_d, layout_d, tune_d, layout_d,
+        return cublasLtMatmul(ctx.lt, desc, &alpha, p.a, layout_a, p.b, layout_b, &beta, tune.d, layout_d, tune.d, layout_d,
                               &heuristics[i].algo, ctx.workspace, ctx.workspace_bytes, stream);
     };
     std::vector<float> best_ms(found, INFINITY);
@@ -162,51 +196,36 @@ int fastest_candidate(const cublasLtMatmulHeuristicResult_t* heuristics, int fou
         }
     }
     if (temporary != nullptr) {
-        if (aux_written) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        if (aux_written) matmul_set_pointers(desc, key, p);
         cudaCheck(cudaFree(temporary));
     }
     return (int)(std::min_element(best_ms.begin(), best_ms.end()) - best_ms.begin());
 }
 
-// Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate],
-// then the `gelu` step (kBackward takes no bias) with aux, an (m,n) matrix in D's layout; cuBLASLt needs its
-// leading dimension m to be a multiple of 8. Row-major callers pass their matrices as the transposed
-// column-major ones (see matmul_forward).
-template <typename floatX>
-void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f,
-                     MatmulGelu gelu = MatmulGelu::kNone, floatX* aux = nullptr) {
+// Runs the product `key` on the operands p: D = alpha op(A) op(B) [* a_scale * b_scale] [+ bias] [+ D], then the
+// epilogue. The plan (descriptors and algorithm) is made at a key's first product and kept.
+inline void matmul_run(const MatmulKey& key, const MatmulOperands& p, float alpha, cudaStream_t stream) {
     MatmulContext& ctx = matmul_context();
-    const cudaDataType_t type = cuda_data_type<floatX>();
-    const cublasComputeType_t compute = matmul_compute_type<floatX>();
-    const cublasLtEpilogue_t epilogue =
-        gelu == MatmulGelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
-        : gelu == MatmulGelu::kForward ? (bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                                       : (bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-    if (gelu != MatmulGelu::kNone && m % 8 != 0) {
-        die("cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got " + std::to_string(m));
-    }
-    const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, compute, pointer_alignment(bias), pointer_alignment(aux)};
     auto cached = ctx.plans.find(key);
     if (cached == ctx.plans.end()) {
+        const int m = key.m, n = key.n, k = key.k;
         MatmulContext::Plan plan;
-        cublasCheck(cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F));
-        cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasCheck(cublasLtMatmulDescCreate(&plan.desc, key.compute, CUDA_R_32F));
+        cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
         cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        if (bias != nullptr) {
-            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue, sizeof(key.epilogue)));
+        if (p.bias != nullptr) {
+            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &key.d_type, sizeof(key.d_type)));
         }
-        if (gelu != MatmulGelu::kNone) {
-            const int64_t aux_ld = m;  // aux has D's layout, in floatX (the default aux data type: D's)
-            cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        if (epilogue_uses_aux(key.epilogue)) {
+            const int64_t aux_ld = m;  // aux has D's layout and type (the default aux data type: D's)
             cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
         }
-        cublasCheck(cublasLtMatrixLayoutCreate(&plan.a, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-        cublasCheck(cublasLtMatrixLayoutCreate(&plan.b, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
-        cublasCheck(cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m));
+        matmul_set_pointers(plan.desc, key, p);
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.a, key.a_type, key.trans_a ? k : m, key.trans_a ? m : k, key.trans_a ? k : m));
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.b, key.b_type, key.trans_b ? n : k, key.trans_b ? k : n, key.trans_b ? n : k));
+        cublasCheck(cublasLtMatrixLayoutCreate(&plan.d, key.d_type, m, n, m));
         cublasLtMatmulPreference_t preference;
         cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -218,20 +237,65 @@ void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
         cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
         if (found == 0) {
             die("cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                " trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + " epilogue=" + std::to_string((int)epilogue));
+                " trans_a=" + std::to_string(key.trans_a) + " trans_b=" + std::to_string(key.trans_b) + " epilogue=" +
+                std::to_string((int)key.epilogue) + " types a=" + std::to_string((int)key.a_type) + " b=" +
+                std::to_string((int)key.b_type) + " d=" + std::to_string((int)key.d_type));
         }
-        if (found > 1) chosen_algorithm = fastest_candidate(heuristics, found, plan.desc, plan.a, plan.b, plan.d, d, a, b,
-                                                            bias, aux, m, n, k, gelu, accumulate, alpha, stream);
+        if (found > 1) chosen_algorithm = fastest_candidate(heuristics, found, plan.desc, plan.a, plan.b, plan.d, key, p, alpha, stream);
         plan.algo = heuristics[chosen_algorithm].algo;
         cached = ctx.plans.emplace(key, plan).first;
     }
     const MatmulContext::Plan& plan = cached->second;
-    // this call's bias and aux (the other attributes are the key's)
-    if (bias != nullptr) cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (gelu != MatmulGelu::kNone) cublasCheck(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    const float beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(ctx.lt, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
+    matmul_set_pointers(plan.desc, key, p);
+    const float beta = key.accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(ctx.lt, plan.desc, &alpha, p.a, plan.a, p.b, plan.b, &beta, p.d, plan.d, p.d, plan.d, &plan.algo,
                                ctx.workspace, ctx.workspace_bytes, stream));
+}
+
+// Column-major D(m,n) = alpha op(A)(m,k) * op(B)(k,n) [+ bias(m) broadcast over n] [+ D if accumulate],
+// then the `gelu` step (kBackward takes no bias) with aux, an (m,n) matrix in D's layout; cuBLASLt needs its
+// leading dimension m to be a multiple of 8. Row-major callers pass their matrices as the transposed
+// column-major ones (see matmul_forward).
+template <typename floatX>
+void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                     bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream, float alpha = 1.0f,
+                     MatmulGelu gelu = MatmulGelu::kNone, floatX* aux = nullptr) {
+    const cudaDataType_t type = cuda_data_type<floatX>();
+    const cublasLtEpilogue_t epilogue =
+        gelu == MatmulGelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
+        : gelu == MatmulGelu::kForward ? (bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                       : (bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    if (gelu != MatmulGelu::kNone && m % 8 != 0) {
+        die("cuBLASLt's GELU epilogues need the GELU's width to be a multiple of 8, got " + std::to_string(m));
+    }
+    const MatmulKey key{m, n, k, trans_a, trans_b, accumulate, epilogue, type, type, type, matmul_compute_type<floatX>(),
+                        pointer_alignment(bias), pointer_alignment(aux)};
+    matmul_run(key, MatmulOperands{d, a, b, bias, aux, nullptr, nullptr}, alpha, stream);
+}
+
+// FP8 product, in row-major terms: out[n, m] = a[m, k] b[n, k]^T * a_scale * b_scale [+ bias[m]] [+ out if
+// accumulate], both operands with the reduction dimension k contiguous (cuBLASLt's FP8 kernels take A transposed
+// and B not, the "TN" layout), fp32 accumulation, a bf16 output. As a Linear layer: the forward is
+// a = weight[OC, C] (E4M3), b = inp[N, C] (E4M3); the input gradient a = weight^T[C, OC] (E4M3), b = dout[N, OC]
+// (E5M2); the weight gradient a = inp^T[C, N] (E4M3), b = dout^T[OC, N] (E5M2), accumulating: the transposed
+// copies come from fp8_cast. a_scale and b_scale point to the operands' inverse scales (Fp8Scaling's
+// inverse_scale). m and k must be multiples of 16 (fp8_matmul_shape_problem), the buffers and scale pointers 16-byte aligned, the GPU
+// of compute capability 8.9 or newer; each is refused in one line. cuBLASLt has no E5M2 x E5M2 product.
+template <typename fp8A, typename fp8B>
+void matmul_fp8(__nv_bfloat16* out, const fp8A* a, const fp8B* b, const float* a_scale, const float* b_scale,
+                const __nv_bfloat16* bias, int m, int n, int k, bool accumulate, cudaStream_t stream) {
+    static_assert(!(std::is_same<fp8A, __nv_fp8_e5m2>::value && std::is_same<fp8B, __nv_fp8_e5m2>::value),
+                  "cuBLASLt has no E5M2 x E5M2 product: one operand must be E4M3");
+    const std::string shape = fp8_matmul_shape_problem(m, n, k);
+    if (!shape.empty()) die(shape);
+    if ((uintptr_t)out % 16 != 0 || (uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0 || (uintptr_t)bias % 16 != 0)
+        die("FP8 product: the operands, the output and the bias must be 16-byte aligned");
+    if ((uintptr_t)a_scale % 16 != 0 || (uintptr_t)b_scale % 16 != 0) die("FP8 product: the scale pointers must be 16-byte aligned");
+    require_fp8_gpu();
+    const cublasLtEpilogue_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const MatmulKey key{m, n, k, true, false, accumulate, epilogue, cuda_data_type<fp8A>(), cuda_data_type<fp8B>(),
+                        CUDA_R_16BF, CUBLAS_COMPUTE_32F, pointer_alignment(bias), 0};
+    matmul_run(key, MatmulOperands{out, a, b, bias, nullptr, a_scale, b_scale}, 1.0f, stream);
 }
 
 // Products of at most kSmallProductRows rows (sampling's forward of one new position): a warp per output column

@@ -30,9 +30,14 @@
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 #include "backward_part.h"                     // defines: BackwardPart
+#include "fp8_linear.cuh"                      // defines: Fp8Linear (--precision fp8's products of the four linear layers), Fp8Layer, Fp8Stats
 
 // every width --channels accepts has a LayerNorm backward
 static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
+// the backward's column-parallel products name their layer by its LoRA target, which is also its FP8 layer
+static_assert((int)kFp8Qkv == (int)kLoraQkv && (int)kFp8AttnProj == (int)kLoraAttnProj && (int)kFp8Fc == (int)kLoraFc &&
+                  (int)kFp8FcProj == (int)kLoraFcProj,
+              "FP8 layers and LoRA targets name the four linear layers in the same order");
 
 // ---------------------------------------------------------------------------------------------
 // The model
@@ -124,6 +129,11 @@ struct GPT2 {
     // fc-proj in the backward). false: separate GELU kernels everywhere (test_model's base model, which must
     // match a model with an fc adapter bit for bit).
     bool gelu_fusion = true;
+    // --precision fp8 (bf16 models only; set before allocate()): the four linear layers of every block multiply in
+    // FP8 (fp8_linear.cuh); tensor and pipeline parallelism and LoRA are refused by the flags' checks
+    bool fp8 = false;
+    Fp8Options fp8_options;  // --fp8-scaling, --fp8-amax-history
+    Fp8Linear fp8_linear;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
     float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
@@ -246,6 +256,13 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
+        if (fp8) {
+            if (!std::is_same<floatX, __nv_bfloat16>::value || layout.tp > 1 || lora.enabled() || num_chunks() > 1 || !layout.part.first ||
+                !layout.part.last)
+                die("internal: FP8 products run in a bf16 model on one pipeline stage without tensor parallelism or LoRA");
+            // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
+            fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3);
+        }
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
         staging.allocate(N);
@@ -313,8 +330,9 @@ struct GPT2 {
     // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
     // from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as separate
     // kernels both ways, so they equal --gelu-fusion 0 bit for bit
+    // FP8 products have no GELU epilogue here: the GELU kernels run beside them.
     bool fused_gelu_without_adapter(int t) const {
-        return gelu_fusion && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
+        return gelu_fusion && !fp8 && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
                (recompute == kKeepAll || recompute >= kRecomputeBlock);
     }
     bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
@@ -344,6 +362,10 @@ struct GPT2 {
     const floatX* column_parallel_backward(floatX* dweight, floatX* dbias, const floatX* weight, const floatX* dy, const floatX* x,
                                            int out_features, int l, int target) {
         const int N = B * T, C = config.channels;
+        if (target >= 0 && fp8_products()) {  // one rank, no adapter: nothing to overlap or add
+            linear_backward(dbtc, dweight, dbias, dy, x, weight, C, out_features, l, (Fp8Layer)target);
+            return dbtc;
+        }
         matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
         if (target >= 0) adapt_backward(l, target, dbtc, dy, x);
         const bool scatter = sequence_split() > 1;
@@ -352,6 +374,37 @@ struct GPT2 {
         tensor_parallel.end_f_backward(stream);
         return dx;
     }
+    // Whether the four linear layers' products run in FP8 now: under --precision fp8, except in sampling's forwards of
+    // one new position at a time (kv_position > 0), which keep the bf16 small-row products (a few microseconds of
+    // GPU work, where FP8's casts would add more than they save).
+    bool fp8_products() const { return fp8 && kv_position == 0; }
+    // out[N,OC] = x[N,C] weight^T + bias of layer `layer` in local block l: in FP8 where fp8_products(), else bf16.
+    void linear_forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int C, int OC, int l, Fp8Layer layer) {
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (fp8_products()) {
+                fp8_linear.forward(out, x, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
+                return;
+            }
+        }
+        matmul_forward(out, x, weight, bias, N(), C, OC, stream);
+    }
+    // Its backward (matmul_backward's): dx = dy weight (through the GELU's backward in the epilogue with gelu_inp,
+    // bf16 only), dweight += dy^T x, dbias += column sums of dy.
+    void linear_backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int C, int OC,
+                         int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (fp8_products()) {
+                if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
+                fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
+                fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
+                return;
+            }
+        }
+        matmul_backward(dx, dweight, dbias, reduce_scratch, dy, x, weight, N(), C, OC, stream, gelu_inp);
+    }
+    // --precision fp8: the scaling states' counts and ranges over every layer (waits for the stream).
+    Fp8Stats fp8_stats() const { return fp8_linear.stats(stream); }
+
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
     // the tensor-parallel group when this micro-step's gradients are reduced (accumulated gradients are summed once).
     void sum_layernorm_grads(floatX* grads, size_t n) {
@@ -366,21 +419,21 @@ struct GPT2 {
             matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
             return;
         }
-        matmul_forward(a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+        linear_forward(a.fch, x, param(l, FCW), param(l, FCB), C, hidden(), l, kFp8Fc);
         adapt_forward(l, kLoraFc, a.fch, x);
         gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);
     }
     // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
     // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU.
     void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
-        const int N = B * T, C = config.channels, Cs = heads() * head_size();
+        const int C = config.channels, Cs = heads() * head_size();
         const floatX* x = column_input(a.ln1);
         floatX* qkv = a.qkv + (size_t)kv_position * 3 * Cs;  // the KV cache's new rows
-        matmul_forward(qkv, x, param(l, QKVW), param(l, QKVB), N, C, 3 * Cs, stream);
+        linear_forward(qkv, x, param(l, QKVW), param(l, QKVB), C, 3 * Cs, l, kFp8Qkv);
         adapt_forward(l, kLoraQkv, qkv, x);
         if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
         else attention_decode(a.atty, a.qkv, kv_position, T, heads(), head_size(), stream);
-        matmul_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N, Cs, C, stream);
+        linear_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), Cs, C, l, kFp8AttnProj);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
         residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
                                    param(l, LN2W), param(l, LN2B), region_rows(), C, stream);
@@ -422,7 +475,7 @@ struct GPT2 {
             if (l == begin) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, set.input, param(l, LN1W), param(l, LN1B), Nr, C, stream);
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             attention_and_fc_forward(l, a, residual_in);
-            matmul_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), hidden(), C, stream);
+            linear_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), hidden(), C, l, kFp8FcProj);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
             // residual3 = residual2 + mlp, normalised by the next block's first LayerNorm (or the final one); under
             // ZeRO-3 the next block's LayerNorm parameters are its gathered copy. At the end of a chunk that does
@@ -568,8 +621,8 @@ struct GPT2 {
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
             const bool bias_in_layernorm = sequence_split() == 1;
-            matmul_backward(dfch, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_grad(FCPROJB), reduce_scratch, dmlp,
-                            a.fch_gelu, param(l, FCPROJW), N, hidden(), C, stream, dgelu_fused ? a.fch : nullptr);
+            linear_backward(dfch, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_grad(FCPROJB), dmlp, a.fch_gelu,
+                            param(l, FCPROJW), hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
                 adapt_backward(l, kLoraFcProj, dfch, dmlp, a.fch_gelu);
                 gelu_backward(dfch, a.fch, dfch, (long)N * hidden(), stream);
@@ -583,8 +636,8 @@ struct GPT2 {
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
             if (kept) keep_output_grad(kept->attproj, dattention);
-            matmul_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), reduce_scratch,
-                            dattention, a.atty, param(l, ATTPROJW), N, Cs, C, stream);
+            linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), dattention, a.atty,
+                            param(l, ATTPROJW), Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
@@ -679,6 +732,7 @@ struct GPT2 {
     // vote_stop: this rank asks to stop after the step; the votes travel with the losses and the norm, so every rank
     // reports the same stop_requested.
     StepReport step(const AdamWHyper& h, bool vote_stop = false) {
+        if (fp8) fp8_linear.end_step(stream);  // delayed scaling: the scales from this step's amaxes
         if (vote_stop) loss.vote_stop((size_t)B * T, stream);
         request_losses();
         trained().step(h, loss.nonfinite, loss.stop_votes);

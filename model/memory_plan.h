@@ -22,6 +22,7 @@
 #include "../distributed/zero.cuh"             // defines: ZeroOptimizer::memory, ZeroOptimizer::host_memory, ZeroMemory, HostMemory
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
+#include "fp8_linear.cuh"                      // defines: fp8_scratch_bytes
 
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
 // flight), whether the stage ends the model (final LayerNorm, LM head, loss), and whether each set also keeps its
@@ -125,11 +126,12 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 // of a pipeline stage holding `part` with activation sets `ap` (the whole model with one set by default). offload:
 // what ZeRO-Offload keeps on the host (p.host) instead of the GPU; delayed_update: its one-step delayed update, whose
 // whole-shard host buffers the host plan counts (the GPU's is the same); offload_file: its NVMe tier (--offload-dir),
-// the optimizer state on the disk and its tiles on the host.
+// the optimizer state on the disk and its tiles on the host. fp8 (null without --precision fp8): FP8's memory (the
+// weights' copies, kept except under ZeRO-3, one layer's activation copies, the scaling states).
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
-                       ActivationPlan ap = ActivationPlan(), bool offload_file = false) {
+                       ActivationPlan ap = ActivationPlan(), bool offload_file = false, const Fp8Options* fp8 = nullptr) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
@@ -161,7 +163,8 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     p.scratch = reduce_scratch_floats<floatX>(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                 flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
-                (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0);  // the vocabulary-parallel loss's row statistics
+                (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
+                (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks(), *fp8, dp == 1 || zero_stage < 3) : 0);
     return p;
 }
 
@@ -178,9 +181,12 @@ struct StagePlans {
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     bool offload_file = false;  // ZeRO-Offload's NVMe tier (--offload-dir)
     bool output_grads = false;  // ZB-H1: every set keeps its blocks' output gradients from B to W
+    bool fp8 = false;           // --precision fp8
+    Fp8Options fp8_options;
     MemoryPlan of(int s, int split) const {
         const ActivationPlan sets{chunks[s], slots[s], parts[s].last, output_grads};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, offload_file);
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, offload_file,
+                                   fp8 ? &fp8_options : nullptr);
     }
 };
 

@@ -49,6 +49,7 @@ run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the
 run offload_dir build/test_offload_dir  # ZeRO-Offload's NVMe tier: AdamW through the optimizer file, bitwise; full disk, write errors, no O_DIRECT
 run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
 run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
+run fp8 build/test_fp8  # FP8 rounding (the host reference), scales from amaxes, the shapes the FP8 products take
 run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
@@ -57,6 +58,7 @@ run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
+run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax and products on the GPU (skipped without one; its host checks run)
 fixture_rc=3  # not selected
 selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
                             echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
@@ -92,6 +94,7 @@ if [ "$gpu_count" -ge 1 ]; then
     else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
     run attention build/test_attention $sdpa
     run model bash test/test_model.sh
+    run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
     run training bash test/test_training.sh
     run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
     run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
@@ -118,7 +121,7 @@ if [ "$gpu_count" -ge 1 ]; then
         for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
     fi
 else
-    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)"
+    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
                 "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face"
                 "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                 "zero on 2 ranks")

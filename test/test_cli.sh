@@ -29,7 +29,7 @@ done
 if [ $rc -eq 0 ] && [ -z "$missing" ]; then echo "PASS cli --help lists every flag"; else echo "FAIL cli --help: rc=$rc missing:$missing"; fi
 # --help shows each flag's accepted values after its default (from the table the parser checks them with)
 wrong=""
-for entry in "--beta1|[0.9; in [0, 1)]" "--zero-stage, -z|[1; one of 0, 1, 2, 3]" "--precision|[\"bf16\"; one of bf16, fp16, fp32]" \
+for entry in "--beta1|[0.9; in [0, 1)]" "--zero-stage, -z|[1; one of 0, 1, 2, 3]" "--precision|[\"bf16\"; one of bf16, fp16, fp32, fp8]" \
              "--steps, -x|[-1; -1 or >= 0]" "--eps|[1e-08; > 0]" "--layers|[-1; -1 or in [1, 1024]]" "--nccl-timeout|[600; >= 1]"; do
     flag=${entry%%|*} shown=${entry#*|}
     printf '%s\n' "$help" | grep -F -- "  $flag " | grep -qF -- "$shown" || wrong="$wrong $flag"
@@ -54,7 +54,7 @@ expect_error "unknown flag" "unknown flag '--bogus'" --bogus 1
 expect_error "flag without value" "flag --steps needs a value" --steps
 expect_error "integer flag with text" "flag -b expects an integer, got 'x'" -b x
 expect_error "float flag with text" "flag --lr expects a number" --lr fast
-expect_error "bad precision" "--precision must be one of bf16, fp16, fp32, got 'fp8'" --precision fp8
+expect_error "bad precision" "--precision must be one of bf16, fp16, fp32, fp8, got 'fp4'" --precision fp4
 expect_error "bad schedule" "--lr-schedule must be one of cosine, linear, constant, got 'step'" --lr-schedule step
 expect_error "heads do not divide channels" "channels (100) must be divisible by heads (3)" --channels 100 --heads 3
 expect_error "seq-len above max" "--seq-len must be in 1..64" --layers 2 --heads 1 --channels 64 --max-seq-len 64 --seq-len 128
@@ -85,6 +85,13 @@ expect_error "offload with LoRA" "--offload runs without LoRA" $SMALL --offload 
 expect_error "host budget 0" "--host-memory-gib must be -1 or a finite number > 0, got 0" $SMALL --offload optimizer --host-memory-gib 0
 expect_error "host budget without offload" "--host-memory-gib bounds the pinned host memory of --offload, which is none" $SMALL --host-memory-gib 64
 expect_error "bad delayed update" "--offload-delayed-update must be one of 0, 1, got 2" $SMALL --offload optimizer --offload-delayed-update 2
+expect_error "fp8 refuses LoRA" "--precision fp8 runs without LoRA" $SMALL --precision fp8 --lora-rank 4
+expect_error "fp8 rows not a multiple of 16" "--precision fp8 needs --batch-size x --seq-len to be a multiple of 16, got 1 x 31 = 31" $SMALL --batch-size 1 --seq-len 31 --precision fp8
+expect_error "fp8 stats without fp8" "--fp8-stats 1 runs with --precision fp8 (got bf16)" $SMALL --fp8-stats 1
+expect_error "fp8 scaling without fp8" "--fp8-scaling delayed runs with --precision fp8 (got bf16): it chooses the FP8 products' scales" $SMALL --fp8-scaling delayed
+expect_error "fp8 amax history without delayed scaling" "--fp8-amax-history 8 runs with --fp8-scaling delayed (got current): current scaling keeps no history" $SMALL --precision fp8 --fp8-amax-history 8
+expect_error "bad fp8 scaling" "--fp8-scaling must be one of current, delayed, got 'late'" --fp8-scaling late
+expect_error "bad fp8 amax history" "--fp8-amax-history must be -1 or in [1, 1024], got 0" --fp8-amax-history 0
 expect_error "delayed update without offload" "--offload-delayed-update 1 runs with --offload optimizer (got none)" $SMALL --offload-delayed-update 1
 # the delayed update with --offload optimizer is accepted: the run stops at a later check
 expect_error "delayed update accepted" "--resume needs --output-dir" $SMALL --offload optimizer --offload-delayed-update 1 --resume 1
@@ -223,6 +230,8 @@ expect_error "tensor parallel below 1" "--tensor-parallel must be in [1, 2147483
 expect_error "tensor parallel splits whole heads" "--tensor-parallel 2: the 3 attention heads do not split into 2 equal groups" --model d3 --tensor-parallel 2
 expect_error "sequence parallel splits the sequence evenly" "--sequence-parallel 1: --seq-len 33 must be a multiple of --tensor-parallel 2" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --sequence-parallel 1 --seq-len 33
 expect_error "tensor parallel refuses LoRA" "LoRA runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --lora-rank 4
+expect_error "fp8 refuses tensor parallelism" "--precision fp8 runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --precision fp8
+expect_error "fp8 refuses pipeline parallelism" "--precision fp8 runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --precision fp8
 expect_error "pipeline parallel does not divide the ranks" "--tensor-parallel 1 x --pipeline-parallel 4 = 4 does not divide the 2 ranks" $SMALL --pipeline-parallel 4
 expect_error "pipeline needs a layer per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved
 expect_error "pipeline schedule name" "--pipeline-schedule must be one of 1f1b, interleaved, zb1, got 'gpipe'" $SMALL --pipeline-parallel 2 --pipeline-schedule gpipe

@@ -1,0 +1,258 @@
+// --precision fp8: the products of the blocks' four linear layers (qkv, attention projection, fc, fc projection) in
+// FP8 on cuBLASLt (matmul_fp8: fp32 accumulation, bf16 output, the bias in the epilogue), with every other tensor of
+// a bf16 run unchanged: parameters, gradients and activations in bf16, master weights and Adam state in fp32. The
+// forward multiplies E4M3 x E4M3 (weight, input); the backward takes the output gradient in E5M2 (range before
+// precision): dinp = dout W from the weight's transposed copy and dout, dW += dout^T inp from the input's and dout's
+// transposed copies. The bias and GELU gradients stay bf16 kernels (bias_backward, gelu_backward).
+// Scaling: per tensor, current or delayed (Fp8Options). Current: the scale from the tensor's own amax, taken just
+// before its cast (an fp8_amax pass), so that the largest value maps onto the format's largest finite one: nothing
+// saturates. Delayed (as Transformer Engine's): the scale from the max of the tensor's last H amaxes, which the
+// casts record (no amax pass); all scales are updated once per step (end_step: one kernel), and the first step,
+// without a history, takes current scaling. A value beyond the format's range under a delayed scale saturates and
+// is counted (Fp8Scaling::overflow). The forward's weight and input scales serve the backward's casts of the same
+// tensors (the weight does not change between a forward and its backward, and the input is the same value, kept or
+// recomputed bit for bit). An amax that is NaN or infinite keeps the previous scale and is counted
+// (Fp8Scaling::non_finite_amax; Fp8Stats reads the counts and the scales).
+// Weights: each block's four weights are cast once per parameter change (the optimizer step, a checkpoint or model
+// load, the initialisation: ZeroOptimizer::parameters_version moves), into an E4M3 copy and its transposed copy kept
+// until the next change (2 bytes a weight parameter of the blocks), at their first use; the delayed scales' update
+// marks them stale too, as their scale changes. Under ZeRO-3 the gathered weights live only as long as their unit's
+// slot in the gather ring, so the copies could not outlive them: there each use casts the weight into a scratch
+// shared by all layers (the forward the copy, the backward the transposed copy), as without a cache.
+// The activations' FP8 copies live in one scratch area shared by all layers, sized for the widest layer; the scaling
+// states are 3 per layer per block (32 bytes each), with delayed scaling an amax history of H floats each.
+// fp8_scratch_bytes gives the memory plan its size.
+// defines: Fp8Layer, kFp8Layers, Fp8Options, kFp8DefaultAmaxHistory, Fp8LayerScaling, fp8_scratch_bytes, Fp8Stats, Fp8Linear
+#pragma once
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "../kernels/common.cuh"
+#include "../kernels/fp8.cuh"     // defines: fp8_amax, fp8_update_scales, fp8_cast, require_fp8_gpu (Fp8Scaling: fp8_formats.h)
+#include "../kernels/matmul.cuh"  // defines: matmul_fp8, bias_backward
+#include "config.h"               // defines: ModelConfig
+
+// The four linear layers of a block, in the order of LoRA's targets (model/lora.h), which name the same layers.
+enum Fp8Layer { kFp8Qkv, kFp8AttnProj, kFp8Fc, kFp8FcProj, kFp8Layers };
+
+// --fp8-scaling and --fp8-amax-history: how the scales are chosen (see above). The default history is Transformer
+// Engine's.
+constexpr int kFp8DefaultAmaxHistory = 16;
+struct Fp8Options {
+    bool delayed = false;
+    int amax_history = kFp8DefaultAmaxHistory;  // H, with delayed scaling
+};
+
+// One linear layer's scaling states: its weight and input (E4M3) and its output gradient (E5M2). Each Fp8Scaling is
+// 16-byte aligned, so every inverse_scale is a pointer cuBLASLt takes; the three lie back to back, so a model's
+// states are one array of Fp8Scaling for the delayed update (fp8_update_scales_from_history: groups of 3, the third
+// E5M2).
+struct Fp8LayerScaling {
+    Fp8Scaling weight, input, output_grad;
+};
+static_assert(sizeof(Fp8LayerScaling) == 3 * sizeof(Fp8Scaling), "a layer's scaling states are three back to back");
+
+// A block's weight parameters in units of C^2, per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc
+// projection C x 4C), and where each layer's two copies (the weight, then its transpose) start in a block's.
+constexpr size_t kFp8LayerWeights[kFp8Layers] = {3, 1, 4, 4};
+constexpr size_t kFp8BlockWeights = 12;
+inline size_t fp8_layer_copies_offset(Fp8Layer layer, size_t C) {
+    size_t offset = 0;
+    for (int k = 0; k < layer; k++) offset += 2 * kFp8LayerWeights[k];
+    return offset * C * C;
+}
+
+// Device bytes of the FP8 memory for N rows of a micro-batch: the weights' copies (cache_weights: every block's
+// weights and their transposes, 2 bytes a weight parameter; else one weight or its transpose of the widest layer,
+// 4C x C), one input (or its transpose) of N rows of 4C, and the output gradient with its transpose (N x 4C each);
+// plus the scaling states of every block and, with delayed scaling, their amax histories.
+inline size_t fp8_scratch_bytes(const ModelConfig& c, size_t N, int blocks, const Fp8Options& options, bool cache_weights) {
+    const size_t C = c.channels, tensors = (size_t)blocks * kFp8Layers * 3;
+    const size_t weights = cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * C * C : 4 * C * C;
+    return weights + 3 * N * 4 * C + (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) +
+           (options.delayed ? tensors * options.amax_history * sizeof(float) : 0);
+}
+
+// What the scaling states say, summed over every layer and block (Fp8Linear::stats): the updates that met a NaN or
+// infinite amax (kept the previous scale), the values the casts saturated (beyond the format's range under their
+// scale: delayed scaling's scale from past amaxes met a larger one), and the range of the scales of the weights, the
+// inputs and the output gradients (a scale s maps the tensor's amax onto the format's largest value: amax = 448 / s
+// for E4M3, 57344 / s for E5M2).
+struct Fp8Stats {
+    unsigned long non_finite_amax = 0;
+    unsigned long long overflow = 0;
+    float weight_scale[2] = {INFINITY, 0}, input_scale[2] = {INFINITY, 0}, output_grad_scale[2] = {INFINITY, 0};  // min, max
+    std::string line() const {
+        char text[320];
+        snprintf(text, sizeof(text),
+                 "non-finite amax %lu | saturated values %llu | scales: weights %.3g..%.3g, inputs %.3g..%.3g, output gradients %.3g..%.3g",
+                 non_finite_amax, overflow, weight_scale[0], weight_scale[1], input_scale[0], input_scale[1], output_grad_scale[0],
+                 output_grad_scale[1]);
+        return text;
+    }
+};
+
+struct Fp8Linear {
+    int blocks = 0;
+    size_t channels = 0;
+    Fp8Options options;
+    bool cache_weights = false;
+    Fp8LayerScaling* scalings = nullptr;  // [blocks][kFp8Layers], device
+    float* amax_history = nullptr;        // delayed scaling: [blocks][kFp8Layers][3 tensors][H], device
+    int history_updates = 0;              // end_step calls so far (delayed scaling: the history's next slot, modulo H)
+    // cache_weights: every block's weight copies ([blocks][layer]: the weight, then its transpose); else the scratch
+    // of one weight (forward) or its transposed copy (backward)
+    __nv_fp8_e4m3* weights = nullptr;
+    std::vector<unsigned long long> weights_version;  // [blocks][layer]: the parameters' version the copies hold
+    static constexpr unsigned long long kStale = ~0ull;
+    __nv_fp8_e4m3* input = nullptr;       // the input (forward) or its transposed copy (backward)
+    __nv_fp8_e5m2* output_grad = nullptr;
+    __nv_fp8_e5m2* output_grad_t = nullptr;
+    void* memory = nullptr;
+
+    // For `blocks` blocks and micro-batches of up to N rows; cache: keep the weights' copies (not under ZeRO-3).
+    // Refuses a GPU without FP8 in one line. Called again, it starts afresh (no copies, no history).
+    void allocate(const ModelConfig& c, size_t N, int block_count, const Fp8Options& fp8_options, bool cache) {
+        require_fp8_gpu();
+        if (memory != nullptr) cudaCheck(cudaFree(memory));
+        history_updates = 0;
+        blocks = block_count;
+        channels = c.channels;
+        options = fp8_options;
+        cache_weights = cache;
+        if (options.delayed && options.amax_history < 1) die("internal: an FP8 amax history of " + std::to_string(options.amax_history));
+        const size_t C = c.channels, bytes = fp8_scratch_bytes(c, N, blocks, options, cache_weights);
+        cudaCheck(cudaMalloc(&memory, bytes));
+        cudaCheck(cudaMemset(memory, 0, bytes));  // the histories start empty
+        // each piece a multiple of 16 bytes (C is), so each starts 16-byte aligned as the casts and products need
+        char* p = (char*)memory;
+        scalings = (Fp8LayerScaling*)p;
+        p += (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling);
+        weights = (__nv_fp8_e4m3*)p;
+        p += cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * C * C : 4 * C * C;
+        input = (__nv_fp8_e4m3*)p;
+        p += N * 4 * C;
+        output_grad = (__nv_fp8_e5m2*)p;
+        p += N * 4 * C;
+        output_grad_t = (__nv_fp8_e5m2*)p;
+        p += N * 4 * C;
+        if (options.delayed) amax_history = (float*)p;
+        const std::vector<Fp8LayerScaling> initial((size_t)blocks * kFp8Layers);  // scale 1, amax 0, no count
+        cudaCheck(cudaMemcpy(scalings, initial.data(), initial.size() * sizeof(Fp8LayerScaling), cudaMemcpyHostToDevice));
+        weights_version.assign((size_t)blocks * kFp8Layers, kStale);
+    }
+    ~Fp8Linear() {
+        if (memory != nullptr) cudaFree(memory);
+    }
+
+    Fp8LayerScaling* at(int block, Fp8Layer layer) const { return scalings + (size_t)block * kFp8Layers + layer; }
+    // Whether the scales come from the amax histories now: delayed scaling after its first update.
+    bool delayed_scales() const { return options.delayed && history_updates > 0; }
+
+    // Current scaling of x[n]: its amax alone into the state's current_amax, then the scale from it (no margin: the
+    // amax maps onto the format's largest value); the casts' record (amax) is left to them.
+    template <typename fp8>
+    static void scale_from(Fp8Scaling* s, const __nv_bfloat16* x, long n, cudaStream_t stream) {
+        fp8_amax(&s->current_amax, x, n, stream);
+        fp8_scale_from_current(s, 1, Fp8Traits<fp8>::format, stream);
+    }
+    // x's scale for its cast now: current scaling's, unless the delayed scales are there.
+    template <typename fp8>
+    void prepare_scale(Fp8Scaling* s, const __nv_bfloat16* x, long n, cudaStream_t stream) const {
+        if (!delayed_scales()) scale_from<fp8>(s, x, n, stream);
+    }
+
+    // Block `block`'s cached copies of layer `layer`'s weight w[OC,C]: the weight and its transpose, cast (one
+    // transposing cast) when the parameters' version differs from the one they were cast at.
+    struct WeightCopies {
+        const __nv_fp8_e4m3 *weight, *transposed;
+    };
+    WeightCopies cached_weight(const __nv_bfloat16* w, int OC, int C, int block, Fp8Layer layer, unsigned long long version,
+                               cudaStream_t stream) {
+        __nv_fp8_e4m3* copy = weights + (size_t)block * 2 * kFp8BlockWeights * channels * channels + fp8_layer_copies_offset(layer, channels);
+        __nv_fp8_e4m3* transposed = copy + (size_t)OC * C;
+        unsigned long long& cached = weights_version[(size_t)block * kFp8Layers + layer];
+        if (cached != version) {
+            Fp8Scaling* s = &at(block, layer)->weight;
+            prepare_scale<__nv_fp8_e4m3>(s, w, (long)OC * C, stream);
+            fp8_cast(copy, transposed, w, OC, C, s, stream);
+            cached = version;
+        }
+        return {copy, transposed};
+    }
+
+    // out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] in E4M3 x E4M3, for layer `layer` of block `block`; version: the
+    // parameters' (ZeroOptimizer::parameters_version).
+    void forward(__nv_bfloat16* out, const __nv_bfloat16* inp, const __nv_bfloat16* w, const __nv_bfloat16* bias, int N, int C, int OC,
+                 int block, Fp8Layer layer, unsigned long long version, cudaStream_t stream) {
+        Fp8LayerScaling* s = at(block, layer);
+        const __nv_fp8_e4m3* weight = weights;
+        if (cache_weights) {
+            weight = cached_weight(w, OC, C, block, layer, version, stream).weight;
+        } else {
+            prepare_scale<__nv_fp8_e4m3>(&s->weight, w, (long)OC * C, stream);
+            fp8_cast(weights, (__nv_fp8_e4m3*)nullptr, w, OC, C, &s->weight, stream);
+        }
+        prepare_scale<__nv_fp8_e4m3>(&s->input, inp, (long)N * C, stream);
+        fp8_cast(input, (__nv_fp8_e4m3*)nullptr, inp, N, C, &s->input, stream);
+        matmul_fp8(out, weight, input, &s->weight.inverse_scale, &s->input.inverse_scale, bias, OC, N, C, false, stream);
+    }
+
+    // dinp[N,C] = dout[N,OC] weight[OC,C] (overwritten), after the forward of the same layer: dout is cast (E5M2,
+    // with its transposed copy for backward_weights), the weight's transposed copy taken from the cache or cast with
+    // the forward's scale.
+    void backward_input(__nv_bfloat16* dinp, const __nv_bfloat16* dout, const __nv_bfloat16* w, int N, int C, int OC, int block,
+                        Fp8Layer layer, unsigned long long version, cudaStream_t stream) {
+        Fp8LayerScaling* s = at(block, layer);
+        prepare_scale<__nv_fp8_e5m2>(&s->output_grad, dout, (long)N * OC, stream);
+        fp8_cast(output_grad, output_grad_t, dout, N, OC, &s->output_grad, stream);
+        const __nv_fp8_e4m3* transposed = weights;
+        if (cache_weights) transposed = cached_weight(w, OC, C, block, layer, version, stream).transposed;
+        else fp8_cast((__nv_fp8_e4m3*)nullptr, weights, w, OC, C, &s->weight, stream);
+        matmul_fp8(dinp, transposed, output_grad, &s->weight.inverse_scale, &s->output_grad.inverse_scale, (const __nv_bfloat16*)nullptr, C,
+                   N, OC, false, stream);
+    }
+    // dweight[OC,C] += dout^T inp (null: frozen, nothing) and dbias[OC] += column sums of dout (bf16, bias_backward),
+    // after backward_input of the same layer (its dout^T copy), the input cast with the forward's scale.
+    void backward_weights(__nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
+                          int N, int C, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
+        Fp8LayerScaling* s = at(block, layer);
+        if (dweight != nullptr) {
+            fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, &s->input, stream);
+            matmul_fp8(dweight, input, output_grad_t, &s->input.inverse_scale, &s->output_grad.inverse_scale, (const __nv_bfloat16*)nullptr,
+                       C, OC, N, true, stream);
+        }
+        if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
+    }
+
+    // The end of a step, after its last backward: with delayed scaling, every tensor's amax since the last update goes
+    // into its history and its scale comes from the history's max (one kernel); the cached weight copies are stale
+    // (their scale changed). Nothing with current scaling.
+    void end_step(cudaStream_t stream) {
+        if (!options.delayed) return;
+        const int H = options.amax_history;
+        fp8_update_scales_from_history(&scalings->weight, amax_history, blocks * kFp8Layers * 3, H, history_updates % H, 3, 2, 0, stream);
+        history_updates++;
+        std::fill(weights_version.begin(), weights_version.end(), kStale);
+    }
+
+    // The scaling states' counts and ranges (waits for the stream).
+    Fp8Stats stats(cudaStream_t stream) const {
+        std::vector<Fp8LayerScaling> host((size_t)blocks * kFp8Layers);
+        cudaCheck(cudaMemcpyAsync(host.data(), scalings, host.size() * sizeof(Fp8LayerScaling), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        Fp8Stats st;
+        auto widen = [](float* range, float scale) {
+            range[0] = std::min(range[0], scale);
+            range[1] = std::max(range[1], scale);
+        };
+        for (const Fp8LayerScaling& l : host) {
+            st.non_finite_amax += l.weight.non_finite_amax + l.input.non_finite_amax + l.output_grad.non_finite_amax;
+            st.overflow += l.weight.overflow + l.input.overflow + l.output_grad.overflow;
+            widen(st.weight_scale, l.weight.scale);
+            widen(st.input_scale, l.input.scale);
+            widen(st.output_grad_scale, l.output_grad.scale);
+        }
+        return st;
+    }
+};

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# --precision fp8 on the GPU: build/test_fp8_model (one forward's loss, the gradients and 10 AdamW steps against bf16
+# from the same weights, the scaling states), then train_gpt on Tiny Shakespeare: checkpoints are bf16's in both
+# precisions, so a bf16 checkpoint resumes in fp8 and an fp8 one in bf16 (the resumed losses within 0.1 of the
+# uninterrupted run's: the two precisions' curves differ by the FP8 rounding, a few 1e-2 here); an fp8 run resumed in
+# fp8 is bitwise the uninterrupted one (current scaling keeps no state across steps); --fp8-stats 1 prints a line a
+# step, no non-finite amax and the saturated values' count. --fp8-scaling delayed: 10 steps within 0.1 of current
+# scaling's, and resumed from its step-5 checkpoint within 0.1 of the uninterrupted run (the amax history is not in
+# checkpoints: the resumed run's first step takes current scaling). Skipped, with the reason, on a GPU without FP8
+# (test_fp8_model says which).
+set -u
+cd "$(dirname "$0")/.."
+W=build/test_work/fp8_model
+rm -rf "$W"; mkdir -p "$W"
+./build/test_fp8_model | tee "$W/test_fp8_model.out"
+rc=${PIPESTATUS[0]}
+grep -q '^SKIP fp8_model' "$W/test_fp8_model.out" && exit $rc  # no GPU with FP8: the training runs would refuse too
+TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
+[ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
+    || { echo "FAIL fp8_model training data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
+SMALL=(--layers 2 --heads 2 --channels 128 --max-seq-len 64 --seq-len 64 --batch-size 4 --train-data "$TRAIN" --val-every 0
+       --sample-every 0 --lr 1e-3 --seed 7 --deterministic 1 --steps 10)
+train_log_lines() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }  # step and loss (%.9g: every bit)
+
+# train NAME PRECISION [FLAGS...]: a run into $W/NAME; its stdout in $W/NAME.out
+train() {
+    local name=$1 precision=$2; shift 2
+    ./train_gpt "${SMALL[@]}" --precision "$precision" -o "$W/$name" "$@" > "$W/$name.out" 2>&1 \
+        || { echo "FAIL fp8_model training $name ($precision): $(tail -n 1 "$W/$name.out")"; return 1; }
+}
+# resume NAME PRECISION FROM: NAME continues FROM's step-5 checkpoint in PRECISION
+resume() {
+    local name=$1 precision=$2 from=$3
+    mkdir -p "$W/$name"
+    cp "$W/$from"/*_00000005* "$W/$name/"
+    train "$name" "$precision" --resume 1 --checkpoint-every 5
+}
+# close NAME A B: steps 5-9 of run B within 0.1 of run A's, all finite
+close() {
+    local name=$1 a=$2 b=$3 worst
+    worst=$(paste <(train_log_lines "$W/$a" | awk '$1 >= 5') <(train_log_lines "$W/$b" | awk '$1 >= 5') |
+            awk 'BEGIN { w = 0; n = 0 } { n++; d = $2 - $4; if (d < 0) d = -d; if (d > w) w = d } END { if (n != 5) print "missing"; else print w }')
+    train_log_lines "$W/$b" | grep -qiE 'nan|inf' && worst=non-finite
+    if [ "$worst" != missing ] && [ "$worst" != non-finite ] && awk -v w="$worst" 'BEGIN { exit !(w <= 0.1) }'; then
+        echo "PASS fp8_model $name: steps 5-9 within $worst of run $a's losses (tolerance 0.1)"
+    else
+        echo "FAIL fp8_model $name: max |loss difference| $worst (tolerance 0.1)"; paste <(train_log_lines "$W/$a") <(train_log_lines "$W/$b") | head -10
+    fi
+}
+
+if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --fp8-stats 1; then
+    close "fp8 against bf16 (10 steps, same batches)" bf16 fp8
+    stats=$(grep -c '^fp8 step .*non-finite amax 0 ' "$W/fp8.out")
+    if [ "$stats" -eq 10 ] && grep -q '^fp8 (rank 0' "$W/fp8.out" && grep -q 'dense FP8 peak' "$W/fp8.out"; then
+        echo "PASS fp8_model --fp8-stats 1: 10 step lines, no non-finite amax, the end-of-run line, the FP8 peak named"
+    else
+        echo "FAIL fp8_model --fp8-stats 1: $stats step lines without a non-finite amax; $(grep -m1 '^fp8 step' "$W/fp8.out")"
+    fi
+    resume bf16-to-fp8 fp8 bf16 && grep -q "resumed from" "$W/bf16-to-fp8.out" && close "bf16 checkpoint resumed in fp8" bf16 bf16-to-fp8
+    resume fp8-to-bf16 bf16 fp8 && grep -q "resumed from" "$W/fp8-to-bf16.out" && close "fp8 checkpoint resumed in bf16" fp8 fp8-to-bf16
+    if train delayed fp8 --checkpoint-every 5 --fp8-stats 1 --fp8-scaling delayed --fp8-amax-history 4; then
+        close "fp8 delayed scaling against current (10 steps)" fp8 delayed
+        if [ "$(grep -c '^fp8 step .*non-finite amax 0 | saturated values [0-9]* |' "$W/delayed.out")" -eq 10 ] &&
+           grep -q 'precision fp8 (delayed scaling, amax history 4)' "$W/delayed.out"; then
+            echo "PASS fp8_model --fp8-scaling delayed --fp8-stats 1: 10 step lines with the saturated values' count ($(grep '^fp8 step 10:' "$W/delayed.out" | grep -o 'saturated values [0-9]*')), the scaling named"
+        else
+            echo "FAIL fp8_model --fp8-scaling delayed --fp8-stats 1: $(grep -m1 '^fp8 step' "$W/delayed.out"); $(grep -m1 '^batch:' "$W/delayed.out")"
+        fi
+        mkdir -p "$W/delayed-resumed"
+        cp "$W/delayed"/*_00000005* "$W/delayed-resumed/"
+        train delayed-resumed fp8 --resume 1 --checkpoint-every 5 --fp8-scaling delayed --fp8-amax-history 4 &&
+            close "fp8 delayed scaling resumed (its history afresh)" delayed delayed-resumed
+    fi
+    if resume fp8-to-fp8 fp8 fp8; then
+        if [ "$(train_log_lines "$W/fp8" | awk '$1 >= 5')" == "$(train_log_lines "$W/fp8-to-fp8")" ] &&
+           cmp -s "$W/fp8/model_00000010.bin" "$W/fp8-to-fp8/model_00000010.bin"; then
+            echo "PASS fp8_model fp8 resumed in fp8: steps 5-9 and the final model file bitwise equal to the uninterrupted run"
+        else
+            echo "FAIL fp8_model fp8 resumed in fp8: differs from the uninterrupted run"
+        fi
+    fi
+fi
+[ $rc -eq 0 ]
