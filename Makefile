@@ -137,7 +137,7 @@ $(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_fi
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_offload_dir.cpp -o $@
 
 # ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
-$(BUILD)/test_offload_dir: test/test_offload_dir.cpp distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
+$(BUILD)/test_offload_dir: test/test_offload_dir.cpp test/private_mount.h distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_offload_dir.cpp -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
@@ -146,7 +146,7 @@ $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNEL
 $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_lora_files.cu test/cpu_reference.cpp $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+$(BUILD)/test_formats: test/test_formats.cu test/private_mount.h train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_fp8_model: test/test_fp8_model.cu train_gpt.cu test/gpu_check.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)

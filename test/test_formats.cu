@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include "../train_gpt.cu"
 #include "check.h"
+#include "private_mount.h"  // defines: mount_private
 
 static void test_schedule() {
     const float M = 6e-4f, f = 0.1f, F = M * f;
@@ -255,26 +256,6 @@ static void flip_byte(const std::string& path, long offset) {
     fputc(c ^ 0x10, f);
     fclose(f);
 }
-// Mounts a tmpfs of `options` on `dir` for this process alone, in its own user and mount namespaces (as `unshare -rm`;
-// as root without user namespaces, a mount namespace alone): "" or why not.
-static std::string enter_private_tmpfs(const std::string& dir, const std::string& options) {
-    const unsigned uid = getuid(), gid = getgid();
-    auto write_text = [](const char* path, const std::string& text) {
-        FILE* f = fopen(path, "w");
-        const bool ok = f != nullptr && fputs(text.c_str(), f) >= 0;
-        return f != nullptr && fclose(f) == 0 && ok;
-    };
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {
-        if (!write_text("/proc/self/setgroups", "deny") || !write_text("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
-            !write_text("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"))
-            return std::string("cannot map the user into its namespace: ") + strerror(errno);
-    } else if (unshare(CLONE_NEWNS) != 0) {
-        return std::string("no user or mount namespace for this process (unshare: ") + strerror(errno) + ")";
-    }
-    if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return std::string("cannot make the mounts private: ") + strerror(errno);
-    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) != 0) return std::string("cannot mount a tmpfs: ") + strerror(errno);
-    return "";
-}
 
 static void test_checkpoint_integrity() {
     const char* nine = "123456789";
@@ -391,7 +372,7 @@ static void test_checkpoint_integrity() {
     const pid_t owner = fork();
     if (owner == 0) {
         if (freopen(err.c_str(), "w", stderr) == nullptr) _exit(3);
-        const std::string why = enter_private_tmpfs(full, "size=" + std::to_string(before.size() * 3 / 2));
+        const std::string why = mount_private(full, "tmpfs", "size=" + std::to_string(before.size() * 3 / 2));
         if (!why.empty()) {
             fprintf(stderr, "%s", why.c_str());
             fflush(stderr);

@@ -23,6 +23,7 @@
 #include "../distributed/optimizer_file.h"
 #include "../kernels/adamw_cpu.h"
 #include "check.h"
+#include "private_mount.h"                 // defines: mount_private
 
 namespace {
 
@@ -168,30 +169,6 @@ void check_refusals(const std::string& dir) {
     check(offload_dir_space_problem(dir, 4096, 1).empty(), "accepts a disk with room", "");
 }
 
-// Mounts `type` with `options` on `dir` for this process alone (own user and mount namespaces, as `unshare -rm`; as
-// root without user namespaces, a mount namespace alone): "" or why not.
-std::string mount_private(const std::string& dir, const char* type, const std::string& options, unsigned long flags = 0) {
-    static bool entered = false;
-    if (!entered) {
-        const unsigned uid = getuid(), gid = getgid();
-        auto write_text = [](const char* path, const std::string& text) {
-            FILE* out = fopen(path, "w");
-            const bool ok = out != nullptr && fputs(text.c_str(), out) >= 0;
-            return out != nullptr && fclose(out) == 0 && ok;
-        };
-        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {
-            if (!write_text("/proc/self/setgroups", "deny") || !write_text("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
-                !write_text("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"))
-                return std::string("cannot map the user into its namespace: ") + strerror(errno);
-        } else if (unshare(CLONE_NEWNS) != 0) {
-            return std::string("no user or mount namespace for this process (unshare: ") + strerror(errno) + ")";
-        }
-        if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return std::string("cannot make the mounts private: ") + strerror(errno);
-        entered = true;
-    }
-    if (mount(type, dir.c_str(), type, flags, options.c_str()) != 0) return std::string("cannot mount a ") + type + ": " + strerror(errno);
-    return "";
-}
 
 // In a child with its own mounts: a tmpfs too small for the file, a ramfs (no O_DIRECT), a read-only tmpfs.
 void check_file_systems() {
