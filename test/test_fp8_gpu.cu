@@ -464,7 +464,11 @@ static void check_product(const std::string& name, int m, int n, int k, Fp8Forma
             // the bias and the accumulated output went to the GPU as bf16: their rounded values
             const double extra = (bias.empty() ? 0.0 : bf16_value(bias[i])) + (before.empty() ? 0.0 : bf16_value(before[(size_t)j * m + i]));
             const double ref_q = sum_q * dequant + extra, ref_x = sum_x + extra;
-            const double tol_q = std::ldexp(std::fabs(ref_q), -8) + std::ldexp(abs_q * dequant, -12);
+            // bf16 rounding of the result, fp32 accumulation; with accumulation the kernels also round the product
+            // (with its bias) to bf16 before adding the output's previous values: one more bf16 rounding, of that product
+            const double product = sum_q * dequant + (bias.empty() ? 0.0 : bf16_value(bias[i]));
+            const double tol_q = std::ldexp(std::fabs(ref_q), -8) + std::ldexp(abs_q * dequant, -12) +
+                                 (before.empty() ? 0.0 : std::ldexp(std::fabs(product), -8));
             const double got = out[(size_t)j * m + i];
             const double diff_q = std::fabs(got - ref_q), diff_x = std::fabs(got - ref_x);
             // NaN compares false: counted as outside
