@@ -464,14 +464,15 @@ inline PipelineSimulation simulate_pipeline(PipelineScheduleKind kind, int P, in
 inline double lm_head_work(int padded_vocab_size, int channels, int T) { return 3.0 * padded_vocab_size / (12.0 * channels + 2.0 * T); }
 inline double layer_backward_work(int recompute) { return recompute == 3 ? 3.0 : 2.0; }
 // A layer's backward actions under a schedule: the backward (ZB-H1: its input gradient, B) and ZB-H1's weight
-// gradients (W; 0 for the other schedules). ZB-H1 splits the two products' gradients, one forward each (it runs
-// without --recompute 3).
+// gradients (W; 0 for the other schedules). ZB-H1 splits the two products' gradients, one forward each; under
+// --recompute 3 both B and W refill the layer's activations, a forward each.
 struct LayerBackwardWork {
     double backward, weight_gradient;
 };
 inline LayerBackwardWork layer_backward_actions_work(PipelineScheduleKind kind, int recompute) {
     if (kind != PipelineScheduleKind::kZeroBubbleH1) return {layer_backward_work(recompute), 0.0};
-    return {1.0, 1.0};
+    const double refill = recompute == 3 ? 1.0 : 0.0;
+    return {1.0 + refill, 1.0 + refill};
 }
 
 // Each virtual stage's work for a layer split, in units of one transformer layer's forward: a layer's forward 1, its

@@ -236,7 +236,6 @@ expect_error "pipeline parallel does not divide the ranks" "--tensor-parallel 1 
 expect_error "pipeline needs a layer per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved
 expect_error "pipeline schedule name" "--pipeline-schedule must be one of 1f1b, interleaved, zb1, got 'gpipe'" $SMALL --pipeline-parallel 2 --pipeline-schedule gpipe
 expect_error "zb1 runs one chunk per stage" "--virtual-stages 2 needs --pipeline-schedule interleaved (zb1 runs one model chunk per stage)" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --train-data "$W/good.bin" --pipeline-parallel 2 --pipeline-schedule zb1 --virtual-stages 2
-expect_error "zb1 refuses recomputed LayerNorms" "--pipeline-schedule zb1 runs with --recompute 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --pipeline-schedule zb1 --recompute 2
 expect_error "zb1 refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --pipeline-schedule zb1 --zero-stage 2
 expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parallel 2 --pipeline-layers 1,2
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2

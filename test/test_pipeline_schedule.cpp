@@ -871,16 +871,17 @@ void test_weight_gradient_time_in_full_backward() {
         }
     v.detail = std::to_string(cases) + " shapes";
 }
-// The trainer's work model for zb1: a layer's B and W one forward each, the other schedules' backward whole (three
-// forwards under --recompute 3); pipeline_stage_work's W per virtual stage; the balanced split of zb1 a split of the
+// The trainer's work model for zb1: a layer's B and W one forward each (two each under --recompute 3), the other
+// schedules' backward whole; pipeline_stage_work's W per virtual stage; the balanced split of zb1 a split of the
 // layers, simulated with W no slower than the even split.
 void test_zero_bubble_work_model() {
     const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
-    const LayerBackwardWork plain = layer_backward_actions_work(zb1, 0),
+    const LayerBackwardWork plain = layer_backward_actions_work(zb1, 0), recomputed = layer_backward_actions_work(zb1, 3),
                             one_f_one_b = layer_backward_actions_work(PipelineScheduleKind::kOneFOneB, 3);
-    expect(plain.backward == 1 && plain.weight_gradient == 1 && one_f_one_b.backward == 3 && one_f_one_b.weight_gradient == 0,
-           "layer_backward_actions_work: zb1's B and W 1 each, 1f1b's backward whole (3 under --recompute 3)",
-           fmt("zb1 %g + %g", plain.backward, plain.weight_gradient) + fmt(", 1f1b %g + %g", one_f_one_b.backward, one_f_one_b.weight_gradient));
+    expect(plain.backward == 1 && plain.weight_gradient == 1 && recomputed.backward == 2 && recomputed.weight_gradient == 2 &&
+               one_f_one_b.backward == 3 && one_f_one_b.weight_gradient == 0,
+           "layer_backward_actions_work: zb1's B and W 1 each (2 each under --recompute 3), 1f1b's backward whole",
+           fmt("zb1 %g + %g", plain.backward, plain.weight_gradient) + fmt(", recompute 3 %g + %g", recomputed.backward, recomputed.weight_gradient));
     std::vector<double> forward, backward, weight;
     pipeline_stage_work({3, 5}, 1.0, 1.5, &forward, &backward, 1.0, &weight);
     expect(forward == std::vector<double>{3.0, 6.5} && backward == std::vector<double>{3.0, 5.0} && weight == std::vector<double>{3.0, 5.0},
