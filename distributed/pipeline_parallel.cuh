@@ -15,8 +15,8 @@
 //   - events join the two streams: a send waits for the action that produced its data, an action for the
 //     receive of its input, a receive into a set for the set's previous micro-batch's last use of it (its
 //     backward; ZB-H1: its W, which reads the layer inputs and the output gradients that B kept in the set).
-// The host enqueues both streams in one merged order (transfers of key k before actions that start at k or
-// later), so that every event is recorded before it is waited for.
+// The host enqueues both streams in one merged order (pipeline_schedule.h's host_order), so that every event is
+// recorded before it is waited for.
 //
 // Gradients: the last stage runs the LM head's backward right after its forward (so the logits need no copy
 // per micro-batch in flight); ZeRO (stages 0-1 with pipelines) reduces each unit after its last micro-batch's
@@ -104,25 +104,15 @@ public:
         const int m = schedule_.m;
         const size_t n = (size_t)model.region_rows() * model.config.channels;  // a residual stream's elements on this rank
         auto& trained = model.trained();
-        // the merged host order: a transfer group of key k before the actions that start at k or later, except
-        // ZB-H1's W, which the schedule simulates as taking no time: the receive into the set it frees is keyed at
-        // its start, and must be enqueued after it, so that its wait for set_free sees this W's record (W reads the
-        // set's input again where --recompute refills the chunk's first LayerNorm from it)
-        size_t next_transfer = 0;
-        auto enqueue_transfers_before = [&](double time, bool including_time) {
-            while (next_transfer < s.transfers.size() &&
-                   (s.transfers[next_transfer].key < time || (including_time && s.transfers[next_transfer].key == time))) {
-                size_t end = next_transfer;
-                while (end < s.transfers.size() && s.transfers[end].key == s.transfers[next_transfer].key) end++;
-                enqueue_group(model, next_transfer, end, n);
-                next_transfer = end;
-            }
-        };
         cudaCheck(cudaEventRecord(transfers_done_, model.stream));  // the transfers start after what the stream did before
         cudaCheck(cudaStreamWaitEvent(transfers_, transfers_done_));
-        for (size_t i = 0; i < s.actions.size(); i++) {
+        for (const HostStep& step : host_order(s)) {  // every event recorded before it is waited for
+            if (step.transfers) {
+                enqueue_group(model, step.first, step.last, n);
+                continue;
+            }
+            const size_t i = step.first;
             const PipelineAction& a = s.actions[i];
-            enqueue_transfers_before(a.start, a.type != PipelineAction::kWeightGradient);
             auto& set = model.sets[a.chunk][a.slot];
             SetEvents& e = events_[a.chunk][a.slot];
             const bool last_micro_batch = a.micro_batch == m - 1;
@@ -154,7 +144,6 @@ public:
             }
             cudaCheck(cudaEventRecord(timing_[2 * i + 1], model.stream));
         }
-        enqueue_transfers_before(1e300, true);
         // the compute stream waits for the last transfer (the pipeline communicator is used on it next) and ends
         // the backward: ZeRO's reductions and the tied embedding's sum
         cudaCheck(cudaEventRecord(transfers_done_, transfers_));

@@ -20,6 +20,7 @@
 // Header-only with no CUDA or NCCL (test/test_pipeline_schedule.cpp compiles it with g++).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -404,6 +405,35 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
         for (const auto& change : in_flight_changes) stage.max_in_flight = std::max(stage.max_in_flight, in_flight += change.second);
     }
     return schedule;
+}
+
+// The order in which a stage's host enqueues its work (PipelineParallel::run_step), whose events join the compute
+// and transfer streams: an event must be recorded before it is waited for, or the wait sees an older record. Each
+// step is an action (index into actions) or a group of transfers of one key [first, last). A group of key k comes
+// before the actions that start at k or later, except ZB-H1's W: the schedule may simulate it as taking no time,
+// and the receive into the activation set it frees is keyed at its end, so that receive's wait for the set's
+// release must come after it.
+struct HostStep {
+    bool transfers;      // false: one action
+    size_t first, last;  // the action (first), or the transfer group [first, last)
+};
+inline std::vector<HostStep> host_order(const StageSchedule& s) {
+    std::vector<HostStep> order;
+    size_t next = 0;
+    auto groups_before = [&](double time, bool including_time) {
+        while (next < s.transfers.size() && (s.transfers[next].key < time || (including_time && s.transfers[next].key == time))) {
+            size_t end = next;
+            while (end < s.transfers.size() && s.transfers[end].key == s.transfers[next].key) end++;
+            order.push_back({true, next, end});
+            next = end;
+        }
+    };
+    for (size_t i = 0; i < s.actions.size(); i++) {
+        groups_before(s.actions[i].start, s.actions[i].type != PipelineAction::kWeightGradient);
+        order.push_back({false, i, i + 1});
+    }
+    groups_before(INFINITY, true);
+    return order;
 }
 
 // The bubble fraction the schedule should have, makespan idle over makespan, with make_pipeline_schedule's

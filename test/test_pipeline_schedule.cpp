@@ -913,6 +913,95 @@ void test_zero_bubble_work_model() {
 }
 }  // namespace
 
+// The host order (host_order, which PipelineParallel::run_step follows) against the events that join the compute and
+// transfer streams: each wait must find the record it is meant to see as the event's latest, or it would wait for an
+// older one. Per (chunk, slot): a send waits for its producer (forward_done, backward_done: this micro-batch), a
+// receive of an activation for the release of the set by its previous micro-batch (set_free: backward, ZB-H1's W),
+// a forward for its input (input_ready) and for the previous micro-batch's gradient to have left (gradient_sent), a
+// backward or B for its output's gradient (gradient_ready).
+std::string host_order_problem(const PipelineSchedule& sched) {
+    const int P = sched.P, K = sched.P * sched.v;
+    for (int stage = 0; stage < P; stage++) {
+        const StageSchedule& s = sched.stages[stage];
+        enum Event { kForwardDone, kBackwardDone, kSetFree, kInputReady, kGradientReady, kGradientSent, kEvents };
+        std::map<std::pair<int, int>, std::array<int, kEvents>> latest;        // (chunk, slot) -> micro-batch last recorded
+        std::map<std::pair<int, int>, std::vector<int>> occupants;             // (chunk, slot) -> micro-batches in forward order
+        for (const PipelineAction& a : s.actions)
+            if (a.type == PipelineAction::kForward) occupants[{a.chunk, a.slot}].push_back(a.micro_batch);
+        auto previous = [&](int chunk, int slot, int micro_batch) {
+            const std::vector<int>& o = occupants[{chunk, slot}];
+            const auto it = std::find(o.begin(), o.end(), micro_batch);
+            return it == o.end() || it == o.begin() ? -1 : *(it - 1);
+        };
+        auto record = [&](int chunk, int slot, Event e, int micro_batch) {
+            auto it = latest.find({chunk, slot});
+            if (it == latest.end()) it = latest.emplace(std::make_pair(chunk, slot), std::array<int, kEvents>{-1, -1, -1, -1, -1, -1}).first;
+            it->second[e] = micro_batch;
+        };
+        auto seen = [&](int chunk, int slot, Event e) {
+            const auto it = latest.find({chunk, slot});
+            return it == latest.end() ? -1 : it->second[e];
+        };
+        const char* names[] = {"forward_done", "backward_done", "set_free", "input_ready", "gradient_ready", "gradient_sent"};
+        auto wrong = [&](const char* what, int micro_batch, Event e, int expected, int got) {
+            return fmt("stage %g: ", stage) + what + fmt(" of micro-batch %g", micro_batch) + " waits for " + names[e] +
+                   fmt(" of micro-batch %g but would see %g's", expected, got);
+        };
+        for (const HostStep& step : host_order(s)) {
+            if (step.transfers) {
+                for (size_t t = step.first; t < step.last; t++) {
+                    const PipelineTransfer& x = s.transfers[t];
+                    const Event e = x.send ? (x.gradient ? kBackwardDone : kForwardDone) : kSetFree;
+                    const int expected = x.send ? x.micro_batch : previous(x.chunk, x.slot, x.micro_batch);
+                    if ((x.send || !x.gradient) && expected >= 0 && seen(x.chunk, x.slot, e) != expected)
+                        return wrong(x.send ? "a send" : "the receive of the activation", x.micro_batch, e, expected, seen(x.chunk, x.slot, e));
+                }
+                for (size_t t = step.first; t < step.last; t++) {
+                    const PipelineTransfer& x = s.transfers[t];
+                    if (!x.send) record(x.chunk, x.slot, x.gradient ? kGradientReady : kInputReady, x.micro_batch);
+                    else if (x.gradient) record(x.chunk, x.slot, kGradientSent, x.micro_batch);
+                }
+                continue;
+            }
+            const PipelineAction& a = s.actions[step.first];
+            const int k = a.chunk * P + stage, i = a.micro_batch;
+            if (a.type == PipelineAction::kForward) {
+                if (k > 0 && seen(a.chunk, a.slot, kInputReady) != i)
+                    return wrong("the forward", i, kInputReady, i, seen(a.chunk, a.slot, kInputReady));
+                const int before = previous(a.chunk, a.slot, i);
+                if (k > 0 && before >= 0 && seen(a.chunk, a.slot, kGradientSent) != before)
+                    return wrong("the forward", i, kGradientSent, before, seen(a.chunk, a.slot, kGradientSent));
+                record(a.chunk, a.slot, kForwardDone, i);
+            } else {
+                if (a.type != PipelineAction::kWeightGradient && k < K - 1 && seen(a.chunk, a.slot, kGradientReady) != i)
+                    return wrong("the backward", i, kGradientReady, i, seen(a.chunk, a.slot, kGradientReady));
+                if (a.type != PipelineAction::kWeightGradient) record(a.chunk, a.slot, kBackwardDone, i);
+                if (a.type != PipelineAction::kInputGradient) record(a.chunk, a.slot, kSetFree, i);
+            }
+        }
+    }
+    return "";
+}
+void test_host_order() {
+    int cases = 0;
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved, PipelineScheduleKind::kZeroBubbleH1}) {
+        Verdict v{std::string(pipeline_schedule_name(kind)) +
+                  " host order: every wait on an event finds the record it needs as the latest (the receive into a set after the set's last use)"};
+        std::vector<StageTimes> times = {{1, 2, 0}};  // the trainer's schedule: make_pipeline_schedule's default times
+        if (kind == PipelineScheduleKind::kZeroBubbleH1) times.insert(times.end(), std::begin(kZeroBubbleTimes), std::end(kZeroBubbleTimes));
+        for (const Shape& shape : accepted_shapes(kind))
+            for (const StageTimes& t : times) {
+                v.where = shape_name(shape) + fmt(", F:B:W %g:", t.forward) + fmt("%g:", t.input_gradient) + fmt("%g", t.weight_gradient);
+                const std::string problem =
+                    host_order_problem(make_pipeline_schedule(kind, shape.P, shape.m, shape.v, t.forward, t.input_gradient, t.weight_gradient));
+                if (!problem.empty()) v.fail(problem);
+                cases++;
+            }
+        v.detail = std::to_string(cases) + " schedules";
+        cases = 0;
+    }
+}
+
 int main() {
     check_suite("pipeline_schedule");
     test_names();
@@ -928,5 +1017,6 @@ int main() {
     guarded("zb1 schedules", test_zero_bubble_schedules);
     guarded("backward time B + W", test_weight_gradient_time_in_full_backward);
     guarded("zb1 work model", test_zero_bubble_work_model);
+    guarded("host order", test_host_order);
     return check_failures() ? 1 : 0;
 }
