@@ -9,7 +9,8 @@
 // weight-gradient (W) times.
 // The simulated times are not a prediction the driver relies on; they give every message a key (its send
 // time) that both sides agree on, so that sorting each rank's messages by key orders them the same way on
-// every rank (no deadlock), and they decide which activation set ("slot") each micro-batch uses.
+// every rank (no deadlock), and they decide which activation set ("slot") each micro-batch uses, and under ZB-H1
+// which set of output gradients ("gradient slot"), kept from its B to its W.
 // simulate_pipeline runs the same orders with each virtual stage's own work (the LM head makes the last one
 // heavier): the idle share that predicts, and the layer split that shortens the step (pipeline_layer_split's
 // "balanced").
@@ -145,6 +146,8 @@ struct PipelineAction {              // one compute action of one rank, in execu
     int micro_batch;                 // 0..m-1
     int chunk;                       // this rank's model chunk 0..v-1; virtual stage = chunk * P + stage
     int slot;                        // the activation set of this chunk that holds the micro-batch
+    int grad_slot;                   // B and W: the gradient slot of this chunk that holds the micro-batch's output
+                                     // gradients from B's start to W's end; -1 for the other actions
     double start, end;               // simulated times
 };
 struct PipelineTransfer {            // one point-to-point message as seen by one rank
@@ -160,6 +163,8 @@ struct StageSchedule {
     std::vector<PipelineAction> actions;       // execution order (sorted by start)
     std::vector<PipelineTransfer> transfers;   // sorted by key; transfers of equal key form one group (ncclGroupStart/End)
     std::vector<int> slots;                    // activation sets needed per chunk (v entries)
+    std::vector<int> grad_slots;               // gradient slots needed per chunk (v entries; 0 but under ZB-H1): the
+                                               // most micro-batches whose B has started and whose W has not ended
     int max_in_flight = 0;                     // most micro-batches (over all chunks) whose forward began and whose
                                                // backward (ZB-H1: W) has not ended
     double busy = 0;                           // sum of action durations
@@ -268,6 +273,13 @@ struct Simulated {
     }
 };
 // The action whose output a step of virtual stage k consumes (K virtual stages); null for virtual stage 0's forward.
+// The lowest slot that in_use marks free, marked in use (a new one when all are).
+inline int take_lowest_free(std::vector<bool>& in_use) {
+    const int slot = std::find(in_use.begin(), in_use.end(), false) - in_use.begin();
+    if (slot == (int)in_use.size()) in_use.push_back(false);
+    in_use[slot] = true;
+    return slot;
+}
 inline const Times* input_of(const Simulated& sim, const Step& step, int k, int K, int m) {
     const int i = step.micro_batch;
     if (step.type == kF) return k > 0 ? &sim.forward[(k - 1) * m + i] : nullptr;
@@ -331,8 +343,13 @@ inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v,
 // weight_gradient_time) / v. Then it lays out each rank's messages and activation sets (slots): a slot of a
 // chunk is taken when the micro-batch's activation arrives (at its forward's start for virtual stage 0) and
 // freed at the end of its backward (ZB-H1: of its W, which reads the layer inputs and output gradients); the
-// lowest free slot is taken, and at equal times frees come first. Integer times keep the simulation exact, so
-// that messages sent at the same moment share one key (one group).
+// lowest free slot is taken, and at equal times frees come first. ZB-H1 also keeps each micro-batch's output
+// gradients from its B to its W in a gradient slot of the chunk, taken at B's start and freed at W's end: a stage
+// runs one action at a time in its order, so they are handed out in that order, the lowest free first; a W frees its
+// slot for the B's after it in the order, whatever the times (the trainer's W takes no simulated time). On stage s
+// at most min(m, s+1) micro-batches hold one (a B leaves at most s+1 W's waiting, the oldest then runs), against
+// the min(m, P) activation sets. Integer times keep the simulation exact, so that messages sent at the same moment
+// share one key (one group).
 // Throws std::invalid_argument for a shape that pipeline_schedule_problem rejects.
 inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P, int m, int v, double forward_time = 1.0,
                                                double backward_time = 2.0, double weight_gradient_time = 0.0) {
@@ -371,9 +388,7 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
                 in_use[slot] = false;
                 continue;
             }
-            slot = std::find(in_use.begin(), in_use.end(), false) - in_use.begin();
-            if (slot == (int)in_use.size()) in_use.push_back(false);
-            in_use[slot] = true;
+            slot = take_lowest_free(in_use);
         }
         slots_needed[k] = in_use.size();
     }
@@ -382,11 +397,16 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
     for (int s = 0; s < P; s++) {
         StageSchedule& stage = schedule.stages[s];
         for (int c = 0; c < v; c++) stage.slots.push_back(slots_needed[c * P + s]);
+        std::vector<std::vector<bool>> grad_in_use(v);  // per chunk: gradient slots held
+        std::vector<int> grad_slot_of(v * m, -1);        // chunk * m + micro-batch
         std::vector<std::pair<double, int>> in_flight_changes;  // +1 at a forward's start, -1 at the slot's last use
         for (const Step& step : orders[s]) {
             const int k = step.chunk * P + s, i = step.micro_batch, slot = slot_of[k * m + i];
+            int& grad_slot = grad_slot_of[step.chunk * m + i];
+            if (step.type == kB) grad_slot = take_lowest_free(grad_in_use[step.chunk]);
+            if (step.type == kW) grad_in_use[step.chunk][grad_slot] = false;
             const Times& t = sim.of(step.type)[k * m + i];
-            stage.actions.push_back({step.type, i, step.chunk, slot, t.start / v, t.end / v});
+            stage.actions.push_back({step.type, i, step.chunk, slot, step.type == kB || step.type == kW ? grad_slot : -1, t.start / v, t.end / v});
             stage.busy += (t.end - t.start) / v;
             schedule.makespan = std::max(schedule.makespan, t.end / v);
             if (step.type == kF) in_flight_changes.emplace_back(t.start, +1);
@@ -398,6 +418,7 @@ inline PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int P,
             if (to >= 0 && to < K) stage.transfers.push_back({true, gradient, to % P, i, step.chunk, slot, t.end / v});
             if (from >= 0 && from < K) stage.transfers.push_back({false, gradient, from % P, i, step.chunk, slot, input_of(step, k)->end / v});
         }
+        for (int c = 0; c < v; c++) stage.grad_slots.push_back(grad_in_use[c].size());
         std::stable_sort(stage.transfers.begin(), stage.transfers.end(),
                          [](const PipelineTransfer& a, const PipelineTransfer& b) { return a.key < b.key; });
         std::sort(in_flight_changes.begin(), in_flight_changes.end());  // at equal times the -1 comes first

@@ -5,7 +5,8 @@
 // the key conditions the driver's two streams need, and the stages' message groups complete without
 // deadlock; the bubble equals its formula. ZB-H1 (zb1, P 1..8, m 1..32 at four forward:B:W times) likewise,
 // each micro-batch's F, B and W once per stage, its slots held until W, never more than 1F1B's first stage
-// needs, and its bubble below 1F1B's. Also the flag checks, the layer split, the simulation with each stage's
+// needs, its output gradients in one gradient slot from B to W (min(m, s+1) of them on stage s), and its bubble
+// below 1F1B's. Also the flag checks, the layer split, the simulation with each stage's
 // own work (the LM head on the last) and the split balanced by it.
 //
 // Needs no GPU, CUDA or NCCL. Prints one PASS/FAIL line per check group (test/check.h); exits 1 on any FAIL.
@@ -844,6 +845,77 @@ void test_zero_bubble_schedules() {
     smaller.report();
 }
 
+// ZB-H1's gradient slots on each stage, walked in the stage's action order (the order the compute stream runs them
+// in): a micro-batch's B takes one and its W, which reads the output gradients B left there, uses the same; no slot
+// holds two micro-batches at once, so a slot passes to a B only after the W that frees it, in the order and in time;
+// grad_slots is the most held at once, exactly min(m, s+1) on stage s (a B leaves at most s+1 W's waiting, then the
+// oldest runs), and no more than the stage's activation sets. At kZeroBubbleTimes and the trainer's times (W takes no
+// time). The other schedules keep none: grad_slots all 0, every grad_slot -1.
+void test_zero_bubble_gradient_slots() {
+    const PipelineScheduleKind zb1 = PipelineScheduleKind::kZeroBubbleH1;
+    std::vector<StageTimes> times(std::begin(kZeroBubbleTimes), std::end(kZeroBubbleTimes));
+    times.push_back({1, 2, 0});  // the trainer's schedule: make_pipeline_schedule's default times
+    Verdict v{"zb1 gradient slots: B and W of a micro-batch share one, none held by two micro-batches at once (in action order and in "
+              "time), min(m, s+1) on stage s, no more than the activation sets"};
+    const std::vector<Shape> shapes = accepted_shapes(zb1);
+    std::string at_p8;  // per stage at P 8, m 32: gradient slots / activation sets
+    for (const Shape& shape : shapes)
+        for (const StageTimes& t : times) {
+            v.where = shape_name(shape) + ", " + times_name(t);
+            const PipelineSchedule sched = make_pipeline_schedule(zb1, shape.P, shape.m, 1, t.forward, t.input_gradient, t.weight_gradient);
+            for (int s = 0; s < shape.P; s++) {
+                const StageSchedule& stage = sched.stages[s];
+                v.expect(stage.grad_slots.size() == 1 && stage.slots.size() == 1, "grad_slots or slots does not have v = 1 entries");
+                if (stage.grad_slots.size() != 1 || stage.slots.size() != 1) return;
+                const int slots = stage.grad_slots[0];
+                std::vector<int> holder(std::max(slots, 0), -1);      // the micro-batch holding each slot, or -1
+                std::vector<double> freed_at(holder.size(), -1.0);    // the end of the W that last freed it
+                std::vector<int> slot_of(shape.m, -1);                // each micro-batch's slot, from its B
+                int held = 0, most_held = 0;
+                for (const PipelineAction& a : stage.actions) {
+                    const int i = a.micro_batch;
+                    if (a.type == PipelineAction::kForward) {
+                        v.expect(a.grad_slot == -1, "a forward has a gradient slot");
+                        continue;
+                    }
+                    const bool in_range = a.grad_slot >= 0 && a.grad_slot < slots;
+                    v.expect(in_range, "a B or W has no gradient slot, or one beyond grad_slots");
+                    if (!in_range) return;
+                    if (a.type == PipelineAction::kInputGradient) {
+                        v.expect(holder[a.grad_slot] == -1, "a B takes a gradient slot that another micro-batch holds (action order)");
+                        v.expect(a.start >= freed_at[a.grad_slot], "a B takes a gradient slot before the W that freed it ends");
+                        holder[a.grad_slot] = i;
+                        slot_of[i] = a.grad_slot;
+                        most_held = std::max(most_held, ++held);
+                    } else {
+                        v.expect(a.type == PipelineAction::kWeightGradient, "an action is neither F, B nor W");
+                        v.expect(a.grad_slot == slot_of[i] && holder[a.grad_slot] == i, "a W reads another gradient slot than its B's");
+                        holder[a.grad_slot] = -1;
+                        freed_at[a.grad_slot] = a.end;
+                        held--;
+                    }
+                }
+                v.expect(held == 0, "a gradient slot is still held after the stage's last action");
+                v.expect(slots == most_held, "grad_slots is not the most micro-batches holding one at once");
+                v.expect(slots == std::min(shape.m, s + 1), "grad_slots on stage s is not min(m, s+1)");
+                v.expect(slots <= stage.slots[0], "more gradient slots than activation sets");
+                if (shape.P == 8 && shape.m == 32 && t.weight_gradient == 0)
+                    at_p8 += (s ? " " : "") + std::to_string(slots) + "/" + std::to_string(stage.slots[0]);
+            }
+        }
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})
+        for (const Shape& shape : accepted_shapes(kind)) {
+            v.where = shape_name(shape);
+            const PipelineSchedule sched = make_pipeline_schedule(kind, shape.P, shape.m, shape.v);
+            for (const StageSchedule& stage : sched.stages) {
+                v.expect(stage.grad_slots == std::vector<int>(shape.v, 0), "grad_slots is not v zeros");
+                for (const PipelineAction& a : stage.actions) v.expect(a.grad_slot == -1, "an action has a gradient slot");
+            }
+        }
+    v.detail = std::to_string(shapes.size()) + " shapes x " + std::to_string(times.size()) +
+               " F:B:W times; gradient slots / activation sets per stage at P 8, m 32: " + at_p8;
+}
+
 // 1F1B's and the interleaved schedule's backward computes both gradients: with a weight-gradient time its
 // actions last backward + weight-gradient time, and the schedule is the one with that backward time.
 void test_weight_gradient_time_in_full_backward() {
@@ -1015,6 +1087,7 @@ int main() {
     guarded("pipeline_balanced_split", test_balanced_split);
     guarded("zb1 names and problems", test_zero_bubble_names_and_problems);
     guarded("zb1 schedules", test_zero_bubble_schedules);
+    guarded("zb1 gradient slots", test_zero_bubble_gradient_slots);
     guarded("backward time B + W", test_weight_gradient_time_in_full_backward);
     guarded("zb1 work model", test_zero_bubble_work_model);
     guarded("host order", test_host_order);
