@@ -208,6 +208,8 @@ struct PipelineStages {
     std::unique_ptr<PipelineSchedule> schedule;
     PipelineForecast forecast;
     std::vector<int> slots(int s) const { return schedule ? schedule->stages[s].slots : std::vector<int>{1}; }
+    // ZB-H1's gradient slots (0 for the other schedules, none without a schedule)
+    std::vector<int> grad_slots(int s) const { return schedule ? schedule->stages[s].grad_slots : std::vector<int>(); }
 };
 static PipelineStages pipeline_stages(const Options& o, const RunShape& run, const StepShape& batch) {
     const PipelineOptions& po = run.pipeline;
@@ -302,10 +304,11 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     const bool delayed_update = o.offload_delayed_update != 0;
     StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
                              stages.chunks, {}, !o.offload_dir.empty()};
-    for (int s = 0; s < P; s++) plans.slots.push_back(stages.slots(s));
-    // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in the sets between them
-    const bool split_backward = stages.schedule && stages.schedule->kind == PipelineScheduleKind::kZeroBubbleH1;
-    plans.output_grads = split_backward;
+    // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in gradient slots between them
+    for (int s = 0; s < P; s++) {
+        plans.slots.push_back(stages.slots(s));
+        plans.grad_slots.push_back(stages.grad_slots(s));
+    }
     plans.fp8 = o.precision == "fp8";
     plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
     const std::string precision = !plans.fp8 ? o.precision
@@ -342,10 +345,9 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     model.deterministic_attention = o.deterministic != 0 || flash::hopper::available();
     model.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
-    model.split_backward = split_backward;
     model.fp8 = plans.fp8;
     model.fp8_options = plans.fp8_options;
-    model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>());
+    model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>(), stages.grad_slots(my_stage));
     if (stages.schedule) {
         pipeline.reset(new PipelineParallel<GPT2<floatX>>(*stages.schedule, model.mesh.pipeline));
         pipeline->allocate();

@@ -3,7 +3,8 @@
 //
 // The schedule (distributed/pipeline_schedule.h) gives each stage its compute actions (forward or backward of a
 // micro-batch on one of its model chunks, and the activation set that holds it; ZB-H1 splits the backward into
-// its input gradient B and its weight gradients W, model/gpt2.cuh's BackwardPart) and its transfers (activations
+// its input gradient B and its weight gradients W, model/gpt2.cuh's BackwardPart, and names the gradient slot that
+// holds the output gradients from B to W) and its transfers (activations
 // forward, their gradients backward, sent by the backward or B), each transfer keyed by its simulated send time.
 // This file runs them:
 //   - compute on the model's stream, in the schedule's order;
@@ -14,7 +15,8 @@
 //     schedule's tests check this on the CPU);
 //   - events join the two streams: a send waits for the action that produced its data, an action for the
 //     receive of its input, a receive into a set for the set's previous micro-batch's last use of it (its
-//     backward; ZB-H1: its W, which reads the layer inputs and the output gradients that B kept in the set).
+//     backward; ZB-H1: its W, which reads the layer inputs kept in the set). A gradient slot needs no event: the
+//     B's and W's that use it all run on the compute stream, a W before the B that takes its slot next.
 // The host enqueues both streams in one merged order (pipeline_schedule.h's host_order), so that every event is
 // recorded before it is waited for.
 //
@@ -75,7 +77,7 @@ public:
     const StageSchedule& mine() const { return schedule_.stages[group_.rank]; }
     int micro_batches() const { return schedule_.m; }
 
-    // After model.allocate(..., mine().slots).
+    // After model.allocate(..., mine().slots, mine().grad_slots).
     void allocate() {
         cudaCheck(cudaStreamCreateWithFlags(&transfers_, cudaStreamNonBlocking));
         const StageSchedule& s = mine();
@@ -138,7 +140,7 @@ public:
             } else {
                 // again: another chunk's actions may have come in between (ZB-H1: the last W reduces the gradients)
                 trained.begin_backward(last_micro_batch);
-                model.backward_chunk(a.chunk, set, backward_part(a.type));
+                model.backward_chunk(a.chunk, set, backward_part(a.type), a.grad_slot);
                 if (a.type != PipelineAction::kWeightGradient) cudaCheck(cudaEventRecord(e.backward_done, model.stream));
                 if (a.type != PipelineAction::kInputGradient) cudaCheck(cudaEventRecord(e.set_free, model.stream));
             }

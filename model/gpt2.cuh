@@ -52,7 +52,8 @@ struct LayerActivations {
 // ZB-H1's split backward (BackwardPart): the output gradients of a block's four products, which the input-gradient
 // pass (B) computes and the weight-gradient pass (W) multiplies with the products' inputs later. N rows each, of
 // 3 Cs (this rank's heads' q, k, v), C, 4 Cs (this rank's hidden units) and C columns (whole rows: under sequence
-// parallelism the gathered gradient that the product reads).
+// parallelism the gathered gradient that the product reads). A micro-batch holds a chunk's (one per block) in a
+// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets.
 template <typename floatX>
 struct LayerOutputGrads {
     floatX *qkv, *attproj, *fc, *fcproj;
@@ -63,7 +64,6 @@ struct LayerOutputGrads {
 template <typename floatX>
 struct ActivationSet {
     std::vector<LayerActivations<floatX>> layers;  // the chunk's blocks
-    std::vector<LayerOutputGrads<floatX>> output_grads;  // the blocks', kept from B to W (split backward only)
     floatX* input = nullptr;      // the residual stream entering the chunk: the embeddings' output, or received
     floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
     int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
@@ -104,6 +104,8 @@ struct GPT2 {
     floatX* activation_memory = nullptr;
     float* statistics_memory = nullptr;
     std::vector<std::vector<ActivationSet<floatX>>> sets;
+    // ZB-H1: output_grads[k][g] holds chunk k's blocks' output gradients (one per block) in gradient slot g
+    std::vector<std::vector<std::vector<LayerOutputGrads<floatX>>>> output_grads;
     // the model's end (last stage): the final LayerNorm's output, the logits (or their gradient), per-row losses
     floatX *lnf = nullptr, *logits = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -121,9 +123,6 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
-    // Set before allocate(): the backward runs as ZB-H1's B and W (BackwardPart), so each activation set also keeps
-    // its blocks' output gradients from B to W.
-    bool split_backward = false;
     // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
     // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
     // fc-proj in the backward). false: separate GELU kernels everywhere (test_model's base model, which must
@@ -175,12 +174,12 @@ struct GPT2 {
     int num_chunks() const { return (int)chunk_begin.size() - 1; }
     bool model_begins(int k) const { return layout.part.first && k == 0; }
     bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
-    ActivationPlan activation_plan(std::vector<int> slots = {}) const {
+    ActivationPlan activation_plan(std::vector<int> slots = {}, std::vector<int> grad_slots = {}) const {
         ActivationPlan p;
         for (int k = 0; k < num_chunks(); k++) p.chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
         p.slots = slots.empty() ? std::vector<int>(num_chunks(), 1) : slots;
         p.head = layout.part.last;
-        p.output_grads = split_backward;
+        p.grad_slots = grad_slots;
         return p;
     }
     // The optimizer of what trains: the adapters under LoRA, else the model.
@@ -191,7 +190,9 @@ struct GPT2 {
 
 
     // `slots`: activation sets per chunk (pipeline parallelism: one per micro-batch in flight); one by default.
-    void allocate(int batch, int seq_len, int recompute_level = kKeepAll, const std::vector<int>& slots = {}) {
+    // `grad_slots`: ZB-H1's gradient slots per chunk (one per micro-batch between its B and its W); none by default.
+    void allocate(int batch, int seq_len, int recompute_level = kKeepAll, const std::vector<int>& slots = {},
+                  const std::vector<int>& grad_slots = {}) {
         B = batch;
         T = seq_len;
         recompute = recompute_level;
@@ -201,7 +202,7 @@ struct GPT2 {
         model_state_bytes = device_memory_in_use() - in_use_before_states;
         lora_hooks.allocate((size_t)B * T);
 
-        const ActivationPlan ap = activation_plan(slots);
+        const ActivationPlan ap = activation_plan(slots, grad_slots);
         size_t x_elements, stat_elements;
         activation_counts(config, B, T, layout.tp, sequence_split(), recompute, ap, &x_elements, &stat_elements);
         cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
@@ -231,16 +232,20 @@ struct GPT2 {
                     a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
                     a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
                 }
-                set.output_grads.resize(ap.output_grads ? ap.chunk_blocks[k] : 0);
-                for (LayerOutputGrads<floatX>& d : set.output_grads) {
-                    const size_t Cs = C / layout.tp;
-                    d.qkv = take(N * 3 * Cs); d.attproj = take(N * C); d.fc = take(N * 4 * Cs); d.fcproj = take(N * C);
-                }
                 set.input = take(Nr * C);
                 set.dresidual = take(Nr * C);
                 set.tokens = tokens;
                 tokens += tokens_buffer_ints();
             }
+        }
+        output_grads.assign(num_chunks(), {});
+        const size_t Cs = C / layout.tp;  // this rank's heads' and hidden units' share of C
+        for (size_t k = 0; k < ap.grad_slots.size(); k++) {
+            output_grads[k].assign(ap.grad_slots[k], std::vector<LayerOutputGrads<floatX>>(ap.chunk_blocks[k]));
+            for (std::vector<LayerOutputGrads<floatX>>& slot : output_grads[k])
+                for (LayerOutputGrads<floatX>& d : slot) {
+                    d.qkv = take(N * 3 * Cs); d.attproj = take(N * C); d.fc = take(N * 4 * Cs); d.fcproj = take(N * C);
+                }
         }
         if (ap.head) {
             lnf = take(N * C);
@@ -585,14 +590,16 @@ struct GPT2 {
     // The backward of chunk k on `set`, whose dresidual holds d(loss)/d(the chunk's output): from the head
     // (head_backward), or received from the next stage. Leaves d(loss)/d(the chunk's input) in set.dresidual
     // (sent to the previous stage) or, when the chunk begins the model, adds it into the embeddings' gradients.
-    // `part` (BackwardPart): kInputGradient leaves the products' output gradients in set.output_grads and their
-    // weight gradients, and the embeddings', to kWeightGradient (weight_gradient_chunk).
-    void backward_chunk(int k, ActivationSet<floatX>& set, BackwardPart part = BackwardPart::kBoth) {
+    // `part` (BackwardPart): kInputGradient leaves the products' output gradients in gradient slot `grad_slot` of
+    // the chunk (output_grads[k][grad_slot]) and their weight gradients, and the embeddings', to kWeightGradient
+    // (weight_gradient_chunk), which reads them from the same slot.
+    void backward_chunk(int k, ActivationSet<floatX>& set, BackwardPart part = BackwardPart::kBoth, int grad_slot = -1) {
         if (part == BackwardPart::kWeightGradient) {
-            weight_gradient_chunk(k, set);
+            weight_gradient_chunk(k, set, grad_slot);
             return;
         }
         const bool input_only = part == BackwardPart::kInputGradient;
+        std::vector<LayerOutputGrads<floatX>>* kept_grads = input_only ? &gradient_slot(k, grad_slot) : nullptr;
         const int N = B * T, C = config.channels, Nr = region_rows();
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
@@ -603,10 +610,10 @@ struct GPT2 {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            // B: the products' output gradients go to the set's buffers, which W reads, and their weight gradients
+            // B: the products' output gradients go to the gradient slot, which W reads, and their weight gradients
             // (null here) are W's; the products' inputs are read only by LoRA's adapters, which run with tp = 1 (no
             // gather)
-            LayerOutputGrads<floatX>* kept = input_only ? &set.output_grads[l - begin] : nullptr;
+            LayerOutputGrads<floatX>* kept = kept_grads ? &(*kept_grads)[l - begin] : nullptr;
             auto product_grad = [&](BlockTensor t) { return input_only ? nullptr : grad(l, t); };
             auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
             floatX* dfch = kept ? kept->fc : dbig;
@@ -673,17 +680,18 @@ struct GPT2 {
     }
 
     // ZB-H1's W of chunk k on `set`, after its B (backward_chunk with BackwardPart::kInputGradient) left the products'
-    // output gradients in set.output_grads and d(loss)/d(the chunk's input) in set.dresidual: the products' weight
-    // gradients (their inputs refilled again where --recompute dropped them) and the biases summed from the output
-    // gradients (backward_chunk's, less those B took), then the embeddings' when the chunk begins the model.
-    void weight_gradient_chunk(int k, ActivationSet<floatX>& set) {
+    // output gradients in gradient slot `grad_slot` and d(loss)/d(the chunk's input) in set.dresidual: the products'
+    // weight gradients (their inputs refilled again where --recompute dropped them) and the biases summed from the
+    // output gradients (backward_chunk's, less those B took), then the embeddings' when the chunk begins the model.
+    void weight_gradient_chunk(int k, ActivationSet<floatX>& set, int grad_slot) {
+        const std::vector<LayerOutputGrads<floatX>>& kept_grads = gradient_slot(k, grad_slot);
         const int N = B * T, C = config.channels;
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
         const bool bias_in_layernorm = sequence_split() == 1;  // B took the row-parallel biases (backward_chunk)
         for (int l = end - 1; l >= begin; l--) {
             LayerActivations<floatX>& a = set.layers[l - begin];
-            const LayerOutputGrads<floatX>& d = set.output_grads[l - begin];
+            const LayerOutputGrads<floatX>& d = kept_grads[l - begin];
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
@@ -698,6 +706,13 @@ struct GPT2 {
             block_gradients_done(l);
         }
         if (model_begins(k)) embeddings_backward(set);
+    }
+    // Gradient slot g of chunk k (allocate()'s grad_slots).
+    std::vector<LayerOutputGrads<floatX>>& gradient_slot(int k, int g) {
+        if (g < 0 || g >= (int)output_grads[k].size())
+            die("internal: gradient slot " + std::to_string(g) + " asked for, but chunk " + std::to_string(k) + " has " +
+                std::to_string(output_grads[k].size()));
+        return output_grads[k][g];
     }
     // B's copy of a product's output gradient (N x C: whole rows), which dresidual's next change would overwrite.
     void keep_output_grad(floatX* kept, const floatX* grad) {

@@ -25,17 +25,23 @@
 #include "fp8_linear.cuh"                      // defines: fp8_scratch_bytes
 
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
-// flight), whether the stage ends the model (final LayerNorm, LM head, loss), and whether each set also keeps its
-// blocks' output gradients from B to W (ZB-H1's split backward, model/gpt2.cuh's LayerOutputGrads).
+// flight), whether the stage ends the model (final LayerNorm, LM head, loss), and the gradient slots per chunk, each
+// its blocks' output gradients for one micro-batch from B to W (ZB-H1's split backward, model/gpt2.cuh's
+// LayerOutputGrads; empty: none).
 struct ActivationPlan {
     std::vector<int> chunk_blocks;
     std::vector<int> slots;
     bool head = true;
-    bool output_grads = false;
+    std::vector<int> grad_slots;
     static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
     int sets() const {
         int n = 0;
         for (int k : slots) n += k;
+        return n;
+    }
+    int total_grad_slots() const {
+        int n = 0;
+        for (int k : grad_slots) n += k;
         return n;
     }
 };
@@ -102,9 +108,8 @@ inline size_t output_grads_width(const ModelConfig& c, int tp) {
 
 // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
 // `split`: tp under sequence parallelism, else 1 (the rows of the LayerNorm and residual regions are N / split).
-// Each activation set keeps its blocks' activations (and with ap.output_grads their output gradients), its input
-// and its dresidual; the recomputed buffers,
-// the head's (lnf, logits) and the scratch are shared by all sets.
+// Each activation set keeps its blocks' activations, its input and its dresidual, each gradient slot its chunk's
+// blocks' output gradients; the recomputed buffers, the head's (lnf, logits) and the scratch are shared by all sets.
 inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int split, int recompute, const ActivationPlan& ap,
                               size_t* x_elements, size_t* stat_elements) {
     const size_t N = (size_t)B * T, Nr = N / split, C = c.channels, NH = c.num_heads / tp;
@@ -113,11 +118,12 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     const size_t lse = (size_t)B * NH * T;
     size_t set_blocks = 0;  // blocks over all sets
     for (size_t k = 0; k < ap.slots.size(); k++) set_blocks += (size_t)ap.slots[k] * ap.chunk_blocks[k];
+    size_t grad_blocks = 0;  // blocks over all gradient slots
+    for (size_t k = 0; k < ap.grad_slots.size(); k++) grad_blocks += (size_t)ap.grad_slots[k] * ap.chunk_blocks[k];
     const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-    const size_t output_grads = ap.output_grads ? output_grads_width(c, tp) : 0;
-    *x_elements = N * ((kept + output_grads) * set_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+    *x_elements = N * (kept * set_blocks + output_grads_width(c, tp) * grad_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
                      (ap.head ? Nr * 2 : 0) + N;
 }
@@ -168,8 +174,9 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     return p;
 }
 
-// Each pipeline stage's plan (the whole model's, without pipeline parallelism): its part of the model and one
-// activation set per micro-batch in flight on each of its chunks.
+// Each pipeline stage's plan (the whole model's, without pipeline parallelism): its part of the model, one
+// activation set per micro-batch in flight on each of its chunks, and under ZB-H1 one gradient slot per micro-batch
+// between its B and its W.
 template <typename floatX>
 struct StagePlans {
     ModelConfig config;
@@ -180,12 +187,12 @@ struct StagePlans {
     std::vector<StageModel> parts;
     std::vector<std::vector<int>> chunks, slots;  // per stage: blocks per chunk, activation sets per chunk
     bool offload_file = false;  // ZeRO-Offload's NVMe tier (--offload-dir)
-    bool output_grads = false;  // ZB-H1: every set keeps its blocks' output gradients from B to W
+    std::vector<std::vector<int>> grad_slots;  // per stage: gradient slots per chunk (ZB-H1's; empty or 0: none)
     bool fp8 = false;           // --precision fp8
     Fp8Options fp8_options;
+    ActivationPlan sets(int s) const { return {chunks[s], slots[s], parts[s].last, grad_slots.empty() ? std::vector<int>() : grad_slots[s]}; }
     MemoryPlan of(int s, int split) const {
-        const ActivationPlan sets{chunks[s], slots[s], parts[s].last, output_grads};
-        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets, offload_file,
+        return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets(s), offload_file,
                                    fp8 ? &fp8_options : nullptr);
     }
 };
@@ -223,15 +230,19 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
     const int P = (int)plans.parts.size();
     for (int s = 0; P > 1 && s < P; s++) {
         const MemoryPlan p = plans.of(s, split);
-        std::string chunks, slots;
-        for (size_t k = 0; k < plans.chunks[s].size(); k++) {
-            chunks += (k ? "+" : "") + std::to_string(plans.chunks[s][k]);
-            slots += (k ? "+" : "") + std::to_string(plans.slots[s][k]);
+        const ActivationPlan ap = plans.sets(s);
+        std::string chunks, slots, grad_slots;
+        for (size_t k = 0; k < ap.chunk_blocks.size(); k++) {
+            chunks += (k ? "+" : "") + std::to_string(ap.chunk_blocks[k]);
+            slots += (k ? "+" : "") + std::to_string(ap.slots[k]);
+            if (k < ap.grad_slots.size()) grad_slots += (k ? "+" : "") + std::to_string(ap.grad_slots[k]);
         }
+        const std::string kept = ap.total_grad_slots() == 0 ? ""
+                                 : " (with the output gradients of " + grad_slots + (grad_slots == "1" ? " micro-batch" : " micro-batches") +
+                                       " kept from B to W)";
         fprintf(out, "  stage %d: %s blocks%s%s, %s micro-batches in flight: parameters+gradients+optimizer %.2f GiB, activations%s %.2f GiB, total %.2f GiB\n",
                 s, chunks.c_str(), plans.parts[s].first ? " + embeddings" : "", plans.parts[s].last ? " + final LayerNorm and LM head" : "",
-                slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state),
-                plans.output_grads ? " (with the output gradients kept from B to W)" : "", gib(p.activations), gib(p.total()));
+                slots.c_str(), gib(p.parameters + p.gradients + p.master_weights + p.adam_state), kept.c_str(), gib(p.activations), gib(p.total()));
     }
     const LoraSpec& lora = plans.lora;
     if (lora.enabled()) {

@@ -103,10 +103,12 @@ done
 
 # zb1's step log: the bubble next to ZB-H1's theory with a layer's F = B = W (P-1 = 3 idle of 8 x 3 + 3, 11.1%) and
 # the simulation with the head (88.9%); each stage's B and W apart; the plan counts the output gradients kept for W
+# in the schedule's gradient slots, min(m, s+1) on stage s: 1 on the first stage, 4 on the last
 stage_lines=$(grep -cE '^pipeline stage [0-3]: median over the timed steps: busy [0-9.]+ ms .*input gradients \(B\) [0-9.]+, weight gradients \(W\) [0-9.]+' "$W/pp4z_fp32.out")
 if grep -q 'bubble [0-9.]*% (theory 11.1%, with the head 88.9%)' "$W/pp4z_fp32.out" && [ "$stage_lines" -eq 4 ] &&
-   grep -q '^  stage 3: .*activations (with the output gradients kept from B to W)' "$W/pp4z_fp32.out"; then
-    echo "PASS pipeline pp 4 zb1 log: measured bubble next to ZB-H1's theory (11.1%) and the simulation with the head (88.9%), each stage's B and W times, the plan's kept output gradients"
+   grep -q '^  stage 0: .*activations (with the output gradients of 1 micro-batch kept from B to W)' "$W/pp4z_fp32.out" &&
+   grep -q '^  stage 3: .*activations (with the output gradients of 4 micro-batches kept from B to W)' "$W/pp4z_fp32.out"; then
+    echo "PASS pipeline pp 4 zb1 log: measured bubble next to ZB-H1's theory (11.1%) and the simulation with the head (88.9%), each stage's B and W times, the plan's output gradients kept for 1 micro-batch on stage 0, 4 on stage 3"
 else
     echo "FAIL pipeline pp 4 zb1 log: no zb1 bubble line, plan line or $stage_lines of 4 stage timings with B and W: $(grep -m1 -E 'bubble|error' "$W/pp4z_fp32.out")"
 fi
