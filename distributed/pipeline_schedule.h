@@ -272,7 +272,6 @@ struct Simulated {
         return (kind == PipelineScheduleKind::kZeroBubbleH1 ? weight : backward)[k * m + i];
     }
 };
-// The action whose output a step of virtual stage k consumes (K virtual stages); null for virtual stage 0's forward.
 // The lowest slot that in_use marks free, marked in use (a new one when all are).
 inline int take_lowest_free(std::vector<bool>& in_use) {
     const int slot = std::find(in_use.begin(), in_use.end(), false) - in_use.begin();
@@ -280,6 +279,7 @@ inline int take_lowest_free(std::vector<bool>& in_use) {
     in_use[slot] = true;
     return slot;
 }
+// The action whose output a step of virtual stage k consumes (K virtual stages); null for virtual stage 0's forward.
 inline const Times* input_of(const Simulated& sim, const Step& step, int k, int K, int m) {
     const int i = step.micro_batch;
     if (step.type == kF) return k > 0 ? &sim.forward[(k - 1) * m + i] : nullptr;
@@ -342,7 +342,7 @@ inline Simulated simulate_orders(PipelineScheduleKind kind, int P, int m, int v,
 // weight_gradient_time / v; 1F1B's and the interleaved schedule's backward computes both, in (backward_time +
 // weight_gradient_time) / v. Then it lays out each rank's messages and activation sets (slots): a slot of a
 // chunk is taken when the micro-batch's activation arrives (at its forward's start for virtual stage 0) and
-// freed at the end of its backward (ZB-H1: of its W, which reads the layer inputs and output gradients); the
+// freed at the end of its backward (ZB-H1: of its W, which reads the layer inputs); the
 // lowest free slot is taken, and at equal times frees come first. ZB-H1 also keeps each micro-batch's output
 // gradients from its B to its W in a gradient slot of the chunk, taken at B's start and freed at W's end: a stage
 // runs one action at a time in its order, so they are handed out in that order, the lowest free first; a W frees its
