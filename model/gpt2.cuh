@@ -71,7 +71,7 @@ struct ActivationSet {
     int num_buckets = 0;
     // the last forward was one for a backward with the FP8 inputs cast by their producers (GPT2::fp8_inputs_from_producers):
     // the buffers of ln1, ln2 and fch_gelu hold FP8 copies, not bf16 values
-    bool fp8_inputs_from_producers = false;
+    bool fp8_producer_copies = false;
 };
 
 // What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
@@ -540,7 +540,7 @@ struct GPT2 {
         }
         // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
         floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
-        set.fp8_inputs_from_producers = fp8_inputs_from_producers() && training;
+        set.fp8_producer_copies = fp8_inputs_from_producers() && training;
         for (int l = begin; l < end; l++) {
             LayerActivations<floatX>& a = set.layers[l - begin];
             zero->before_unit_forward(layout.block_unit(l));
@@ -673,7 +673,7 @@ struct GPT2 {
         const int N = B * T, C = config.channels, Nr = region_rows();
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
-        if (set.fp8_inputs_from_producers != fp8_inputs_from_producers())
+        if (set.fp8_producer_copies != fp8_inputs_from_producers())
             die("internal: the backward reads the FP8 inputs' copies from their producers when, and only when, its forward (with training set) wrote them");
         floatX* dresidual = set.dresidual;
         for (int l = end - 1; l >= begin; l--) {
