@@ -4,8 +4,9 @@
 // that the weight gradient reads, in place of the bf16 output: each value is rounded to bf16 as layernorm_forward or
 // gelu_forward stores it, then cast as fp8_cast casts it (cast8), so the codes, the amax added into scaling->amax and
 // the count added into scaling->overflow are bit for bit those of the bf16 kernel followed by fp8_cast with the same
-// scale. What that saves: the cast's read of the bf16 tensor and the bf16 output's write (3 of the pair's 5 or 6
-// bytes a value: 2 + 2 written, read 2, written 1, or 2 with the transposed copy).
+// scale. What that saves, besides the producer's own reads: the bf16 output's write and each cast's read of it. The
+// forward's cast and the backward's transposing cast of a bf16 output move 8 bytes a value (written 2; read 2,
+// written 1; read 2, written 1); the producer writing both copies, 2.
 // Current scaling needs the finished tensor's amax before the cast; it keeps the bf16 kernels and fp8_cast.
 // defines: layernorm_forward_fp8, residual_layernorm_forward_fp8, fp8_gelu_cast
 #pragma once
