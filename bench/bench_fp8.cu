@@ -6,11 +6,18 @@
 //   the FP8 products (matmul_fp8: E4M3 x E4M3 forward with bias, E4M3 x E5M2 input and weight gradients, the weight
 //     gradient accumulating) against the bf16 ones as the model runs them (matmul_forward, matmul_backward_input,
 //     matmul_backward_weights) for qkv (4096 -> 12288), the attention projection (4096 -> 4096), fc (4096 -> 16384)
-//     and the fc projection (16384 -> 4096): TFLOP/s of each and FP8's speed-up, one line a layer.
+//     and the fc projection (16384 -> 4096): TFLOP/s of each and FP8's speed-up, one line a layer;
+//   the kernels that cast what they produce (kernels/fp8_fused.cuh) at GPT-2 124M's, 1.5B's and 6.6B's widths (C =
+//     768, 1600, 4096): the residual add + LayerNorm (C wide) and the GELU (4C wide) writing E4M3 with the transposed
+//     copy (a training forward) and without it, against the copy's TB/s and against the kernels they replace (the
+//     bf16 kernel, then the forward's cast, and the backward's transposing cast of the same bf16 output). TB/s counts
+//     the bytes each must move: the LayerNorm reads a and b (2 + 2 bytes a value) and writes the residual (2) and the
+//     codes (1, or 2 with the transposed copy; its statistics' re-reads of the residual are cache hits); the GELU
+//     reads 2 and writes 1 or 2.
 // CUDA events, median of the repetitions after warm-up; random inputs. "autotune" times cuBLASLt's candidates at
 // each product's first call (matmul_setup's autotune) for both precisions; without it both take the heuristic's
 // first choice.
-// Usage: bench_fp8 [rows] [autotune]
+// Usage: bench_fp8 [rows] [autotune]   (rows: 65536 is GPT-2 124M's B=64 x T=1024)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +25,7 @@
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/fp8.cuh"
+#include "../kernels/fp8_fused.cuh"
 #include "../kernels/matmul.cuh"
 #include "bench_util.h"  // defines: random_device_array, median_ms
 
@@ -71,6 +79,68 @@ void bench_cast(long rows, long cols, cudaStream_t stream) {
     cudaCheck(cudaFree(copy));
 }
 
+// The casts fused with their producers at width C, rows x C (the GELU's rows: 4C wide), against the copy limit and the
+// kernels they replace.
+void bench_fused(long rows, int C, cudaStream_t stream) {
+    const long n = rows * C, wide = 4 * n;
+    bf16 *a = random_device_array<bf16>(n, 11), *b = random_device_array<bf16>(n, 12), *w = random_device_array<bf16>(C, 13);
+    bf16 *bias = random_device_array<bf16>(C, 14), *fch = random_device_array<bf16>(wide, 15);
+    bf16 *residual, *produced;  // produced: the bf16 output of the kernels the fused ones replace
+    float *mean, *rstd;
+    e4m3 *q, *q_t;
+    cudaCheck(cudaMalloc(&residual, n * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&produced, wide * sizeof(bf16)));
+    cudaCheck(cudaMalloc(&mean, rows * sizeof(float)));
+    cudaCheck(cudaMalloc(&rstd, rows * sizeof(float)));
+    cudaCheck(cudaMalloc(&q, wide));
+    cudaCheck(cudaMalloc(&q_t, wide));
+    Fp8Tensor<e4m3> scaled(a, rows, C, stream);  // its scaling state (the scale of a's amax) serves every cast here
+    Fp8Scaling* s = scaled.scaling;
+    // the copy's TB/s (device to device, reading and writing 2 bytes a value) over `values` bf16 values
+    auto copy_tbps = [&](long values) {
+        const float ms = median_ms([&] { cudaCheck(cudaMemcpyAsync(produced, fch, values * sizeof(bf16), cudaMemcpyDeviceToDevice, stream)); },
+                                   kWarmup, kReps, stream);
+        return 4.0 * values / ms / 1e9;
+    };
+    struct Variant {
+        const char* what;
+        double bytes_per_value;
+        float fused_ms, replaced_ms;
+    };
+    auto print = [&](const char* kernel, long cols, const Variant (&variants)[2]) {
+        const double copy = copy_tbps(rows * cols);
+        printf("%-25s %6ld x %5ld -> E4M3 (copy %.2f TB/s)", kernel, rows, cols, copy);
+        for (const Variant& v : variants) {
+            const double tbps = v.bytes_per_value * rows * cols / v.fused_ms / 1e9;
+            printf(" | %s %.1f us %.2f TB/s (%.2f of the copy's), replaced kernels %.1f us (%.2fx)", v.what, v.fused_ms * 1e3, tbps, tbps / copy,
+                   v.replaced_ms * 1e3, v.replaced_ms / v.fused_ms);
+        }
+        printf("\n");
+    };
+    auto layernorm_bf16 = [&] { residual_layernorm_forward(residual, produced, mean, rstd, a, b, w, bias, (int)rows, C, stream); };
+    const Variant layernorm[2] = {
+        {"with transpose", 8.0,
+         median_ms([&] { residual_layernorm_forward_fp8(residual, q, q_t, mean, rstd, a, b, w, bias, (int)rows, C, s, stream); }, kWarmup, kReps, stream),
+         median_ms([&] { layernorm_bf16(); fp8_cast(q, (e4m3*)nullptr, produced, rows, C, s, stream); fp8_cast((e4m3*)nullptr, q_t, produced, rows, C, s, stream); },
+                   kWarmup, kReps, stream)},
+        {"row-major only", 7.0,
+         median_ms([&] { residual_layernorm_forward_fp8(residual, q, nullptr, mean, rstd, a, b, w, bias, (int)rows, C, s, stream); }, kWarmup, kReps, stream),
+         median_ms([&] { layernorm_bf16(); fp8_cast(q, (e4m3*)nullptr, produced, rows, C, s, stream); }, kWarmup, kReps, stream)},
+    };
+    print("residual add + LayerNorm", C, layernorm);
+    auto gelu_bf16 = [&] { gelu_forward(produced, fch, wide, stream); };
+    const Variant gelu[2] = {
+        {"with transpose", 4.0, median_ms([&] { fp8_gelu_cast(q, q_t, fch, rows, 4L * C, s, stream); }, kWarmup, kReps, stream),
+         median_ms([&] { gelu_bf16(); fp8_cast(q, (e4m3*)nullptr, produced, rows, 4L * C, s, stream); fp8_cast((e4m3*)nullptr, q_t, produced, rows, 4L * C, s, stream); },
+                   kWarmup, kReps, stream)},
+        {"row-major only", 3.0, median_ms([&] { fp8_gelu_cast(q, nullptr, fch, rows, 4L * C, s, stream); }, kWarmup, kReps, stream),
+         median_ms([&] { gelu_bf16(); fp8_cast(q, (e4m3*)nullptr, produced, rows, 4L * C, s, stream); }, kWarmup, kReps, stream)},
+    };
+    print("GELU", 4L * C, gelu);
+    for (void* p : {(void*)a, (void*)b, (void*)w, (void*)bias, (void*)fch, (void*)residual, (void*)produced, (void*)mean, (void*)rstd, (void*)q, (void*)q_t})
+        cudaCheck(cudaFree(p));
+}
+
 // One Linear layer (C inputs, OC outputs, N rows): its three products in bf16 and in FP8.
 void bench_layer(const char* name, int N, int C, int OC, cudaStream_t stream) {
     bf16 *inp = random_device_array<bf16>((long)N * C, 2), *w = random_device_array<bf16>((long)OC * C, 3);
@@ -115,6 +185,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&stream));
     matmul_setup(false, autotune);
     for (long cols : {4096L, 12288L, 16384L}) bench_cast(rows, cols, stream);
+    for (int C : {768, 1600, 4096}) bench_fused(rows, C, stream);
     bench_layer("qkv", rows, 4096, 12288, stream);
     bench_layer("attention projection", rows, 4096, 4096, stream);
     bench_layer("fc", rows, 4096, 16384, stream);

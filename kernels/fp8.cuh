@@ -5,7 +5,8 @@
 // C++ in fp8_formats.h. The cast kernels hold code for compute capability 8.9 and newer only (FP8 conversions in
 // hardware); on older GPUs the host functions refuse in one line before launching anything.
 // defines: Fp8Traits, fp8_gpu_problem, require_fp8_gpu, fp8_amax, fp8_update_scales, fp8_scale_from_current,
-//          fp8_update_scales_from_history, fp8_cast (fp8_cast_kernel, fp8_cast_transpose_kernel)
+//          fp8_update_scales_from_history, fp8_cast (fp8_cast_kernel, fp8_cast_transpose_kernel), Fp8CastInput, and
+//          for the kernels that cast what they produce (fp8_fused.cuh): cast8, block_amax_into
 #pragma once
 #include <cuda_fp8.h>
 #include "common.cuh"
@@ -144,7 +145,8 @@ inline void fp8_update_scales_from_history(Fp8Scaling* scalings, float* history,
 // ---------------------------------------------------------------------------------------------
 // The cast. Each thread takes 16 consecutive values (two 16-byte loads) and writes their 16 codes (one 16-byte
 // store); x * scale is rounded to fp32 first, then to FP8 with saturation (cvt.rn.satfinite), as fp8_round does on
-// the host.
+// the host. The kernels that produce a tensor and cast it on the way (fp8_fused.cuh) share cast8 and the transform
+// below, so that their codes, amax and saturated counts are those of this cast of the tensor they would have stored.
 #if FP8_DEVICE_CODE
 template <typename fp8>
 __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
@@ -153,30 +155,46 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
     const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kind);
     return low | (high << 16);
 }
+// The 8 codes of 8 bf16 values; their magnitudes into `magnitude` (max) and the saturated ones into `saturated`.
 template <typename fp8>
-__device__ __forceinline__ uint4 cast16(const __nv_bfloat16* in, float scale, uint32_t& magnitude, uint32_t& saturated) {
-    const Packed128<__nv_bfloat16> p[2] = {load128cs(in), load128cs(in + 8)};
-    float f[16];
-    for (int i = 0; i < 16; i++) {
-        const __nv_bfloat16 x = p[i / 8][i % 8];
-        magnitude = max(magnitude, bf16_magnitude_bits(x));
-        f[i] = __fmul_rn(__bfloat162float(x), scale);  // never contracted into anything else
+__device__ __forceinline__ uint2 cast8(const Packed128<__nv_bfloat16>& p, float scale, uint32_t& magnitude, uint32_t& saturated) {
+    float f[8];
+    for (int i = 0; i < 8; i++) {
+        magnitude = max(magnitude, bf16_magnitude_bits(p[i]));
+        f[i] = __fmul_rn(__bfloat162float(p[i]), scale);  // never contracted into anything else
         saturated += fp8_saturates(fabsf(f[i]), Fp8Traits<fp8>::format);
     }
-    return make_uint4(fp8x4<fp8>(f[0], f[1], f[2], f[3]), fp8x4<fp8>(f[4], f[5], f[6], f[7]),
-                      fp8x4<fp8>(f[8], f[9], f[10], f[11]), fp8x4<fp8>(f[12], f[13], f[14], f[15]));
+    return make_uint2(fp8x4<fp8>(f[0], f[1], f[2], f[3]), fp8x4<fp8>(f[4], f[5], f[6], f[7]));
 }
 #endif
 
-// out[i] = fp8(in[i] * scale) over n values (a multiple of 16), and scaling->amax = max(amax, max |in|).
-template <typename fp8>
+// What the cast kernels cast: the input itself (fp8_cast), or a function of it that they compute on the way, in the
+// bf16 values its own kernel would store (the GELU: fp8_fused.cuh's fp8_gelu_cast).
+struct Fp8CastInput {
+    __device__ Packed128<__nv_bfloat16> operator()(const Packed128<__nv_bfloat16>& x) const { return x; }
+};
+
+#if FP8_DEVICE_CODE
+template <typename fp8, typename Transform>
+__device__ __forceinline__ uint4 cast16(const __nv_bfloat16* in, float scale, uint32_t& magnitude, uint32_t& saturated) {
+    const Transform transform{};
+    const Packed128<__nv_bfloat16> p[2] = {load128cs(in), load128cs(in + 8)};  // both loads in flight at once
+    const uint2 low = cast8<fp8>(transform(p[0]), scale, magnitude, saturated);
+    const uint2 high = cast8<fp8>(transform(p[1]), scale, magnitude, saturated);
+    return make_uint4(low.x, low.y, high.x, high.y);
+}
+#endif
+
+// out[i] = fp8(transform(in)[i] * scale) over n values (a multiple of 16), and scaling->amax = max(amax, max
+// |transform(in)|).
+template <typename fp8, typename Transform = Fp8CastInput>
 __global__ void __launch_bounds__(kFp8Threads) fp8_cast_kernel(fp8* out, const __nv_bfloat16* in, long n, Fp8Scaling* scaling) {
 #if FP8_DEVICE_CODE
     __shared__ uint32_t shared[64];
     const float scale = scaling->scale;
     uint32_t magnitude = 0, saturated = 0;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 16; i < n; i += (long)gridDim.x * blockDim.x * 16) {
-        *reinterpret_cast<uint4*>(out + i) = cast16<fp8>(in + i, scale, magnitude, saturated);
+        *reinterpret_cast<uint4*>(out + i) = cast16<fp8, Transform>(in + i, scale, magnitude, saturated);
     }
     block_amax_into(&scaling->amax, magnitude, shared, &scaling->overflow, saturated);
 #endif
@@ -189,7 +207,7 @@ __global__ void __launch_bounds__(kFp8Threads) fp8_cast_kernel(fp8* out, const _
 // vectors: each thread writes one whole 32-byte sector of out_t. rows and cols: multiples of 16.
 constexpr int kCastTileRows = 64, kCastTileCols = 128;
 static_assert(kCastTileCols * 2 == kFp8Threads && kCastTileRows == 64, "the transposed pass takes a column and 32 rows a thread");
-template <typename fp8>
+template <typename fp8, typename Transform = Fp8CastInput>
 __global__ void __launch_bounds__(kFp8Threads) fp8_cast_transpose_kernel(fp8* out, fp8* out_t, const __nv_bfloat16* in, long rows,
                                                                          long cols, Fp8Scaling* scaling) {
 #if FP8_DEVICE_CODE
@@ -204,7 +222,7 @@ __global__ void __launch_bounds__(kFp8Threads) fp8_cast_transpose_kernel(fp8* ou
     for (int r = threadIdx.x / kThreadsPerRow; r < kCastTileRows; r += kFp8Threads / kThreadsPerRow) {
         const long row = row0 + r;
         if (row >= rows || col >= cols) continue;
-        const uint4 codes = cast16<fp8>(in + row * cols + col, scale, magnitude, saturated);
+        const uint4 codes = cast16<fp8, Transform>(in + row * cols + col, scale, magnitude, saturated);
         if (out != nullptr) *reinterpret_cast<uint4*>(out + row * cols + col) = codes;
         *reinterpret_cast<uint4*>(&tile[r][chunk * 16]) = codes;
     }
@@ -267,9 +285,10 @@ inline void require_fp8_gpu() {
 // Casts the row-major bf16 [rows, cols] tensor `in` to FP8 (fp8: __nv_fp8_e4m3 or __nv_fp8_e5m2) with
 // scaling->scale: out[rows, cols] (may be null when out_transposed is not) and, unless null, out_transposed[cols,
 // rows]; adds max |in| into scaling->amax (delayed scaling: the next update makes the scale from it) and the count of
-// values it saturated (fp8_saturates) into scaling->overflow.
+// values it saturated (fp8_saturates) into scaling->overflow. With a Transform (fp8_fused.cuh), the values cast are
+// transform(in) instead.
 // cols must be a multiple of 16, rows too with the transposed copy; the buffers 16-byte aligned.
-template <typename fp8>
+template <typename fp8, typename Transform = Fp8CastInput>
 void fp8_cast(fp8* out, fp8* out_transposed, const __nv_bfloat16* in, long rows, long cols, Fp8Scaling* scaling, cudaStream_t stream) {
     const std::string shape = fp8_cast_shape_problem(rows, cols, out_transposed != nullptr);
     if (!shape.empty()) die(shape);
@@ -279,11 +298,11 @@ void fp8_cast(fp8* out, fp8* out_transposed, const __nv_bfloat16* in, long rows,
     require_fp8_gpu();
     if (out_transposed == nullptr) {
         const long n = rows * cols;
-        fp8_cast_kernel<fp8><<<fp8_grid_blocks(n / 16), kFp8Threads, 0, stream>>>(out, in, n, scaling);
+        fp8_cast_kernel<fp8, Transform><<<fp8_grid_blocks(n / 16), kFp8Threads, 0, stream>>>(out, in, n, scaling);
     } else {
         if (ceil_div(cols, kCastTileCols) > 65535) die("FP8 cast: rows of " + std::to_string(cols) + " values are too wide for the transposing cast");
         const dim3 grid(ceil_div(rows, kCastTileRows), ceil_div(cols, kCastTileCols));
-        fp8_cast_transpose_kernel<fp8><<<grid, kFp8Threads, 0, stream>>>(out, out_transposed, in, rows, cols, scaling);
+        fp8_cast_transpose_kernel<fp8, Transform><<<grid, kFp8Threads, 0, stream>>>(out, out_transposed, in, rows, cols, scaling);
     }
     cudaCheckLaunch();
 }

@@ -1,11 +1,51 @@
 // LayerNorm (eps 1e-5, fp32 statistics): forward, forward fused with the residual add that precedes it,
 // and a deterministic backward.
-// defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_backward, layernorm_backward_scratch_floats,
+// defines: layernorm_forward, residual_layernorm_forward, residual_forward, layernorm_residual_row,
+//          layernorm_row_statistics, layernorm_outputs, layernorm_backward, layernorm_backward_scratch_floats,
 //          layernorm_backward_colsum_partials, kLayerNormWideMaxC
 #pragma once
 #include "common.cuh"
 
 constexpr float kLayerNormEps = 1e-5f;
+
+// A row's parts of the forward, one warp a row, shared by layernorm_forward_kernel and the kernels that also cast
+// the output to FP8 (fp8_fused.cuh), so that all of them compute the same values bit for bit.
+// residual r = x + y over a row of C values, rounded to floatX once so that the backward sees the same values.
+template <typename floatX>
+__device__ __forceinline__ void layernorm_residual_row(floatX* r, const floatX* x, const floatX* y, int C, int lane) {
+    constexpr int X = Packed128<floatX>::size;
+    for (int c = lane * X; c < C; c += 32 * X) {
+        Packed128<floatX> va = load128cs(x + c), vb = load128cs(y + c), vr;
+        for (int i = 0; i < X; i++) vr[i] = from_float<floatX>(to_float(va[i]) + to_float(vb[i]));
+        store128(r + c, vr);
+    }
+    __syncwarp();  // the row is read back by the whole warp
+}
+// The mean and 1 / sqrt(variance + eps) of a row of C values: two passes, each lane's partial sums in a fixed order.
+template <typename floatX>
+__device__ __forceinline__ void layernorm_row_statistics(const floatX* x, int C, int lane, float& m, float& s) {
+    constexpr int X = Packed128<floatX>::size;
+    float sum = 0.0f;
+    for (int c = lane * X; c < C; c += 32 * X) {
+        Packed128<floatX> v = load128(x + c);
+        for (int i = 0; i < X; i++) sum += to_float(v[i]);
+    }
+    m = warp_reduce_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane * X; c < C; c += 32 * X) {
+        Packed128<floatX> v = load128(x + c);
+        for (int i = 0; i < X; i++) { float d = to_float(v[i]) - m; var += d * d; }
+    }
+    s = rsqrtf(warp_reduce_sum(var) / C + kLayerNormEps);
+}
+// The outputs of X values of a row (v) from the row's statistics, the weight and the bias.
+template <typename floatX>
+__device__ __forceinline__ Packed128<floatX> layernorm_outputs(const Packed128<floatX>& v, float m, float s, const Packed128<floatX>& w,
+                                                               const Packed128<floatX>& bias) {
+    Packed128<floatX> o;
+    for (int i = 0; i < Packed128<floatX>::size; i++) o[i] = from_float<floatX>((to_float(v[i]) - m) * s * to_float(w[i]) + to_float(bias[i]));
+    return o;
+}
 
 // One warp per row. The row is read three times (mean, variance, output); the re-reads hit L1/L2.
 // When `residual_out` is given, the normalised input is a + b, which is also written to residual_out.
@@ -18,35 +58,14 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
     const long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
     const floatX* x = a + row * C;
-    if (residual_out != nullptr) {  // residual = a + b, rounded to floatX once so that backward sees the same values
-        const floatX* y = b + row * C;
-        floatX* r = residual_out + row * C;
-        for (int c = lane * X; c < C; c += 32 * X) {
-            Packed128<floatX> va = load128cs(x + c), vb = load128cs(y + c), vr;
-            for (int i = 0; i < X; i++) vr[i] = from_float<floatX>(to_float(va[i]) + to_float(vb[i]));
-            store128(r + c, vr);
-        }
-        __syncwarp();
-        x = r;
+    if (residual_out != nullptr) {
+        layernorm_residual_row(residual_out + row * C, x, b + row * C, C, lane);
+        x = residual_out + row * C;
     }
-    float sum = 0.0f;
-    for (int c = lane * X; c < C; c += 32 * X) {
-        Packed128<floatX> v = load128(x + c);
-        for (int i = 0; i < X; i++) sum += to_float(v[i]);
-    }
-    const float m = warp_reduce_sum(sum) / C;
-    float var = 0.0f;
-    for (int c = lane * X; c < C; c += 32 * X) {
-        Packed128<floatX> v = load128(x + c);
-        for (int i = 0; i < X; i++) { float d = to_float(v[i]) - m; var += d * d; }
-    }
-    const float s = rsqrtf(warp_reduce_sum(var) / C + kLayerNormEps);
-    for (int c = lane * X; c < C; c += 32 * X) {
-        Packed128<floatX> v = load128cs(x + c), w = load128(weight + c), bb = load128(bias + c), o;
-        for (int i = 0; i < X; i++)
-            o[i] = from_float<floatX>((to_float(v[i]) - m) * s * to_float(w[i]) + to_float(bb[i]));
-        store128(out + row * C + c, o);
-    }
+    float m, s;
+    layernorm_row_statistics(x, C, lane, m, s);
+    for (int c = lane * X; c < C; c += 32 * X)
+        store128(out + row * C + c, layernorm_outputs(load128cs(x + c), m, s, load128(weight + c), load128(bias + c)));
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 

@@ -19,6 +19,13 @@
 // marks them stale too, as their scale changes. Under ZeRO-3 the gathered weights live only as long as their unit's
 // slot in the gather ring, so the copies could not outlive them: there each use casts the weight into a scratch
 // shared by all layers (the forward the copy, the backward the transposed copy), as without a cache.
+// Inputs: forward casts the layer's input into the forward's copy, backward_weights casts it again into the
+// transposed copy. Under delayed scaling, once the scales come from the histories, the input's scale is known before
+// the input exists: the kernels that produce the inputs of qkv, fc and the fc projection (the LayerNorms and the
+// GELU, kernels/fp8_fused.cuh) write them in E4M3 themselves (GPT2 decides where), and forward_precast and
+// backward_weights_precast take those copies. The attention projection's input, the attention's output, is cast here.
+// A value is counted (overflow) once by each cast that saturates it: twice a step where the layer casts its input,
+// once where the producer does.
 // The activations' FP8 copies live in one scratch area shared by all layers, sized for the widest layer; the scaling
 // states are 3 per layer per block (32 bytes each), with delayed scaling an amax history of H floats each.
 // fp8_scratch_bytes gives the memory plan its size.
@@ -185,6 +192,18 @@ struct Fp8Linear {
     // parameters' (ZeroOptimizer::parameters_version).
     void forward(__nv_bfloat16* out, const __nv_bfloat16* inp, const __nv_bfloat16* w, const __nv_bfloat16* bias, int N, int C, int OC,
                  int block, Fp8Layer layer, unsigned long long version, cudaStream_t stream) {
+        Fp8Scaling* s = input_scaling(block, layer);
+        prepare_scale<__nv_fp8_e4m3>(s, inp, (long)N * C, stream);
+        fp8_cast(input, (__nv_fp8_e4m3*)nullptr, inp, N, C, s, stream);
+        forward_precast(out, w, bias, N, C, OC, block, layer, version, stream);
+    }
+    // Inputs cast by their producers (delayed scaling: the scale is known before the input exists): the kernel that
+    // produces layer `layer`'s input (kernels/fp8_fused.cuh) casts it with input_scaling's scale, recording its amax
+    // there, into `input` (the forward's copy) and/or a transposed copy of its own keeping (for the weight gradient).
+    Fp8Scaling* input_scaling(int block, Fp8Layer layer) const { return &at(block, layer)->input; }
+    // forward's product with the input already in `input`, cast with input_scaling(block, layer)'s scale.
+    void forward_precast(__nv_bfloat16* out, const __nv_bfloat16* w, const __nv_bfloat16* bias, int N, int C, int OC, int block, Fp8Layer layer,
+                         unsigned long long version, cudaStream_t stream) {
         Fp8LayerScaling* s = at(block, layer);
         const __nv_fp8_e4m3* weight = weights;
         if (cache_weights) {
@@ -193,8 +212,6 @@ struct Fp8Linear {
             prepare_scale<__nv_fp8_e4m3>(&s->weight, w, (long)OC * C, stream);
             fp8_cast(weights, (__nv_fp8_e4m3*)nullptr, w, OC, C, &s->weight, stream);
         }
-        prepare_scale<__nv_fp8_e4m3>(&s->input, inp, (long)N * C, stream);
-        fp8_cast(input, (__nv_fp8_e4m3*)nullptr, inp, N, C, &s->input, stream);
         matmul_fp8(out, weight, input, &s->weight.inverse_scale, &s->input.inverse_scale, bias, OC, N, C, false, stream);
     }
 
@@ -216,12 +233,16 @@ struct Fp8Linear {
     // after backward_input of the same layer (its dout^T copy), the input cast with the forward's scale.
     void backward_weights(__nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
                           int N, int C, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
-        Fp8LayerScaling* s = at(block, layer);
-        if (dweight != nullptr) {
-            fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, &s->input, stream);
-            matmul_fp8(dweight, input, output_grad_t, &s->input.inverse_scale, &s->output_grad.inverse_scale, (const __nv_bfloat16*)nullptr,
-                       C, OC, N, true, stream);
-        }
+        if (dweight != nullptr) fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, input_scaling(block, layer), stream);
+        backward_weights_precast(dweight, dbias, scratch, dout, input, N, C, OC, block, layer, stream);
+    }
+    // backward_weights with the input's transposed copy inp_t[C,N] given, cast with input_scaling(block, layer)'s
+    // scale (by its producer, or above).
+    void backward_weights_precast(__nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch, const __nv_bfloat16* dout,
+                                  const __nv_fp8_e4m3* inp_t, int N, int C, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
+        if (dweight != nullptr)
+            matmul_fp8(dweight, inp_t, output_grad_t, &input_scaling(block, layer)->inverse_scale, &at(block, layer)->output_grad.inverse_scale,
+                       (const __nv_bfloat16*)nullptr, C, OC, N, true, stream);
         if (dbias != nullptr) bias_backward(dbias, scratch, dout, N, OC, stream);
     }
 

@@ -31,6 +31,7 @@
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 #include "backward_part.h"                     // defines: BackwardPart
 #include "fp8_linear.cuh"                      // defines: Fp8Linear (--precision fp8's products of the four linear layers), Fp8Layer, Fp8Stats
+#include "../kernels/fp8_fused.cuh"            // defines: layernorm_forward_fp8, residual_layernorm_forward_fp8, fp8_gelu_cast
 
 // every width --channels accepts has a LayerNorm backward
 static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
@@ -68,6 +69,9 @@ struct ActivationSet {
     floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
     int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
     int num_buckets = 0;
+    // the last forward was one for a backward with the FP8 inputs cast by their producers (GPT2::fp8_inputs_from_producers):
+    // the buffers of ln1, ln2 and fch_gelu hold FP8 copies, not bf16 values
+    bool fp8_producer_copies = false;
 };
 
 // What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
@@ -132,6 +136,9 @@ struct GPT2 {
     // FP8 (fp8_linear.cuh); tensor and pipeline parallelism and LoRA are refused by the flags' checks
     bool fp8 = false;
     Fp8Options fp8_options;  // --fp8-scaling, --fp8-amax-history
+    // With delayed scaling, the LayerNorms and the GELU cast the FP8 layers' inputs as they produce them
+    // (fp8_inputs_from_producers); false: the layers cast them (test_fp8_model checks that both train alike)
+    bool fp8_producer_casts = true;
     Fp8Linear fp8_linear;
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
@@ -263,7 +270,7 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         if (fp8) {
             if (!std::is_same<floatX, __nv_bfloat16>::value || layout.tp > 1 || lora.enabled() || num_chunks() > 1 || !layout.part.first ||
-                !layout.part.last)
+                !layout.part.last || split_backward)
                 die("internal: FP8 products run in a bf16 model on one pipeline stage without tensor parallelism or LoRA");
             // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
             fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3);
@@ -384,8 +391,13 @@ struct GPT2 {
     // GPU work, where FP8's casts would add more than they save).
     bool fp8_products() const { return fp8 && kv_position == 0; }
     // out[N,OC] = x[N,C] weight^T + bias of layer `layer` in local block l: in FP8 where fp8_products(), else bf16.
+    // Under fp8_input_from_producer(layer), x's producer has cast it already: x is not read.
     void linear_forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (fp8_input_from_producer(layer)) {
+                fp8_linear.forward_precast(out, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
+                return;
+            }
             if (fp8_products()) {
                 fp8_linear.forward(out, x, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
                 return;
@@ -394,14 +406,18 @@ struct GPT2 {
         matmul_forward(out, x, weight, bias, N(), C, OC, stream);
     }
     // Its backward (matmul_backward's): dx = dy weight (through the GELU's backward in the epilogue with gelu_inp,
-    // bf16 only), dweight += dy^T x, dbias += column sums of dy.
+    // bf16 only), dweight += dy^T x, dbias += column sums of dy. Under fp8_input_from_producer(layer), x's buffer holds
+    // the transposed E4M3 copy that its producer wrote.
     void linear_backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int C, int OC,
                          int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
             if (fp8_products()) {
                 if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
                 fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
-                fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
+                if (fp8_input_from_producer(layer))
+                    fp8_linear.backward_weights_precast(dweight, dbias, reduce_scratch, dy, reinterpret_cast<const __nv_fp8_e4m3*>(x), N(), C, OC, l,
+                                                        layer, stream);
+                else fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
                 return;
             }
         }
@@ -410,14 +426,70 @@ struct GPT2 {
     // --precision fp8: the scaling states' counts and ranges over every layer (waits for the stream).
     Fp8Stats fp8_stats() const { return fp8_linear.stats(stream); }
 
+    // --precision fp8 with delayed scaling, once the scales come from the amax histories (Fp8Linear::delayed_scales):
+    // an input's scale is known before the input exists, so the kernels that produce the inputs of qkv, fc and the fc
+    // projection (ln1, ln2, fch_gelu) write them in E4M3 instead of bf16 (kernels/fp8_fused.cuh): the row-major copy
+    // into Fp8Linear's input scratch, which the product that follows reads, and the transposed copy for the weight
+    // gradient into the activation's own buffer (N x width codes in the first half of its bf16 room), which the
+    // backward reads. Nothing else reads those activations under fp8 (no LoRA; sampling's one-position forwards run
+    // bf16 products and produce them in bf16). The attention projection's input comes from the attention: its layer
+    // casts it.
+    bool fp8_inputs_from_producers() const { return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales(); }
+    bool fp8_input_from_producer(Fp8Layer layer) const { return layer != kFp8AttnProj && fp8_inputs_from_producers(); }
+    // Which E4M3 copies a producer writes: the row-major one for the product that follows it, the transposed one for
+    // the backward.
+    struct Fp8Copies {
+        bool rows, transposed;
+    };
+    // The buffers of the producers' outputs, in activation_width's order (memory_plan.h).
+    static constexpr int kLn1Buffer = 0, kLn2Buffer = 4, kFchGeluBuffer = 6;
+    // The copies of a producer's output: the row-major one when the product follows; the transposed one when the
+    // backward recomputes the output, or in a forward that a backward follows (training) when the output's buffer is
+    // the block's own (not one that --recompute shares and refills).
+    Fp8Copies input_copies(int buffer, bool recomputing, bool product_follows) const {
+        return {product_follows, recomputing || (training && !activation_shared(recompute, buffer))};
+    }
+    // out = LayerNorm(x), or residual = x + y, then out = LayerNorm(residual) when y is given: block l's ln1 or ln2, the
+    // input of its layer `layer`; in bf16, or under fp8_inputs_from_producers() as the E4M3 `copies` (out's buffer
+    // taking the transposed one).
+    void block_layernorm(floatX* out, float* mean, float* rstd, floatX* residual, const floatX* x, const floatX* y, const floatX* weight,
+                         const floatX* bias, int l, Fp8Layer layer, Fp8Copies copies) {
+        const int C = config.channels, Nr = region_rows();
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (fp8_inputs_from_producers()) {
+                __nv_fp8_e4m3* rows = copies.rows ? fp8_linear.input : nullptr;
+                __nv_fp8_e4m3* transposed = copies.transposed ? reinterpret_cast<__nv_fp8_e4m3*>(out) : nullptr;
+                Fp8Scaling* s = fp8_linear.input_scaling(l, layer);
+                if (y != nullptr) residual_layernorm_forward_fp8(residual, rows, transposed, mean, rstd, x, y, weight, bias, Nr, C, s, stream);
+                else layernorm_forward_fp8(rows, transposed, mean, rstd, x, weight, bias, Nr, C, s, stream);
+                return;
+            }
+        }
+        if (y != nullptr) residual_layernorm_forward(residual, out, mean, rstd, x, y, weight, bias, Nr, C, stream);
+        else layernorm_forward(out, mean, rstd, x, weight, bias, Nr, C, stream);
+    }
+    // fch_gelu = gelu(fch) of local block l: in bf16, or under fp8_inputs_from_producers() as the E4M3 `copies`
+    // (fch_gelu's buffer taking the transposed one).
+    void block_gelu(int l, LayerActivations<floatX>& a, Fp8Copies copies) {
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (fp8_inputs_from_producers()) {
+                fp8_gelu_cast(copies.rows ? fp8_linear.input : nullptr, copies.transposed ? reinterpret_cast<__nv_fp8_e4m3*>(a.fch_gelu) : nullptr,
+                              a.fch, N(), hidden(), fp8_linear.input_scaling(l, kFp8FcProj), stream);
+                return;
+            }
+        }
+        gelu_forward(a.fch_gelu, a.fch, (long)N() * hidden(), stream);
+    }
+
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
     // the tensor-parallel group when this micro-step's gradients are reduced (accumulated gradients are summed once).
     void sum_layernorm_grads(floatX* grads, size_t n) {
         if (sequence_split() > 1 && grads != nullptr && trained().reduces_this_micro_step()) tensor_parallel.sum_over_ranks(grads, n, stream);
     }
 
-    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of local block l (this rank's hidden units).
-    void fc_gelu_forward(int l, LayerActivations<floatX>& a) {
+    // fch = ln2 FCW^T + FCB (+ the fc adapter) and fch_gelu = gelu(fch) of local block l (this rank's hidden units);
+    // recomputing: in the backward (--recompute 3), where the fc projection's forward does not follow.
+    void fc_gelu_forward(int l, LayerActivations<floatX>& a, bool recomputing = false) {
         const int N = B * T, C = config.channels;
         const floatX* x = column_input(a.ln2);
         if (fc_gelu_fused()) {
@@ -426,11 +498,12 @@ struct GPT2 {
         }
         linear_forward(a.fch, x, param(l, FCW), param(l, FCB), C, hidden(), l, kFp8Fc);
         adapt_forward(l, kLoraFc, a.fch, x);
-        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);
+        block_gelu(l, a, input_copies(kFchGeluBuffer, recomputing, !recomputing));
     }
     // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
-    // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU.
-    void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
+    // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU; recomputing: in the
+    // backward (--recompute 3).
+    void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in, bool recomputing = false) {
         const int C = config.channels, Cs = heads() * head_size();
         const floatX* x = column_input(a.ln1);
         floatX* qkv = a.qkv + (size_t)kv_position * 3 * Cs;  // the KV cache's new rows
@@ -440,9 +513,9 @@ struct GPT2 {
         else attention_decode(a.atty, a.qkv, kv_position, T, heads(), head_size(), stream);
         linear_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), Cs, C, l, kFp8AttnProj);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
-        residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual_in, row_output(proj_out),
-                                   param(l, LN2W), param(l, LN2B), region_rows(), C, stream);
-        fc_gelu_forward(l, a);
+        block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in, row_output(proj_out), param(l, LN2W), param(l, LN2B), l, kFp8Fc,
+                        input_copies(kLn2Buffer, recomputing, true));
+        fc_gelu_forward(l, a, recomputing);
     }
 
     // Forward over the uploaded batch (activation set 0 of the whole model). With dloss != 0 the classifier also
@@ -472,12 +545,15 @@ struct GPT2 {
         }
         // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
         floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
+        set.fp8_producer_copies = fp8_inputs_from_producers() && training;
         for (int l = begin; l < end; l++) {
             LayerActivations<floatX>& a = set.layers[l - begin];
             zero->before_unit_forward(layout.block_unit(l));
             // the first LayerNorm of a block was fused into the previous block's closing residual add, except in
             // the chunk's first block
-            if (l == begin) layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, set.input, param(l, LN1W), param(l, LN1B), Nr, C, stream);
+            if (l == begin)
+                block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, set.input, nullptr, param(l, LN1W), param(l, LN1B), l, kFp8Qkv,
+                                input_copies(kLn1Buffer, false, true));
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             attention_and_fc_forward(l, a, residual_in);
             linear_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), hidden(), C, l, kFp8FcProj);
@@ -489,8 +565,8 @@ struct GPT2 {
             if (l + 1 < end) {
                 zero->before_unit_forward(layout.block_unit(l + 1));
                 LayerActivations<floatX>& next = set.layers[l + 1 - begin];
-                residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, mlp,
-                                           param(l + 1, LN1W), param(l + 1, LN1B), Nr, C, stream);
+                block_layernorm(next.ln1, next.ln1_mean, next.ln1_rstd, a.residual3, a.residual2, mlp, param(l + 1, LN1W), param(l + 1, LN1B),
+                                l + 1, kFp8Qkv, input_copies(kLn1Buffer, false, true));
             } else if (model_ends(k)) {
                 zero->before_unit_forward(layout.lnf_unit);
                 residual_layernorm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
@@ -540,16 +616,17 @@ struct GPT2 {
     // the kernels are deterministic, so the backward sees exactly the values the forward computed.
     void recompute_activations(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
         if (recompute == kKeepAll) return;
-        const int N = B * T, C = config.channels, Nr = region_rows();
         if (recompute >= kRecomputeGeluLayerNorm)
-            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, param(l, LN1W), param(l, LN1B), Nr, C, stream);
+            block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, residual_in, nullptr, param(l, LN1W), param(l, LN1B), l, kFp8Qkv,
+                            input_copies(kLn1Buffer, true, recompute >= kRecomputeBlock));
         if (recompute >= kRecomputeBlock) {
-            attention_and_fc_forward(l, a, residual_in);
+            attention_and_fc_forward(l, a, residual_in, true);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
-            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, param(l, LN2W), param(l, LN2B), Nr, C, stream);
-        gelu_forward(a.fch_gelu, a.fch, (long)N * hidden(), stream);  // the forward's own kernel (see fc_gelu_fused)
+            block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, nullptr, a.residual2, nullptr, param(l, LN2W), param(l, LN2B), l, kFp8Fc,
+                            input_copies(kLn2Buffer, true, false));
+        block_gelu(l, a, input_copies(kFchGeluBuffer, true, false));  // the forward's own kernel (see fc_gelu_fused)
     }
 
     // The loss bookkeeping (LossSums) of this model's rows: the last forward's per-row losses added to the sums;
@@ -603,6 +680,8 @@ struct GPT2 {
         const int N = B * T, C = config.channels, Nr = region_rows();
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        if (set.fp8_producer_copies != fp8_inputs_from_producers())
+            die("internal: the backward reads the FP8 inputs' copies from their producers when, and only when, its forward (with training set) wrote them");
         floatX* dresidual = set.dresidual;
         for (int l = end - 1; l >= begin; l--) {
             LayerActivations<floatX>& a = set.layers[l - begin];

@@ -58,7 +58,7 @@ run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer
 run sharding build/test_sharding
 run lora_files build/test_lora_files
 run formats build/test_formats
-run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax and products on the GPU (skipped without one; its host checks run)
+run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax, products and the casts fused with LayerNorm and GELU on the GPU (skipped without one; its host checks run)
 fixture_rc=3  # not selected
 selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
                             echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }

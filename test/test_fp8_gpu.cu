@@ -11,7 +11,12 @@
 //     transposed copy, on shapes that are not multiples of the
 //     kernel's tiles; the FP8 products against an fp64 host product of the same dequantised operands and against
 //     the unquantised product of the bf16 inputs within the FP8 error bound, on shapes that are not multiples of
-//     cuBLASLt's tiles, with bias, accumulating, and as a Linear layer's three products from the transposed casts.
+//     cuBLASLt's tiles, with bias, accumulating, and as a Linear layer's three products from the transposed casts;
+//     the kernels that cast what they produce (kernels/fp8_fused.cuh: the LayerNorm forward, alone and after the
+//     residual add, and the GELU) against the bf16 kernel followed by the cast with the same scale: codes (row-major,
+//     transposed, or both), amax and saturated count bit for bit, the LayerNorm's mean, rstd and residual too, on
+//     shapes that are not multiples of their tiles, with values that saturate and subnormal codes, then with NaN
+//     and inf inputs.
 // The quick tier (TEST_TIER=quick) leaves out the largest cast (8M values, several grid-stride sweeps) and the
 // largest product.
 // Usage: test_fp8_gpu [seed]
@@ -24,6 +29,7 @@
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/fp8.cuh"
+#include "../kernels/fp8_fused.cuh"
 #include "../kernels/matmul.cuh"
 #include "gpu_check.h"
 
@@ -97,6 +103,12 @@ static void check_refusals() {
         // any non-null transposed output asks for the transpose: the shape is refused before it is used
         {"FP8 transposing cast of 37 rows refused", [] { fp8_cast<e5m2>(nullptr, reinterpret_cast<e5m2*>(16), nullptr, 37, 48, nullptr, 0); },
          "error: FP8 cast of 37 x 48 with its transpose: the row length and the row count must be"},
+        {"LayerNorm with its transposed FP8 cast of 37 rows refused",
+         [] { layernorm_forward_fp8(nullptr, reinterpret_cast<e4m3*>(16), nullptr, nullptr, nullptr, nullptr, nullptr, 37, 48, nullptr, 0); },
+         "error: LayerNorm with its FP8 cast of 37 x 48 with its transpose: the row length and the row count must be"},
+        {"LayerNorm with its FP8 cast of rows of 40 refused",
+         [] { layernorm_forward_fp8(reinterpret_cast<e4m3*>(16), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 16, 40, nullptr, 0); },
+         "error: LayerNorm with its FP8 cast of 16 x 40: the row length must be"},
     };
     for (const Refusal& r : refusals) {
         const std::pair<int, std::string> result = run_in_child(r.call);
@@ -381,6 +393,113 @@ static void test_cast(long rows, long cols, bool transposed, bool row_major_too,
 }
 
 // ---------------------------------------------------------------------------------------------
+// The producers' casts (kernels/fp8_fused.cuh) against the bf16 kernel followed by fp8_cast, with the same scale
+
+// An E4M3 cast's outputs: the row-major and the transposed codes (0xFF-poisoned) and the scaling state.
+struct CastOutputs {
+    DeviceCodes rows, transposed;
+    DeviceScaling state;
+    CastOutputs(size_t n, const Fp8Scaling& initial) : rows(n), transposed(n), state(initial) {}
+    __nv_fp8_e4m3* rows_if(bool wanted) const { return wanted ? rows.as<__nv_fp8_e4m3>() : nullptr; }
+    __nv_fp8_e4m3* transposed_if(bool wanted) const { return wanted ? transposed.as<__nv_fp8_e4m3>() : nullptr; }
+};
+
+// The fused kernel's codes and state against the pair's, bit for bit (the NaN codes too: both come from the same
+// conversion); `saturating`: the pair saturated values (the scale was chosen so), which the count must show.
+static void compare_casts(const std::string& name, const CastOutputs& fused, const CastOutputs& pair, bool rows, bool transposed,
+                          bool saturating) {
+    for (int t = 0; t < 2; t++) {
+        if (!(t == 0 ? rows : transposed)) continue;
+        const std::vector<uint8_t> got = (t == 0 ? fused.rows : fused.transposed).download(), expected = (t == 0 ? pair.rows : pair.transposed).download();
+        long wrong = 0, first = -1;
+        for (size_t i = 0; i < got.size(); i++)
+            if (got[i] != expected[i] && wrong++ == 0) first = (long)i;
+        expect(wrong == 0, name + (t == 0 ? ": row-major codes" : ": transposed codes") + " equal the pair's bit for bit",
+               fmt("%g differ, the first at %g", wrong, first) + (first >= 0 ? fmt(": code %g against %g", got[first], expected[first]) : ""));
+    }
+    const Fp8Scaling a = fused.state.download(), b = pair.state.download();
+    check(same_state(a, b) && (!saturating || b.overflow > 0), name + ": amax and saturated count equal the pair's",
+          "amax " + bits_of(a.amax) + " against " + bits_of(b.amax) + fmt(", saturated %g against %g", (double)a.overflow, (double)b.overflow));
+}
+
+// Bitwise equality of two float vectors (bf16 values read back as float included; NaN by its bits).
+static bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The finite amax of bf16 values and a scale under which the values above 60% of it saturate (not a power of two).
+static Fp8Scaling saturating_state(const std::vector<float>& values) {
+    float amax = 0.0f;
+    for (float v : values)
+        if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+    Fp8Scaling s;
+    s.scale = 448.0f / (0.6f * amax);
+    s.inverse_scale = 1.0f / s.scale;
+    return s;
+}
+
+// layernorm_forward_fp8 (residual_layernorm_forward_fp8 with `residual`) of N x C against layernorm_forward
+// (residual_layernorm_forward) then fp8_cast, writing the row-major codes, the transposed ones, or both. The weight
+// and bias spread over binades, so that outputs meet subnormal codes as well as saturation. Pass 1: a NaN and an
+// inf among the inputs (their rows' outputs are NaN, and so is the amax).
+static void test_layernorm_fp8(int N, int C, bool residual, bool rows, bool transposed, cudaStream_t stream) {
+    const std::string name = std::string(residual ? "residual add + LayerNorm" : "LayerNorm") + fmt(" with E4M3 cast %g x %g", N, C) +
+                             (rows && transposed ? " and transpose" : transposed ? " transposed only" : "");
+    const size_t n = (size_t)N * C;
+    std::vector<float> a = normal_values(n, 1.0f), b = normal_values(n, 0.5f);
+    const std::vector<float> weight = spread_values(C, -12, 1), bias = spread_values(C, -14, -1);
+    for (size_t i = 0; i < n; i += C) a[i] = bf16_round(a[i] + 3.0f);  // rows whose mean is not near 0
+    Fp8Scaling state;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            a[(size_t)3 % N * C + 5] = NAN;
+            a[(size_t)5 % N * C + C - 1] = -INFINITY;
+        }
+        DeviceBuffer<__nv_bfloat16> a_d(a), b_d(b), w_d(weight), bias_d(bias), out(n), residual_pair(n), residual_fused(n);
+        DeviceBuffer<float> mean_pair(N), rstd_pair(N), mean_fused(N), rstd_fused(N);
+        if (residual)
+            residual_layernorm_forward(residual_pair.ptr, out.ptr, mean_pair.ptr, rstd_pair.ptr, a_d.ptr, b_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
+        else layernorm_forward(out.ptr, mean_pair.ptr, rstd_pair.ptr, a_d.ptr, w_d.ptr, bias_d.ptr, N, C, stream);
+        if (pass == 0) state = saturating_state(out.download());
+        CastOutputs pair(n, state), fused(n, state);
+        fp8_cast(pair.rows_if(rows), pair.transposed_if(transposed), out.ptr, N, C, pair.state.ptr, stream);
+        if (residual)
+            residual_layernorm_forward_fp8(residual_fused.ptr, fused.rows_if(rows), fused.transposed_if(transposed), mean_fused.ptr, rstd_fused.ptr,
+                                           a_d.ptr, b_d.ptr, w_d.ptr, bias_d.ptr, N, C, fused.state.ptr, stream);
+        else layernorm_forward_fp8(fused.rows_if(rows), fused.transposed_if(transposed), mean_fused.ptr, rstd_fused.ptr, a_d.ptr, w_d.ptr, bias_d.ptr, N, C,
+                                   fused.state.ptr, stream);
+        const std::string tag = name + (pass == 0 ? "" : " with NaN and inf inputs");
+        compare_casts(tag, fused, pair, rows, transposed, pass == 0);
+        const bool statistics = same_floats(mean_fused.download(), mean_pair.download()) && same_floats(rstd_fused.download(), rstd_pair.download());
+        const bool residual_same = !residual || same_floats(residual_fused.download(), residual_pair.download());
+        expect(statistics && residual_same, tag + ": mean, rstd" + (residual ? " and the residual" : "") + " equal the bf16 kernel's bit for bit",
+               std::string(statistics ? "" : "the statistics differ ") + (residual_same ? "" : "the residual differs"));
+    }
+}
+
+// fp8_gelu_cast of rows x cols against gelu_forward then fp8_cast. Inputs over many binades (GELU's negative tail
+// and its subnormal codes, its identity-like positive side saturating); pass 1 with inf, -inf (GELU: NaN) and NaN.
+static void test_gelu_fp8(long rows, long cols, bool row_major, bool transposed, cudaStream_t stream) {
+    const std::string name = fmt("GELU with E4M3 cast %g x %g", rows, cols) + (row_major && transposed ? " and transpose" : transposed ? " transposed only" : "");
+    const size_t n = (size_t)rows * cols;
+    std::vector<float> x = spread_values(n, -16, 3);
+    Fp8Scaling state;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            const float specials[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 3.0e38f, -3.0e38f, 1e-40f};
+            for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) x[(i * 7919) % n] = bf16_round(specials[i]);
+        }
+        DeviceBuffer<__nv_bfloat16> x_d(x), out(n);
+        gelu_forward(out.ptr, x_d.ptr, (long)n, stream);
+        if (pass == 0) state = saturating_state(out.download());
+        CastOutputs pair(n, state), fused(n, state);
+        fp8_cast(pair.rows_if(row_major), pair.transposed_if(transposed), out.ptr, rows, cols, pair.state.ptr, stream);
+        fp8_gelu_cast(fused.rows_if(row_major), fused.transposed_if(transposed), x_d.ptr, rows, cols, fused.state.ptr, stream);
+        compare_casts(name + (pass == 0 ? "" : " with inf, NaN, zeros, huge and subnormal inputs"), fused, pair, row_major, transposed, pass == 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The products
 
 // An FP8 operand on the GPU: a bf16 tensor cast with current scaling (its amax, a scale update, the cast), with the
@@ -575,6 +694,21 @@ int main(int argc, char** argv) {
         test_cast<e5m2>(1, 4112, false, true, stream);
         if (!quick_tier()) test_cast<e4m3>(4096, 2048, false, true, stream);  // several grid-stride sweeps
         if (!quick_tier()) test_cast<e5m2>(1024, 4096, true, true, stream);
+    });
+    guarded("casts fused with their producers", [&] {
+        // LayerNorm tiles are 32 rows x 256 columns: 48 x 80 leaves a half tile of rows, 272 x 1040 partial chunks
+        for (bool residual : {false, true}) {
+            test_layernorm_fp8(48, 80, residual, true, true, stream);
+            test_layernorm_fp8(272, 1040, residual, true, true, stream);
+            test_layernorm_fp8(64, 768, residual, false, true, stream);
+            test_layernorm_fp8(37, 48, residual, true, false, stream);
+        }
+        if (!quick_tier()) test_layernorm_fp8(1024, 1600, true, true, true, stream);
+        test_gelu_fp8(48, 80, true, true, stream);
+        test_gelu_fp8(272, 1040, true, true, stream);
+        test_gelu_fp8(64, 3072, false, true, stream);
+        test_gelu_fp8(37, 48, true, false, stream);
+        if (!quick_tier()) test_gelu_fp8(1024, 6400, true, true, stream);
     });
     guarded("products", [&] {
         test_product<e4m3, e4m3>(64, 64, 64, false, false, stream);

@@ -7,6 +7,10 @@
 // of the same tensors with scales from amaxes a step apart; the first step is current scaling in both, so equal),
 // its saturated values counted. The kept weight copies after a step equal a fresh cast of the weights with their
 // scale, bitwise, and so again after the parameters are set anew (as a checkpoint load does).
+// Delayed scaling's inputs cast by their producers (the LayerNorms and the GELU, kernels/fp8_fused.cuh; steps 1-9,
+// once the scales come from the history) against the layers casting them (GPT2::fp8_producer_casts false): the 10
+// steps' losses and the last step's gradients bitwise equal (the same codes under the same scales, the same amaxes
+// in the history), and so at --recompute 1, 2 and 3 (the backward refilling the copies).
 // On a GPU without FP8 the checks are skipped with the reason.
 // Tolerances, from the formats: a value rounded to E4M3 (3 mantissa bits) is off by at most 2^-4 of itself, to E5M2
 // (2 bits) by 2^-3, about 2.5% and 5% RMS over uniformly spread mantissas. A product of K terms with independent
@@ -25,7 +29,9 @@
 struct Fp8ModelRun {
     float loss = 0;                 // of the first forward
     std::vector<float> grads;       // of that forward's backward (all parameters, device layout)
+    std::vector<float> last_grads;  // of the last step's backward
     std::vector<float> step_losses; // of the 10 AdamW steps
+    int producer_cast_steps = 0;    // steps whose inputs the LayerNorms and the GELU cast (GPT2::fp8_inputs_from_producers)
     bool any_skipped = false;
     Fp8Stats stats;
     std::string cache_after_step, cache_after_load;  // "" when the kept weight copies equal a fresh cast, else where not
@@ -64,26 +70,31 @@ static std::string cache_mismatch(GPT2<__nv_bfloat16>& model, cudaStream_t strea
 }
 
 // One model from `parameters` on the batch: bf16 (fp8 false), or --precision fp8 with `options`, the weights' copies
-// kept (cache) or cast at each use. With the copies kept, after the steps: the copies against a fresh cast, then
-// again after the parameters are set back to `parameters`.
+// kept (cache) or cast at each use, the inputs cast by their producers where delayed scaling allows (producer_casts)
+// or by the layers, at --recompute `recompute`. With the copies kept, after the steps: the copies against a fresh
+// cast, then again after the parameters are set back to `parameters`.
 static Fp8ModelRun run_model(const ModelConfig& config, bool fp8, const std::vector<float>& parameters, const std::vector<int>& inputs,
                              const std::vector<int>& targets, int B, int T, cudaStream_t stream, const Fp8Options& options = Fp8Options(),
-                             bool cache = true) {
+                             bool cache = true, bool producer_casts = true, int recompute = kKeepAll) {
     ProcessGroup single;
     const ProcessMesh mesh;
     GPT2<__nv_bfloat16> model(config, single, mesh, 0, stream);
     model.fp8 = fp8;
     model.fp8_options = options;
-    model.allocate(B, T);
+    model.fp8_producer_casts = producer_casts;
+    model.allocate(B, T, recompute);
     if (fp8 && !cache) model.fp8_linear.allocate(config, (size_t)B * T, config.num_layers, options, false);  // ZeRO-3's path
     model.zero->set_parameters(parameters);
     model.upload_batch(inputs.data(), targets.data());
     Fp8ModelRun r;
     auto forward_backward = [&] {
         model.zero_grad();
+        model.training = true;  // as train_step: a backward follows the forward
+        r.producer_cast_steps += model.fp8_inputs_from_producers();
         model.forward(true, model.dloss(1));
         model.accumulate_loss();
         model.backward();
+        model.training = false;
         return model.take_mean_loss();
     };
     r.loss = forward_backward();
@@ -91,6 +102,7 @@ static Fp8ModelRun run_model(const ModelConfig& config, bool fp8, const std::vec
     AdamWHyper h{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f, 0, 1234};
     for (int step = 0; step < 10; step++) {
         r.step_losses.push_back(step > 0 ? forward_backward() : r.loss);  // step 0 takes the gradients above
+        if (step == 9) r.last_grads = model.trained().gradients_host();
         h.t = step + 1;
         if (fp8) model.fp8_linear.end_step(stream);      // as GPT2::step: delayed scaling's update
         model.trained().step(h, model.loss.nonfinite);  // the optimizer alone: the loss is taken above
@@ -154,6 +166,7 @@ int main() {
     Fp8Options delayed_options;
     delayed_options.delayed = true;
     const Fp8ModelRun delayed = run_model(config, true, parameters, inputs, targets, B, T, stream, delayed_options);
+    const Fp8ModelRun delayed_layer_casts = run_model(config, true, parameters, inputs, targets, B, T, stream, delayed_options, true, false);
 
     const double loss_diff = fabs((double)fp8.loss - bf16.loss);
     check(loss_diff <= 2e-2, "one forward's loss", fmt("fp8 %.6f bf16 %.6f, |difference| %.3g (tolerance 2e-2)", fp8.loss, bf16.loss, loss_diff));
@@ -191,6 +204,18 @@ int main() {
     const Fp8Stats& ds = delayed.stats;
     check(ds.non_finite_amax == 0 && std::isfinite(ds.weight_scale[1]) && ds.line().find("saturated values") != std::string::npos,
           "delayed scaling's states: no non-finite amax, saturated values counted", ds.line());
+
+    check(delayed.producer_cast_steps == 9 && delayed_layer_casts.producer_cast_steps == 0 &&
+              delayed.step_losses == delayed_layer_casts.step_losses && delayed.last_grads == delayed_layer_casts.last_grads,
+          "delayed scaling: inputs cast by the LayerNorms and the GELU (steps 1-9) against the layers casting them: losses and last gradients bitwise equal",
+          fmt("steps cast by the producers %g and %g (expected 9 and 0); ", delayed.producer_cast_steps, delayed_layer_casts.producer_cast_steps) +
+              "producers " + losses_text(delayed.step_losses) + "; layers " + losses_text(delayed_layer_casts.step_losses));
+    for (int level : {kRecomputeGelu, kRecomputeGeluLayerNorm, kRecomputeBlock}) {
+        const Fp8ModelRun recomputed = run_model(config, true, parameters, inputs, targets, B, T, stream, delayed_options, true, true, level);
+        check(recomputed.producer_cast_steps == 9 && recomputed.step_losses == delayed.step_losses && recomputed.last_grads == delayed.last_grads,
+              fmt("delayed scaling with the producers' casts at --recompute %g: losses and last gradients bitwise those of --recompute 0", level),
+              "recomputed " + losses_text(recomputed.step_losses) + "; kept " + losses_text(delayed.step_losses));
+    }
 
     cudaCheck(cudaStreamDestroy(stream));
     matmul_teardown();

@@ -6,8 +6,9 @@
 # fp8 is bitwise the uninterrupted one (current scaling keeps no state across steps); --fp8-stats 1 prints a line a
 # step, no non-finite amax and the saturated values' count. --fp8-scaling delayed: 10 steps within 0.1 of current
 # scaling's, and resumed from its step-5 checkpoint within 0.1 of the uninterrupted run (the amax history is not in
-# checkpoints: the resumed run's first step takes current scaling). Skipped, with the reason, on a GPU without FP8
-# (test_fp8_model says which).
+# checkpoints: the resumed run's first step takes current scaling); at --recompute 2 (the backward refilling the FP8
+# copies that the LayerNorms and the GELU write) bitwise the --recompute 0 run. Skipped, with the reason, on a GPU
+# without FP8 (test_fp8_model says which).
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/fp8_model
@@ -65,6 +66,14 @@ if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --
             echo "PASS fp8_model --fp8-scaling delayed --fp8-stats 1: 10 step lines with the saturated values' count ($(grep '^fp8 step 10:' "$W/delayed.out" | grep -o 'saturated values [0-9]*')), the scaling named"
         else
             echo "FAIL fp8_model --fp8-scaling delayed --fp8-stats 1: $(grep -m1 '^fp8 step' "$W/delayed.out"); $(grep -m1 '^batch:' "$W/delayed.out")"
+        fi
+        if train delayed-recompute fp8 --fp8-scaling delayed --fp8-amax-history 4 --recompute 2; then
+            if [ "$(train_log_lines "$W/delayed")" == "$(train_log_lines "$W/delayed-recompute")" ]; then
+                echo "PASS fp8_model --fp8-scaling delayed --recompute 2: the 10 losses bitwise those of --recompute 0"
+            else
+                echo "FAIL fp8_model --fp8-scaling delayed --recompute 2: the losses differ from --recompute 0's"
+                paste <(train_log_lines "$W/delayed") <(train_log_lines "$W/delayed-recompute") | head -10
+            fi
         fi
         mkdir -p "$W/delayed-resumed"
         cp "$W/delayed"/*_00000005* "$W/delayed-resumed/"
