@@ -270,7 +270,7 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         if (fp8) {
             if (!std::is_same<floatX, __nv_bfloat16>::value || layout.tp > 1 || lora.enabled() || num_chunks() > 1 || !layout.part.first ||
-                !layout.part.last || split_backward)
+                !layout.part.last || !ap.grad_slots.empty())
                 die("internal: FP8 products run in a bf16 model on one pipeline stage without tensor parallelism or LoRA");
             // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
             fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3);
