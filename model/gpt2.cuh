@@ -54,7 +54,9 @@ struct LayerActivations {
 // pass (B) computes and the weight-gradient pass (W) multiplies with the products' inputs later. N rows each, of
 // 3 Cs (this rank's heads' q, k, v), C, 4 Cs (this rank's hidden units) and C columns (whole rows: under sequence
 // parallelism the gathered gradient that the product reads). A micro-batch holds a chunk's (one per block) in a
-// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets.
+// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets. qkv and fc point
+// into the activation set's qkv and fch buffers where B leaves them there (qkv_grad_in_set, fc_grad_in_set: W does
+// not read those buffers), else into the slot's own memory.
 template <typename floatX>
 struct LayerOutputGrads {
     floatX *qkv, *attproj, *fc, *fcproj;
@@ -251,7 +253,10 @@ struct GPT2 {
             output_grads[k].assign(ap.grad_slots[k], std::vector<LayerOutputGrads<floatX>>(ap.chunk_blocks[k]));
             for (std::vector<LayerOutputGrads<floatX>>& slot : output_grads[k])
                 for (LayerOutputGrads<floatX>& d : slot) {
-                    d.qkv = take(N * 3 * Cs); d.attproj = take(N * C); d.fc = take(N * 4 * Cs); d.fcproj = take(N * C);
+                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * 3 * Cs);  // else B points it at the set's qkv
+                    d.attproj = take(N * C);
+                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * 4 * Cs);  // else B points it at the set's fch
+                    d.fcproj = take(N * C);
                 }
         }
         if (ap.head) {
@@ -695,14 +700,19 @@ struct GPT2 {
             LayerOutputGrads<floatX>* kept = kept_grads ? &(*kept_grads)[l - begin] : nullptr;
             auto product_grad = [&](BlockTensor t) { return input_only ? nullptr : grad(l, t); };
             auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
-            floatX* dfch = kept ? kept->fc : dbig;
-            floatX* dqkv = kept ? kept->qkv : dbig;
+            // B's output gradients of fc and qkv go straight to the slot's own memory, or through dbig into the set's
+            // fch and qkv buffers, which their backward reads until it has written them (copied there after)
+            const bool qkv_to_set = kept && qkv_grad_in_set(recompute), fc_to_set = kept && fc_grad_in_set(recompute);
+            if (qkv_to_set) kept->qkv = a.qkv;
+            if (fc_to_set) kept->fc = a.fch;
+            floatX* dfch = kept && !fc_to_set ? kept->fc : dbig;
+            floatX* dqkv = kept && !qkv_to_set ? kept->qkv : dbig;
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dfch
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->fcproj, dmlp);
+            if (kept) keep_output_grad(kept->fcproj, dmlp, (size_t)N * C);
             // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
@@ -713,6 +723,7 @@ struct GPT2 {
                 adapt_backward(l, kLoraFcProj, dfch, dmlp, a.fch_gelu);
                 gelu_backward(dfch, a.fch, dfch, (long)N * hidden(), stream);
             }
+            if (fc_to_set) keep_output_grad(a.fch, dfch, (size_t)N * hidden());
             // ln2 re-gathered under sequence parallelism
             const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
                                                           hidden(), l, kLoraFc);
@@ -721,12 +732,13 @@ struct GPT2 {
                                a.ln2_mean, a.ln2_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->attproj, dattention);
+            if (kept) keep_output_grad(kept->attproj, dattention, (size_t)N * C);
             linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), dattention, a.atty,
                             param(l, ATTPROJW), Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
+            if (qkv_to_set) keep_output_grad(a.qkv, dqkv, (size_t)N * 3 * Cs);
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
             // value part is dO's column sums (each query's attention weights sum to 1). dO = dattention ATTPROJW, so
@@ -793,9 +805,9 @@ struct GPT2 {
                 std::to_string(output_grads[k].size()));
         return output_grads[k][g];
     }
-    // B's copy of a product's output gradient (N x C: whole rows), which dresidual's next change would overwrite.
-    void keep_output_grad(floatX* kept, const floatX* grad) {
-        cudaCheck(cudaMemcpyAsync(kept, grad, (size_t)B * T * config.channels * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    // B's copy of a product's output gradient (`elements` of them) from the buffer that its next use overwrites.
+    void keep_output_grad(floatX* kept, const floatX* grad, size_t elements) {
+        cudaCheck(cudaMemcpyAsync(kept, grad, elements * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
     }
     // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
     void block_gradients_done(int l) {

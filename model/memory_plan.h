@@ -99,11 +99,15 @@ inline bool activation_shared(int recompute, int buffer) {
     }
 }
 
-// Elements of one row (token) of a block's output gradients kept from B to W: the qkv product's (3 C / tp), the
-// attention projection's (C), fc's (4 C / tp) and the fc projection's (C).
-inline size_t output_grads_width(const ModelConfig& c, int tp) {
+// Elements of one row (token) of a block's output gradients kept from B to W in a gradient slot: the attention
+// projection's (C) and the fc projection's (C), and the qkv product's (3 C / tp) and fc's (4 C / tp) unless the
+// activation set's own qkv and fch buffers hold them. Those are dead after B wherever W reads them nowhere: qkv
+// unless --recompute 3 refills it (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
+inline bool qkv_grad_in_set(int recompute) { return !activation_shared(recompute, 1); }
+inline bool fc_grad_in_set(int recompute) { return recompute == kKeepAll; }
+inline size_t output_grads_width(const ModelConfig& c, int tp, int recompute) {
     const size_t C = c.channels, Cs = C / tp;
-    return 3 * Cs + C + 4 * Cs + C;
+    return (qkv_grad_in_set(recompute) ? 0 : 3 * Cs) + C + (fc_grad_in_set(recompute) ? 0 : 4 * Cs) + C;
 }
 
 // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
@@ -123,7 +127,7 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-    *x_elements = N * (kept * set_blocks + output_grads_width(c, tp) * grad_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+    *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
                      (ap.head ? Nr * 2 : 0) + N;
 }
