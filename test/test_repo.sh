@@ -111,3 +111,32 @@ else
         echo "FAIL repo python scripts with a package missing:${bad#;}"
     fi
 fi
+
+# scripts/reference/plot_losses.py: two runs' logs give an SVG with each run's curve and the difference curve, each
+# validation dot, and the last validation loss in the legend, and the max |difference| line; a log it cannot read
+# gives one line and a non-zero exit.
+if ! command -v python3 > /dev/null 2>&1; then
+    echo "SKIP repo plot_losses.py: no python3"
+else
+    plot=$(mktemp -d)
+    for run in a b; do
+        { echo "# step loss lr grad_norm ms"; echo "# val step 0 loss 11.0"
+          for s in $(seq 0 29); do echo "$s $(awk -v s=$s -v d=$([ $run = b ] && echo 0.25 || echo 0) 'BEGIN { print 11 - s / 10 + (s == 7) * d }') 1e-4 1.0 10.0"; done
+          echo "# val step 29 loss $([ $run = b ] && echo 8.2 || echo 8.1)"; } > "$plot/$run.txt"
+    done
+    out=$(python3 scripts/reference/plot_losses.py --out "$plot/p.svg" --window 5 "$plot/a.txt" "$plot/b.txt" --labels A B 2>&1)
+    if [ $? -eq 0 ] && [ "$(grep -c '<polyline' "$plot/p.svg")" -eq 3 ] && [ "$(grep -c '<circle' "$plot/p.svg")" -eq 4 ] &&
+       grep -q '>B (val 8.200)<' "$plot/p.svg" && [[ $out == *"B vs A: max |difference| 0.25 at step 7 over 30 common steps"* ]] &&
+       [ ! -e "$plot/p.svg.tmp" ]; then
+        echo "PASS repo plot_losses.py draws each run, the difference and the validation losses, and names the largest difference"
+    else
+        echo "FAIL repo plot_losses.py: $out; $(grep -c '<polyline' "$plot/p.svg" 2>/dev/null) curves, $(grep -c '<circle' "$plot/p.svg" 2>/dev/null) dots"
+    fi
+    err=$(python3 scripts/reference/plot_losses.py --out "$plot/q.svg" "$plot/a.txt" "$plot/none.txt" 2>&1 > /dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && [[ $err == "error: $plot/none.txt: No such file or directory" ]] && [ ! -e "$plot/q.svg" ]; then
+        echo "PASS repo plot_losses.py names a log it cannot read"
+    else
+        echo "FAIL repo plot_losses.py on a missing log: rc=$rc: $err"
+    fi
+    rm -rf "$plot"
+fi

@@ -417,7 +417,7 @@ $PY scripts/reference/gpt2_reference.py train --init-from "$W/d12_init.bin" --tr
 ./train_gpt --model "$W/d12_init.bin" --train-data "$TRAIN" "${COMMON[@]}" --weight-decay 0.1 --grad-clip 1.0 --shuffle 0 \
     --precision $PRECISION --val-every 0 --sample-every 0 -o "$W/ours" > "$W/ours.out" 2>&1 \
     || echo "FAIL training curve parity: train_gpt: $(tail -n 1 "$W/ours.out")"
-out=$($PY scripts/reference/plot_losses.py --out "$W/curve_parity.png" "$W/pytorch.log" "$W/ours/log.txt" --labels pytorch train_gpt 2>&1)
+out=$($PY scripts/reference/plot_losses.py --out "$W/curve_parity.svg" "$W/pytorch.log" "$W/ours/log.txt" --labels pytorch train_gpt 2>&1)
 echo "$out" > "$W/curve_parity.txt"
 maxdiff=$(printf '%s\n' "$out" | grep -o 'max |difference| [0-9.e+-]*' | awk '{print $3}' | head -n 1)
 if [ -n "$maxdiff" ] && awk -v d="$maxdiff" 'BEGIN { exit !(d <= 0.03) }'; then
