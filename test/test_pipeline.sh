@@ -187,6 +187,18 @@ run tp2pp2_sp_zb1 4 --precision fp32 --tensor-parallel 2 --sequence-parallel 1 -
 compare tp2pp2_sp_zb1 single_fp32 $FP32_TOL 0 10 "tp 2 x pp 2 zb1 with sequence parallelism fp32: 10 losses match one rank"
 run pp2z_recompute 2 --precision fp32 --pipeline-parallel 2 --pipeline-schedule zb1 --recompute 3
 compare pp2z_recompute single_fp32 $FP32_TOL 0 10 "pp 2 zb1 --recompute 3 fp32: 10 losses match pp 1"
+# where B keeps the qkv and fc output gradients for W depends on --recompute (both in the activation set at 0, qkv's
+# there at 1-2, both in the gradient slot at 3): at each level zb1 equals 1F1B bit for bit, losses and final model
+for level in 1 2; do
+    run pp2f_r$level 2 --precision fp32 --pipeline-parallel 2 --recompute $level --checkpoint-every 10
+    run pp2z_r$level 2 --precision fp32 --pipeline-parallel 2 --pipeline-schedule zb1 --recompute $level --checkpoint-every 10
+    compare pp2z_r$level pp2f_r$level 0 0 10 "pp 2 zb1 --recompute $level fp32 equals 1f1b"
+    if cmp -s "$W/pp2z_r$level/model_00000010.bin" "$W/pp2f_r$level/model_00000010.bin"; then
+        echo "PASS pipeline pp 2 zb1 --recompute $level: final model bitwise 1f1b's"
+    else
+        echo "FAIL pipeline pp 2 zb1 --recompute $level: final model differs from 1f1b's"
+    fi
+done
 
 # the other resumes across pipeline sizes
 resume pp2_fp32 pp2_to_1 1
