@@ -37,20 +37,25 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see docs
 kill_after=${LAUNCH_KILL_AFTER:-30}
 if ! [[ $kill_after =~ ^[0-9]+$ ]]; then echo "launch.sh: LAUNCH_KILL_AFTER must be a number of seconds, not '$kill_after'" >&2; exit 2; fi
 stopped=75  # a rank stopped by a signal, with its checkpoint (train_gpt's kExitStopped)
-pids=()
+# The signals are taken before the ranks start: one that arrives while they start is kept and forwarded to all of
+# them once they are (a rank could miss it otherwise, or the launcher die of it).
+pids=(); started=0; pending=()
+signalled=0  # a trap ran: a `wait` it interrupted must be repeated
+forward() { signalled=1; if [ $started -eq 1 ]; then kill -s "$1" "${pids[@]}" 2> /dev/null; else pending+=("$1"); fi; }
+for sig in TERM INT USR1 HUP; do trap "forward $sig" $sig; done
 for ((i = 0; i < per_node; i++)); do
     rank=$((node * per_node + i))
-    # a background command of a script starts with SIGINT ignored: restored, so that a forwarded Ctrl-C counts
+    # a background command of a script starts with SIGINT ignored: restored (and the launcher's traps dropped), so
+    # that a forwarded Ctrl-C counts
     if [ $one_gpu -eq 1 ]; then
-        (trap - INT; RANK=$rank LOCAL_RANK=0 NCCL_HOSTID=host$rank NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 exec setsid "$@") &
+        (trap - TERM INT USR1 HUP; RANK=$rank LOCAL_RANK=0 NCCL_HOSTID=host$rank NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 exec setsid "$@") &
     else
-        (trap - INT; RANK=$rank LOCAL_RANK=$i exec setsid "$@") &
+        (trap - TERM INT USR1 HUP; RANK=$rank LOCAL_RANK=$i exec setsid "$@") &
     fi
     pids+=($!)
 done
-
-signalled=0  # a trap ran: a `wait` it interrupted must be repeated
-for sig in TERM INT USR1 HUP; do trap "signalled=1; kill -s $sig \"\${pids[@]}\" 2> /dev/null" $sig; done
+started=1
+for sig in "${pending[@]}"; do kill -s "$sig" "${pids[@]}" 2> /dev/null; done
 
 # Polls rather than `wait -n`: a rank stopped with SIGSTOP must not block the launcher, which must go on forwarding
 # signals and escalating after a failure.
