@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 #include "../kernels/common.cuh"
@@ -34,16 +35,8 @@ struct ActivationPlan {
     bool head = true;
     std::vector<int> grad_slots;
     static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
-    int sets() const {
-        int n = 0;
-        for (int k : slots) n += k;
-        return n;
-    }
-    int total_grad_slots() const {
-        int n = 0;
-        for (int k : grad_slots) n += k;
-        return n;
-    }
+    int sets() const { return std::accumulate(slots.begin(), slots.end(), 0); }
+    int total_grad_slots() const { return std::accumulate(grad_slots.begin(), grad_slots.end(), 0); }
 };
 
 inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }

@@ -1063,7 +1063,7 @@ void test_host_order() {
         if (kind == PipelineScheduleKind::kZeroBubbleH1) times.insert(times.end(), std::begin(kZeroBubbleTimes), std::end(kZeroBubbleTimes));
         for (const Shape& shape : accepted_shapes(kind))
             for (const StageTimes& t : times) {
-                v.where = shape_name(shape) + fmt(", F:B:W %g:", t.forward) + fmt("%g:", t.input_gradient) + fmt("%g", t.weight_gradient);
+                v.where = shape_name(shape) + ", " + times_name(t);
                 const std::string problem =
                     host_order_problem(make_pipeline_schedule(kind, shape.P, shape.m, shape.v, t.forward, t.input_gradient, t.weight_gradient));
                 if (!problem.empty()) v.fail(problem);
