@@ -54,9 +54,11 @@ struct LayerActivations {
 // pass (B) computes and the weight-gradient pass (W) multiplies with the products' inputs later. N rows each, of
 // 3 Cs (this rank's heads' q, k, v), C, 4 Cs (this rank's hidden units) and C columns (whole rows: under sequence
 // parallelism the gathered gradient that the product reads). A micro-batch holds a chunk's (one per block) in a
-// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets. qkv and fc point
-// into the activation set's qkv and fch buffers where B leaves them there (qkv_grad_in_set, fc_grad_in_set: W does
-// not read those buffers), else into the slot's own memory.
+// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets. Where W does not
+// read the activation set's qkv and fch buffers after B (qkv_grad_in_set, fc_grad_in_set), qkv's and fc's output
+// gradients take their place instead of memory of the slot's own: B writes them into a spare buffer of the same
+// size (GPT2::spare_qkv, spare_fch), which the slot keeps, and the set's buffer, which B has read for the last time,
+// becomes the spare; W hands the slot's buffer back to the set. The buffers rotate, no copies.
 template <typename floatX>
 struct LayerOutputGrads {
     floatX *qkv, *attproj, *fc, *fcproj;
@@ -110,8 +112,10 @@ struct GPT2 {
     floatX* activation_memory = nullptr;
     float* statistics_memory = nullptr;
     std::vector<std::vector<ActivationSet<floatX>>> sets;
-    // ZB-H1: output_grads[k][g] holds chunk k's blocks' output gradients (one per block) in gradient slot g
+    // ZB-H1: output_grads[k][g] holds chunk k's blocks' output gradients (one per block) in gradient slot g; the
+    // spares that the sets' qkv and fch buffers rotate through (LayerOutputGrads), where those buffers take them
     std::vector<std::vector<std::vector<LayerOutputGrads<floatX>>>> output_grads;
+    floatX *spare_qkv = nullptr, *spare_fch = nullptr;
     // the model's end (last stage): the final LayerNorm's output, the logits (or their gradient), per-row losses
     floatX *lnf = nullptr, *logits = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -253,12 +257,15 @@ struct GPT2 {
             output_grads[k].assign(ap.grad_slots[k], std::vector<LayerOutputGrads<floatX>>(ap.chunk_blocks[k]));
             for (std::vector<LayerOutputGrads<floatX>>& slot : output_grads[k])
                 for (LayerOutputGrads<floatX>& d : slot) {
-                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * 3 * Cs);  // else B points it at the set's qkv
+                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * 3 * Cs);  // else a buffer that B hands it
                     d.attproj = take(N * C);
-                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * 4 * Cs);  // else B points it at the set's fch
+                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * 4 * Cs);  // else a buffer that B hands it
                     d.fcproj = take(N * C);
                 }
         }
+        const bool split_backward = !ap.grad_slots.empty();
+        spare_qkv = split_backward && qkv_grad_in_set(recompute) ? take(N * 3 * Cs) : nullptr;
+        spare_fch = split_backward && fc_grad_in_set(recompute) ? take(N * 4 * Cs) : nullptr;
         if (ap.head) {
             lnf = take(N * C);
             logits = take(N * layout.vocab_rows());
@@ -700,13 +707,11 @@ struct GPT2 {
             LayerOutputGrads<floatX>* kept = kept_grads ? &(*kept_grads)[l - begin] : nullptr;
             auto product_grad = [&](BlockTensor t) { return input_only ? nullptr : grad(l, t); };
             auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
-            // B's output gradients of fc and qkv go straight to the slot's own memory, or through dbig into the set's
-            // fch and qkv buffers, which their backward reads until it has written them (copied there after)
-            const bool qkv_to_set = kept && qkv_grad_in_set(recompute), fc_to_set = kept && fc_grad_in_set(recompute);
-            if (qkv_to_set) kept->qkv = a.qkv;
-            if (fc_to_set) kept->fc = a.fch;
-            floatX* dfch = kept && !fc_to_set ? kept->fc : dbig;
-            floatX* dqkv = kept && !qkv_to_set ? kept->qkv : dbig;
+            // B's output gradients of fc and qkv go to the slot's own memory, or to the spares, which the slot keeps
+            // once the set's fch and qkv buffers have been read for the last time and become the spares
+            const bool qkv_to_spare = kept && qkv_grad_in_set(recompute), fc_to_spare = kept && fc_grad_in_set(recompute);
+            floatX* dfch = fc_to_spare ? spare_fch : kept ? kept->fc : dbig;
+            floatX* dqkv = qkv_to_spare ? spare_qkv : kept ? kept->qkv : dbig;
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dfch
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it
@@ -723,7 +728,11 @@ struct GPT2 {
                 adapt_backward(l, kLoraFcProj, dfch, dmlp, a.fch_gelu);
                 gelu_backward(dfch, a.fch, dfch, (long)N * hidden(), stream);
             }
-            if (fc_to_set) keep_output_grad(a.fch, dfch, (size_t)N * hidden());
+            if (fc_to_spare) {  // fch's last read was the GELU's backward
+                kept->fc = dfch;
+                spare_fch = a.fch;
+                a.fch = nullptr;  // until W hands the set a buffer back
+            }
             // ln2 re-gathered under sequence parallelism
             const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
                                                           hidden(), l, kLoraFc);
@@ -738,7 +747,11 @@ struct GPT2 {
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
                                      deterministic_attention, stream);
-            if (qkv_to_set) keep_output_grad(a.qkv, dqkv, (size_t)N * 3 * Cs);
+            if (qkv_to_spare) {  // qkv's last read was the attention's backward
+                kept->qkv = dqkv;
+                spare_qkv = a.qkv;
+                a.qkv = nullptr;
+            }
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
             // value part is dO's column sums (each query's attention weights sum to 1). dO = dattention ATTPROJW, so
@@ -794,6 +807,9 @@ struct GPT2 {
                                     a.atty, N, Cs, C, stream);
             if (grad(l, QKVB) != nullptr) bias_backward(grad(l, QKVB), reduce_scratch, d.qkv, N, Cs, stream, 3L * Cs);  // the query part
             matmul_backward_weights(grad(l, QKVW), (floatX*)nullptr, reduce_scratch, d.qkv, column_input(a.ln1), N, C, 3 * Cs, stream);
+            // the set's qkv and fch buffers back from the slot (the output gradients' last read is above)
+            if (qkv_grad_in_set(recompute)) a.qkv = d.qkv;
+            if (fc_grad_in_set(recompute)) a.fch = d.fc;
             block_gradients_done(l);
         }
         if (model_begins(k)) embeddings_backward(set);

@@ -93,9 +93,10 @@ inline bool activation_shared(int recompute, int buffer) {
 }
 
 // Elements of one row (token) of a block's output gradients kept from B to W in a gradient slot: the attention
-// projection's (C) and the fc projection's (C), and the qkv product's (3 C / tp) and fc's (4 C / tp) unless the
-// activation set's own qkv and fch buffers hold them. Those are dead after B wherever W reads them nowhere: qkv
-// unless --recompute 3 refills it (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
+// projection's (C) and the fc projection's (C), and the qkv product's (3 C / tp) and fc's (4 C / tp) unless they
+// take the place of the activation set's own qkv and fch buffers (with one spare of each, gpt2.cuh's
+// LayerOutputGrads). Those are dead after B wherever W reads them nowhere: qkv unless --recompute 3 refills it
+// (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
 inline bool qkv_grad_in_set(int recompute) { return !activation_shared(recompute, 1); }
 inline bool fc_grad_in_set(int recompute) { return recompute == kKeepAll; }
 inline size_t output_grads_width(const ModelConfig& c, int tp, int recompute) {
@@ -120,7 +121,10 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
-    *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared) + 2 * Nr * C * ap.sets() + head + scratch;
+    // the spares that the sets' qkv and fch buffers rotate through, where output gradients take their place
+    const size_t spares = ap.grad_slots.empty() ? 0 : (qkv_grad_in_set(recompute) ? 3 * (C / tp) : 0) + (fc_grad_in_set(recompute) ? 4 * (C / tp) : 0);
+    *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared + spares) + 2 * Nr * C * ap.sets() + head +
+                  scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
                      (ap.head ? Nr * 2 : 0) + N;
 }
