@@ -11,7 +11,9 @@
 // without a history, takes current scaling. A value beyond the format's range under a delayed scale saturates and
 // is counted (Fp8Scaling::overflow). The forward's weight and input scales serve the backward's casts of the same
 // tensors (the weight does not change between a forward and its backward, and the input is the same value, kept or
-// recomputed bit for bit). An amax that is NaN or infinite keeps the previous scale and is counted
+// recomputed bit for bit); where other micro-batches' forwards run between a layer's forward and its backward (a
+// pipeline's activation sets in flight: interleaved_micro_batches), a current input scale is taken again from the
+// same values, as the forward took it. An amax that is NaN or infinite keeps the previous scale and is counted
 // (Fp8Scaling::non_finite_amax; Fp8Stats reads the counts and the scales).
 // Weights: each block's four weights are cast once per parameter change (the optimizer step, a checkpoint or model
 // load, the initialisation: ZeroOptimizer::parameters_version moves), into an E4M3 copy and its transposed copy kept
@@ -106,6 +108,9 @@ struct Fp8Linear {
     size_t square = 0;  // C^2 / tp: the unit of a rank's weight slices (kFp8LayerWeights)
     Fp8Options options;
     bool cache_weights = false;
+    // other micro-batches' forwards run between a layer's forward and its backward (pipeline stages with more than one
+    // activation set): an input's current scale, which each forward overwrites, is taken again for the backward
+    bool interleaved_micro_batches = false;
     Fp8LayerScaling* scalings = nullptr;  // [blocks][kFp8Layers], device
     float* amax_history = nullptr;        // delayed scaling: [blocks][kFp8Layers][3 tensors][H], device
     int history_updates = 0;              // end_step calls so far (delayed scaling: the history's next slot, modulo H)
@@ -236,7 +241,10 @@ struct Fp8Linear {
     // after backward_input of the same layer (its dout^T copy), the input cast with the forward's scale.
     void backward_weights(__nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
                           int N, int C, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
-        if (dweight != nullptr) fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, input_scaling(block, layer), stream);
+        if (dweight != nullptr) {
+            if (interleaved_micro_batches) prepare_scale<__nv_fp8_e4m3>(input_scaling(block, layer), inp, (long)N * C, stream);
+            fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, input_scaling(block, layer), stream);
+        }
         backward_weights_precast(dweight, dbias, scratch, dout, input, N, C, OC, block, layer, stream);
     }
     // The output gradient dout[N,OC]'s transposed copy cast again, for a backward_weights that does not follow its

@@ -278,6 +278,7 @@ struct GPT2 {
                 die("internal: FP8 products run in a bf16 model without LoRA");
             // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
             fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3, layout.tp);
+            fp8_linear.interleaved_micro_batches = ap.sets() > num_chunks();  // a chunk with more than one set
         }
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
