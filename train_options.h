@@ -131,7 +131,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
         {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},
-        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; GPUs of compute capability 8.9+, data parallelism and ZeRO, no tensor or pipeline parallelism, no LoRA)"},
+        {"--precision", nullptr, Flag::STRING, &o.precision, one_of({"bf16", "fp16", "fp32", "fp8"}), "bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (bf16 training whose blocks' four linear layers multiply in FP8: E4M3 forward, E5M2 output gradients; GPUs of compute capability 8.9+; no LoRA)"},
         {"--fp8-stats", nullptr, Flag::INT, &o.fp8_stats, kOffOn, "1: with --precision fp8, a line per step with the FP8 scaling states: non-finite amaxes and saturated values counted so far, the range of the weights', inputs' and output gradients' scales"},
         {"--fp8-scaling", nullptr, Flag::STRING, &o.fp8_scaling, one_of({"current", "delayed"}), "with --precision fp8, each tensor's scale: current (from its own amax, an extra pass before each cast) | delayed (from the max of its last --fp8-amax-history amaxes, which the casts record; updated once per step; the first step current)"},
         {"--fp8-amax-history", nullptr, Flag::INT, &o.fp8_amax_history, or_minus_one(closed(1, 1024)), "with --fp8-scaling delayed, the amaxes per tensor that its scale comes from (-1: 16)"},
@@ -462,15 +462,12 @@ inline RunShape validate_options(const Options& o, int world) {
         const std::string space = offload_dir_space_problem(o.offload_dir, optimizer_file_bytes(shard, o.precision == "fp32" ? 2 : 3), 1);
         if (!space.empty()) die(space);
     }
-    // --precision fp8: bf16 training with FP8 products in the blocks' linear layers (model/fp8_linear.cuh), on one
-    // model-parallel rank (data parallelism and ZeRO see only its bf16 parameters and gradients); the GPU's FP8
-    // support is checked once it is there (train_gpt.cu's connect_gpu). The products' widths (C, 3C, 4C) are multiples
-    // of 16 as FP8 needs: C is a multiple of the head size, 64 or 128 (config_problem)
+    // --precision fp8: bf16 training with FP8 products in the blocks' linear layers (model/fp8_linear.cuh): each
+    // rank's products on its own slices and stages (data parallelism and ZeRO see only the bf16 parameters and
+    // gradients); the GPU's FP8 support is checked once it is there (train_gpt.cu's connect_gpu). The products'
+    // widths (C, 3C, 4C, and their 1/tp) are multiples of 16 as FP8 needs: C / tp is a multiple of the head size, 64
+    // or 128 (config_problem)
     if (o.precision == "fp8") {
-        if (shape.tp > 1)
-            die("--precision fp8 runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): the FP8 products do not split across ranks");
-        if (shape.pp > 1)
-            die("--precision fp8 runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): the FP8 products do not run on pipeline stages");
         if (lora.enabled())
             die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
         if ((long)o.batch_size * o.seq_len % 16 != 0)

@@ -14,13 +14,16 @@
 #   3d       8 GPUs, dp 2 x tp 2 x pp 2 (4 GPUs: dp 1) (ZeRO-1, interleaved, 8 micro-batches of 2 rows per data-parallel rank),
 #            the 1.4B GPT of tp and a 13B GPT (40 layers, C=5120, 40 heads): tokens/s, MFU, peak memory against the
 #            memory plan train_gpt prints (train_gpt only).
+#   fp8      4 GPUs: the 13B GPT at tp 2 x pp 2 (interleaved, 8 micro-batches of 2 rows), --precision bf16 against
+#            fp8 with each --fp8-scaling of FP8_SCALING (default "current delayed"): tokens/s, MFU against the bf16
+#            peak, peak memory, fp8 / bf16 (train_gpt only).
 #   largest  the largest of a list of GPTs (70B, 40B, 30B, 20B, 13B, 6.6B) that trains 20 steps with tp 2 x pp 2 x
 #            the rest data parallel under ZeRO-1 (pipelines take stages 0-1; fewer than 4 GPUs: tp 2 or one GPU, under
 #            ZeRO-3; with one data-parallel rank, as on 4 GPUs, nothing is sharded), 1 row per micro-batch, 2
 #            micro-batches per pipeline stage: train_gpt's memory plan refuses what does not fit before allocating
 #            (train_gpt only). LARGEST_PP=1: no pipeline, the GPUs beyond tp 2 data parallel under ZeRO-3 (4 GPUs:
 #            tp 2 x dp 2, so that ZeRO has a data-parallel group to shard over).
-# Usage: bench/bench_parallel.sh [tp] [pp] [3d] [largest]   (default: all that the GPUs allow)
+# Usage: bench/bench_parallel.sh [tp] [pp] [3d] [fp8] [largest]   (default: all that the GPUs allow)
 # SMOKE=1: a check of the plumbing on one GPU, not a speed: 2 ranks sharing GPU 0 (scripts/launch.sh --one-gpu,
 #   bench_pytorch_parallel.py --one-gpu), tiny GPTs (4 layers, C=256, 4 heads), sections tp and pp at 2 only.
 # Environment: STEPS (timed steps, default 10; train_gpt runs 3 more as warm-up, PyTorch WARMUP more),
@@ -35,8 +38,9 @@ cd "$(dirname "$0")/.." || exit 1
 STEPS=${STEPS:-10}; WARMUP=${WARMUP:-3}; PY=${PYTHON:-python3}; T=1024
 W=build/bench_parallel; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see docs/parallel.md)
-SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || { [ "${SMOKE:-0}" = 1 ] && SECTIONS=(tp pp) || SECTIONS=(tp pp 3d largest); }
-for s in "${SECTIONS[@]}"; do case $s in tp|pp|3d|largest) ;; *) echo "bench_parallel: unknown section '$s' (tp, pp, 3d, largest)" >&2; exit 2 ;; esac; done
+SECTIONS=("$@"); [ ${#SECTIONS[@]} -gt 0 ] || { [ "${SMOKE:-0}" = 1 ] && SECTIONS=(tp pp) || SECTIONS=(tp pp 3d fp8 largest); }
+for s in "${SECTIONS[@]}"; do case $s in tp|pp|3d|fp8|largest) ;; *) echo "bench_parallel: unknown section '$s' (tp, pp, 3d, fp8, largest)" >&2; exit 2 ;; esac; done
+for s in ${FP8_SCALING:-current delayed}; do case $s in current|delayed) ;; *) echo "bench_parallel: FP8_SCALING takes current and delayed, got '$s'" >&2; exit 2 ;; esac; done
 case ${LARGEST_PP:-2} in 1|2) ;; *) echo "bench_parallel: LARGEST_PP must be 1 or 2, got '$LARGEST_PP'" >&2; exit 2 ;; esac
 make -s train_gpt || exit 1
 G=$(scripts/visible_gpus.sh)
@@ -146,6 +150,19 @@ for section in "${SECTIONS[@]}"; do
                 --tensor-parallel 2 --pipeline-parallel 2 --pipeline-schedule interleaved --zero-stage 1
             plan=$(grep -m1 'memory plan per GPU' "$W/$name.log" | sed -n 's/.*| total \([0-9.]*\) of.*/\1/p')
             echo "| $label | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | ${plan:--} |"
+        done ;;
+    fp8)
+        echo; echo "== fp8 against bf16: the 13B GPT (40 layers, C=5120, 40 heads), tp 2 x pp 2, interleaved, 8 micro-batches of 2 rows (train_gpt) =="
+        if [ "$G" -lt 4 ]; then echo "  not run: needs 4 GPUs, this machine has $G"; continue; fi
+        echo "| precision | tok/s | MFU % (bf16 peak) | peak GiB | / bf16 |"; echo "|---|---|---|---|---|"
+        FP8_13B=(--model d48 --layers 40 --channels 5120 --heads 40 --batch-size 2 --total-batch-tokens $((2 * T * 8))
+                 --tensor-parallel 2 --pipeline-parallel 2 --pipeline-schedule interleaved --zero-stage 1)
+        ours fp8_13b_bf16 4 "${FP8_13B[@]}"; BF16=$OURS
+        echo "| bf16 | $(kv "$BF16" tokens_per_s) | $(kv "$BF16" mfu) | $(kv "$BF16" peak_mem_gib) | |"
+        for scaling in ${FP8_SCALING:-current delayed}; do
+            ours "fp8_13b_$scaling" 4 "${FP8_13B[@]}" --precision fp8 --fp8-scaling "$scaling"
+            ratio=$([ -n "$OURS" ] && [ -n "$BF16" ] && awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$(kv "$BF16" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }' || printf -- "-")
+            echo "| fp8 $scaling | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | $ratio |"
         done ;;
     largest)
         tp=1; pp=1; [ "$G" -ge 2 ] && tp=2; [ "$G" -ge 4 ] && pp=${LARGEST_PP:-2}

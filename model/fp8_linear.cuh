@@ -11,7 +11,9 @@
 // without a history, takes current scaling. A value beyond the format's range under a delayed scale saturates and
 // is counted (Fp8Scaling::overflow). The forward's weight and input scales serve the backward's casts of the same
 // tensors (the weight does not change between a forward and its backward, and the input is the same value, kept or
-// recomputed bit for bit). An amax that is NaN or infinite keeps the previous scale and is counted
+// recomputed bit for bit); where other micro-batches' forwards run between a layer's forward and its backward (a
+// pipeline's activation sets in flight: interleaved_micro_batches), a current input scale is taken again from the
+// same values, as the forward took it. An amax that is NaN or infinite keeps the previous scale and is counted
 // (Fp8Scaling::non_finite_amax; Fp8Stats reads the counts and the scales).
 // Weights: each block's four weights are cast once per parameter change (the optimizer step, a checkpoint or model
 // load, the initialisation: ZeroOptimizer::parameters_version moves), into an E4M3 copy and its transposed copy kept
@@ -59,23 +61,25 @@ struct Fp8LayerScaling {
 };
 static_assert(sizeof(Fp8LayerScaling) == 3 * sizeof(Fp8Scaling), "a layer's scaling states are three back to back");
 
-// A block's weight parameters in units of C^2, per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc
-// projection C x 4C), and where each layer's two copies (the weight, then its transpose) start in a block's.
+// A block's weight parameters in units of C^2 / tp (a tensor-parallel rank's slice: C / tp of the 3C, 4C or C
+// rows or columns), per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc projection C x 4C), and where
+// each layer's two copies (the weight, then its transpose) start in a block's, for a unit of `square` elements.
 constexpr size_t kFp8LayerWeights[kFp8Layers] = {3, 1, 4, 4};
 constexpr size_t kFp8BlockWeights = 12;
-inline size_t fp8_layer_copies_offset(Fp8Layer layer, size_t C) {
+inline size_t fp8_layer_copies_offset(Fp8Layer layer, size_t square) {
     size_t offset = 0;
     for (int k = 0; k < layer; k++) offset += 2 * kFp8LayerWeights[k];
-    return offset * C * C;
+    return offset * square;
 }
 
-// Device bytes of the FP8 memory for N rows of a micro-batch: the weights' copies (cache_weights: every block's
-// weights and their transposes, 2 bytes a weight parameter; else one weight or its transpose of the widest layer,
-// 4C x C), one input (or its transpose) of N rows of 4C, and the output gradient with its transpose (N x 4C each);
-// plus the scaling states of every block and, with delayed scaling, their amax histories.
-inline size_t fp8_scratch_bytes(const ModelConfig& c, size_t N, int blocks, const Fp8Options& options, bool cache_weights) {
-    const size_t C = c.channels, tensors = (size_t)blocks * kFp8Layers * 3;
-    const size_t weights = cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * C * C : 4 * C * C;
+// Device bytes of the FP8 memory for N rows of a micro-batch on a rank of `tp` tensor-parallel ones: the weights'
+// copies (cache_weights: every block's weight slices and their transposes, 2 bytes a weight parameter; else one
+// weight slice or its transpose of the widest layer, 4C x C / tp), one input (or its transpose) of N rows of 4C,
+// and the output gradient with its transpose (N x 4C each); plus the scaling states of every block and, with
+// delayed scaling, their amax histories.
+inline size_t fp8_scratch_bytes(const ModelConfig& c, size_t N, int blocks, const Fp8Options& options, bool cache_weights, int tp = 1) {
+    const size_t C = c.channels, square = C * C / tp, tensors = (size_t)blocks * kFp8Layers * 3;
+    const size_t weights = cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
     return weights + 3 * N * 4 * C + (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) +
            (options.delayed ? tensors * options.amax_history * sizeof(float) : 0);
 }
@@ -101,9 +105,12 @@ struct Fp8Stats {
 
 struct Fp8Linear {
     int blocks = 0;
-    size_t channels = 0;
+    size_t square = 0;  // C^2 / tp: the unit of a rank's weight slices (kFp8LayerWeights)
     Fp8Options options;
     bool cache_weights = false;
+    // other micro-batches' forwards run between a layer's forward and its backward (pipeline stages with more than one
+    // activation set): an input's current scale, which each forward overwrites, is taken again for the backward
+    bool interleaved_micro_batches = false;
     Fp8LayerScaling* scalings = nullptr;  // [blocks][kFp8Layers], device
     float* amax_history = nullptr;        // delayed scaling: [blocks][kFp8Layers][3 tensors][H], device
     int history_updates = 0;              // end_step calls so far (delayed scaling: the history's next slot, modulo H)
@@ -117,18 +124,19 @@ struct Fp8Linear {
     __nv_fp8_e5m2* output_grad_t = nullptr;
     void* memory = nullptr;
 
-    // For `blocks` blocks and micro-batches of up to N rows; cache: keep the weights' copies (not under ZeRO-3).
-    // Refuses a GPU without FP8 in one line. Called again, it starts afresh (no copies, no history).
-    void allocate(const ModelConfig& c, size_t N, int block_count, const Fp8Options& fp8_options, bool cache) {
+    // For `blocks` blocks and micro-batches of up to N rows, on a rank of `tp` tensor-parallel ones; cache: keep the
+    // weights' copies (not under ZeRO-3). Refuses a GPU without FP8 in one line. Called again, it starts afresh (no
+    // copies, no history).
+    void allocate(const ModelConfig& c, size_t N, int block_count, const Fp8Options& fp8_options, bool cache, int tp = 1) {
         require_fp8_gpu();
         if (memory != nullptr) cudaCheck(cudaFree(memory));
         history_updates = 0;
         blocks = block_count;
-        channels = c.channels;
+        square = (size_t)c.channels * c.channels / tp;
         options = fp8_options;
         cache_weights = cache;
         if (options.delayed && options.amax_history < 1) die("internal: an FP8 amax history of " + std::to_string(options.amax_history));
-        const size_t C = c.channels, bytes = fp8_scratch_bytes(c, N, blocks, options, cache_weights);
+        const size_t C = c.channels, bytes = fp8_scratch_bytes(c, N, blocks, options, cache_weights, tp);
         cudaCheck(cudaMalloc(&memory, bytes));
         cudaCheck(cudaMemset(memory, 0, bytes));  // the histories start empty
         // each piece a multiple of 16 bytes (C is), so each starts 16-byte aligned as the casts and products need
@@ -136,7 +144,7 @@ struct Fp8Linear {
         scalings = (Fp8LayerScaling*)p;
         p += (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling);
         weights = (__nv_fp8_e4m3*)p;
-        p += cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * C * C : 4 * C * C;
+        p += cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
         input = (__nv_fp8_e4m3*)p;
         p += N * 4 * C;
         output_grad = (__nv_fp8_e5m2*)p;
@@ -176,7 +184,7 @@ struct Fp8Linear {
     };
     WeightCopies cached_weight(const __nv_bfloat16* w, int OC, int C, int block, Fp8Layer layer, unsigned long long version,
                                cudaStream_t stream) {
-        __nv_fp8_e4m3* copy = weights + (size_t)block * 2 * kFp8BlockWeights * channels * channels + fp8_layer_copies_offset(layer, channels);
+        __nv_fp8_e4m3* copy = weights + (size_t)block * 2 * kFp8BlockWeights * square + fp8_layer_copies_offset(layer, square);
         __nv_fp8_e4m3* transposed = copy + (size_t)OC * C;
         unsigned long long& cached = weights_version[(size_t)block * kFp8Layers + layer];
         if (cached != version) {
@@ -233,8 +241,20 @@ struct Fp8Linear {
     // after backward_input of the same layer (its dout^T copy), the input cast with the forward's scale.
     void backward_weights(__nv_bfloat16* dweight, __nv_bfloat16* dbias, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
                           int N, int C, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
-        if (dweight != nullptr) fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, input_scaling(block, layer), stream);
+        if (dweight != nullptr) {
+            if (interleaved_micro_batches) prepare_scale<__nv_fp8_e4m3>(input_scaling(block, layer), inp, (long)N * C, stream);
+            fp8_cast((__nv_fp8_e4m3*)nullptr, input, inp, N, C, input_scaling(block, layer), stream);
+        }
         backward_weights_precast(dweight, dbias, scratch, dout, input, N, C, OC, block, layer, stream);
+    }
+    // The output gradient dout[N,OC]'s transposed copy cast again, for a backward_weights that does not follow its
+    // backward_input (ZB-H1's W, after later micro-batches' B's reused the copy), with the scale backward_input took:
+    // current scaling takes the same amax of the same values, and a delayed scale holds for the step. The codes are
+    // the first cast's; a saturated value is counted again, the amax recorded again (no change to the max).
+    void recast_output_grad(const __nv_bfloat16* dout, int N, int OC, int block, Fp8Layer layer, cudaStream_t stream) {
+        Fp8Scaling* s = &at(block, layer)->output_grad;
+        prepare_scale<__nv_fp8_e5m2>(s, dout, (long)N * OC, stream);
+        fp8_cast((__nv_fp8_e5m2*)nullptr, output_grad_t, dout, N, OC, s, stream);
     }
     // backward_weights with the input's transposed copy inp_t[C,N] given, cast with input_scaling(block, layer)'s
     // scale (by its producer, or above).

@@ -139,7 +139,7 @@ struct GPT2 {
     // match a model with an fc adapter bit for bit).
     bool gelu_fusion = true;
     // --precision fp8 (bf16 models only; set before allocate()): the four linear layers of every block multiply in
-    // FP8 (fp8_linear.cuh); tensor and pipeline parallelism and LoRA are refused by the flags' checks
+    // FP8 (fp8_linear.cuh), each rank on its own slices of them; LoRA is refused by the flags' checks
     bool fp8 = false;
     Fp8Options fp8_options;  // --fp8-scaling, --fp8-amax-history
     // With delayed scaling, the LayerNorms and the GELU cast the FP8 layers' inputs as they produce them
@@ -281,11 +281,11 @@ struct GPT2 {
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
         if (fp8) {
-            if (!std::is_same<floatX, __nv_bfloat16>::value || layout.tp > 1 || lora.enabled() || num_chunks() > 1 || !layout.part.first ||
-                !layout.part.last || !ap.grad_slots.empty())
-                die("internal: FP8 products run in a bf16 model on one pipeline stage without tensor parallelism or LoRA");
+            if (!std::is_same<floatX, __nv_bfloat16>::value || lora.enabled())
+                die("internal: FP8 products run in a bf16 model without LoRA");
             // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
-            fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3);
+            fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3, layout.tp);
+            fp8_linear.interleaved_micro_batches = ap.sets() > num_chunks();  // a chunk with more than one set
         }
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
@@ -386,15 +386,14 @@ struct GPT2 {
     const floatX* column_parallel_backward(floatX* dweight, floatX* dbias, const floatX* weight, const floatX* dy, const floatX* x,
                                            int out_features, int l, int target) {
         const int N = B * T, C = config.channels;
-        if (target >= 0 && fp8_products()) {  // one rank, no adapter: nothing to overlap or add
-            linear_backward(dbtc, dweight, dbias, dy, x, weight, C, out_features, l, (Fp8Layer)target);
-            return dbtc;
-        }
-        matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
+        const bool fp8_layer = target >= 0 && fp8_products();  // no adapter then (fp8 runs without LoRA)
+        if (fp8_layer) fp8_backward_input(dbtc, dy, weight, C, out_features, l, (Fp8Layer)target);
+        else matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
         if (target >= 0) adapt_backward(l, target, dbtc, dy, x);
         const bool scatter = sequence_split() > 1;
         const floatX* dx = tensor_parallel.begin_f_backward(dbtc, (size_t)(scatter ? region_rows() : N) * C, scatter, stream);
-        matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N, C, out_features, stream);
+        if (fp8_layer) fp8_backward_weights(dweight, dbias, dy, x, C, out_features, l, (Fp8Layer)target);
+        else matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N, C, out_features, stream);
         tensor_parallel.end_f_backward(stream);
         return dx;
     }
@@ -422,18 +421,29 @@ struct GPT2 {
     // the transposed E4M3 copy that its producer wrote.
     void linear_backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int C, int OC,
                          int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (fp8_products()) {
-                if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
-                fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
-                if (fp8_input_from_producer(layer))
-                    fp8_linear.backward_weights_precast(dweight, dbias, reduce_scratch, dy, reinterpret_cast<const __nv_fp8_e4m3*>(x), N(), C, OC, l,
-                                                        layer, stream);
-                else fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
-                return;
-            }
+        if (fp8_products()) {
+            if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
+            fp8_backward_input(dx, dy, weight, C, OC, l, layer);
+            fp8_backward_weights(dweight, dbias, dy, x, C, OC, l, layer);
+            return;
         }
         matmul_backward(dx, dweight, dbias, reduce_scratch, dy, x, weight, N(), C, OC, stream, gelu_inp);
+    }
+    // linear_backward's two halves in FP8 (fp8_products()): dx = dy weight, which casts dy (E5M2) with its transposed
+    // copy; then dweight += dy^T x from that copy and x's transposed copy (its producer's, or cast here), dbias.
+    void fp8_backward_input(floatX* dx, const floatX* dy, const floatX* weight, int C, int OC, int l, Fp8Layer layer) {
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value)
+            fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
+    }
+    void fp8_backward_weights(floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, int C, int OC, int l, Fp8Layer layer,
+                              bool recast_dy = false) {
+        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (recast_dy) fp8_linear.recast_output_grad(dy, N(), OC, l, layer, stream);
+            if (fp8_input_from_producer(layer))
+                fp8_linear.backward_weights_precast(dweight, dbias, reduce_scratch, dy, reinterpret_cast<const __nv_fp8_e4m3*>(x), N(), C, OC, l,
+                                                    layer, stream);
+            else fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
+        }
     }
     // --precision fp8: the scaling states' counts and ranges over every layer (waits for the stream).
     Fp8Stats fp8_stats() const { return fp8_linear.stats(stream); }
@@ -446,7 +456,11 @@ struct GPT2 {
     // backward reads. Nothing else reads those activations under fp8 (no LoRA; sampling's one-position forwards run
     // bf16 products and produce them in bf16). The attention projection's input comes from the attention: its layer
     // casts it.
-    bool fp8_inputs_from_producers() const { return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales(); }
+    // Under sequence parallelism the LayerNorms hold 1/tp of the rows that qkv and fc multiply (gathered in bf16 first):
+    // there the layers cast their inputs.
+    bool fp8_inputs_from_producers() const {
+        return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales() && sequence_split() == 1;
+    }
     bool fp8_input_from_producer(Fp8Layer layer) const { return layer != kFp8AttnProj && fp8_inputs_from_producers(); }
     // Which E4M3 copies a producer writes: the row-major one for the product that follows it, the transposed one for
     // the backward.
@@ -800,19 +814,23 @@ struct GPT2 {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            matmul_backward_weights(grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), reduce_scratch, d.fcproj,
-                                    a.fch_gelu, N, hidden(), C, stream);
-            matmul_backward_weights(grad(l, FCW), grad(l, FCB), reduce_scratch, d.fc, column_input(a.ln2), N, C, hidden(), stream);
-            matmul_backward_weights(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), reduce_scratch, d.attproj,
-                                    a.atty, N, Cs, C, stream);
+            weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), d.fcproj, a.fch_gelu, hidden(), C, l, kFp8FcProj);
+            weight_gradient(grad(l, FCW), grad(l, FCB), d.fc, column_input(a.ln2), C, hidden(), l, kFp8Fc);
+            weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), d.attproj, a.atty, Cs, C, l, kFp8AttnProj);
             if (grad(l, QKVB) != nullptr) bias_backward(grad(l, QKVB), reduce_scratch, d.qkv, N, Cs, stream, 3L * Cs);  // the query part
-            matmul_backward_weights(grad(l, QKVW), (floatX*)nullptr, reduce_scratch, d.qkv, column_input(a.ln1), N, C, 3 * Cs, stream);
+            weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), C, 3 * Cs, l, kFp8Qkv);
             // the set's qkv and fch buffers back from the slot (the output gradients' last read is above)
             if (qkv_grad_in_set(recompute)) a.qkv = d.qkv;
             if (fc_grad_in_set(recompute)) a.fch = d.fc;
             block_gradients_done(l);
         }
         if (model_begins(k)) embeddings_backward(set);
+    }
+    // W's product of one layer: dweight += dy^T x, dbias += column sums of dy. In FP8 the output gradient is cast
+    // again (B's casts of the later micro-batches took its scratch), with the scale B took (fp8_linear.cuh).
+    void weight_gradient(floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, int C, int OC, int l, Fp8Layer layer) {
+        if (fp8_products()) fp8_backward_weights(dweight, dbias, dy, x, C, OC, l, layer, true);
+        else matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, stream);
     }
     // Gradient slot g of chunk k (allocate()'s grad_slots).
     std::vector<LayerOutputGrads<floatX>>& gradient_slot(int k, int g) {

@@ -171,7 +171,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                 flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
                 (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
-                (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks(), *fp8, dp == 1 || zero_stage < 3) : 0);
+                (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks(), *fp8, dp == 1 || zero_stage < 3, tp) : 0);
     return p;
 }
 

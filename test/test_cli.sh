@@ -230,8 +230,6 @@ expect_error "tensor parallel below 1" "--tensor-parallel must be in [1, 2147483
 expect_error "tensor parallel splits whole heads" "--tensor-parallel 2: the 3 attention heads do not split into 2 equal groups" --model d3 --tensor-parallel 2
 expect_error "sequence parallel splits the sequence evenly" "--sequence-parallel 1: --seq-len 33 must be a multiple of --tensor-parallel 2" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --sequence-parallel 1 --seq-len 33
 expect_error "tensor parallel refuses LoRA" "LoRA runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --lora-rank 4
-expect_error "fp8 refuses tensor parallelism" "--precision fp8 runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --precision fp8
-expect_error "fp8 refuses pipeline parallelism" "--precision fp8 runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --precision fp8
 expect_error "pipeline parallel does not divide the ranks" "--tensor-parallel 1 x --pipeline-parallel 4 = 4 does not divide the 2 ranks" $SMALL --pipeline-parallel 4
 expect_error "pipeline needs a layer per stage" "--pipeline-parallel 2 x --virtual-stages 2: the 2 layers cannot fill 4 virtual stages" $SMALL --pipeline-parallel 2 --pipeline-schedule interleaved
 expect_error "pipeline schedule name" "--pipeline-schedule must be one of 1f1b, interleaved, zb1, got 'gpipe'" $SMALL --pipeline-parallel 2 --pipeline-schedule gpipe

@@ -89,4 +89,66 @@ if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --
         fi
     fi
 fi
+
+# Tensor, sequence and pipeline parallelism, ranks sharing the GPU (scripts/launch.sh --one-gpu), 4 layers, 4
+# micro-batches of 2 rows a step. Pipeline stages run the same FP8 products on the same values as one rank, their layers' scales
+# their own: within bf16's pipeline tolerance of one rank's losses (3e-2, test_pipeline.sh: the tied embedding's
+# gradient summed across stages rounds differently); zb1 (its W casting each output gradient again with the scale its
+# B took) bitwise 1F1B's losses and final model. Tensor-parallel ranks scale their own slices (a slice's amax, not
+# the whole tensor's): the FP8 rounding differs from one rank's, within the fp8-against-bf16 tolerance (0.1); the
+# step-0 gradient norm, before any rounding has compounded, within 2% of one rank's (a dropped or doubled sum over
+# the ranks moves it by far more).
+PAR=(--batch-size 2 --total-batch-tokens 512 --checkpoint-every 10)
+PSMALL=(--layers 4 "${SMALL[@]:2}")  # 4 layers: 2 chunks of one on each of 2 stages when interleaved
+# ptrain NAME RANKS [FLAGS...]: an fp8 run on RANKS ranks sharing GPU 0
+ptrain() {
+    local name=$1 ranks=$2; shift 2
+    if [ "$ranks" -eq 1 ]; then ./train_gpt "${PSMALL[@]}" "${PAR[@]}" --precision fp8 -o "$W/$name" "$@" > "$W/$name.out" 2>&1
+    else scripts/launch.sh --one-gpu "$ranks" ./train_gpt "${PSMALL[@]}" "${PAR[@]}" --precision fp8 -o "$W/$name" "$@" > "$W/$name.out" 2>&1; fi \
+        || { echo "FAIL fp8_model training $name ($ranks ranks): $(grep -m1 -iE 'error' "$W/$name.out" || tail -n 1 "$W/$name.out")"; return 1; }
+}
+# within_of NAME REF TOL: all 10 steps' losses of NAME within TOL of REF's
+within_of() {
+    local name=$1 ref=$2 tol=$3 worst
+    worst=$(paste <(train_log_lines "$W/$ref") <(train_log_lines "$W/$name") |
+            awk 'BEGIN { w = 0; n = 0 } { n++; d = $2 - $4; if (d < 0) d = -d; if (d > w) w = d } END { if (n != 10) print "missing"; else print w }')
+    train_log_lines "$W/$name" | grep -qiE 'nan|inf' && worst=non-finite
+    if [ "$worst" != missing ] && [ "$worst" != non-finite ] && awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+        echo "PASS fp8_model $name: 10 losses within $worst of $ref's (tolerance $tol)"
+    else
+        echo "FAIL fp8_model $name: max |loss difference| from $ref's $worst (tolerance $tol)"
+    fi
+}
+# norm_of NAME REF: step 0's gradient norm within 2% of REF's
+norm_of() {
+    local a b
+    a=$(grep -v '^#' "$W/$2/log.txt" | awk '$1 == 0 { print $4 }'); b=$(grep -v '^#' "$W/$1/log.txt" | awk '$1 == 0 { print $4 }')
+    if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }'; then
+        echo "PASS fp8_model $1: step 0's gradient norm $b, $2's $a (within 2%)"
+    else
+        echo "FAIL fp8_model $1: step 0's gradient norm '$b' against $2's '$a' (2%)"
+    fi
+}
+if ptrain par1 1; then
+    ptrain pp2 2 --pipeline-parallel 2 && within_of pp2 par1 3e-2
+    ptrain pp2i 2 --pipeline-parallel 2 --pipeline-schedule interleaved && within_of pp2i par1 3e-2
+    if ptrain pp2z 2 --pipeline-parallel 2 --pipeline-schedule zb1; then
+        if [ "$(train_log_lines "$W/pp2")" == "$(train_log_lines "$W/pp2z")" ] && cmp -s "$W/pp2/model_00000010.bin" "$W/pp2z/model_00000010.bin"; then
+            echo "PASS fp8_model pp 2 zb1: the 10 losses and the final model bitwise 1f1b's"
+        else
+            echo "FAIL fp8_model pp 2 zb1: differs from 1f1b"; paste <(train_log_lines "$W/pp2") <(train_log_lines "$W/pp2z") | head -4
+        fi
+    fi
+    ptrain pp2z_delayed 2 --pipeline-parallel 2 --pipeline-schedule zb1 --fp8-scaling delayed --recompute 2 &&
+        ptrain pp2_delayed 2 --pipeline-parallel 2 --fp8-scaling delayed --recompute 2 &&
+        if [ "$(train_log_lines "$W/pp2_delayed")" == "$(train_log_lines "$W/pp2z_delayed")" ]; then
+            echo "PASS fp8_model pp 2 zb1 delayed scaling --recompute 2: the 10 losses bitwise 1f1b's"
+        else
+            echo "FAIL fp8_model pp 2 zb1 delayed scaling --recompute 2: differs from 1f1b"
+        fi
+    ptrain tp2 2 --tensor-parallel 2 && within_of tp2 par1 0.1 && norm_of tp2 par1
+    ptrain tp2_delayed 2 --tensor-parallel 2 --fp8-scaling delayed && ptrain par1_delayed 1 --fp8-scaling delayed && within_of tp2_delayed par1_delayed 0.1
+    ptrain sp2 2 --tensor-parallel 2 --sequence-parallel 1 --fp8-scaling delayed && within_of sp2 par1_delayed 0.1 && norm_of sp2 par1_delayed
+    ptrain tp2pp2 4 --tensor-parallel 2 --pipeline-parallel 2 && within_of tp2pp2 par1 0.1 && norm_of tp2pp2 par1
+fi
 [ $rc -eq 0 ]
