@@ -263,7 +263,7 @@ struct GPT2 {
                     d.fcproj = take(N * C);
                 }
         }
-        const bool split_backward = !ap.grad_slots.empty();
+        const bool split_backward = ap.splits_backward();
         spare_qkv = split_backward && qkv_grad_in_set(recompute) ? take(N * 3 * Cs) : nullptr;
         spare_fch = split_backward && fc_grad_in_set(recompute) ? take(N * 4 * Cs) : nullptr;
         if (ap.head) {

@@ -28,7 +28,7 @@
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
 // flight), whether the stage ends the model (final LayerNorm, LM head, loss), and the gradient slots per chunk, each
 // its blocks' output gradients for one micro-batch from B to W (ZB-H1's split backward, model/gpt2.cuh's
-// LayerOutputGrads; empty: none).
+// LayerOutputGrads; empty or all 0: none, the backward unsplit).
 struct ActivationPlan {
     std::vector<int> chunk_blocks;
     std::vector<int> slots;
@@ -37,6 +37,7 @@ struct ActivationPlan {
     static ActivationPlan whole(const ModelConfig& c) { return {{c.num_layers}, {1}, true}; }
     int sets() const { return std::accumulate(slots.begin(), slots.end(), 0); }
     int total_grad_slots() const { return std::accumulate(grad_slots.begin(), grad_slots.end(), 0); }
+    bool splits_backward() const { return total_grad_slots() > 0; }
 };
 
 inline double gib(size_t bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
@@ -122,7 +123,7 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
     // the spares that the sets' qkv and fch buffers rotate through, where output gradients take their place
-    const size_t spares = ap.grad_slots.empty() ? 0 : (qkv_grad_in_set(recompute) ? 3 * (C / tp) : 0) + (fc_grad_in_set(recompute) ? 4 * (C / tp) : 0);
+    const size_t spares = !ap.splits_backward() ? 0 : (qkv_grad_in_set(recompute) ? 3 * (C / tp) : 0) + (fc_grad_in_set(recompute) ? 4 * (C / tp) : 0);
     *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared + spares) + 2 * Nr * C * ap.sets() + head +
                   scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +

@@ -8,7 +8,8 @@
 // pipeline-parallel sizes, and each rank's part of another mesh reads alone. The pipeline stages' parts cover the model once (the tied wte twice). The
 // initialisation's runs, unit by unit, give each rank's part. ZeRO-Offload's memory plan: d12's pinned host memory
 // per rank against hand-computed bytes (with the delayed update too), and the GPU's plan without the optimizer state; its tiles cover each rank's
-// storage once, and the CPU AdamW over them equals the update unit slice by unit slice, bit for bit.
+// storage once, and the CPU AdamW over them equals the update unit slice by unit slice, bit for bit. A pipeline
+// stage's activation counts with ZB-H1's gradient slots and without (1F1B's, all 0) at each recompute level.
 #define TESTING
 #include "../train_gpt.cu"
 #include <random>
@@ -364,6 +365,28 @@ static void check_offload_file_memory(const ModelConfig& d12, const std::string&
 // unit and one tile; and the CPU AdamW (bf16 with master weights) run piece by piece at ShardPlan::global_index equals
 // it run over each unit's slice at the slice's first global index (the GPU path's calls), bit for bit (one thread: the
 // thread count changes nothing, test_adamw_cpu checks).
+// The activation counts of a pipeline stage's sets: a schedule without gradient slots (1F1B's all 0) counts what no
+// gradient slots count, and ZB-H1's add their slots' output gradients (2C a token a block at --recompute 0: qkv's
+// and fc's take the set's buffers' place) and one spare each of the qkv and fch buffers they rotate through
+// (3C + 4C a token), at each recompute level the slot widths of memory_plan.h's comment.
+static void check_grad_slot_counts(const ModelConfig& c) {
+    const int B = 2, T = 64, blocks = 3;
+    const size_t N = (size_t)B * T, C = c.channels;
+    for (int recompute = 0; recompute <= 3; recompute++) {
+        const std::string tag = "activation counts, recompute " + std::to_string(recompute);
+        size_t none_x, none_s, zeros_x, zeros_s, zb_x, zb_s;
+        activation_counts(c, B, T, 1, 1, recompute, {{blocks}, {2}, false, {}}, &none_x, &none_s);
+        activation_counts(c, B, T, 1, 1, recompute, {{blocks}, {2}, false, {0}}, &zeros_x, &zeros_s);
+        activation_counts(c, B, T, 1, 1, recompute, {{blocks}, {2}, false, {2}}, &zb_x, &zb_s);
+        check(zeros_x == none_x && zeros_s == none_s, tag + ": gradient slots all 0 count as none", std::to_string(zeros_x) + " against " + std::to_string(none_x));
+        const size_t slot_width = recompute == 0 ? 2 * C : recompute < 3 ? 6 * C : 9 * C;
+        const size_t spares = recompute == 0 ? 7 * C : recompute < 3 ? 3 * C : 0;
+        check(zb_x == none_x + N * (2 * blocks * slot_width + spares) && zb_s == none_s,
+              tag + ": 2 gradient slots add their blocks' output gradients and the spares",
+              std::to_string(zb_x - none_x) + " elements more, expected " + std::to_string(N * (2 * blocks * slot_width + spares)));
+    }
+}
+
 static void check_offload_tiles(const ModelConfig& config, const std::string& name) {
     std::mt19937 rng(17);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -463,6 +486,7 @@ int main() {
     eight.num_layers = 8;
     check_pipeline_layout(eight, "8 layers");
     check_offload_tiles(toy, "toy");
+    check_grad_slot_counts(split);
     check_unit_runs(toy, "toy");
     check_unit_runs(split, "4 heads");
     check_unit_runs(eight, "8 layers");
