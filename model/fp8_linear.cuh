@@ -62,14 +62,21 @@ struct Fp8LayerScaling {
 static_assert(sizeof(Fp8LayerScaling) == 3 * sizeof(Fp8Scaling), "a layer's scaling states are three back to back");
 
 // A block's weight parameters in units of C^2 / tp (a tensor-parallel rank's slice: C / tp of the 3C, 4C or C
-// rows or columns), per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc projection C x 4C), and where
-// each layer's two copies (the weight, then its transpose) start in a block's, for a unit of `square` elements.
+// rows or columns), per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc projection C x 4C). The kept
+// copies, for a unit of `square` elements: block after block, in each the layers' two copies (the weight, then its
+// transpose) in layer order.
 constexpr size_t kFp8LayerWeights[kFp8Layers] = {3, 1, 4, 4};
 constexpr size_t kFp8BlockWeights = 12;
-inline size_t fp8_layer_copies_offset(Fp8Layer layer, size_t square) {
-    size_t offset = 0;
+// Where block `block`'s copies of `layer` start among the kept copies.
+inline size_t fp8_weight_copies_offset(int block, Fp8Layer layer, size_t square) {
+    size_t offset = (size_t)block * 2 * kFp8BlockWeights;
     for (int k = 0; k < layer; k++) offset += 2 * kFp8LayerWeights[k];
     return offset * square;
+}
+// The copies' elements (1 byte each): every block's (cache_weights), else one weight or its transpose of the widest
+// layer (4C x C / tp), cast at each use.
+inline size_t fp8_weight_copies_elements(int blocks, size_t square, bool cache_weights) {
+    return cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
 }
 
 // Device bytes of the FP8 memory for N rows of a micro-batch on a rank of `tp` tensor-parallel ones: the weights'
@@ -79,8 +86,7 @@ inline size_t fp8_layer_copies_offset(Fp8Layer layer, size_t square) {
 // delayed scaling, their amax histories.
 inline size_t fp8_scratch_bytes(const ModelConfig& c, size_t N, int blocks, const Fp8Options& options, bool cache_weights, int tp = 1) {
     const size_t C = c.channels, square = C * C / tp, tensors = (size_t)blocks * kFp8Layers * 3;
-    const size_t weights = cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
-    return weights + 3 * N * 4 * C + (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) +
+    return fp8_weight_copies_elements(blocks, square, cache_weights) + 3 * N * 4 * C + (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) +
            (options.delayed ? tensors * options.amax_history * sizeof(float) : 0);
 }
 
@@ -144,7 +150,7 @@ struct Fp8Linear {
         scalings = (Fp8LayerScaling*)p;
         p += (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling);
         weights = (__nv_fp8_e4m3*)p;
-        p += cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
+        p += fp8_weight_copies_elements(blocks, square, cache_weights);
         input = (__nv_fp8_e4m3*)p;
         p += N * 4 * C;
         output_grad = (__nv_fp8_e5m2*)p;
@@ -184,7 +190,7 @@ struct Fp8Linear {
     };
     WeightCopies cached_weight(const __nv_bfloat16* w, int OC, int C, int block, Fp8Layer layer, unsigned long long version,
                                cudaStream_t stream) {
-        __nv_fp8_e4m3* copy = weights + (size_t)block * 2 * kFp8BlockWeights * square + fp8_layer_copies_offset(layer, square);
+        __nv_fp8_e4m3* copy = weights + fp8_weight_copies_offset(block, layer, square);
         __nv_fp8_e4m3* transposed = copy + (size_t)OC * C;
         unsigned long long& cached = weights_version[(size_t)block * kFp8Layers + layer];
         if (cached != version) {

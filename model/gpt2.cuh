@@ -731,7 +731,7 @@ struct GPT2 {
             // must add its share before it
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->fcproj, dmlp, (size_t)N * C);
+            if (kept) keep_output_grad(kept->fcproj, dmlp);
             // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
@@ -755,7 +755,7 @@ struct GPT2 {
                                a.ln2_mean, a.ln2_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->attproj, dattention, (size_t)N * C);
+            if (kept) keep_output_grad(kept->attproj, dattention);
             linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), dattention, a.atty,
                             param(l, ATTPROJW), Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
@@ -839,9 +839,9 @@ struct GPT2 {
                 std::to_string(output_grads[k].size()));
         return output_grads[k][g];
     }
-    // B's copy of a product's output gradient (`elements` of them) from the buffer that its next use overwrites.
-    void keep_output_grad(floatX* kept, const floatX* grad, size_t elements) {
-        cudaCheck(cudaMemcpyAsync(kept, grad, elements * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+    // B's copy of a projection's output gradient (N x C: whole rows), which dresidual's next change would overwrite.
+    void keep_output_grad(floatX* kept, const floatX* grad) {
+        cudaCheck(cudaMemcpyAsync(kept, grad, (size_t)B * T * config.channels * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
     }
     // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
     void block_gradients_done(int l) {

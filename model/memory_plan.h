@@ -100,9 +100,14 @@ inline bool activation_shared(int recompute, int buffer) {
 // (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
 inline bool qkv_grad_in_set(int recompute) { return !activation_shared(recompute, 1); }
 inline bool fc_grad_in_set(int recompute) { return recompute == kKeepAll; }
+// Elements of one row of those that take the set's buffers' place (and of the spares they rotate through).
+inline size_t output_grads_in_set_width(const ModelConfig& c, int tp, int recompute) {
+    const size_t Cs = c.channels / tp;
+    return (qkv_grad_in_set(recompute) ? 3 * Cs : 0) + (fc_grad_in_set(recompute) ? 4 * Cs : 0);
+}
 inline size_t output_grads_width(const ModelConfig& c, int tp, int recompute) {
     const size_t C = c.channels, Cs = C / tp;
-    return (qkv_grad_in_set(recompute) ? 0 : 3 * Cs) + C + (fc_grad_in_set(recompute) ? 0 : 4 * Cs) + C;
+    return 3 * Cs + C + 4 * Cs + C - output_grads_in_set_width(c, tp, recompute);
 }
 
 // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
@@ -123,7 +128,7 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
     const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
     // the spares that the sets' qkv and fch buffers rotate through, where output gradients take their place
-    const size_t spares = !ap.splits_backward() ? 0 : (qkv_grad_in_set(recompute) ? 3 * (C / tp) : 0) + (fc_grad_in_set(recompute) ? 4 * (C / tp) : 0);
+    const size_t spares = ap.splits_backward() ? output_grads_in_set_width(c, tp, recompute) : 0;
     *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared + spares) + 2 * Nr * C * ap.sets() + head +
                   scratch;
     *stat_elements = (Nr * 4 + (recompute >= kRecomputeBlock ? 0 : lse)) * set_blocks + (recompute >= kRecomputeBlock ? lse : 0) +
