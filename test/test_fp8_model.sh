@@ -36,16 +36,16 @@ resume() {
     cp "$W/$from"/*_00000005* "$W/$name/"
     train "$name" "$precision" --resume 1 --checkpoint-every 5
 }
-# close NAME A B: steps 5-9 of run B within 0.1 of run A's, all finite
+# close NAME A B [FROM TOL]: steps FROM-9 (default 5) of run B within TOL (default 0.1) of run A's, all finite
 close() {
-    local name=$1 a=$2 b=$3 worst
-    worst=$(paste <(train_log_lines "$W/$a" | awk '$1 >= 5') <(train_log_lines "$W/$b" | awk '$1 >= 5') |
-            awk 'BEGIN { w = 0; n = 0 } { n++; d = $2 - $4; if (d < 0) d = -d; if (d > w) w = d } END { if (n != 5) print "missing"; else print w }')
+    local name=$1 a=$2 b=$3 from=${4:-5} tol=${5:-0.1} worst
+    worst=$(paste <(train_log_lines "$W/$a" | awk -v f="$from" '$1 >= f') <(train_log_lines "$W/$b" | awk -v f="$from" '$1 >= f') |
+            awk -v steps=$((10 - from)) 'BEGIN { w = 0; n = 0 } { n++; d = $2 - $4; if (d < 0) d = -d; if (d > w) w = d } END { if (n != steps) print "missing"; else print w }')
     train_log_lines "$W/$b" | grep -qiE 'nan|inf' && worst=non-finite
-    if [ "$worst" != missing ] && [ "$worst" != non-finite ] && awk -v w="$worst" 'BEGIN { exit !(w <= 0.1) }'; then
-        echo "PASS fp8_model $name: steps 5-9 within $worst of run $a's losses (tolerance 0.1)"
+    if [ "$worst" != missing ] && [ "$worst" != non-finite ] && awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
+        echo "PASS fp8_model $name: steps $from-9 within $worst of run $a's losses (tolerance $tol)"
     else
-        echo "FAIL fp8_model $name: max |loss difference| $worst (tolerance 0.1)"; paste <(train_log_lines "$W/$a") <(train_log_lines "$W/$b") | head -10
+        echo "FAIL fp8_model $name: max |loss difference| $worst (tolerance $tol)"; paste <(train_log_lines "$W/$a") <(train_log_lines "$W/$b") | head -10
     fi
 }
 
@@ -108,17 +108,7 @@ ptrain() {
         || { echo "FAIL fp8_model training $name ($ranks ranks): $(grep -m1 -iE 'error' "$W/$name.out" || tail -n 1 "$W/$name.out")"; return 1; }
 }
 # within_of NAME REF TOL: all 10 steps' losses of NAME within TOL of REF's
-within_of() {
-    local name=$1 ref=$2 tol=$3 worst
-    worst=$(paste <(train_log_lines "$W/$ref") <(train_log_lines "$W/$name") |
-            awk 'BEGIN { w = 0; n = 0 } { n++; d = $2 - $4; if (d < 0) d = -d; if (d > w) w = d } END { if (n != 10) print "missing"; else print w }')
-    train_log_lines "$W/$name" | grep -qiE 'nan|inf' && worst=non-finite
-    if [ "$worst" != missing ] && [ "$worst" != non-finite ] && awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-        echo "PASS fp8_model $name: 10 losses within $worst of $ref's (tolerance $tol)"
-    else
-        echo "FAIL fp8_model $name: max |loss difference| from $ref's $worst (tolerance $tol)"
-    fi
-}
+within_of() { close "$1" "$2" "$1" 0 "$3"; }
 # norm_of NAME REF: step 0's gradient norm within 2% of REF's
 norm_of() {
     local a b
