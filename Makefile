@@ -44,7 +44,8 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # fails the build.
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
-            $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8
+            $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8 $(BUILD)/test_checkpoints $(BUILD)/test_checkpoint_crash \
+            $(BUILD)/test_options
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
@@ -85,6 +86,11 @@ $(BUILD)/test_mesh: test/test_mesh.cpp distributed/mesh.h test/check.h | $(BUILD
 # The pipeline schedules are header-only too (distributed/pipeline_schedule.h): a plain g++ test.
 $(BUILD)/test_pipeline_schedule: test/test_pipeline_schedule.cpp distributed/pipeline_schedule.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_pipeline_schedule.cpp -o $@
+
+# train_gpt's command line (train_options.h) parses and validates without CUDA: a g++ test, refusals in forked processes.
+$(BUILD)/test_options: test/test_options.cpp train_options.h $(wildcard model/*.h) distributed/mesh.h distributed/pipeline_schedule.h \
+                       distributed/optimizer_file.h kernels/die.h kernels/host_device.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_options.cpp -o $@
 
 # The GPU support check and the MFU peaks are plain C++ (kernels/gpu_support.h): a plain g++ test.
 $(BUILD)/test_gpu_support: test/test_gpu_support.cpp kernels/gpu_support.h test/check.h | $(BUILD)
@@ -133,11 +139,17 @@ $(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_adamw_cpu.cpp -o $@
 
 # the NVMe tier's disk and its AdamW pass through the optimizer file (bench/bench_offload.sh's nvme section)
-$(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
+$(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_file.h model/run_identity.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_offload_dir.cpp -o $@
 
 # ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
-$(BUILD)/test_offload_dir: test/test_offload_dir.cpp test/private_mount.h distributed/optimizer_file.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
+CHECKPOINT_HDRS = model/checkpoint_store.h model/file_integrity.h model/model_file.h model/state_file.h model/run_identity.h model/config.h \
+                  kernels/die.h kernels/host_device.h distributed/mesh.h dataloader/dataloader.h test/check.h
+$(BUILD)/test_checkpoints: test/test_checkpoints.cpp test/private_mount.h $(CHECKPOINT_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_checkpoints.cpp -o $@
+$(BUILD)/test_checkpoint_crash: test/test_checkpoint_crash.cpp $(CHECKPOINT_HDRS) | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_checkpoint_crash.cpp -o $@
+$(BUILD)/test_offload_dir: test/test_offload_dir.cpp test/private_mount.h distributed/optimizer_file.h model/run_identity.h kernels/adamw_cpu.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) -fopenmp test/test_offload_dir.cpp -o $@
 
 $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
@@ -146,7 +158,7 @@ $(BUILD)/test_sharding: test/test_sharding.cu train_gpt.cu test/check.h $(KERNEL
 $(BUILD)/test_lora_files: test/test_lora_files.cu train_gpt.cu test/cpu_reference.cpp test/cpu_reference.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_lora_files.cu test/cpu_reference.cpp $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/test_formats: test/test_formats.cu test/private_mount.h train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
+$(BUILD)/test_formats: test/test_formats.cu train_gpt.cu test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_formats.cu $(DATALOADER_SRCS) $(DISTRIBUTED_SRCS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/test_fp8_model: test/test_fp8_model.cu train_gpt.cu test/gpu_check.h test/check.h $(KERNELS) $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(DISTRIBUTED_SRCS) | $(BUILD)
@@ -165,7 +177,7 @@ $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_
 FUZZ_CXX ?= clang++
 FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDIE_THROWS -I.
 FUZZ_SECONDS ?= 60
-FUZZ_HARNESSES = shards model_file state_file adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
+FUZZ_HARNESSES = shards model_file state_file manifest adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
 FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
 FUZZ_HDRS = test/fuzz/fuzz_util.h test/fuzz/fuzz_gpt2.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
             distributed/pipeline_schedule.h train_options.h

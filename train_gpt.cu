@@ -6,7 +6,8 @@
 //      checkpoint to resume, the memory plan and allocation, the starting parameters, the step log
 //   3. one training step, the work between steps (evaluation, samples, checkpoints), the stop for a signal, and
 //      train() itself
-//   4. main(): take the stop signals, parse and validate the flags (train_options.h), then train or generate
+//   4. dry_run (--dry-run 1: the checks that need no GPU, and the plan), and main(): take the stop signals, parse and
+//      validate the flags (train_options.h), then train, generate or dry-run
 // What it leaves to others: the flags to train_options.h; the model, its memory plan, initial values, losses and
 // files to model/; the kernels to kernels/ (one file per layer); the parallel modes to distributed/; data loading
 // and the tokenizer to dataloader/. Tests include this file with TESTING defined, which leaves out main().
@@ -39,6 +40,7 @@
 #include "model/initialization.cuh"         // defines: init_parameters (GPT-2's initialisation, on the device)
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories, save_lora_outputs
 #include "model/checksums.h"              // defines: print_parameter_checksums
+#include "model/run_identity.h"           // defines: new_run_id, run_id_text (a run's id, which its files carry)
 #include "model/sampling.cuh"             // defines: SamplingRule, generate (sampling with a KV cache)
 #include "train_options.h"                // defines: Options, parse_options, validate_options, RunShape, micro_batches_per_step
 
@@ -250,6 +252,7 @@ static RunData open_data(const Options& o, const RunShape& run, const MeshCoord&
             DataLoaderConfig val_config = train_config;
             val_config.pattern = o.val_data;
             val_config.shuffle = false;
+            val_config.fit_to_data = true;  // a validation split shorter than one batch is evaluated over what it holds
             data.val.reset(new DataLoader(val_config));
         }
     } catch (const std::exception& e) {
@@ -258,18 +261,172 @@ static RunData open_data(const Options& o, const RunShape& run, const MeshCoord&
     return data;
 }
 
-// The step of the newest whole checkpoint in --output-dir to continue from (--resume 1; damaged ones are skipped), or
-// -1. It must hold this model in this precision; its mesh and ZeRO stage may differ (checkpoint.cuh reshards).
-template <typename floatX>
-int checkpoint_to_resume(const Options& o, const ModelConfig& config, FILE* out) {
-    const int step = o.resume ? newest_whole_checkpoint(o.output_dir, out) : -1;
-    if (step >= 0) {
-        const std::string problem = resume_problem(o.output_dir, step, config, PrecisionOf<floatX>::value);
-        if (!problem.empty()) die(problem);
-    } else if (o.resume) {
-        fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch\n", o.output_dir.c_str());
+// A LoRA run's frozen base, as its checkpoints record it: the model file and the checksum in its header (our files
+// carry one: no need to read 8B parameters), or its size; or the initialisation's seed.
+static std::string base_model_identity(const std::string& path, int seed) {
+    if (path.empty()) return "initialised from --seed " + std::to_string(seed);
+    int header[256] = {};
+    struct stat st;
+    FILE* f = fopen(path.c_str(), "rb");
+    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
+    if (f != nullptr) fclose(f);
+    char crc[32];
+    snprintf(crc, sizeof(crc), "crc %08x", (unsigned)header[kChecksumSlot]);
+    return path + ", " + (read && header[kChecksumTagSlot] == kChecksumTag ? std::string(crc)
+                                                                           : std::to_string(stat(path.c_str(), &st) == 0 ? (long long)st.st_size : -1LL) + " bytes");
+}
+
+// The settings a checkpoint's manifest records and a resume compares: the schedule's flags (a difference is reported:
+// a longer --steps or a lower --lr after a divergence are deliberate) and the training data's identity (its shards'
+// names and sizes: a difference refuses the resume, whose data position would point into other data).
+static std::vector<std::pair<std::string, std::string>> run_settings(const Options& o, const RunShape& run, const StepShape& batch,
+                                                                     const DataLoader& train_data, int steps) {
+    Crc32c shards;
+    for (const std::string& path : train_data.shard_paths()) {
+        struct stat st;
+        const std::string entry = path.substr(path.rfind('/') + 1) + " " + std::to_string(stat(path.c_str(), &st) == 0 ? (long long)st.st_size : -1LL) + "\n";
+        shards.update(entry.data(), entry.size());
     }
-    return step;
+    char crc[16];
+    snprintf(crc, sizeof(crc), "%08x", shards.value());
+    auto text = [](double x) {
+        char t[32];
+        snprintf(t, sizeof(t), "%.9g", x);
+        return std::string(t);
+    };
+    return {{"steps", std::to_string(steps)},
+            {"lr", text(o.lr)},
+            {"warmup_steps", std::to_string(o.warmup_steps)},
+            {"lr_schedule", o.lr_schedule},
+            {"final_lr_frac", text(o.final_lr_frac)},
+            {"weight_decay", text(o.weight_decay)},
+            {"batch", std::to_string(batch.B) + " x " + std::to_string(batch.T) + ", " + std::to_string(batch.tokens) + " tokens a step"},
+            {"seed", std::to_string(o.seed)},
+            {"train_shards", std::to_string(train_data.num_shards()) + " shards " + crc + " (" + o.train_data + ")"},
+            {"base_model", run.lora.enabled() ? base_model_identity(run.initial_model, o.seed) : std::string("none (the checkpoint holds the model)")}};
+}
+
+// What every checkpoint of this run records: its id and the settings a resume compares (run_settings).
+struct CheckpointIdentity {
+    uint64_t run_id;
+    std::vector<std::pair<std::string, std::string>> settings;
+};
+
+// Where a run starts: a checkpoint (step >= 0, its manifest) or scratch (step -1), and the run's id (the checkpoint's,
+// or a new one).
+struct StartPoint {
+    int step = -1;
+    uint64_t run_id = 0;
+    CheckpointManifest manifest;
+};
+
+// A checkpoint this run could not write is refused before any work is done: a state file records at most
+// kStateMaxLayers blocks of a pipeline stage.
+static void refuse_uncheckpointable_stages(const Options& o, const PipelineStages& stages) {
+    if (o.output_dir.empty()) return;
+    for (size_t s = 0; s < stages.parts.size(); s++)
+        if ((int)stages.parts[s].layers.size() > kStateMaxLayers)
+            die("pipeline stage " + std::to_string(s) + " holds " + std::to_string(stages.parts[s].layers.size()) + " blocks, but a checkpoint's state "
+                "file records at most " + std::to_string(kStateMaxLayers) + " a stage: use more pipeline stages (--pipeline-parallel, "
+                "--pipeline-layers), or run without --output-dir");
+}
+
+// A fresh run (no --resume 1) where checkpoint files are (`held`: folder_checkpoints_text) is refused, unless
+// --overwrite-output 1 moves them aside.
+static void refuse_foreign_checkpoints(const Options& o, const std::string& held) {
+    if (!o.resume && !held.empty() && !o.overwrite_output)
+        die("--output-dir " + o.output_dir + " holds " + held + ": continue that run with --resume 1, or start over there with --overwrite-output 1 "
+            "(moves them aside), or give another folder");
+}
+
+// Checkpoint `step` (its manifest `m`) against this run: the model's shape and the precision (resume_problem), then
+// the recorded settings: other training data or another LoRA base refuse the resume; any other difference is a note.
+template <typename floatX>
+void check_resume_against(const Options& o, const RunShape& run, int step, const CheckpointManifest& m,
+                          const std::vector<std::pair<std::string, std::string>>& settings, FILE* out) {
+    const std::string problem = resume_problem(o.output_dir, step, run.config, PrecisionOf<floatX>::value, run.lora, run.shape, o.zero_stage);
+    if (!problem.empty()) die(problem);
+    for (const auto& d : setting_differences(m, settings)) {
+        const bool recorded = !m.setting(d.first).empty();
+        if (d.first == "base_model" && recorded && run.lora.enabled())
+            die(manifest_path(o.output_dir, step) + ": the LoRA run's frozen base differs from the checkpoint's (" + d.second +
+                "): its adapters were trained on the other; resume with the same --model");
+        if (d.first == "train_shards" && recorded)
+            die(manifest_path(o.output_dir, step) + ": the training data differ from the checkpoint's (" + d.second +
+                "): its data position would point into other data; resume with the same --train-data, or start a new run from its model with "
+                "--model " + checkpoint_path(o.output_dir, "model", step));
+        fprintf(out, "note: --resume 1 with a setting that differs from the checkpoint's run: %s\n", d.second.c_str());
+    }
+}
+
+// --output-dir before the GPU is touched: rank 0 takes the folder's lock (one job a folder); without --resume 1, a
+// folder holding checkpoints is refused on every rank (another run's) or, with --overwrite-output 1, moved aside by
+// rank 0; with --resume 1, rank 0 chooses the checkpoint (checkpoint_store.h), which must hold this model in this
+// precision, and whose recorded settings are compared with this run's. The other ranks learn the choice in
+// agree_on_start.
+template <typename floatX>
+StartPoint prepare_output_dir(const Options& o, const ProcessGroup& pg, const RunShape& run, const std::vector<std::pair<std::string, std::string>>& settings,
+                              FILE* out) {
+    StartPoint start;
+    start.run_id = new_run_id();
+    if (o.output_dir.empty()) return start;
+    const std::string held = folder_checkpoints_text(o.output_dir);
+    if (!pg.is_main() && (o.resume || o.overwrite_output || held.empty())) return start;  // the refusal below on every rank: all end alike
+    if (pg.is_main()) lock_output_dir(o.output_dir);
+    if (!o.resume) {
+        refuse_foreign_checkpoints(o, held);
+        if (!held.empty()) fprintf(out, "--overwrite-output 1: moved %s and log.txt aside to %s\n", held.c_str(), move_run_aside(o.output_dir).c_str());
+        return start;
+    }
+    const ResumeChoice choice = choose_resume_checkpoint(o.output_dir, pg.world, out);
+    if (choice.step < 0) {
+        if (choice.run_id != 0) start.run_id = choice.run_id;  // its first save did not commit: the same run, from scratch
+        fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch (run %s)\n", o.output_dir.c_str(), run_id_text(start.run_id).c_str());
+        return start;
+    }
+    check_resume_against<floatX>(o, run, choice.step, choice.manifest, settings, out);
+    start.step = choice.step;
+    start.run_id = choice.manifest.run_id;
+    start.manifest = choice.manifest;
+    return start;
+}
+
+// Every rank starts from rank 0's choice: the run id and the checkpoint, of which each rank verifies its own files
+// (own_checkpoint_files: each file is read by one rank). If any rank finds one damaged, rank 0 sets the checkpoint
+// aside and chooses again, so all ranks continue from the same checkpoint or stop together with the reason. Then
+// every rank checks the checkpoint holds this model in this precision (resume_problem), before allocating.
+template <typename floatX>
+StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunShape& run, StartPoint start, FILE* out) {
+    for (;;) {
+        const std::vector<uint64_t> chosen = pg.all_gather_host({(uint64_t)(start.step + 1), start.run_id});
+        start.step = (int)chosen[0] - 1;
+        start.run_id = chosen[1];
+        if (start.step < 0) return start;
+        std::string problem;
+        if (!pg.is_main()) {
+            problem = read_manifest(o.output_dir, start.step, &start.manifest);
+            for (const FileRecord& f : problem.empty() ? std::vector<FileRecord>() : own_checkpoint_files(start.manifest, pg.rank, pg.world))
+                if (problem.empty()) problem = verify_manifest_file(o.output_dir, f);
+            if (!problem.empty()) fprintf(stderr, "rank %d: checkpoint %d: %s\n", pg.rank, start.step, problem.c_str());
+        }
+        const std::vector<uint64_t> failed = pg.all_gather_host({problem.empty() ? 0u : 1u});
+        std::string ranks;
+        for (int r = 0; r < pg.world; r++)
+            if (failed[r] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        if (ranks.empty()) break;
+        if (pg.is_main()) {
+            set_checkpoint_aside(o.output_dir, start.step);
+            fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: rank(s) %s found their files of it damaged (their lines on stderr)\n",
+                    start.step, ranks.c_str());
+            const ResumeChoice choice = choose_resume_checkpoint(o.output_dir, pg.world, out);
+            start.step = choice.step;
+            start.manifest = choice.manifest;
+            if (choice.step >= 0) start.run_id = choice.manifest.run_id;
+        }
+    }
+    const std::string problem = resume_problem(o.output_dir, start.step, run.config, PrecisionOf<floatX>::value, run.lora, run.shape, o.zero_stage);
+    if (!problem.empty()) die(problem);
+    return start;
 }
 
 // What --offload moves to the host.
@@ -295,7 +452,8 @@ static int offload_cpu_threads(int ranks_on_host, bool delayed_update) {
 // and whatever else holds the GPU), from which the peak is measured.
 template <typename floatX>
 size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<PipelineParallel<GPT2<floatX>>>& pipeline, const Options& o,
-                         const ProcessGroup& pg, const RunShape& run, const PipelineStages& stages, const StepShape& batch, int steps) {
+                         const ProcessGroup& pg, const RunShape& run, const PipelineStages& stages, const StepShape& batch, int steps,
+                         uint64_t run_id) {
     const MeshShape& shape = run.shape;
     const ModelConfig& config = run.config;
     const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1, P = shape.pp;
@@ -336,8 +494,8 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                                 std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank" +
                                 (!delayed_update ? "" : o.warmup_steps > 0 ? ", delayed one step after the " + std::to_string(o.warmup_steps) + " warm-up steps"
                                                                             : std::string(", delayed one step"));
-        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu, o.offload_dir);
-        model.trained().set_offload(offload, threads, delayed_update, o.offload_dir);
+        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib), cpu, o.offload_dir, run_id);
+        model.trained().set_offload(offload, threads, delayed_update, o.offload_dir, run_id);
     }
     const size_t in_use_before = device_memory_in_use();
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
@@ -365,18 +523,21 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     return in_use_before;
 }
 
-// The model's starting parameters: a checkpoint's (--resume 1; also the data position), a model file's, or the GPT-2
-// initialisation from --seed; LoRA's adapters from --lora-load or drawn. Returns the first step to train.
+// The model's starting parameters: a checkpoint's (--resume 1; also the data position; a LoRA run's base from its
+// --model or the initialisation first), a model file's, or the GPT-2 initialisation from --seed; LoRA's adapters from
+// the checkpoint, --lora-load or drawn. Returns the first step to train.
 template <typename floatX>
 int start_parameters(FILE* out, GPT2<floatX>& model, DataLoader& train_data, const Options& o, const RunShape& run, int resume_step) {
+    if (resume_step < 0 || run.lora.enabled()) {
+        if (!run.initial_model.empty()) model.load_parameters(run.initial_model);
+        else init_parameters(model, (uint64_t)o.seed);
+    }
     if (resume_step >= 0) {
         DataLoaderState data_state = load_checkpoint(o.output_dir, resume_step, model);
         try { train_data.restore(data_state); } catch (const std::exception& e) { die(state_path(o.output_dir, resume_step, 0) + ": " + e.what()); }
-        fprintf(out, "resumed from %s at step %d\n", checkpoint_path(o.output_dir, "model", resume_step).c_str(), resume_step);
+        fprintf(out, "resumed from %s at step %d\n", manifest_path(o.output_dir, resume_step).c_str(), resume_step);
         return resume_step;
     }
-    if (!run.initial_model.empty()) model.load_parameters(run.initial_model);
-    else init_parameters(model, (uint64_t)o.seed);
     if (run.lora.enabled()) {
         if (!run.initial_adapters.empty()) model.adapters->set_parameters(run.initial_adapters);
         else model.init_adapters((uint64_t)o.seed + 1);
@@ -438,7 +599,7 @@ struct StepLog {
         : out(stdout_or_null), tokens_per_step(batch.tokens), steps(total_steps), in_use_before(memory_before) {
         if (!o.output_dir.empty() && main_rank) {
             make_directories(o.output_dir);
-            file = fopen((o.output_dir + "/log.txt").c_str(), start_step > 0 ? "a" : "w");
+            file = fopen((o.output_dir + "/log.txt").c_str(), o.resume ? "a" : "w");  // a resumed run continues its log
             if (file == nullptr) die(o.output_dir + "/log.txt: cannot open for writing");
             if (start_step == 0) fprintf(file, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");
             setvbuf(file, nullptr, _IOLBF, 0);
@@ -511,22 +672,35 @@ static void report_optimizer_file(FILE* out, const OptimizerFile& file, int step
             c.write_seconds > 0 ? c.bytes_written / c.write_seconds * 1e-9 : 0.0, c.wait_seconds / n);
 }
 
-// The checkpoint of step `step` (every rank takes part), then the old ones that --keep-checkpoints no longer keeps.
+// The checkpoint of step `step` committed as one unit (every rank takes part), then, on rank 0, the old ones that
+// --keep-checkpoints no longer keeps. Returns whether it committed (on every rank alike).
 template <typename floatX>
-void save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, int step) {
-    save_checkpoint(o.output_dir, step, model, data.train->state());
-    fprintf(out, "wrote checkpoint %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
-    if (pg.is_main() && o.keep_checkpoints > 0)  // the new checkpoint is complete: its model file is written
-        for (int deleted : prune_checkpoints(o.output_dir, o.keep_checkpoints, o.keep_every))
-            fprintf(out, "deleted checkpoint %s (--keep-checkpoints %d%s)\n", checkpoint_path(o.output_dir, "model", deleted).c_str(),
-                    o.keep_checkpoints, o.keep_every > 0 ? (", --keep-every " + std::to_string(o.keep_every)).c_str() : "");
+bool save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, const CheckpointIdentity& identity,
+                    int step) {
+    CheckpointManifest manifest;
+    manifest.run_id = identity.run_id;
+    manifest.step = step;
+    manifest.precision = o.precision;
+    manifest.data_parallel = model.mesh.data.size;
+    manifest.tensor_parallel = model.mesh.tensor.size;
+    manifest.pipeline_parallel = model.mesh.pipeline.size;
+    manifest.zero_stage = model.trained().stage();
+    manifest.settings = identity.settings;
+    const bool committed = save_checkpoint(o.output_dir, manifest, model, data.train->state());
+    if (!committed) return false;
+    fprintf(out, "wrote checkpoint %s (committed: %s)\n", checkpoint_path(o.output_dir, "model", step).c_str(), manifest_path(o.output_dir, step).c_str());
+    if (pg.is_main())
+        for (int deleted : prune_checkpoints(o.output_dir, step, identity.run_id, o.keep_checkpoints, o.keep_every, out))
+            fprintf(out, "deleted checkpoint %d (--keep-checkpoints %d%s)\n", deleted, o.keep_checkpoints,
+                    o.keep_every > 0 ? (", --keep-every " + std::to_string(o.keep_every)).c_str() : "");
+    return true;
 }
 
 // Between steps, before step `step` (and after the last): HellaSwag and the validation loss every --val-every
 // steps, a sample every --sample-every, a checkpoint every --checkpoint-every (then the old ones pruned).
 template <typename floatX>
-void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, const SampleText& text,
-                       const std::vector<int>& prompt, const std::vector<HellaSwagItem>& hellaswag_items, int step, int start_step, int steps) {
+void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
+                       const CheckpointIdentity& identity, const SampleText& text, const std::vector<int>& prompt, const std::vector<HellaSwagItem>& hellaswag_items, int step, int start_step, int steps) {
     const bool last = step == steps;
     const bool evaluate = o.val_every > 0 && (step % o.val_every == 0 || last);
     const bool hellaswag = evaluate && o.hellaswag, validate = evaluate && data.val;
@@ -545,28 +719,45 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
                          (double)score.correct_sum / score.items);
     }
     if (validate) {
-        const int val_batches = (int)std::min<uint64_t>(o.val_batches, data.val->batches_per_epoch());
-        data.val->reset();
+        DataLoader& val = *data.val;
+        const int val_batches = (int)std::min<uint64_t>(o.val_batches, val.batches_per_epoch());
+        // a validation split shorter than one batch: the loader's fewer rows (or one shorter row) fill the start of the
+        // model's B x T positions, the rest is padding, and only the loader's positions' losses are summed
+        const size_t tokens = (size_t)val.B() * val.T(), positions = (size_t)model.B * model.T;
+        std::vector<int> inputs(tokens < positions ? positions : 0), targets(inputs.size());
+        val.reset();
         for (int i = 0; i < val_batches; i++) {
-            Batch batch = data.val->next();
-            model.upload_batch(batch.inputs, batch.targets);
+            Batch batch = val.next();
+            if (tokens < positions) {
+                std::copy(batch.inputs, batch.inputs + tokens, inputs.begin());
+                std::copy(batch.targets, batch.targets + tokens, targets.begin());
+                model.upload_batch(inputs.data(), targets.data());
+            } else {
+                model.upload_batch(batch.inputs, batch.targets);
+            }
             model.forward_all_stages(true);
-            model.accumulate_loss();
+            model.loss.accumulate(model.layout.part.last ? model.losses : nullptr, (int)tokens, model.stream);
         }
-        const float val_loss = model.take_mean_loss();
-        fprintf(out, "step %d: val loss %.6f\n", step, val_loss);
+        // the mean over B x T positions a forward, of which the padding's add nothing
+        const float val_loss = (float)((double)model.take_mean_loss() * positions / tokens);
+        const std::string over = tokens == positions ? ""
+            : " (over " + std::to_string(val_batches) + (val_batches == 1 ? " batch" : " batches") + " of " + std::to_string(val.B()) + " x " +
+                  std::to_string(val.T()) + " tokens a data-parallel rank: --val-data holds fewer tokens than one batch of " +
+                  std::to_string(model.B) + " x " + std::to_string(model.T) + ")";
+        fprintf(out, "step %d: val loss %.6f%s\n", step, val_loss, over.c_str());
         if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
     }
     if (sample) {
         std::vector<int> tokens = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
         fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str());
     }
-    if (checkpoint) save_and_prune(out, model, data, o, pg, step);
+    if (checkpoint) save_and_prune(out, model, data, o, pg, identity, step);
 }
 
 // Every rank saw the same norm (summed over all of them) and stops at the same step; rank 0 says why.
 static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, int step, int skipped_in_a_row, const StepReport& r) {
-    const int newest = o.output_dir.empty() ? -1 : latest_checkpoint(o.output_dir);
+    const std::vector<int> committed = o.output_dir.empty() ? std::vector<int>() : committed_checkpoints(o.output_dir);
+    const int newest = committed.empty() ? -1 : committed.back();
     if (!pg.is_main()) exit(EXIT_FAILURE);
     die("step " + std::to_string(step + 1) + ": " + std::to_string(skipped_in_a_row) + " steps in a row (from step " +
         std::to_string(step + 2 - skipped_in_a_row) + ") had a non-finite loss or gradient norm (loss " + std::to_string(r.loss) +
@@ -576,32 +767,34 @@ static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, i
 }
 
 // The stop for a signal (distributed/stop_signals.h), after the step `step` that every rank agreed to end with: the
-// checkpoint of that step where --output-dir is set (LoRA: its --lora-save and --lora-merge files), saved as
-// --checkpoint-every saves, and one line in the step log (and log.txt) saying which signal and what was saved. The
+// checkpoint of that step where --output-dir is set (a LoRA run's too, then its --lora-save and --lora-merge files),
+// saved as --checkpoint-every saves, and one line in the step log (and log.txt) saying which signal and what was saved. The
 // step loop reads the signal only between steps, so a checkpoint being written when it comes is finished first.
+// Returns the exit status: kExitStopped once the checkpoint committed (a requeue continues it with --resume 1),
+// kExitStoppedUnsaved when nothing a resume could continue was saved.
 template <typename floatX>
-void stop_for_signal(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, int step, int steps) {
+int stop_for_signal(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
+                    const CheckpointIdentity& identity, int step, int steps) {
     model.trained().finish_update();  // the delayed update of `step` lands: the checkpoint holds it, no host thread outlives the run
     std::string saved;
-    if (model.lora.enabled()) {
-        save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
-        saved = o.lora_save.empty() && o.lora_merge.empty() ? "nothing saved (LoRA runs keep no checkpoint; --lora-save keeps the adapters)"
-                                                            : "wrote the LoRA files (continue with --lora-load)";
-    } else if (!o.output_dir.empty()) {
-        save_and_prune(out, model, data, o, pg, step);
-        saved = "wrote checkpoint " + checkpoint_path(o.output_dir, "model", step) + " (continue with --resume 1)";
+    int status = kExitStoppedUnsaved;
+    if (!o.output_dir.empty() && save_and_prune(out, model, data, o, pg, identity, step)) {
+        saved = "committed checkpoint " + manifest_path(o.output_dir, step) + " (continue with --resume 1)";
+        status = kExitStopped;
     } else {
         saved = "nothing saved (no --output-dir)";
     }
+    if (model.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
     const int sig = stop_signal_received();
     const std::string why = sig != 0 ? signal_name(sig) : "a signal to another rank";
-    fprintf(out, "stopped by %s after step %d/%d: %s; exit status %d\n", why.c_str(), step, steps, saved.c_str(), kExitStopped);
+    fprintf(out, "stopped by %s after step %d/%d: %s; exit status %d\n", why.c_str(), step, steps, saved.c_str(), status);
     if (log) fprintf(log, "# stopped by %s after step %d of %d: %s\n", why.c_str(), step, steps, saved.c_str());
+    return status;
 }
 
 // The recipe: set up (data, checkpoint to resume, GPU and mesh, model and memory plan, parameters, log), then the
 // loop (evaluate and save between steps; train a step; log it; stop there for a signal), then the end of the run
-// (summary, LoRA files, checksums). Every rank runs it; rank 0 reports. Returns the exit status: 0, or kExitStopped
+// (summary, LoRA files, checksums). Every rank runs it; rank 0 reports. Returns the exit status: 0, or stop_for_signal's
 // after a stop for a signal (one during the last step changes nothing: the run ends as it would have).
 template <typename floatX>
 int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
@@ -612,22 +805,26 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     int device_count = 0;
     const bool have_gpu = cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0;
     RunData data = open_data(o, run, coord, have_gpu);
-    const int resume_step = checkpoint_to_resume<floatX>(o, run.config, out);
+    const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)data.train->batches_per_epoch() / batch.micro_batches);
+    refuse_uncheckpointable_stages(o, stages);
+    const std::vector<std::pair<std::string, std::string>> settings = run_settings(o, run, batch, *data.train, steps);
+    StartPoint start = prepare_output_dir<floatX>(o, pg, run, settings, out);
     if (!have_gpu) die("no CUDA GPU found");
     const GpuInfo gpu = connect_gpu(pg, {o.nccl_init_file, o.nccl_timeout}, o.precision == "fp8");
     ProcessMesh mesh;
     mesh.build(pg, run.shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
-    const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)data.train->batches_per_epoch() / batch.micro_batches);
+    start = agree_on_start<floatX>(o, pg, run, start, out);
+    const CheckpointIdentity identity{start.run_id, settings};
 
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     GPT2<floatX> model(run.config, pg, mesh, o.zero_stage, stream, run.lora, stages.parts[coord.pp], stages.chunks[coord.pp]);
     model.stage_parts = stages.parts;
     std::unique_ptr<PipelineParallel<GPT2<floatX>>> pipeline;
-    const size_t in_use_before = plan_and_allocate(out, model, pipeline, o, pg, run, stages, batch, steps);
+    const size_t in_use_before = plan_and_allocate(out, model, pipeline, o, pg, run, stages, batch, steps, start.run_id);
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
-    const int start_step = start_parameters(out, model, *data.train, o, run, resume_step);
+    const int start_step = start_parameters(out, model, *data.train, o, run, start.step);
     StepLog<floatX> log(out, o, pg.is_main(), start_step, model, gpu, pg.world, batch, steps, in_use_before);
     SampleText text(o.tokenizer);
     const std::vector<int> sample_prompt = text.prompt_tokens(o.prompt);
@@ -642,7 +839,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     int status = 0;
     accept_stop_requests();
     for (int step = start_step; step <= steps; step++) {
-        evaluate_and_save(out, log.file, model, data, o, pg, text, sample_prompt, hellaswag_items, step, start_step, steps);
+        evaluate_and_save(out, log.file, model, data, o, pg, identity, text, sample_prompt, hellaswag_items, step, start_step, steps);
         if (step == steps) break;
         const auto start = std::chrono::steady_clock::now();
         double data_seconds = 0.0;
@@ -659,8 +856,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
         if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, step, skipped_in_a_row, r);
         if (r.stop_requested && step + 1 < steps) {
-            stop_for_signal(out, log.file, model, data, o, pg, step + 1, steps);
-            status = kExitStopped;
+            status = stop_for_signal(out, log.file, model, data, o, pg, identity, step + 1, steps);
             break;
         }
     }
@@ -678,6 +874,153 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     return status;
 }
 
+// --dry-run 1: the checks of a run that need no GPU, in the run's order and with the run's messages, each part of the
+// plan printed as the run prints it; then exit 0. Touches no GPU and connects to no rank: the rank and world size are
+// the launcher's environment's (ProcessGroup::from_environment), and the memory plan is checked against
+// --dry-run-gpu-gib instead of the GPU's free memory. Every stage's plan is checked (a run checks its own rank's).
+// The model's sizes come from its layouts (model/config.h, model/lora.h), nothing is constructed. What only a GPU or
+// the other ranks can tell is named as not checked.
+template <typename floatX>
+int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
+    const MeshShape& shape = run.shape;
+    const ModelConfig& config = run.config;
+    FILE* out = pg.is_main() ? stdout : fopen("/dev/null", "w");
+    const size_t gpu_bytes = (size_t)((double)o.dry_run_gpu_gib * 1024 * 1024 * 1024);
+    const MeshCoord coord = mesh_coord(shape, pg.rank);
+    fprintf(out, "dry run: rank %d of %d (%s), %.2f GiB free per GPU (--dry-run-gpu-gib); no GPU is touched and no rank connected\n", pg.rank,
+            pg.world, pg.launcher.c_str(), gib(gpu_bytes));
+    if (o.generate > 0 && pg.world > 1) die("--generate runs on one GPU");
+    if (pg.world > 1) {  // the bootstrap the ranks would connect through (distributed/process_group.cpp), checked as it is there
+        std::string bootstrap = "over MPI";
+        struct stat st;
+        if (pg.launcher != "MPI" && !o.nccl_init_file.empty()) {
+            if (pg.is_main() && stat(o.nccl_init_file.c_str(), &st) == 0)
+                die(o.nccl_init_file + ": --nccl-init-file already exists (left by an earlier job?): remove it or use a new name");
+            bootstrap = "through --nccl-init-file " + o.nccl_init_file + ", written by rank 0";
+        } else if (pg.launcher != "MPI") {
+            const char* address = getenv("MASTER_ADDR");
+            const char* port = getenv("MASTER_PORT");
+            if (!address || !port) die("several processes without MPI need MASTER_ADDR and MASTER_PORT (TCP bootstrap) or --nccl-init-file");
+            bootstrap = std::string("over TCP from rank 0 at ") + address + ":" + port;
+        }
+        fprintf(out, "mesh: data parallel %d x pipeline parallel %d x tensor parallel %d; this rank: data %d, pipeline stage %d, tensor %d; "
+                     "NCCL id %s\n", shape.dp, shape.pp, shape.tp, coord.dp, coord.pp, coord.tp, bootstrap.c_str());
+    }
+    fprintf(out, "model %s: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d)%s\n", o.model.c_str(), config.num_layers,
+            config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size,
+            run.initial_model.empty() ? ": initialised from --seed" : ": its header, size and checksum checked");
+    if (!o.lora_load.empty()) fprintf(out, "LoRA adapters %s: their header, size and checksum checked\n", o.lora_load.c_str());
+    SampleText text(o.tokenizer);  // a tokenizer that cannot be read is a warning, as in the run
+    const std::vector<int> prompt = text.prompt_tokens(o.prompt);
+    const std::string after = "<|endoftext|>" + (o.prompt.empty() ? std::string() : " and a prompt of " + std::to_string(prompt.size() - 1) + " tokens");
+    if (o.generate > 0) {  // generate_only's needs: one GPU, the prompt, the model at batch 1 x its whole length
+        const size_t bytes = plan_memory<floatX>(config, 1, config.max_seq_len, 1, 1, 1, 0, kKeepAll, Offload::kNone, false, LoraSpec(),
+                                                 StageModel(), ActivationPlan(), false, nullptr, false).total() +
+                             (size_t)config.padded_vocab_size * sizeof(floatX);  // + sampling's row of logits
+        fprintf(out, "generate: %d tokens after %s; memory %.2f GiB of %.2f free (the model at batch 1 x %d, whose activations hold the KV "
+                     "cache)\n", o.generate, after.c_str(), gib(bytes), gib(gpu_bytes), config.max_seq_len);
+        if (bytes > gpu_bytes)
+            die("--generate needs " + gib_text(bytes) + " GiB of GPU memory but the GPU has " + gib_text(gpu_bytes) + " GiB free");
+        fprintf(out, "not checked without a GPU: its compute capability (8.0 or newer) and this binary's code for it\n");
+        if (out != stdout) fclose(out);
+        return 0;
+    }
+    // train()'s set-up before the GPU: the step's shape and the pipeline's schedule, the data, the output folder
+    const StepShape batch = step_shape(o, run);
+    const PipelineStages stages = pipeline_stages(o, run, batch);
+    RunData data = open_data(o, run, coord, false);
+    const int steps = o.steps >= 0 ? o.steps : std::max<long>(1, (long)data.train->batches_per_epoch() / batch.micro_batches);
+    fprintf(out, "train data: %lu tokens in %zu shard(s) matching '%s': %lu batches of %d x %d tokens x %d data-parallel ranks an epoch\n",
+            (unsigned long)data.train->num_tokens(), data.train->num_shards(), o.train_data.c_str(), (unsigned long)data.train->batches_per_epoch(),
+            batch.B, batch.T, shape.dp);
+    if (data.val) {
+        const DataLoader& val = *data.val;
+        const bool fitted = val.B() != batch.B || val.T() != batch.T;
+        fprintf(out, "validation every %d steps: %d batch(es) of %d x %d tokens a data-parallel rank from %lu tokens in %zu shard(s) matching '%s'%s\n",
+                o.val_every, (int)std::min<uint64_t>(o.val_batches, val.batches_per_epoch()), val.B(), val.T(), (unsigned long)val.num_tokens(),
+                val.num_shards(), o.val_data.c_str(), fitted ? " (fewer tokens than one batch of --batch-size x --seq-len: evaluated over what it holds)" : "");
+    } else {
+        fprintf(out, "validation: none (%s)\n", o.val_every == 0 ? "--val-every 0" : "--val-data empty");
+    }
+    if (!o.output_dir.empty()) {
+        refuse_uncheckpointable_stages(o, stages);
+        // rank 0's choice of a checkpoint to resume, read only: the run also verifies the files' checksums, sets damaged ones
+        // aside and locks the folder
+        const std::string held = folder_checkpoints_text(o.output_dir);
+        const std::vector<int> committed = committed_checkpoints(o.output_dir);
+        std::string what = held.empty() ? "no checkpoint there" : "holds " + held;
+        refuse_foreign_checkpoints(o, held);
+        if (o.resume && !committed.empty()) {
+            const int step = committed.back();
+            CheckpointManifest manifest;
+            std::string problem = read_manifest(o.output_dir, step, &manifest);
+            if (problem.empty()) problem = manifest_files_problem(o.output_dir, manifest);
+            if (!problem.empty()) die(problem);
+            check_resume_against<floatX>(o, run, step, manifest, run_settings(o, run, batch, *data.train, steps), out);
+            what += ": resumes from step " + std::to_string(step);
+        }
+        fprintf(out, "output: %s (%s); checkpoints every %d steps%s\n", o.output_dir.c_str(), what.c_str(), o.checkpoint_every,
+                o.checkpoint_every == 0 ? " (none)" : "");
+    }
+    // the step's shape and the memory plan, as plan_and_allocate prints and checks them, for every pipeline stage
+    const int stage = shape.dp == 1 ? 0 : o.zero_stage;  // ZeroOptimizer's: one data-parallel rank shards nothing
+    const int split = o.sequence_parallel ? shape.tp : 1;
+    const Offload offload = offload_mode(o.offload);
+    const bool delayed_update = o.offload_delayed_update != 0;
+    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
+                             stages.chunks, {}, !o.offload_dir.empty()};
+    for (int s = 0; s < shape.pp; s++) {
+        plans.slots.push_back(stages.slots(s));
+        plans.grad_slots.push_back(stages.grad_slots(s));
+    }
+    plans.fp8 = o.precision == "fp8";
+    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    plans.device_scratch = false;
+    const size_t parameters = ParameterLayout(config, 8 * shape.dp).count;
+    const size_t trainable = run.lora.enabled() ? AdapterLayout(config, run.lora, 8 * shape.dp).count : parameters;
+    const size_t rank_parameters = ParameterLayout(config, 8 * shape.dp, shape.tp, stages.parts[coord.pp]).count;
+    fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", batch.B,
+            batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
+    if (pg.world > 1)
+        fprintf(out, "ZeRO stage %d: model states per GPU by the formula %.2f GiB for %zu parameters per rank (%s)\n", stage,
+                gib((size_t)zero_states_formula((double)rank_parameters, shape.dp, stage, (int)sizeof(floatX), offload)), rank_parameters,
+                zero_states_words(o.precision == "fp8" ? "bf16" : o.precision, offload).c_str());
+    if (stages.schedule) print_pipeline_plan(out, stages.forecast);
+    const MemoryPlan plan = report_memory_plan(out, plans, coord.pp, split, gpu_bytes, parameters, trainable, o.lora_targets);
+    if (shape.pp > 1) {  // the other stages' ranks refuse theirs with the same message
+        FILE* quiet = fopen("/dev/null", "w");
+        for (int s = 0; s < shape.pp; s++)
+            if (s != coord.pp) report_memory_plan(quiet, plans, s, split, gpu_bytes, parameters, trainable, o.lora_targets);
+        fclose(quiet);
+    }
+    if (offload != Offload::kNone) {
+        // the ranks sharing this machine: the launcher's count where it gives one (the run counts them over NCCL)
+        const char* local = getenv("LOCAL_WORLD_SIZE") ? getenv("LOCAL_WORLD_SIZE") : getenv("SLURM_NTASKS_PER_NODE");
+        const int ranks_on_host = local ? std::max(1, atoi(local)) : std::max(1, pg.world / std::max(1, atoi(getenv("NNODES") ? getenv("NNODES") : "1")));
+        const int threads = offload_cpu_threads(ranks_on_host, delayed_update);
+        report_host_memory_plan(out, plan.host, ranks_on_host, host_memory_budget(o.host_memory_gib),
+                                std::string(adamw_cpu::isa_name(adamw_cpu::best_isa())) + ", " +
+                                    std::to_string(threads > 0 ? threads : omp_get_max_threads()) + " threads a rank",
+                                o.offload_dir);
+    }
+    if (o.hellaswag) {  // train()'s and evaluate_hellaswag's checks: the vocabulary, the items, the rows they need
+        if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        std::vector<HellaSwagItem> items;
+        try { items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
+        const int longest = HellaSwagBatcher(items, *text.tokenizer, 4, batch.T).max_length();
+        const int multiple = 8 * split, eval_T = std::min(batch.T, (longest + multiple - 1) / multiple * multiple);
+        if (4L * eval_T > (long)batch.B * batch.T) die("HellaSwag needs --batch-size x --seq-len >= 4 x the longest candidate");
+        fprintf(out, "HellaSwag: %zu items from %s, the longest candidate %d tokens\n", items.size(), o.hellaswag_data.c_str(), longest);
+    }
+    if (o.sample_every > 0) fprintf(out, "samples every %d steps: %d tokens after %s\n", o.sample_every, o.sample_tokens, after.c_str());
+    fprintf(out, "not checked without a GPU: its compute capability (8.0 or newer%s) and this binary's code for it; the memory beside the plan's "
+                 "figures: the CUDA context's, and the deterministic reductions' scratch, which grows with the GPU's SM count (48 bytes x SMs x "
+                 "C = %.1f MiB on 132 SMs)%s\n", plans.fp8 ? "; 8.9 or newer for fp8" : "", 48.0 * 132 * config.channels / (1024 * 1024),
+            pg.world > 1 ? "; the connection to the other ranks" : "");
+    if (out != stdout) fclose(out);
+    return 0;
+}
+
 #ifndef TESTING
 int main(int argc, char** argv) {
     install_stop_signals();  // first: every thread started from here on (MPI's, CUDA's, NCCL's, the data loader's) leaves them to it
@@ -689,7 +1032,9 @@ int main(int argc, char** argv) {
     // fp8 is bf16 training whose blocks' linear layers multiply in FP8 (GPT2::fp8): a bf16 model, bf16 checkpoints;
     // --generate runs every product in bf16
     int rc;
-    if (o.generate > 0)
+    if (o.dry_run)
+        rc = o.precision == "fp32" ? dry_run<float>(o, pg, run) : o.precision == "fp16" ? dry_run<__half>(o, pg, run) : dry_run<__nv_bfloat16>(o, pg, run);
+    else if (o.generate > 0)
         rc = o.precision == "fp32" ? generate_only<float>(o, pg, run) : o.precision == "fp16" ? generate_only<__half>(o, pg, run)
                                                                       : generate_only<__nv_bfloat16>(o, pg, run);
     else

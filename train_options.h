@@ -59,6 +59,7 @@ struct Options {
     int keep_checkpoints = 0;  // 0: keep every checkpoint
     int keep_every = 0;        // 0: no milestones
     int resume = 0;
+    int overwrite_output = 0;  // 1: a fresh run moves another run's checkpoints in --output-dir aside
     std::string verify_checkpoints = "";  // a folder: check its checkpoints' files, print, exit (no GPU)
     int max_skipped_steps = 16;
     long seed = 1337;
@@ -88,6 +89,8 @@ struct Options {
     int recompute = 0;
     std::string nccl_init_file = "";
     int nccl_timeout = 600;
+    int dry_run = 0;                // 1: every check that needs no GPU, the plan printed, exit (train_gpt.cu's dry_run)
+    float dry_run_gpu_gib = 80.0f;  // the free GPU memory the dry run checks the memory plan against
 };
 
 // What a flag accepts: numbers in a range, each bound inclusive or exclusive (with -1 as well where -1 means
@@ -159,9 +162,10 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--generate", nullptr, Flag::INT, &o.generate, at_least(0), "only generate this many tokens from --prompt with --model, then exit (no training data needed; 0: train)"},
         {"--output-dir", "-o", Flag::STRING, &o.output_dir, anything(), "folder for checkpoints and the log (empty: none)"},
         {"--checkpoint-every", "-n", Flag::INT, &o.checkpoint_every, at_least(0), "write a checkpoint every N steps (0: never)"},
-        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, at_least(0), "keep only the newest K checkpoints, deleting older ones once a new one is complete (0: keep all)"},
+        {"--keep-checkpoints", nullptr, Flag::INT, &o.keep_checkpoints, at_least(0), "keep only the newest K checkpoints whose files are whole, deleting older ones once a new one has committed; the new one is always kept (0: keep all)"},
         {"--keep-every", nullptr, Flag::INT, &o.keep_every, at_least(0), "with --keep-checkpoints: also keep every checkpoint whose step is a multiple of M (0: none)"},
-        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the newest whole checkpoint in --output-dir (none there: start from scratch)"},
+        {"--resume", "-y", Flag::INT, &o.resume, kOffOn, "1: continue from the newest committed checkpoint in --output-dir whose files match its manifest, full and LoRA runs alike (none there: start from scratch)"},
+        {"--overwrite-output", nullptr, Flag::INT, &o.overwrite_output, kOffOn, "1: start a fresh run in an --output-dir that holds another run's checkpoints, moving them and log.txt aside into DIR/replaced_DATE_TIME (nothing is deleted); without it such a start is refused"},
         {"--verify-checkpoints", nullptr, Flag::STRING, &o.verify_checkpoints, anything(), "check every checkpoint in this folder (checksums, files present), print a line each and exit: 0 when the newest is whole; no GPU"},
         {"--max-skipped-steps", nullptr, Flag::INT, &o.max_skipped_steps, at_least(0), "stop after K steps in a row skipped for a non-finite loss or gradient norm (0: never stop); 16 lets fp16 halve the default loss scale down to 1"},
         {"--seed", nullptr, Flag::LONG, &o.seed, anything(), "seed for initialisation, shuffling, rounding and sampling"},
@@ -193,6 +197,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--pipeline-layers", nullptr, Flag::STRING, &o.pipeline_layers, anything(), "layers per (virtual) stage, e.g. 3,3,2,4; balanced: the split whose simulated step is shortest, counting the LM head's work on the last stage; empty: an even split, the remainder to the last stages"},
         {"--nccl-init-file", nullptr, Flag::STRING, &o.nccl_init_file, anything(), "several GPUs without MPI: a new file on a shared file system for the NCCL id (empty: TCP to MASTER_ADDR:MASTER_PORT)"},
         {"--nccl-timeout", nullptr, Flag::INT, &o.nccl_timeout, at_least(1), "seconds before a hung or failed rank ends the job"},
+        {"--dry-run", nullptr, Flag::INT, &o.dry_run, kOffOn, "1: check everything that needs no GPU (flags, files, data, mesh, step shape and pipeline schedule, the memory plan against --dry-run-gpu-gib), print the plan and exit 0; no GPU or network is touched (the launcher's environment gives the rank and world size)"},
+        {"--dry-run-gpu-gib", nullptr, Flag::FLOAT, &o.dry_run_gpu_gib, above(0), "with --dry-run 1: the free memory per GPU, in GiB, that the memory plan must fit in"},
     };
 }
 
@@ -423,8 +429,6 @@ inline RunShape validate_options(const Options& o, int world) {
         die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
     if (lora.enabled() && shape.pp > 1)
         die("LoRA runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
-    if (lora.enabled() && (o.checkpoint_every > 0 || o.resume))
-        die("LoRA runs write their adapters with --lora-save and continue with --lora-load; --checkpoint-every and --resume are for full training");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
     // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts
     // as one rank's shard of everything), at stage 3 optionally its parameter shard too
@@ -483,10 +487,18 @@ inline RunShape validate_options(const Options& o, int world) {
         die("--fp8-amax-history " + std::to_string(o.fp8_amax_history) + " runs with --fp8-scaling delayed (got " + o.fp8_scaling +
             "): current scaling keeps no history");
     if (o.resume && o.output_dir.empty()) die("--resume needs --output-dir (where the checkpoints are)");
+    if (o.overwrite_output && (o.output_dir.empty() || o.resume))
+        die(std::string("--overwrite-output 1 ") + (o.resume ? "and --resume 1 exclude each other: one continues the folder's run, the other replaces it"
+                                                              : "needs --output-dir (the folder whose checkpoints it moves aside)"));
     if (o.keep_every > 0 && o.keep_checkpoints == 0)
         die("--keep-every " + std::to_string(o.keep_every) + " needs --keep-checkpoints K (without it every checkpoint is kept)");
     if ((o.keep_checkpoints > 0 || o.checkpoint_every > 0) && o.output_dir.empty())
         die(std::string(o.keep_checkpoints > 0 ? "--keep-checkpoints" : "--checkpoint-every") + " needs --output-dir (where the checkpoints go)");
+    if (!o.dry_run && o.dry_run_gpu_gib != Options().dry_run_gpu_gib) {
+        char gib[32];
+        snprintf(gib, sizeof(gib), "%g", o.dry_run_gpu_gib);
+        die(std::string("--dry-run-gpu-gib ") + gib + " runs with --dry-run 1 (got 0): a run checks its memory plan against the GPU's free memory");
+    }
     run.initial_model = from_file ? o.model : "";
     return run;
 }

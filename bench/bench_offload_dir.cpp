@@ -21,6 +21,7 @@
 #include <vector>
 #include "../distributed/optimizer_file.h"
 #include "../kernels/adamw_cpu.h"
+#include "../model/run_identity.h"
 
 namespace {
 
@@ -64,14 +65,15 @@ int main(int argc, char** argv) {
     if (dir.empty()) die("bench_offload_dir: --dir PATH is the folder to measure" + flags);
     if (tile % 1024 != 0) die("bench_offload_dir: --tile " + std::to_string(tile) + " is not a multiple of 1024 elements");
     std::string problem = offload_dir_problem(dir);
-    if (problem.empty()) problem = offload_dir_space_problem(dir, std::max(((size_t)gib << 30) / 12, (size_t)elements) * 12 + kOptimizerFileAlignment, 1);
+    if (problem.empty()) problem = offload_dir_space_problem(dir, optimizer_file_bytes(std::max(((size_t)gib << 30) / 12, (size_t)elements), 3), 1);
     if (!problem.empty()) die(problem);
+    const uint64_t run_id = new_run_id();
 
     // 1. the disk, at the tile's record size
     double read_rate, write_rate;
     {
         const size_t probe_elements = ((size_t)gib << 30) / 12;
-        OptimizerFile file(optimizer_file_path(dir, 0), probe_elements, (size_t)tile, true);
+        OptimizerFile file(dir, 0, probe_elements, (size_t)tile, true, run_id);
         const char* io = file.direct() ? "direct" : "buffered";
         auto timed = [&](OptimizerFile::Pass mode) {
             const auto start = std::chrono::steady_clock::now();
@@ -79,11 +81,11 @@ int main(int argc, char** argv) {
             return seconds_since(start);
         };
         const double write_s = timed(OptimizerFile::Pass::kWrite), read_s = timed(OptimizerFile::Pass::kRead);
-        write_rate = file.file_bytes() / write_s;
-        read_rate = file.file_bytes() / read_s;
-        printf("RESULT disk write bytes=%zu tile_bytes=%zu seconds=%.3f GB_per_s=%.2f io=%s\n", file.file_bytes(), file.buffer_bytes(), write_s,
+        write_rate = file.records_bytes() / write_s;
+        read_rate = file.records_bytes() / read_s;
+        printf("RESULT disk write bytes=%zu tile_bytes=%zu seconds=%.3f GB_per_s=%.2f io=%s\n", file.records_bytes(), file.buffer_bytes(), write_s,
                write_rate * 1e-9, io);
-        printf("RESULT disk read bytes=%zu tile_bytes=%zu seconds=%.3f GB_per_s=%.2f io=%s\n", file.file_bytes(), file.buffer_bytes(), read_s,
+        printf("RESULT disk read bytes=%zu tile_bytes=%zu seconds=%.3f GB_per_s=%.2f io=%s\n", file.records_bytes(), file.buffer_bytes(), read_s,
                read_rate * 1e-9, io);
         fflush(stdout);
     }
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
     }
     LayoutMask decay;
     decay.head_end = (long)n;
-    OptimizerFile file(optimizer_file_path(dir, 1), n, (size_t)tile, true);
+    OptimizerFile file(dir, 1, n, (size_t)tile, true, run_id);
     auto pass = [&](int t) {
         const Hyper h{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1.0f, t, (uint64_t)t};
         const adamw_cpu::Step step = adamw_cpu::make_step(h, 1.0f);
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
                           (long)first, step, decay, (int)threads);
     }
     const double cpu_s = seconds_since(cpu_start), pass_s = median(seconds);
-    const double limit_s = file.file_bytes() / read_rate + file.file_bytes() / write_rate;
+    const double limit_s = file.records_bytes() / read_rate + file.records_bytes() / write_rate;
     printf("RESULT offload_dir_adamw elements=%zu threads=%ld median_s=%.3f params_per_s=%.4g file_GB=%.2f disk_limit_s=%.3f disk_fraction=%.2f "
            "cpu_s=%.3f waited_s=%.3f\n",
            n, threads, pass_s, n / pass_s, file.file_bytes() * 1e-9, limit_s, limit_s / pass_s, cpu_s, waited);

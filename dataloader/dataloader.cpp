@@ -79,19 +79,29 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
     if (c.vocab_size <= 0 || c.vocab_size > 65536) fail("vocab_size must be in 1..65536 (uint16 tokens)");
     if (!c.allocator.allocate || !c.allocator.deallocate) fail("the host allocator needs both functions");
 
-    global_tokens_ = uint64_t(c.num_ranks) * c.B * c.T;
     shard_paths_ = glob_sorted(c.pattern);
     for (const std::string& path : shard_paths_) {
-        const uint64_t n = ShardReader(path).num_tokens();
-        shard_tokens_.push_back(n);
-        num_tokens_ += n;
-        // Window k starts at k*G and needs G+1 tokens.
-        windows_per_shard_.push_back(n > global_tokens_ ? (n - 1) / global_tokens_ : 0);
-        batches_per_epoch_ += windows_per_shard_.back();
+        shard_tokens_.push_back(ShardReader(path).num_tokens());
+        num_tokens_ += shard_tokens_.back();
+    }
+    const uint64_t batch_tokens = uint64_t(c.num_ranks) * c.B * c.T + 1;
+    count_windows();
+    if (batches_per_epoch_ == 0 && c.fit_to_data) {
+        // the longest shard's tokens as whole rows of T for every rank, else one row as long as every rank can have
+        const uint64_t longest = *std::max_element(shard_tokens_.begin(), shard_tokens_.end());
+        const uint64_t room = longest > 0 ? longest - 1 : 0;
+        const uint64_t rows = room / (uint64_t(c.num_ranks) * c.T);
+        if (rows > 0) {
+            config_.B = static_cast<int>(rows);  // below B: B rows did not fit
+        } else {
+            config_.B = 1;
+            config_.T = static_cast<int>(room / c.num_ranks);
+        }
+        if (config_.T > 0) count_windows();
     }
     if (batches_per_epoch_ == 0)
-        fail("no shard matching '" + c.pattern + "' has the " + std::to_string(global_tokens_ + 1) +
-             " tokens one batch needs (num_ranks*B*T + 1)");
+        fail("no shard matching '" + c.pattern + "' has the " + std::to_string(batch_tokens) + " tokens one batch needs (num_ranks*B*T + 1)" +
+             (c.fit_to_data ? ", nor the " + std::to_string(c.num_ranks + 1) + " of one token per rank" : std::string()));
     if (shard_paths_.size() > UINT32_MAX) fail("too many shards");
 
     scratch_.resize(size_t(c.B) * c.T + 1);
@@ -116,6 +126,17 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
 DataLoader::~DataLoader() {
     stop_reader();
     for (Slot& slot : slots_) config_.allocator.deallocate(slot.data);
+}
+
+// Windows of the current B x T in each shard: window k starts at k*G (G = num_ranks*B*T) and needs G+1 tokens.
+void DataLoader::count_windows() {
+    global_tokens_ = uint64_t(config_.num_ranks) * config_.B * config_.T;
+    windows_per_shard_.clear();
+    batches_per_epoch_ = 0;
+    for (uint64_t n : shard_tokens_) {
+        windows_per_shard_.push_back(n > global_tokens_ ? (n - 1) / global_tokens_ : 0);
+        batches_per_epoch_ += windows_per_shard_.back();
+    }
 }
 
 // ---- batch order ------------------------------------------------------------------------------------------

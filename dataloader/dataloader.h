@@ -13,6 +13,10 @@
 // (the permutations are recomputed from the seed, so the "RNG state" is just seed + position). A state can
 // be restored with a different rank count as long as the global window (num_ranks*B) and T are the same.
 //
+// Data shorter than one batch. A loader with fit_to_data (validation) whose shards hold fewer tokens than one batch
+// serves the largest batch they hold instead of failing: B' < B rows of T per rank, or, when not even one row of T
+// per rank fits, one row of T' < T; B() and T() say which.
+//
 // Prefetch. With prefetch_depth > 0 a background thread reads up to that many batches ahead into buffers
 // from a caller-supplied allocator (the trainer passes cudaMallocHost/cudaFreeHost for pinned memory; this
 // file does not depend on CUDA). With 0, next() reads synchronously. Errors in the reader thread (I/O, bad
@@ -53,6 +57,7 @@ struct DataLoaderConfig {
     uint64_t seed = 0;
     int prefetch_depth = 2;   // batches read ahead by the background thread; 0 = synchronous
     int vocab_size = 50257;   // every served token id must be below this
+    bool fit_to_data = false;  // fewer tokens than one batch: serve fewer rows, or one shorter row, instead of failing
     HostAllocator allocator = HostAllocator::system();
 };
 
@@ -93,7 +98,10 @@ public:
 
     uint64_t num_tokens() const { return num_tokens_; }  // all tokens in all shards
     size_t num_shards() const { return shard_paths_.size(); }
+    const std::vector<std::string>& shard_paths() const { return shard_paths_; }
     uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+    int B() const { return config_.B; }  // rows per rank of a batch: the config's, or fewer (fit_to_data)
+    int T() const { return config_.T; }  // tokens per row: the config's, or fewer (fit_to_data)
 
 private:
     struct Position {
@@ -104,6 +112,7 @@ private:
         Position after;           // position following this batch
     };
 
+    void count_windows();  // windows_per_shard_, batches_per_epoch_ and global_tokens_ for the current B and T
     Position first_position();
     void fill(Slot& slot, Position& pos);  // reads the batch at pos into slot and advances pos
     void advance(Position& pos);

@@ -55,7 +55,7 @@ PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token. The
 are replaced only when the run succeeds (the new ones go to DIR/.prepare_BASE.PID/ first); an empty train
 split, or an empty validation split that was asked for, is an error.
 
-  --out PREFIX           output path prefix, e.g. data/gutenberg/gutenberg
+  --out PREFIX           output path prefix, e.g. data/gutenberg/gutenberg (its folder is created if missing)
   --tokenizer DIR        directory holding encoder.json and vocab.bpe (default: data/gpt2)
   --doc-per-file         each input file is one document (default: documents are separated by the
                          literal text <|endoftext|>)
@@ -399,6 +399,16 @@ void split_prefix(const std::string& prefix, std::string& dir, std::string& base
     base = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
 }
 
+// mkdir -p: `dir` and its missing parents; "" or the folder that could not be made and why.
+std::string make_folders(const std::string& dir) {
+    for (size_t end = 1; end <= dir.size(); end++) {
+        if (end < dir.size() && dir[end] != '/') continue;
+        const std::string folder = dir.substr(0, end);
+        if (::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) return folder + ": " + std::strerror(errno);
+    }
+    return "";
+}
+
 std::string join(const std::string& dir, const std::string& name) {
     return dir == "/" ? "/" + name : dir + "/" + name;
 }
@@ -549,8 +559,10 @@ public:
             throw std::runtime_error("--out " + prefix + " needs a file name prefix after the folder (e.g. " +
                                      join(dir_, "corpus") + ")");
         struct stat st;
+        const std::string unmade = ::stat(dir_.c_str(), &st) == 0 ? "" : make_folders(dir_);
+        if (!unmade.empty()) throw std::runtime_error("output folder " + dir_ + " cannot be created (from --out " + prefix + "): " + unmade);
         if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-            throw std::runtime_error("output folder " + dir_ + " does not exist (from --out " + prefix + ")");
+            throw std::runtime_error("output folder " + dir_ + " is not a folder (from --out " + prefix + ")");
         complete_interrupted_replacement();
         // Writable? Create the staging folder and a probe file in it, before any tokenizing.
         staging_dir_ = join(dir_, staging_name(base_, ::getpid()));

@@ -1,6 +1,6 @@
 // The ranks' heartbeats over TCP, and the verdict on a lost, failed or silent peer. See heartbeat.h.
 #include "heartbeat.h"
-#include "stop_signals.h"  // kExitStopped: a goodbye with it is an orderly end
+#include "stop_signals.h"  // kExitStopped, kExitStoppedUnsaved: a goodbye with either is an orderly end
 #include "../kernels/die.h"
 
 #include <arpa/inet.h>
@@ -128,7 +128,7 @@ private:
             p.last_heard = now;
             if (m.kind == kGoodbye) {
                 p.departed = true;
-                if (m.number != 0 && m.number != kExitStopped) found(p.rank, kFailed, m.number);
+                if (m.number != 0 && m.number != kExitStopped && m.number != kExitStoppedUnsaved) found(p.rank, kFailed, m.number);
             } else if (m.kind == kNotice && rank_ != 0) {
                 set_verdict(problem_text(m.rank, m.problem, m.number) + ", as rank 0 reports");
             }

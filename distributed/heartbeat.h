@@ -2,7 +2,7 @@
 // several times a second. NCCL alone cannot say which rank is gone: a killed or stopped peer leaves a collective
 // waiting until the deadline (or fails it without a name). The heartbeats name it:
 //   - a peer whose connection closes without a goodbye was lost (killed, crashed);
-//   - a peer that says goodbye with a failing exit status (not 0, not kExitStopped) failed;
+//   - a peer that says goodbye with a failing exit status (not 0, kExitStopped or kExitStoppedUnsaved) failed;
 //   - a peer that sends nothing for the silence timeout (--nccl-timeout) is silent (stopped with SIGSTOP, frozen,
 //     its node unreachable).
 // Rank 0 hears every rank and passes what it hears to the others; the others hear rank 0 directly. The first such

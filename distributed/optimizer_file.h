@@ -3,23 +3,31 @@
 // Adam m and v live in a file, and the CPU's AdamW passes over it tile by tile while one I/O thread reads the next
 // tile and writes the last one back, so host memory holds kBuffers tiles instead of the whole shard. Plain C++ (no
 // CUDA), so the CPU tests and bench/bench_offload_dir.cpp build it with g++; distributed/zero.cuh drives it.
-// Layout: tile k holds elements [k tile, k tile + n_k) of the shard as one record at byte k x arrays x 4 x tile: its
-// master weights (arrays = 3; none in fp32, where the parameters are their own master weights: arrays = 2), m and
-// v, n_k floats each, back to back, so a tile is one read and one write. The tiles are in the order the update
-// visits them. A record's size is a multiple of 4096 bytes (the tile a multiple of 1024 elements) unless the shard is
-// one tile, so every record starts 4096-aligned for direct I/O; the file is the records rounded up to 4096 bytes, so
-// the last one too is read and written whole, in 4096-aligned buffers.
+// Layout: a header block of 4096 bytes (OptimizerFileHeader in the host's byte order, zeros after it: magic "GPTOPTIM",
+// version, rank, run id (model/run_identity.h), elements, tile, arrays, the owner's pid and host name), then the
+// records: tile k holds elements [k tile, k tile + n_k) of the shard as one record at byte 4096 + k x arrays x 4 x
+// tile: its master weights (arrays = 3; none in fp32, where the parameters are their own master weights: arrays = 2),
+// m and v, n_k floats each, back to back, so a tile is one read and one write. The tiles are in the order the update
+// visits them.
+// A record's size is a multiple of 4096 bytes (the tile a multiple of 1024 elements) unless the shard is one tile, so
+// every record starts 4096-aligned for direct I/O; the records end rounded up to 4096 bytes, so the last one too is
+// read and written whole, in 4096-aligned buffers.
+// Ownership: the process that creates the file holds an exclusive flock on it for the file's life, taken before
+// anything is written (opened without truncation, locked, then emptied, its header written and preallocated), so a
+// second job given the same folder is refused with one line naming the owner from the header, and leaves the file as
+// it was. A file whose owner died is unlocked (the kernel drops the lock with the process) and the next start takes it.
 // I/O: O_DIRECT (the page cache would only double the copies of a file read once a step), or buffered reads and
-// writes where the file system refuses it (direct() says which). The file is created empty, preallocated with
-// posix_fallocate (a full disk is found before training) and removed by the destructor. A failed read or write ends
-// the program with one line naming the file (die, from the thread that waits for it).
-// defines: OptimizerFile, optimizer_file_bytes, optimizer_file_path, offload_dir_problem, offload_dir_free_bytes,
-//          offload_dir_space_problem
+// writes where the file system refuses it (direct() says which). The file is preallocated with posix_fallocate (a full
+// disk is found before training) and removed by the destructor. A failed read or write ends the program with one line
+// naming the file (die, from the thread that waits for it).
+// defines: OptimizerFile, OptimizerFileHeader, read_optimizer_file_header, optimizer_file_locked, optimizer_file_bytes,
+//          optimizer_file_path, offload_dir_problem, offload_dir_free_bytes, offload_dir_space_problem
 #pragma once
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,17 +39,61 @@
 #include <thread>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include "../kernels/die.h"
+#include "../model/run_identity.h"  // defines: run_id_text
 
 constexpr size_t kOptimizerFileAlignment = 4096;  // direct I/O's alignment of offsets, lengths and buffers
 inline size_t round_up_to_alignment(size_t bytes) { return (bytes + kOptimizerFileAlignment - 1) / kOptimizerFileAlignment * kOptimizerFileAlignment; }
 
+constexpr size_t kOptimizerFileHeaderBytes = 4096;  // the header block before the records
+
 // Bytes of the optimizer file of a shard of `elements` with `arrays` fp32 arrays (3: master, m, v; 2: m, v).
-inline size_t optimizer_file_bytes(size_t elements, int arrays) { return round_up_to_alignment(elements * arrays * sizeof(float)); }
+inline size_t optimizer_file_bytes(size_t elements, int arrays) {
+    return kOptimizerFileHeaderBytes + round_up_to_alignment(elements * arrays * sizeof(float));
+}
 inline std::string optimizer_file_path(const std::string& dir, int rank) { return dir + "/optimizer_rank" + std::to_string(rank) + ".bin"; }
+
+// The optimizer file's header, at byte 0 of its first 4096 bytes (the rest zeros).
+struct OptimizerFileHeader {
+    static constexpr char kMagic[8] = {'G', 'P', 'T', 'O', 'P', 'T', 'I', 'M'};
+    static constexpr uint32_t kVersion = 1;
+    char magic[8];
+    uint32_t version;
+    int32_t rank;
+    uint64_t run_id;
+    uint64_t elements, tile;
+    uint32_t arrays;
+    int32_t pid;     // the owner's process
+    char host[256];  // the owner's host name, NUL-terminated
+};
+static_assert(offsetof(OptimizerFileHeader, run_id) == 16 && offsetof(OptimizerFileHeader, pid) == 44 &&
+                  offsetof(OptimizerFileHeader, host) == 48 && sizeof(OptimizerFileHeader) <= kOptimizerFileHeaderBytes,
+              "the optimizer file's header layout");
+
+// The header of the optimizer file at `path`: false when it cannot be read or is none (a file being created, or another
+// file under that name).
+inline bool read_optimizer_file_header(const std::string& path, OptimizerFileHeader* header) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f == nullptr) return false;
+    const bool read = fread(header, sizeof(*header), 1, f) == 1;
+    fclose(f);
+    return read && memcmp(header->magic, OptimizerFileHeader::kMagic, sizeof(header->magic)) == 0 &&
+           header->version == OptimizerFileHeader::kVersion && memchr(header->host, '\0', sizeof(header->host)) != nullptr;
+}
+
+// Whether a process holds the optimizer file at `path` (its flock). A shared lock taken for an instant tells: the
+// owner's exclusive lock, being taken at that instant, retries (OptimizerFile).
+inline bool optimizer_file_locked(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool locked = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);  // and with it the shared lock
+    return locked;
+}
 
 inline std::string gib_text_of(double bytes) {
     char text[32];
@@ -65,18 +117,23 @@ inline std::string offload_dir_problem(const std::string& dir) {
     return "";
 }
 
-// The free bytes of the file system of `dir` for the optimizer files: its free space plus what the optimizer files
-// already there take (the files of ranks that started first, or ones a run that died left, which a start replaces).
-inline double offload_dir_free_bytes(const std::string& dir) {
+// The free bytes of the file system of `dir` for the optimizer files of run `run_id`: its free space plus what the
+// optimizer files already there take that a start of this run may count as its own: those of its ranks that started
+// first (locked, their header carrying run_id) and those a run that died left (unlocked: a start replaces them).
+// Another job's files (locked, another run id, or run_id 0) are not counted.
+inline double offload_dir_free_bytes(const std::string& dir, uint64_t run_id = 0) {
     struct statvfs fs;
     if (statvfs(dir.c_str(), &fs) != 0) return -1.0;
     double free_bytes = (double)fs.f_bavail * fs.f_frsize;
     if (DIR* d = opendir(dir.c_str())) {
         while (const dirent* e = readdir(d)) {
-            const std::string name = e->d_name;
+            const std::string name = e->d_name, path = dir + "/" + name;
             struct stat st;
-            if (name.rfind("optimizer_rank", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0 &&
-                stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+            if (name.rfind("optimizer_rank", 0) != 0 || name.size() <= 4 || name.compare(name.size() - 4, 4, ".bin") != 0 ||
+                stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+                continue;
+            OptimizerFileHeader header;
+            if (!optimizer_file_locked(path) || (run_id != 0 && read_optimizer_file_header(path, &header) && header.run_id == run_id))
                 free_bytes += (double)st.st_blocks * 512;
         }
         closedir(d);
@@ -85,9 +142,9 @@ inline double offload_dir_free_bytes(const std::string& dir) {
 }
 
 // "" when the file system of `dir` has room for `ranks` optimizer files of `bytes` each (the ranks of one machine
-// that share the folder); else the problem, in one line.
-inline std::string offload_dir_space_problem(const std::string& dir, size_t bytes, int ranks) {
-    const double free_bytes = offload_dir_free_bytes(dir), need = (double)bytes * ranks;
+// that share the folder) of run `run_id` (offload_dir_free_bytes); else the problem, in one line.
+inline std::string offload_dir_space_problem(const std::string& dir, size_t bytes, int ranks, uint64_t run_id = 0) {
+    const double free_bytes = offload_dir_free_bytes(dir, run_id), need = (double)bytes * ranks;
     if (free_bytes < 0) return "--offload-dir " + dir + ": cannot read its free space: " + strerror(errno);
     if (need <= free_bytes) return "";
     return "--offload-dir " + dir + " has " + gib_text_of(free_bytes) + " GiB free but the optimizer files need " + gib_text_of(need) + " GiB (" +
@@ -115,29 +172,38 @@ public:
         double wait_seconds = 0;                     // the passes' time waiting for the I/O thread
     };
 
-    // Creates `path` (replacing a file left there), preallocates it and starts the I/O thread. tile: a multiple of
-    // 1024 elements, or at least `elements` (one tile).
-    OptimizerFile(const std::string& path, size_t elements, size_t tile, bool master_weights)
-        : path_(path), elements_(elements), tile_(std::min(tile, elements)), arrays_(master_weights ? 3 : 2) {
+    // Creates rank `rank`'s file in `dir` for run `run_id` (replacing one a run that died left there; refusing, in one
+    // line, one that another process holds), preallocates it and starts the I/O thread. tile: a multiple of 1024
+    // elements, or at least `elements` (one tile).
+    OptimizerFile(const std::string& dir, int rank, size_t elements, size_t tile, bool master_weights, uint64_t run_id)
+        : path_(optimizer_file_path(dir, rank)), elements_(elements), tile_(std::min(tile, elements)), arrays_(master_weights ? 3 : 2) {
         if (elements == 0 || tile == 0 || (tile_ < elements_ && tile_ % 1024 != 0))
             die("internal: an optimizer file takes a tile of a multiple of 1024 elements, or one tile (got " + std::to_string(tile) + " of " +
                 std::to_string(elements) + ")");
-        fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
-        if (fd_ < 0 && errno == EINVAL) {  // the file system refuses direct I/O (ramfs, some network file systems)
-            direct_ = false;
-            fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        }
-        if (fd_ < 0) die("cannot create the optimizer file " + path + ": " + strerror(errno));
-        const int err = posix_fallocate(fd_, 0, (off_t)file_bytes());
-        if (err != 0) {
-            close(fd_);
-            unlink(path.c_str());
-            die("cannot preallocate " + gib_text_of((double)file_bytes()) + " GiB for the optimizer file " + path + ": " + strerror(err) +
-                ": free space in --offload-dir or give a folder on a larger disk");
-        }
         for (char*& buffer : buffers_)
             if (posix_memalign(reinterpret_cast<void**>(&buffer), kOptimizerFileAlignment, buffer_bytes()) != 0)
                 die("cannot allocate the optimizer file's tile buffers (" + std::to_string(kBuffers) + " x " + std::to_string(buffer_bytes()) + " bytes)");
+        open_locked(dir);
+        // the lock is ours: a dead run's contents go (the preallocation reads as zeros), then the header, the records
+        if (ftruncate(fd_, 0) != 0) abandon("cannot empty the optimizer file " + path_ + ": " + strerror(errno));
+        OptimizerFileHeader header = {};
+        memcpy(header.magic, OptimizerFileHeader::kMagic, sizeof(header.magic));
+        header.version = OptimizerFileHeader::kVersion;
+        header.rank = rank;
+        header.run_id = run_id;
+        header.elements = elements_;
+        header.tile = tile_;
+        header.arrays = (uint32_t)arrays_;
+        header.pid = (int32_t)getpid();
+        gethostname(header.host, sizeof(header.host) - 1);
+        memset(buffers_[0], 0, kOptimizerFileHeaderBytes);  // a buffer holds a record: 4096 bytes at least
+        memcpy(buffers_[0], &header, sizeof(header));
+        const std::string error = transfer(true, buffers_[0], kOptimizerFileHeaderBytes, 0);
+        if (!error.empty()) abandon(error);
+        const int err = posix_fallocate(fd_, 0, (off_t)file_bytes());
+        if (err != 0)
+            abandon("cannot preallocate " + gib_text_of((double)file_bytes()) + " GiB for the optimizer file " + path_ + ": " + strerror(err) +
+                    ": free space in --offload-dir or give a folder on a larger disk");
         io_thread_ = std::thread([this] { run_io(); });
     }
     ~OptimizerFile() {
@@ -148,8 +214,7 @@ public:
         cv_.notify_all();
         io_thread_.join();  // after the requests already queued
         for (char* buffer : buffers_) free(buffer);
-        close(fd_);
-        unlink(path_.c_str());
+        remove_file();
     }
     OptimizerFile(const OptimizerFile&) = delete;
     OptimizerFile& operator=(const OptimizerFile&) = delete;
@@ -163,6 +228,7 @@ public:
     bool direct() const { return direct_; }
     bool has_master() const { return arrays_ == 3; }
     size_t file_bytes() const { return optimizer_file_bytes(elements_, arrays_); }
+    size_t records_bytes() const { return file_bytes() - kOptimizerFileHeaderBytes; }  // what a pass over every tile moves
     size_t buffer_bytes() const { return round_up_to_alignment(tile_ * arrays_ * sizeof(float)); }
     Counters counters() const {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -211,11 +277,55 @@ public:
 
 private:
     size_t tile_count(int k) const { return std::min(tile_, elements_ - (size_t)k * tile_); }
-    off_t tile_offset(int k) const { return (off_t)((size_t)k * tile_ * arrays_ * sizeof(float)); }
+    off_t tile_offset(int k) const { return (off_t)(kOptimizerFileHeaderBytes + (size_t)k * tile_ * arrays_ * sizeof(float)); }
     Tile tile_in(int k) const {
         const size_t n = tile_count(k);
         float* base = reinterpret_cast<float*>(buffers_[k % kBuffers]);
         return arrays_ == 3 ? Tile{k, (size_t)k * tile_, n, base, base + n, base + 2 * n} : Tile{k, (size_t)k * tile_, n, nullptr, base, base + n};
+    }
+
+    // Opens path_ (created if absent; O_DIRECT where the file system takes it) as fd_ and takes its exclusive lock, or
+    // dies naming the process that holds it. An instant's shared lock (optimizer_file_locked) is waited out; a file its
+    // owner removed between the open and the lock is opened again.
+    void open_locked(const std::string& dir) {
+        for (;;) {
+            fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0600);
+            if (fd_ < 0 && errno == EINVAL && direct_) {  // the file system refuses direct I/O (ramfs, some network file systems)
+                direct_ = false;
+                continue;
+            }
+            if (fd_ < 0) die("cannot create the optimizer file " + path_ + ": " + strerror(errno));
+            int tries = 0;
+            while (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+                if (errno == EINTR) continue;
+                if (errno != EWOULDBLOCK) die("cannot lock the optimizer file " + path_ + ": " + strerror(errno));
+                if (++tries == 20) {  // 200 ms: held by a process
+                    close(fd_);
+                    OptimizerFileHeader owner;
+                    const std::string who = read_optimizer_file_header(path_, &owner)
+                                                ? "pid " + std::to_string(owner.pid) + " on " + owner.host + ", run " + run_id_text(owner.run_id)
+                                                : "being created: no header yet";
+                    die("--offload-dir " + dir + ": " + path_ + " is in use by another job (" + who + "); give each job its own folder");
+                }
+                usleep(10000);
+            }
+            struct stat opened, named;
+            if (fstat(fd_, &opened) == 0 && stat(path_.c_str(), &named) == 0 && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) return;
+            close(fd_);
+        }
+    }
+    // Removes the file while its lock is held (so that no other start takes the name in between), then closes it; a
+    // name that no longer leads to this file (removed by hand and created again) is left alone.
+    void remove_file() {
+        struct stat opened, named;
+        if (fstat(fd_, &opened) == 0 && stat(path_.c_str(), &named) == 0 && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino)
+            unlink(path_.c_str());
+        close(fd_);
+    }
+    // A creation that failed after the lock: the file removed, `error` in one line.
+    [[noreturn]] void abandon(const std::string& error) {
+        remove_file();
+        die(error);
     }
 
     struct Request {

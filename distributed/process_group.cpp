@@ -300,7 +300,7 @@ namespace {
 // progress on any group can be the one a dead or stopped peer never completes.
 template <typename Query, typename Block>
 void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup::NamedCommunicator>& comms, int rank,
-                        int timeout_seconds) {
+                        int timeout_seconds, bool bounded = true) {
     if (comms.empty()) {
         cudaError_t err = block();
         if (err != cudaSuccess) die(std::string("CUDA: ") + cudaGetErrorString(err));
@@ -320,7 +320,7 @@ void wait_with_deadline(Query done, Block block, const std::vector<ProcessGroup:
         }
         const std::string verdict = heartbeat_verdict();
         if (!verdict.empty()) end_process(comms, "rank " + std::to_string(rank) + ": " + verdict);
-        if (seconds_since(start) > timeout_seconds)
+        if (bounded && seconds_since(start) > timeout_seconds)
             fail_collective(comms, rank, "a collective did not finish within " + std::to_string(timeout_seconds) + " s (--nccl-timeout)",
                             "a peer rank failed or hangs");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -342,27 +342,34 @@ void ProcessGroup::all_reduce_sum(float* device_value, cudaStream_t stream) cons
     if (comm != nullptr) ncclCheck(ncclAllReduce(device_value, device_value, 1, ncclFloat32, ncclSum, comm, stream));
 }
 
+std::vector<uint64_t> ProcessGroup::all_gather_host(const std::vector<uint64_t>& mine, bool bounded) const {
+    if (world == 1) return mine;
+    auto check = [](cudaError_t err) {
+        if (err != cudaSuccess) die(std::string("CUDA: ") + cudaGetErrorString(err));
+    };
+    const size_t n = mine.size();
+    uint64_t* values;
+    cudaStream_t stream;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    check(cudaMalloc(&values, world * n * sizeof(uint64_t)));
+    check(cudaMemcpyAsync(values + rank * n, mine.data(), n * sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
+    ncclCheck(ncclAllGather(values + rank * n, values, n, ncclUint64, comm, stream));
+    wait_with_deadline([stream] { return cudaStreamQuery(stream); }, [stream] { return cudaStreamSynchronize(stream); }, communicators_, rank,
+                       timeout_seconds_, bounded);  // the copy below then finds the stream drained
+    std::vector<uint64_t> all(world * n);
+    check(cudaMemcpy(all.data(), values, world * n * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    check(cudaFree(values));
+    check(cudaStreamDestroy(stream));
+    return all;
+}
+
 int ProcessGroup::ranks_on_this_host() const {
     if (world == 1) return 1;
     char name[256] = {};
     if (gethostname(name, sizeof(name) - 1) != 0) die(std::string("gethostname: ") + strerror(errno));
     uint64_t hash = 1469598103934665603ull;  // FNV-1a of the host name
     for (const char* c = name; *c != '\0'; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
-    auto check = [](cudaError_t err) {
-        if (err != cudaSuccess) die(std::string("CUDA: ") + cudaGetErrorString(err));
-    };
-    uint64_t* hashes;
-    cudaStream_t stream;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    check(cudaMalloc(&hashes, world * sizeof(uint64_t)));
-    check(cudaMemcpyAsync(hashes + rank, &hash, sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
-    ncclCheck(ncclAllGather(hashes + rank, hashes, 1, ncclUint64, comm, stream));
-    synchronize(stream);  // bounded by the deadline; the copy below then finds the stream drained
-    std::vector<uint64_t> all(world);
-    check(cudaMemcpy(all.data(), hashes, world * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-    check(cudaFree(hashes));
-    check(cudaStreamDestroy(stream));
     int same = 0;
-    for (uint64_t h : all) same += h == hash;
+    for (uint64_t h : all_gather_host({hash})) same += h == hash;
     return same;
 }

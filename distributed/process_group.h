@@ -57,6 +57,11 @@ public:
     void wait_event(cudaEvent_t event) const;
     // Sum of one float over all ranks (the checkpoint barrier), on `stream`.
     void all_reduce_sum(float* device_value, cudaStream_t stream) const;
+    // Every rank's `mine` (the same count on every rank), rank by rank, on every rank: a host-side exchange of a few
+    // values (the checkpoint's agreements). Collective over all ranks (after connect()); bounded by the deadline, or
+    // (bounded = false) waiting as long as every peer lives, for a rank that does long work first (rank 0 writing the
+    // model file): a dead or silent peer still ends it. world == 1: `mine`.
+    std::vector<uint64_t> all_gather_host(const std::vector<uint64_t>& mine, bool bounded = true) const;
     // How many ranks of the job run on this machine (the same host name), this one included: what shares its memory.
     // Collective over all ranks (after connect()), bounded by the deadline.
     int ranks_on_this_host() const;

@@ -9,7 +9,7 @@
 // does the same, with async-signal-safe calls only.) The training step reads the flag (stop_signal_received) once,
 // before the step's losses are gathered, and every rank learns of any rank's request through the step's own
 // reductions (model/loss.h, distributed/zero.cuh), so all stop after the same step.
-// defines: kExitStopped, install_stop_signals, accept_stop_requests, stop_signal_received, signal_name
+// defines: kExitStopped, kExitStoppedUnsaved, install_stop_signals, accept_stop_requests, stop_signal_received, signal_name
 #pragma once
 #include <atomic>
 #include <csignal>
@@ -22,6 +22,9 @@
 // later"), distinct from errors (1) and from a process killed by a signal (128 + N), so that a job script can
 // requeue the job, which continues with --resume 1.
 constexpr int kExitStopped = 75;
+// The exit status of a run stopped by a signal that committed no checkpoint (no --output-dir, a LoRA run's adapter
+// files): requeueing it would start it again from its beginning.
+constexpr int kExitStoppedUnsaved = 76;
 
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 

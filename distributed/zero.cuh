@@ -54,7 +54,7 @@
 #include "process_group.h"
 #include "mesh.h"
 #include "nccl.h"                    // defines: nccl_type
-#include "optimizer_file.h"          // defines: OptimizerFile, optimizer_file_bytes, optimizer_file_path
+#include "optimizer_file.h"          // defines: OptimizerFile, optimizer_file_bytes
 #include "../model/config.h"       // defines: UnitKind (each parameter unit's kind, with the layout)
 
 
@@ -238,8 +238,9 @@ public:
     // refuses the rest: stage 0 on several ranks, pipelines, LoRA, parameters below stage 3 or on one rank).
     // delayed_update: the one-step delayed update (kOptimizer only): step() leaves its update running on a host
     // thread while the next step computes, where delay_update() allows it. offload_dir: the NVMe tier's folder (empty:
-    // none; not with the delayed update), where allocate() creates this rank's optimizer file.
-    void set_offload(Offload offload, int cpu_threads, bool delayed_update = false, const std::string& offload_dir = "") {
+    // none; not with the delayed update), where allocate() creates this rank's optimizer file, which carries run_id
+    // (model/run_identity.h).
+    void set_offload(Offload offload, int cpu_threads, bool delayed_update = false, const std::string& offload_dir = "", uint64_t run_id = 0) {
         const bool parameters = offload == Offload::kOptimizerParameters;
         if (offload == Offload::kNone) return;
         if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || (parameters && delayed_update) ||
@@ -251,6 +252,7 @@ public:
         offload_delayed_ = delayed_update;
         cpu_threads_ = cpu_threads;
         offload_dir_ = offload_dir;
+        run_id_ = run_id;
     }
     // The NVMe tier's optimizer file of this rank, or null (no --offload-dir); its counters say what the disk did.
     const OptimizerFile* optimizer_file() const { return file_.get(); }
@@ -297,7 +299,7 @@ public:
         else alloc(&grads_, total_);
         const size_t n = optimizer_elements();
         if (offload_ && !offload_dir_.empty()) {  // this rank's file, preallocated: zeros (set_unit writes the master weights)
-            file_.reset(new OptimizerFile(optimizer_file_path(offload_dir_, pg_.rank), n, tile_elements(), kHasMaster));
+            file_.reset(new OptimizerFile(offload_dir_, pg_.rank, n, tile_elements(), kHasMaster, run_id_));
         } else if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
             if (kHasMaster) cudaCheck(cudaHostAlloc(&master_, n * sizeof(float), cudaHostAllocDefault));
             cudaCheck(cudaHostAlloc(&adam_m_, n * sizeof(float), cudaHostAllocDefault));
@@ -997,6 +999,7 @@ private:
     bool offload_ = false, offload_params_ = false;
     int cpu_threads_ = 0;
     std::string offload_dir_;             // --offload-dir: the optimizer file's folder, or empty
+    uint64_t run_id_ = 0;                 // the run's id, which the optimizer file carries
     std::unique_ptr<OptimizerFile> file_;  // with it: the master weights and Adam moments (master_, adam_m_, adam_v_ null)
     floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
     cudaStream_t download_ = nullptr, upload_ = nullptr;

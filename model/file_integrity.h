@@ -1,10 +1,12 @@
 // The integrity of the files train_gpt writes (model, state and adapter files, docs/formats.md): each starts with a
 // 256-int header whose last two ints hold a tag and the CRC-32C (Castagnoli) of the whole file, computed over the
 // bytes as they are written (the checksum slot counted as 0); and every file is written through a temporary name,
-// flushed to the disk and renamed, so that a crash or a full disk never leaves a half-written file under the real
-// name. Files without the tag (llm.c's and older ones) have no checksum to verify.
-// defines: Crc32c, kChecksumTag, kChecksumTagSlot, kChecksumSlot, FileParts, seal_file_checksum, FileChecksum,
-//          check_file_checksum, write_file_atomically
+// flushed to the disk, renamed, and the rename made durable by an fsync of the folder, so that a crash or a full
+// disk never leaves a half-written file under the real name. Files without the tag (llm.c's and older ones) have no
+// checksum to verify. Each step of that sequence is a fault point: the crash-consistency test kills the writer at
+// every one in turn (TRAIN_GPT_KILL_AT).
+// defines: Crc32c, kChecksumTag, kChecksumTagSlot, kChecksumSlot, kRunIdentitySlot, stamp_run_identity, FileParts, FileRecord, seal_file_checksum, FileChecksum,
+//          check_file_checksum, fault_point, sync_directory, write_file_atomically
 #pragma once
 #include <array>
 #include <cerrno>
@@ -14,6 +16,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include <csignal>
+#include <cstdlib>
 #include <fcntl.h>
 #include <unistd.h>
 #if defined(__x86_64__)
@@ -88,17 +92,37 @@ private:
 constexpr int kChecksumTagSlot = 254, kChecksumSlot = 255;  // in the 256-int header; llm.c reads ints 0-7
 constexpr int kChecksumTag = 0x43524343;                     // "CCRC" little-endian: the file carries a CRC-32C
 
+// A checkpoint's files (model, adapter and state files) carry the run's identity in header ints 240-243, which
+// llm.c's readers never look at: a tag, the run id's two halves and the step. Other files leave them 0.
+constexpr int kRunIdentitySlot = 240, kRunIdentityTag = 0x494E5552;  // "RUNI"
+inline void stamp_run_identity(int* header, uint64_t run_id, int step) {
+    header[kRunIdentitySlot] = kRunIdentityTag;
+    header[kRunIdentitySlot + 1] = (int)(uint32_t)run_id;
+    header[kRunIdentitySlot + 2] = (int)(uint32_t)(run_id >> 32);
+    header[kRunIdentitySlot + 3] = step;
+}
+
 // A file's contents as pieces, the 1024-byte header first.
 using FileParts = std::vector<std::pair<const void*, size_t>>;
 
-// Tags `header` (the first part's 256 ints) and stores the CRC-32C of all the parts, its own slot counted as 0.
-inline void seal_file_checksum(int* header, const FileParts& parts) {
+// A written file as a checkpoint's manifest lists it: its name in the folder, size and CRC-32C.
+struct FileRecord {
+    std::string name;
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    bool operator==(const FileRecord& o) const { return name == o.name && bytes == o.bytes && crc == o.crc; }
+};
+
+// Tags `header` (the first part's 256 ints) and stores the CRC-32C of all the parts, its own slot counted as 0;
+// returns that CRC.
+inline uint32_t seal_file_checksum(int* header, const FileParts& parts) {
     header[kChecksumTagSlot] = kChecksumTag;
     header[kChecksumSlot] = 0;
     Crc32c crc;
     for (const auto& part : parts) crc.update(part.first, part.second);
     const uint32_t value = crc.value();
     memcpy(&header[kChecksumSlot], &value, 4);
+    return value;
 }
 
 // What a file's checksum says: kValid, kNone (no tag: nothing to verify), kDamaged (`problem` says how).
@@ -138,28 +162,67 @@ inline FileChecksum check_file_checksum(const std::string& path) {
     return {FileChecksum::kValid, ""};
 }
 
-// Writes `parts` to path + ".tmp", flushes it to the disk and renames it to `path`: the file appears whole or not at
-// all. A failed write (a full disk, a quota, an I/O error) removes the temporary file, leaves whatever `path` held
-// before untouched, and stops with one line naming the file and the system's reason.
-inline void write_file_atomically(const std::string& path, const FileParts& parts) {
+// A step of a durable write or deletion (a file written, flushed, renamed; a folder synced; a file deleted) where
+// the crash-consistency test may kill this process: with TRAIN_GPT_KILL_AT=N in the environment the N-th fault
+// point (counting from 1) sends SIGKILL to the process itself, as a crash or a node failure would end it there.
+// fault_points_passed() counts them (the test learns how many a save passes).
+inline long& fault_points_passed() {
+    static long passed = 0;
+    return passed;
+}
+inline void fault_point() {
+    const char* kill_at = getenv("TRAIN_GPT_KILL_AT");  // read each time: the test sets it in forked processes
+    if (++fault_points_passed() == (kill_at != nullptr ? atol(kill_at) : 0)) raise(SIGKILL);
+}
+
+// The folder of `path` (".", for a bare name).
+inline std::string folder_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+// Makes the entries of `dir` (a rename, a new or deleted file) durable: fsync of the folder. "" or the problem.
+inline std::string sync_directory(const std::string& dir) {
+    const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return dir + ": cannot open the folder to make its entries durable: " + strerror(errno);
+    const int rc = fsync(fd);
+    const int error = errno;
+    close(fd);
+    fault_point();
+    if (rc != 0 && error != EINVAL) return dir + ": cannot make the folder's entries durable (fsync): " + strerror(error);  // EINVAL: not supported there
+    return "";
+}
+
+// Writes `parts` to path + ".tmp", flushes it to the disk, renames it to `path` and syncs the folder: the file appears
+// whole or not at all, and once this returns it survives a crash. A failed write (a full disk, a quota, an I/O error)
+// removes the temporary file, leaves whatever `path` held before untouched, and stops with one line naming the file
+// and the system's reason. Returns the file's size in bytes.
+inline uint64_t write_file_atomically(const std::string& path, const FileParts& parts) {
     const std::string tmp = path + ".tmp";
     FILE* f = fopen(tmp.c_str(), "wb");
     if (f == nullptr) die(tmp + ": cannot create: " + strerror(errno));
     int error = 0;
+    uint64_t bytes = 0;
     for (const auto& part : parts) {
         errno = 0;
         if (error == 0 && fwrite(part.first, 1, part.second, f) != part.second) error = errno != 0 ? errno : EIO;
+        bytes += part.second;
     }
     if (error == 0 && fflush(f) != 0) error = errno;
+    if (error == 0) fault_point();
     if (error == 0 && fsync(fileno(f)) != 0) error = errno;
     if (fclose(f) != 0 && error == 0) error = errno;
     if (error != 0) {
         unlink(tmp.c_str());
         die(path + ": cannot write: " + strerror(error) + " (nothing was written under this name; the files before it are untouched)");
     }
+    fault_point();
     if (rename(tmp.c_str(), path.c_str()) != 0) {
         error = errno;
         unlink(tmp.c_str());
         die(path + ": cannot rename the written file into place: " + strerror(error));
     }
+    fault_point();
+    const std::string problem = sync_directory(folder_of(path));
+    if (!problem.empty()) die(problem);
+    return bytes;
 }

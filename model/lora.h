@@ -114,7 +114,10 @@ private:
 // uses the device layout (padded units).
 constexpr int kAdapterMagic = 20261127;
 
-inline void write_adapter_file(const std::string& path, const AdapterLayout& layout, const std::vector<float>& values) {
+// A checkpoint's adapter file (run_id != 0) carries the run's identity (stamp_run_identity). Returns the file as a
+// checkpoint's manifest lists it.
+inline FileRecord write_adapter_file(const std::string& path, const AdapterLayout& layout, const std::vector<float>& values, uint64_t run_id = 0,
+                                     int step = 0) {
     int header[256] = {};
     header[0] = kAdapterMagic;
     header[1] = 1;
@@ -124,12 +127,16 @@ inline void write_adapter_file(const std::string& path, const AdapterLayout& lay
     header[5] = layout.config.num_layers;
     header[6] = layout.config.channels;
     header[7] = 2 * layout.config.num_layers * __builtin_popcount(layout.spec.targets);
+    if (run_id != 0) stamp_run_identity(header, run_id, step);
     std::vector<float> body;
     for (int l = 0; l < layout.config.num_layers; l++)
         body.insert(body.end(), values.begin() + layout.unit_begin(l), values.begin() + layout.unit_begin(l) + layout.layer_size());
     const FileParts parts = {{header, sizeof(header)}, {body.data(), body.size() * sizeof(float)}};
-    seal_file_checksum(header, parts);
-    write_file_atomically(path, parts);
+    FileRecord record;
+    record.crc = seal_file_checksum(header, parts);
+    record.bytes = write_file_atomically(path, parts);
+    record.name = path.substr(path.rfind('/') + 1);
+    return record;
 }
 
 // Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`.

@@ -140,11 +140,12 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 // what ZeRO-Offload keeps on the host (p.host) instead of the GPU; delayed_update: its one-step delayed update, whose
 // whole-shard host buffers the host plan counts (the GPU's is the same); offload_file: its NVMe tier (--offload-dir),
 // the optimizer state on the disk and its tiles on the host. fp8 (null without --precision fp8): FP8's memory (the
-// weights' copies, kept except under ZeRO-3, one layer's activation copies, the scaling states).
+// weights' copies, kept except under ZeRO-3, one layer's activation copies, the scaling states). device_scratch = false
+// (a plan made without a GPU, train_gpt's --dry-run): without the reductions' scratch, whose size is the GPU's (per SM).
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
-                       ActivationPlan ap = ActivationPlan(), bool offload_file = false, const Fp8Options* fp8 = nullptr) {
+                       ActivationPlan ap = ActivationPlan(), bool offload_file = false, const Fp8Options* fp8 = nullptr, bool device_scratch = true) {
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
@@ -173,7 +174,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     // of one; set_parameters: one of this rank's units)
     const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
     const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
-    p.scratch = reduce_scratch_floats<floatX>(c) * sizeof(float) + matmul_context().workspace_bytes + staging * sizeof(float) +
+    p.scratch = (device_scratch ? reduce_scratch_floats<floatX>(c) * sizeof(float) : 0) + matmul_context().workspace_bytes + staging * sizeof(float) +
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                 flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
                 (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
@@ -197,10 +198,11 @@ struct StagePlans {
     std::vector<std::vector<int>> grad_slots;  // per stage: gradient slots per chunk (ZB-H1's; empty or 0: none)
     bool fp8 = false;           // --precision fp8
     Fp8Options fp8_options;
+    bool device_scratch = true;  // false: without a GPU, the plan leaves out the reductions' scratch (plan_memory)
     ActivationPlan sets(int s) const { return {chunks[s], slots[s], parts[s].last, grad_slots.empty() ? std::vector<int>() : grad_slots[s]}; }
     MemoryPlan of(int s, int split) const {
         return plan_memory<floatX>(config, B, T, dp, tp, split, zero_stage, recompute, offload, delayed_update, lora, parts[s], sets(s), offload_file,
-                                   fp8 ? &fp8_options : nullptr);
+                                   fp8 ? &fp8_options : nullptr, device_scratch);
     }
 };
 
@@ -253,7 +255,9 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
     }
     const LoraSpec& lora = plans.lora;
     if (lora.enabled()) {
-        const MemoryPlan full = plan_memory<floatX>(plans.config, plans.B, plans.T, plans.dp, plans.tp, split, plans.zero_stage, plans.recompute);
+        const MemoryPlan full = plan_memory<floatX>(plans.config, plans.B, plans.T, plans.dp, plans.tp, split, plans.zero_stage, plans.recompute,
+                                                    Offload::kNone, false, LoraSpec(), StageModel(), ActivationPlan(), false, nullptr,
+                                                    plans.device_scratch);
         const size_t states = plan.parameters + plan.gradients + plan.master_weights + plan.adam_state;
         const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
         fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
@@ -298,10 +302,11 @@ inline HostBudget host_memory_budget(float host_memory_gib) {
 // `ranks_on_host` ranks of this machine takes as much) against the machine's budget, and the CPU AdamW that updates it
 // (`cpu`, in words). Dies with the figures and what can help when the machine's ranks together exceed the budget.
 // With the NVMe tier (offload_dir not empty) the host holds the optimizer file's tiles (pageable), and a second line
-// gives the file of a rank against the free space of offload_dir (the optimizer files already there count as free: they
-// are the ranks' that started first, or left by a run that died), which refuses when the machine's files do not fit.
+// gives the file of a rank against the free space of offload_dir (the optimizer files already there of run `run_id`
+// count as free: its ranks that started first; so do those a run that died left), which refuses when the machine's
+// files do not fit.
 inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks_on_host, const HostBudget& budget, const std::string& cpu,
-                                    const std::string& offload_dir = "") {
+                                    const std::string& offload_dir = "", uint64_t run_id = 0) {
     const size_t machine = host.total() * ranks_on_host;
     const std::string ranks = std::to_string(ranks_on_host) + (ranks_on_host == 1 ? " rank" : " ranks");
     const std::string tiles = offload_dir.empty() ? "" : " | optimizer file tiles (pageable) " + gib_text_of((double)host.file_tiles);
@@ -310,11 +315,11 @@ inline void report_host_memory_plan(FILE* out, const HostMemory& host, int ranks
             gib(host.master_weights), gib(host.adam_state), gib(host.parameters), gib(host.gradients), gib(host.staging), tiles.c_str(),
             gib(host.total()), ranks.c_str(), gib(machine), gib(budget.bytes), budget.source.c_str(), cpu.c_str());
     if (!offload_dir.empty()) {
-        const double free_bytes = std::max(offload_dir_free_bytes(offload_dir), 0.0);
+        const double free_bytes = std::max(offload_dir_free_bytes(offload_dir, run_id), 0.0);
         fprintf(out, "disk per rank (GiB, --offload-dir %s): optimizer file (master weights + Adam m+v) %.2f; x %s on this machine = %.2f of "
                      "%.2f free\n",
                 offload_dir.c_str(), gib(host.disk), ranks.c_str(), gib(host.disk * ranks_on_host), free_bytes / (1024.0 * 1024.0 * 1024.0));
-        const std::string problem = offload_dir_space_problem(offload_dir, host.disk, ranks_on_host);
+        const std::string problem = offload_dir_space_problem(offload_dir, host.disk, ranks_on_host, run_id);
         if (!problem.empty()) die(problem);
     }
     if (machine > budget.bytes)

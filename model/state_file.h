@@ -1,8 +1,8 @@
-// Optimizer-state files of checkpoints (docs/formats.md): the header, the file names, and the reader that
-// reassembles the state any mesh and ZeRO stage wrote into this rank's part. Plain C++ (the fuzz harness of
-// test/fuzz/ reads state files without CUDA); the writer, write_state_file, is checkpoint.cuh's.
+// Optimizer-state files of checkpoints (docs/formats.md): the header, the file names, the writer, and the reader
+// that reassembles the state any mesh and ZeRO stage wrote into this rank's part. Plain C++ (the fuzz harness of
+// test/fuzz/ and the crash-consistency test read and write state files without CUDA).
 // defines: kStateMagic, kStateVersion, state_path, StateHeader, kStatePartOffset, kStateMaxLayers, state_header_problem, read_state_header,
-//          SavedOptimizerState, read_optimizer_state
+//          write_state_file, SavedOptimizerState, read_optimizer_state, read_own_optimizer_state
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -17,7 +17,8 @@
 #include "config.h"                   // StageModel, ParameterLayout, LayoutRun, sorted_full_runs, for_each_shared_run
 #include "file_integrity.h"           // kChecksumTagSlot
 
-constexpr int kStateMagic = 20261126, kStateVersion = 4;  // 3: the writer's mesh (tensor parallelism); 4: its pipeline stage's part
+// 3: the writer's mesh (tensor parallelism); 4: its pipeline stage's part; 5: the run id
+constexpr int kStateMagic = 20261126, kStateVersion = 5;
 
 inline std::string state_path(const std::string& dir, int step, int rank) {
     char name[64];
@@ -31,10 +32,11 @@ struct StateHeader {
     int stage, has_master, clean_steps;
     float loss_scale;
     long long skipped_steps, optimizer_elements;
+    unsigned long long run_id;  // the run that wrote it (run_identity.h)
 };
 // The header's second half holds the writer's pipeline stage's part of the model (StageModel): first, last, the
 // number of blocks and their layer indices.
-constexpr int kStatePartOffset = 128, kStateMaxLayers = kChecksumTagSlot - kStatePartOffset - 3;  // the checksum after them
+constexpr int kStatePartOffset = 128, kStateMaxLayers = kRunIdentitySlot - kStatePartOffset - 3;  // the run's identity after them
 // The most ranks a checkpoint can come from: the file names' five rank digits.
 constexpr long long kStateMaxRanks = 100000;
 
@@ -73,6 +75,36 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
         part->layers.assign(header + kStatePartOffset + 3, header + kStatePartOffset + 3 + blocks);
     }
     return h;
+}
+
+// One rank's state file: header (the CRC-32C of the file in its last ints), then its master weights (if kept), Adam m
+// and v, and the data position. Returns the file as a checkpoint's manifest lists it.
+inline FileRecord write_state_file(const std::string& path, const StateHeader& h, const StageModel& part, const std::vector<float>& master,
+                                   const std::vector<float>& m, const std::vector<float>& v, const DataLoaderState& data_state) {
+    int header[256] = {};
+    header[0] = kStateMagic;
+    header[1] = kStateVersion;
+    header[2] = (int)sizeof(StateHeader);
+    header[3] = (int)sizeof(DataLoaderState);
+    memcpy(&header[4], &h, sizeof(h));
+    if ((int)part.layers.size() > kStateMaxLayers)
+        die(path + ": a state file records at most " + std::to_string(kStateMaxLayers) + " blocks per pipeline stage, this stage holds " +
+            std::to_string(part.layers.size()));
+    header[kStatePartOffset] = part.first;
+    header[kStatePartOffset + 1] = part.last;
+    header[kStatePartOffset + 2] = (int)part.layers.size();
+    std::copy(part.layers.begin(), part.layers.end(), header + kStatePartOffset + 3);
+    stamp_run_identity(header, h.run_id, h.step);
+    const FileParts parts = {{header, sizeof(header)},
+                             {master.data(), master.size() * sizeof(float)},
+                             {m.data(), m.size() * sizeof(float)},
+                             {v.data(), v.size() * sizeof(float)},
+                             {&data_state, sizeof(data_state)}};
+    FileRecord record;
+    record.crc = seal_file_checksum(header, parts);
+    record.bytes = write_file_atomically(path, parts);
+    record.name = path.substr(path.rfind('/') + 1);
+    return record;
 }
 
 // The optimizer state of checkpoint `step`, whatever mesh and stage wrote it, as arrays in `part` (this rank's
@@ -171,6 +203,38 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
                 for (size_t k = 0; k < arrays.size(); k++)
                     std::copy(local[k].begin() + r.full, local[k].begin() + r.full + r.count, arrays[k]->begin() + r.local);
         }
+    }
+    return saved;
+}
+
+// The optimizer state of a checkpoint written on this run's own mesh and ZeRO stage (a LoRA run's adapters): the
+// shard in state file `rank` as it is, `elements` floats per array (checked against its header), and the data
+// position from rank 0's file.
+inline SavedOptimizerState read_own_optimizer_state(const std::string& dir, int step, int rank, size_t elements) {
+    SavedOptimizerState saved;
+    const std::string path = state_path(dir, step, rank);
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f == nullptr) die(path + ": cannot open: " + strerror(errno));
+    saved.header = read_state_header(f, path);
+    if (saved.header.optimizer_elements != (long long)elements)
+        die(path + ": holds " + std::to_string(saved.header.optimizer_elements) + " elements of optimizer state, this rank's shard has " +
+            std::to_string(elements));
+    std::vector<std::vector<float>*> arrays = {&saved.m, &saved.v};
+    if (saved.header.has_master) arrays.insert(arrays.begin(), &saved.master);
+    for (auto* a : arrays) {
+        a->resize(elements);
+        if (fread(a->data(), sizeof(float), elements, f) != elements) die(path + ": truncated");
+    }
+    if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, f) != 1) die(path + ": truncated while reading the data position");
+    fclose(f);
+    if (rank != 0) {  // the data position, from rank 0's file: its arrays are as long as this rank's
+        const std::string first = state_path(dir, step, 0);
+        FILE* g = fopen(first.c_str(), "rb");
+        if (g == nullptr) die(first + ": cannot open: " + strerror(errno));
+        if (fseek(g, 1024 + (long)(arrays.size() * elements * sizeof(float)), SEEK_SET) != 0 ||
+            fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
+            die(first + ": truncated while reading the data position");
+        fclose(g);
     }
     return saved;
 }

@@ -2,8 +2,8 @@
 // stage's tensor-parallel slices (ParameterLayout `layout`), while model files, checkpoints and initial values
 // describe the whole model (`full_layout`, tp = 1). local_part cuts a rank's part out of whole-model values;
 // assemble_whole_model puts every rank's part back together (a collective of the tensor and pipeline groups).
-// Reading model files is model_file.h's; writing them and the checkpoints is checkpoint.cuh's.
-// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model, full_parameters_host
+// Reading and writing model files is model_file.h's (a checkpoint's model file: each rank writes its part in place).
+// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -71,11 +71,4 @@ std::vector<float> assemble_whole_model(const GPT2<floatX>& model, std::vector<f
         });
     }
     return full;
-}
-
-// The whole model's parameters in compute precision (full_layout, fp32 host) on the main rank, an empty vector on
-// the others: a collective of every rank (see assemble_whole_model; only data rank 0 keeps its part).
-template <typename floatX>
-std::vector<float> full_parameters_host(GPT2<floatX>& model) {
-    return assemble_whole_model(model, model.zero->parameters_host(model.mesh.data.rank == 0), model.stage_parts, false);
 }

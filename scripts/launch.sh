@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Our launcher (no MPI needed): starts N processes of a command on this node, one per GPU, with the
 # torchrun-style environment train_gpt reads (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
-# If any process fails, the others are stopped and the launcher exits with its status.
+# If any process fails, the others are stopped and the launcher exits with its status (below).
 #   scripts/launch.sh 4 ./train_gpt --zero-stage 2 ...
 # Several nodes: run it on each node with NODE_RANK (0..NNODES-1), NNODES and the same MASTER_ADDR (an
 # address of node 0 that the others reach) and MASTER_PORT, e.g. on two nodes of 8 GPUs:
@@ -15,12 +15,16 @@
 #   scripts/launch.sh --one-gpu 4 ./train_gpt --model d6 ...   # rank r: LOCAL_RANK=0 NCCL_HOSTID=host<r>
 # Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP sent to the launcher (Slurm's `--signal=B:USR1@120`, `scancel
 # --signal`, Ctrl-C, a closed terminal) go to every rank. On the first three train_gpt's ranks stop after the same
-# step with a checkpoint and exit 75 (docs/reliability.md), and a second Ctrl-C stops them at once; SIGHUP ends them.
-# Each rank runs under setsid, out of the terminal's process group, so that a terminal's signals reach it once,
-# through the launcher. A process that exits with 75 (stopped by a signal) is no failure: the others stop at the same
-# step. When a process fails (any other non-zero status) the others get SIGTERM, and SIGCONT for one stopped with
-# SIGSTOP; any still running LAUNCH_KILL_AFTER seconds later (default 30) gets SIGKILL. The launcher exits with the
-# first non-zero status (75 after a stop), or 0.
+# step, commit that step's checkpoint and exit 75 (76 without --output-dir: nothing saved; docs/reliability.md), and a
+# second Ctrl-C stops them at once; SIGHUP ends them. Each rank runs under setsid, out of the terminal's process
+# group, so that a terminal's signals reach it once, through the launcher. A process that exits with 75 or 76 (stopped
+# by a signal) is no failure: the others stop at the same step. When a process fails (any other non-zero status) the
+# others get SIGTERM, and SIGCONT for one stopped with SIGSTOP; any still running LAUNCH_KILL_AFTER seconds later
+# (default 30) gets SIGKILL.
+# Exit status: the first status other than 0, 75 and 76 that the launcher sees (a failure, whatever the others did);
+# else 0 when every process exited 0; 75 when every one exited 75 (a rank exits 75 only once the checkpoint of its
+# step committed: requeue with --resume 1); 76 when every one stopped and some saved nothing; else 1, with a line
+# saying so (some finished and some stopped: the processes did not stop after the same step).
 set -u
 usage="usage: $0 [--one-gpu] RANKS_PER_NODE COMMAND [ARGS...]"
 one_gpu=0
@@ -36,7 +40,8 @@ export MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 12000))}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off (see docs/parallel.md)
 kill_after=${LAUNCH_KILL_AFTER:-30}
 if ! [[ $kill_after =~ ^[0-9]+$ ]]; then echo "launch.sh: LAUNCH_KILL_AFTER must be a number of seconds, not '$kill_after'" >&2; exit 2; fi
-stopped=75  # a rank stopped by a signal, with its checkpoint (train_gpt's kExitStopped)
+stopped=75    # a rank stopped by a signal, once its checkpoint committed (train_gpt's kExitStopped)
+unsaved=76    # a rank stopped by a signal without a checkpoint (train_gpt's kExitStoppedUnsaved)
 # The signals are taken before the ranks start: one that arrives while they start is kept and forwarded to all of
 # them once they are (a rank could miss it otherwise, or the launcher die of it).
 pids=(); started=0; pending=()
@@ -59,7 +64,7 @@ for sig in "${pending[@]}"; do kill -s "$sig" "${pids[@]}" 2> /dev/null; done
 
 # Polls rather than `wait -n`: a rank stopped with SIGSTOP must not block the launcher, which must go on forwarding
 # signals and escalating after a failure.
-status=0; running=$per_node; kill_at=""; killed=0
+failed=""; finished=0; stops=0; unsaved_stops=0; running=$per_node; kill_at=""; killed=0
 ended=()
 while [ $running -gt 0 ]; do
     for i in "${!pids[@]}"; do
@@ -67,9 +72,11 @@ while [ $running -gt 0 ]; do
         kill -0 "${pids[$i]}" 2> /dev/null && continue
         while :; do signalled=0; wait "${pids[$i]}"; rc=$?; [ $signalled -eq 0 ] && break; done
         ended[$i]=1; running=$((running - 1))
-        [ $rc -eq 0 ] && continue
-        [ $status -eq 0 ] && status=$rc
-        if [ $rc -ne $stopped ] && [ -z "$kill_at" ]; then
+        [ $rc -eq 0 ] && { finished=$((finished + 1)); continue; }
+        [ $rc -eq $stopped ] && { stops=$((stops + 1)); continue; }
+        [ $rc -eq $unsaved ] && { stops=$((stops + 1)); unsaved_stops=$((unsaved_stops + 1)); continue; }
+        [ -n "$failed" ] || failed=$rc
+        if [ -z "$kill_at" ]; then
             echo "launch.sh: a process exited with status $rc; stopping the others" >&2
             kill -TERM "${pids[@]}" 2> /dev/null; kill -CONT "${pids[@]}" 2> /dev/null
             kill_at=$((SECONDS + kill_after))
@@ -82,4 +89,10 @@ while [ $running -gt 0 ]; do
     fi
     [ $running -gt 0 ] && sleep 0.2
 done
-exit $status
+[ -n "$failed" ] && exit "$failed"
+[ $stops -eq 0 ] && exit 0
+[ $finished -eq 0 ] && [ $unsaved_stops -gt 0 ] && exit $unsaved
+[ $finished -eq 0 ] && exit $stopped
+echo "launch.sh: $stops process(es) stopped after a step (exit $stopped or $unsaved) but $finished exited 0 (finished): they did not" \
+    "stop after the same step; exit status 1" >&2
+exit 1

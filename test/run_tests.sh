@@ -8,7 +8,9 @@
 # TEST_TIER (exported to every suite): quick (`make test`) runs each GPU suite's reduced set, every component at
 # least once, in about 4 minutes on one H200; full (`make test-full`, and the default) runs every check, and the
 # multi-rank suites once more with one rank per GPU on a machine with several. Each driver and program says what
-# its quick set leaves out; the CPU suites run whole in both.
+# its quick set leaves out; the CPU suites run whole in both, but sharding (d12's layout at one rank count and not
+# its tensor-parallel split; the smaller models' whole). Some suites run independent launches side by side (each
+# driver says which).
 set -u
 cd "$(dirname "$0")/.."
 export TEST_TIER=${TEST_TIER:-full}
@@ -44,8 +46,11 @@ run dataloader build/test_dataloader
 run hellaswag build/test_hellaswag
 run mesh build/test_mesh
 run pipeline_schedule build/test_pipeline_schedule
+run options build/test_options  # every flag's default, alias and range pinned; each range and validate_options' checks at their bounds
 run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
 run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
+run checkpoints build/test_checkpoints  # committed checkpoints: manifests, resume's choice, retention, mixed files, the folder's lock
+run checkpoint_crash build/test_checkpoint_crash  # the save killed at every fault point, ranks as processes: no committed checkpoint lost or mixed
 run offload_dir build/test_offload_dir  # ZeRO-Offload's NVMe tier: AdamW through the optimizer file, bitwise; full disk, write errors, no O_DIRECT
 run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
 run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
@@ -54,6 +59,7 @@ run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
 run prepare bash test/test_prepare.sh
+run commands bash test/test_commands.sh  # every command README and docs/ show: train_gpt's as dry runs, the scripts' as shown
 run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
 run sharding build/test_sharding
 run lora_files build/test_lora_files
@@ -96,6 +102,7 @@ if [ "$gpu_count" -ge 1 ]; then
     run model bash test/test_model.sh
     run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
     run training bash test/test_training.sh
+    run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
     run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
     run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
     run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
@@ -122,7 +129,7 @@ if [ "$gpu_count" -ge 1 ]; then
     fi
 else
     gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
-                "training determinism, resume and curve parity" "hf_interop export to and import from Hugging Face"
+                "training determinism, resume and curve parity" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
                 "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                 "zero on 2 ranks")
     [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")

@@ -23,7 +23,7 @@ expect_error() {
 
 help=$($BIN --help); rc=$?
 missing=""
-for flag in $(grep -o '{"--[a-z0-9-]*"' train_gpt.cu | tr -d '{"'); do
+for flag in $(grep -o '{"--[a-z0-9-]*"' train_options.h | tr -d '{"'); do
     printf '%s' "$help" | grep -q -- "$flag" || missing="$missing $flag"
 done
 if [ $rc -eq 0 ] && [ -z "$missing" ]; then echo "PASS cli --help lists every flag"; else echo "FAIL cli --help: rc=$rc missing:$missing"; fi
@@ -75,7 +75,6 @@ expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
 expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
-expect_error "LoRA with checkpoints" "--checkpoint-every and --resume are for full training" $SMALL --lora-rank 4 --checkpoint-every 5 -o "$W/ck"
 # ZeRO-Offload: what it runs with, refused before any GPU work
 expect_error "bad offload" "--offload must be one of none, optimizer, optimizer,parameters, got 'gpu'" $SMALL --offload gpu
 expect_error "offload at ZeRO-0" "--offload optimizer runs with --zero-stage 1, 2 or 3 (got 0)" $SMALL --offload optimizer --zero-stage 0
@@ -159,53 +158,88 @@ expect_error "micro-batch tokens above int" "--batch-size x --seq-len = 68719476
 # checkpoint retention flags
 expect_error "keep-every without keep-checkpoints" "--keep-every 5 needs --keep-checkpoints K" $SMALL --keep-every 5 -o "$W/ck"
 expect_error "checkpoints without output dir" "--checkpoint-every needs --output-dir" $SMALL --checkpoint-every 5
-# --resume 1 reads the newest checkpoint's headers before any GPU work: another shape or precision is refused in
-# one line naming both values (files with only the headers: nothing else is read before the refusal)
+# --resume 1 chooses a committed checkpoint and reads its headers before any GPU work: another shape or precision is
+# refused in one line naming both values. The checkpoints are headers only (nothing else is read before the refusal),
+# each file with its CRC-32C and a manifest naming them, as train_gpt commits them (docs/formats.md).
 python3 - "$W" <<'PY'
 import os, struct, sys
-def checkpoint(d, step, layers, heads, channels, precision, max_t=64, vocab=50257):
+def crc32c(data):
+    table = crc32c.table
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+crc32c.table = []
+for i in range(256):
+    c = i
+    for _ in range(8):
+        c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    crc32c.table.append(c)
+def sealed(words, run, step):
+    """a 1024-byte header with the run's identity in ints 240-243 and its CRC-32C in ints 254-255"""
+    raw = bytearray(words + b"\0" * (1024 - len(words)))
+    raw[960:976] = struct.pack("<iIIi", 0x494E5552, run & 0xFFFFFFFF, run >> 32, step)
+    raw[1016:1024] = struct.pack("<iI", 0x43524343, 0)
+    raw[1020:1024] = struct.pack("<I", crc32c(bytes(raw)))
+    return bytes(raw)
+def checkpoint(d, step, layers, heads, channels, precision, max_t=64, vocab=50257, run=0x1234567890abcdef):
     os.makedirs(d, exist_ok=True)
-    model = [20240326, 3, max_t, vocab, layers, heads, channels, 50304] + [0] * 248
-    open(f"{d}/model_{step:08d}.bin", "wb").write(struct.pack("<256i", *model))
-    # state header v4: magic, version, sizeof(StateHeader), sizeof(DataLoaderState), then StateHeader (step, precision,
-    # mesh 1x1x1 at 0,0,0, ZeRO stage, has_master, clean steps, loss scale, skipped steps, optimizer elements); at [130]
-    # the stage's block count
-    header = struct.pack("<4i", 20261126, 4, 64, 64) + struct.pack("<11ifqq", step, precision, 1, 1, 1, 0, 0, 0, 1, 1, 0, 1.0, 0, 0)
-    header += b"\0" * (512 - len(header)) + struct.pack("<3i", 1, 1, layers) + b"\0" * (1024 - 524)
-    open(f"{d}/state_{step:08d}_00000.bin", "wb").write(header)
+    model = sealed(struct.pack("<8i", 20240326, 3, max_t, vocab, layers, heads, channels, 50304), run, step)
+    # state header v5: magic, version, sizeof(StateHeader), sizeof(DataLoaderState), then StateHeader (step, precision,
+    # mesh 1x1x1 at 0,0,0, ZeRO stage, has_master, clean steps, loss scale, skipped steps, optimizer elements, run id);
+    # at [130] the stage's block count
+    state = struct.pack("<4i", 20261126, 5, 72, 64) + struct.pack("<11ifqqQ", step, precision, 1, 1, 1, 0, 0, 0, 1, 1, 0, 1.0, 0, 0, run)
+    state += b"\0" * (512 - len(state)) + struct.pack("<3i", 1, 1, layers) + bytes(range(layers))
+    state = sealed(state, run, step)
+    files = {f"model_{step:08d}.bin": model, f"state_{step:08d}_00000.bin": state}
+    lines = f"train_gpt checkpoint 1\nrun {run:016x}\nstep {step}\nprecision {'fp32 bf16 fp16'.split()[precision]}\nmesh 1 1 1 zero 1\n"
+    for name, data in files.items():
+        open(f"{d}/{name}", "wb").write(data)
+        lines += f"file {name} {len(data)} {struct.unpack('<I', data[1020:1024])[0]:08x}\n"
+    lines += f"end {crc32c(lines.encode()):08x}\n"
+    open(f"{d}/manifest_{step:08d}.txt", "w").write(lines)
 d = sys.argv[1]
 checkpoint(f"{d}/ck_heads", 10, 2, 2, 128, 1)      # bf16 = 1
 checkpoint(f"{d}/ck_heads", 5, 2, 1, 128, 1)       # older, of this run's shape: the newest one is checked
 checkpoint(f"{d}/ck_layers", 10, 3, 1, 64, 1)
 checkpoint(f"{d}/ck_maxt", 10, 2, 1, 64, 1, max_t=128)
 checkpoint(f"{d}/ck_precision", 10, 2, 1, 64, 2)   # fp16 = 2
-# files that say they carry a checksum (the tag 0x43524343 in int 254) whose CRC-32C (int 255, here 0) does not match
+checkpoint(f"{d}/ck_other_run", 10, 2, 1, 64, 1)   # a fresh run must not start over it
+# a byte changed in a header int no reader looks at: the file's CRC-32C no longer matches
 def damage(path):
     with open(path, "r+b") as f:
-        f.seek(4 * 254)
-        f.write(struct.pack("<2i", 0x43524343, 0))
-checkpoint(f"{d}/ck_damaged", 10, 2, 1, 64, 1)
-checkpoint(f"{d}/ck_damaged", 5, 2, 1, 64, 1)
-damage(f"{d}/ck_damaged/state_00000010_00000.bin")
-damage(f"{d}/ck_damaged/model_00000005.bin")
+        f.seek(900)
+        b = f.read(1)
+        f.seek(900)
+        f.write(bytes([b[0] ^ 1]))
+for folder in ("ck_damaged", "ck_verify"):
+    checkpoint(f"{d}/{folder}", 10, 2, 1, 64, 1)
+    checkpoint(f"{d}/{folder}", 5, 2, 1, 64, 1)
+    damage(f"{d}/{folder}/state_00000010_00000.bin")
+    damage(f"{d}/{folder}/model_00000005.bin")
 L, C, T, Vp = 2, 64, 64, 50304
 count = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 with open(f"{d}/damaged_model.bin", "wb") as f:
     f.write(struct.pack("<256i", *([20240326, 3, T, 50257, L, 1, C, Vp] + [0] * 246 + [0x43524343, 0])))
     f.write(b"\0" * (4 * count))
 PY
-expect_error "resume with every checkpoint damaged" \
-    "--resume 1: none of the 2 checkpoints in $W/ck_damaged is whole (the newest: $W/ck_damaged/state_00000010_00000.bin: checksum mismatch" \
-    $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged"
-out=$($BIN $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged" 2> /dev/null)
-if [ "$(printf '%s\n' "$out" | grep -c '^skipping checkpoint ')" -eq 2 ]; then echo "PASS cli resume names each damaged checkpoint on stdout"
-else echo "FAIL cli resume names each damaged checkpoint on stdout: $out"; fi
+out=$(CUDA_VISIBLE_DEVICES= $BIN $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged" 2> "$W/ck_damaged.err"); rc=$?
+err=$(cat "$W/ck_damaged.err")
+if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
+    printf '%s' "$err" | grep -qF -- "--resume 1: none of the 2 committed checkpoints in $W/ck_damaged is whole (the newest: $W/ck_damaged/state_00000010_00000.bin: checksum mismatch" &&
+    [ "$(printf '%s\n' "$out" | grep -c '^--resume 1: set checkpoint [0-9]* aside as \*.damaged: ')" -eq 2 ] &&
+    [ -f "$W/ck_damaged/state_00000010_00000.bin.damaged" ] && [ -f "$W/ck_damaged/model_00000005.bin.damaged" ]; then
+    echo "PASS cli resume with every checkpoint damaged: each named on stdout and set aside as *.damaged, one line on stderr, exit 1"
+else
+    echo "FAIL cli resume with every checkpoint damaged: rc=$rc, stderr: $err, stdout: $out"
+fi
 expect_error "damaged model file" "--model $W/damaged_model.bin: checksum mismatch" --model "$W/damaged_model.bin"
-out=$($BIN --verify-checkpoints "$W/ck_damaged" 2>&1); rc=$?
-if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$out" | grep -c ': damaged: .*checksum mismatch')" -eq 2 ]; then echo "PASS cli --verify-checkpoints: a line a checkpoint, exit 1 when the newest is damaged"
+out=$($BIN --verify-checkpoints "$W/ck_verify" 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$out" | grep -c ': damaged: .*checksum mismatch')" -eq 2 ] && [ -f "$W/ck_verify/manifest_00000010.txt" ]; then
+    echo "PASS cli --verify-checkpoints: a line a checkpoint, exit 1 when the newest is damaged, nothing changed"
 else echo "FAIL cli --verify-checkpoints: rc=$rc $out"; fi
 out=$($BIN --verify-checkpoints "$W/none" 2>&1); rc=$?
-if [ $rc -eq 1 ] && [ "$out" = "$W/none: no complete checkpoint (no model_NNNNNNNN.bin)" ]; then echo "PASS cli --verify-checkpoints of a folder without checkpoints"
+if [ $rc -eq 1 ] && [ "$out" = "$W/none: no committed checkpoint (no manifest_NNNNNNNN.txt)" ]; then echo "PASS cli --verify-checkpoints of a folder without checkpoints"
 else echo "FAIL cli --verify-checkpoints of a folder without checkpoints: rc=$rc $out"; fi
 expect_error "resume another head count" "$W/ck_heads/model_00000010.bin: the checkpoint's heads is 2, this run's 1 (--model, --heads): --resume 1 continues the same model" \
     $SMALL --channels 128 --train-data "$W/good.bin" --resume 1 -o "$W/ck_heads"
@@ -213,10 +247,36 @@ expect_error "resume another depth" "the checkpoint's layers is 3, this run's 2"
 expect_error "resume another maximum T" "the checkpoint's maximum sequence length is 128, this run's 64" $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_maxt"
 expect_error "resume another precision" "$W/ck_precision/state_00000010_00000.bin: saved with --precision fp16, this run uses bf16" \
     $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_precision"
+# a folder belongs to one run: a fresh run over another run's checkpoints is refused; --overwrite-output 1 moves them
+# aside (the runs below stop at "no CUDA GPU found": CUDA_VISIBLE_DEVICES is empty); a second job is refused
+expect_error "fresh run over another run's checkpoints" \
+    "--output-dir $W/ck_other_run holds 1 checkpoint(s) of run 1234567890abcdef (the newest at step 10): continue that run with --resume 1, or start over there with --overwrite-output 1" \
+    $SMALL --train-data "$W/good.bin" -o "$W/ck_other_run"
+out=$(CUDA_VISIBLE_DEVICES= $BIN $SMALL --train-data "$W/good.bin" -o "$W/ck_other_run" --overwrite-output 1 2>&1)
+aside=$(ls -d "$W"/ck_other_run/replaced_* 2> /dev/null | head -n 1)
+if printf '%s' "$out" | grep -q "^--overwrite-output 1: moved 1 checkpoint(s) of run 1234567890abcdef" && [ -n "$aside" ] &&
+    [ -f "$aside/manifest_00000010.txt" ] && [ -f "$aside/model_00000010.bin" ] && [ -z "$(ls "$W/ck_other_run" | grep -v '^replaced_')" ]; then
+    echo "PASS cli --overwrite-output 1 moves another run's checkpoints aside, deleting nothing"
+else
+    echo "FAIL cli --overwrite-output 1: $out"
+fi
+expect_error "overwrite-output with resume" "--overwrite-output 1 and --resume 1 exclude each other" $SMALL --train-data "$W/good.bin" -o "$W/ck" --resume 1 --overwrite-output 1
+expect_error "overwrite-output without output dir" "--overwrite-output 1 needs --output-dir" $SMALL --train-data "$W/good.bin" --overwrite-output 1
+mkdir -p "$W/ck_locked"
+flock "$W/ck_locked/.train_gpt.lock" sleep 20 & holder=$!
+for _ in $(seq 100); do flock -n "$W/ck_locked/.train_gpt.lock" true 2> /dev/null || break; sleep 0.05; done
+expect_error "a second job on one output dir" "--output-dir $W/ck_locked is in use by another train_gpt job" $SMALL --train-data "$W/good.bin" -o "$W/ck_locked"
+kill $holder 2> /dev/null; wait $holder 2> /dev/null
+# what a checkpoint cannot hold is refused at start: a state file records at most 109 blocks of a pipeline stage
+expect_error "blocks per stage a checkpoint holds" "pipeline stage 0 holds 110 blocks, but a checkpoint's state file records at most 109 a stage" \
+    --layers 110 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --train-data "$W/good.bin" -o "$W/ck_deep"
+err=$(CUDA_VISIBLE_DEVICES= $BIN --layers 109 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --train-data "$W/good.bin" -o "$W/ck_deep109" 2>&1 >/dev/null)
+if [ "$err" = "error: no CUDA GPU found" ]; then echo "PASS cli 109 blocks on a stage: accepted with --output-dir (up to the GPU)"
+else echo "FAIL cli 109 blocks on a stage: $err"; fi
 # no checkpoint: one line that says so, then the run goes on (here: up to the GPU, or through 0 steps on one)
 mkdir -p "$W/ck_empty"
 out=$($BIN $SMALL --train-data "$W/good.bin" --steps 0 --resume 1 -o "$W/ck_empty" 2> /dev/null)
-if printf '%s\n' "$out" | grep -qxF -- "--resume 1: no checkpoint in $W/ck_empty, starting from scratch"; then
+if printf '%s\n' "$out" | grep -q -- "^--resume 1: no checkpoint in $W/ck_empty, starting from scratch (run [0-9a-f]\{16\})$"; then
     echo "PASS cli resume without a checkpoint says so in one line"
 else
     echo "FAIL cli resume without a checkpoint: stdout: $out"

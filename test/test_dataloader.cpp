@@ -1,6 +1,7 @@
 // Tests for token shards (dataloader/shards.*) and the DataLoader (dataloader/dataloader.*): shard round trip
-// and header validation errors, the docs/formats.md batch order, rank partitioning, shuffling, state
-// save/restore, read-ahead versus synchronous reads, reset, allocator use, and error propagation.
+// and header validation errors, the docs/formats.md batch order and windows per shard, rank partitioning,
+// shuffling (one seed's order pinned, every order equally likely), state save/restore in any epoch and its
+// refusals, read-ahead versus synchronous reads, reset, allocator use, and error propagation.
 //
 // Works in a temporary directory. Prints one PASS/FAIL line per check (test/check.h); exits 1 on any FAIL.
 #include <dirent.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -153,6 +155,32 @@ void write_loader_shards() {
 
 const std::string kPattern() { return path_in_dir("a_*.bin"); }
 
+// Shards PREFIX_000000.bin, ... of the given lengths (tokens as make_tokens draws them for shard first_id + s).
+std::vector<std::vector<uint16_t>> write_shards(const std::string& prefix, const std::vector<size_t>& lengths, int first_id) {
+    std::vector<std::vector<uint16_t>> shards;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+        shards.push_back(make_tokens(first_id + static_cast<int>(s), lengths[s]));
+        char name[64];
+        std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix.c_str(), s);
+        write_shard(path_in_dir(name), shards.back());
+    }
+    return shards;
+}
+
+// (shard, window) of a single-rank batch, found by its first token among the windows' first tokens (G tokens apart).
+using Window = std::pair<int, int>;
+struct WindowFinder {
+    std::map<int32_t, Window> by_first_token;
+    WindowFinder(const std::vector<std::vector<uint16_t>>& shards, size_t G) {
+        for (size_t s = 0; s < shards.size(); ++s)
+            for (size_t o = 0; o + G + 1 <= shards[s].size(); o += G) by_first_token[shards[s][o]] = {int(s), int(o / G)};
+    }
+    Window operator()(const std::vector<int32_t>& batch) const {
+        auto it = by_first_token.find(batch[0]);
+        return it == by_first_token.end() ? Window{-1, -1} : it->second;
+    }
+};
+
 // The docs/formats.md order, computed directly: global windows of G+1 tokens, stepping G, next shard when
 // o + G + 1 would pass the end, wrapping after the last. Returns the rank's inputs+targets per step.
 std::vector<std::vector<int32_t>> expected_unshuffled(int B, int T, int ranks, int rank, int steps) {
@@ -223,6 +251,20 @@ void test_order() {
             expect(ok, name, "the ranks' rows do not add up to the single-process batches");
         });
     }
+    guarded("windows_at_shard_length_bounds", [] {
+        // G = B*T = 8: a window needs G+1 tokens, so shards of 8, 9, 16 and 17 tokens hold 0, 1, 1 and 2 windows
+        // (the first, too short, is skipped from the start).
+        const std::vector<std::vector<uint16_t>> shards = write_shards("w", {8, 9, 16, 17}, 20);
+        DataLoader loader(config(path_in_dir("w_*.bin"), 2, 4));
+        const WindowFinder where(shards, 8);
+        std::vector<Window> served;
+        for (int i = 0; i < 8; ++i) served.push_back(where(take(loader, 2, 4)));
+        const std::vector<Window> want = {{1, 0}, {2, 0}, {3, 0}, {3, 1}, {1, 0}, {2, 0}, {3, 0}, {3, 1}};
+        std::string order;
+        for (const Window& w : served) order += " " + std::to_string(w.first) + ":" + std::to_string(w.second);
+        expect(loader.batches_per_epoch() == 4 && served == want, "windows_at_shard_length_bounds",
+               std::to_string(loader.batches_per_epoch()) + " batches per epoch (want 4), served" + order);
+    });
     guarded("ranks_formats_md", [] {
         // Directly against the formats.md rule for rank 1 of 2.
         DataLoaderConfig c = config(kPattern(), 4, 8);
@@ -261,6 +303,60 @@ void test_shuffle() {
                   epoch0 != epoch1;
         expect(ok && per_epoch == 193, "shuffle_is_permutation", "an epoch is not a reordering of all windows");
     });
+    guarded("shuffle_order_pinned", [&] {
+        // Seed 42's order is the same on every machine and in every build (resumed runs recompute it): per epoch, the
+        // shards in their order, each with the first windows it serves (shard:window window ...).
+        const std::vector<std::string> pinned = {
+            "3: 13 36 38 47, 1: 0 1, 0: 13 34 7 25, 2: 19 36 23 9",
+            "2: 1 20 47 34, 1: 1 0, 3: 28 35 49 32, 0: 45 13 41 25",
+        };
+        DataLoader loader(shuffled(42, 0));
+        const WindowFinder where(g_shards, size_t(B) * T);
+        std::vector<std::string> got;
+        for (int epoch = 0; epoch < 2; ++epoch) {
+            std::string order;
+            int shard = -1, shown = 0;
+            for (uint64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+                const Window w = where(take(loader, B, T));
+                if (w.first != shard) shard = w.first, shown = 0, order += (order.empty() ? "" : ", ") + std::to_string(shard) + ":";
+                if (shown++ < 4) order += " " + std::to_string(w.second);
+            }
+            got.push_back(order);
+        }
+        expect(got == pinned, "shuffle_order_pinned", "epoch 0 \"" + got[0] + "\", epoch 1 \"" + got[1] + "\"");
+    });
+    guarded("shuffle_uniform", [&] {
+        // Every order equally likely: over 2400 epochs the shard order of 3 shards (6 orders) and the window order of
+        // a shard of 4 windows (24 orders) each take every order, with counts a chi-square test at p = 0.001 accepts.
+        // (Draws from a range one too short, or from the whole array instead of its unshuffled part, a loop one step
+        // short, or one order for every epoch fail it.)
+        const int epochs = 2400;
+        const std::vector<std::vector<uint16_t>> shards = write_shards("u", {17, 5, 5}, 10);  // 4, 1 and 1 windows of 4
+        DataLoaderConfig c = config(path_in_dir("u_*.bin"), 1, 4);
+        c.shuffle = true, c.seed = 2024, c.prefetch_depth = 0;
+        DataLoader loader(c);
+        const WindowFinder where(shards, 4);
+        std::map<std::vector<int>, int> shard_orders, window_orders;
+        for (int e = 0; e < epochs; ++e) {
+            std::vector<int> shard_order, window_order;
+            for (int i = 0; i < 6; ++i) {
+                const Window w = where(take(loader, 1, 4));
+                if (shard_order.empty() || shard_order.back() != w.first) shard_order.push_back(w.first);
+                if (w.first == 0) window_order.push_back(w.second);
+            }
+            ++shard_orders[shard_order], ++window_orders[window_order];
+        }
+        auto chi_square = [&](const std::map<std::vector<int>, int>& counts, int orders) {
+            const double expected = double(epochs) / orders;
+            double x = 0;
+            for (const auto& kv : counts) x += (kv.second - expected) * (kv.second - expected) / expected;
+            return x + (orders - int(counts.size())) * expected;  // the orders never seen
+        };
+        const double shard_x = chi_square(shard_orders, 6), window_x = chi_square(window_orders, 24);
+        check(shard_orders.size() == 6 && window_orders.size() == 24 && shard_x < 20.52 && window_x < 49.73, "shuffle_uniform",
+              fmt("%.0f of 6 shard orders (chi-square %.1f, limit 20.52), ", shard_orders.size(), shard_x) +
+                  fmt("%.0f of 24 window orders (chi-square %.1f, limit 49.73)", window_orders.size(), window_x));
+    });
 }
 
 void test_state_and_prefetch() {
@@ -281,6 +377,82 @@ void test_state_and_prefetch() {
             ok = ok && take_n(a, B, T, 30) == after;
             expect(ok && saved.epoch == 0 && a.state().epoch == 1, name, "batches after restore differ");
         });
+    }
+    for (bool shuffle : {false, true}) {
+        // States saved in epoch 1 and later (each epoch has its own order): a fresh loader restored from each continues
+        // with the batches the saver served next, across the following epoch boundary too.
+        const std::string name = std::string("state_restore_later_epochs_") + (shuffle ? "shuffled" : "unshuffled");
+        guarded(name, [&] {
+            DataLoaderConfig c = config(kPattern(), B, T);
+            c.shuffle = shuffle, c.seed = 11;
+            DataLoader a(c);
+            const uint64_t per_epoch = a.batches_per_epoch();
+            uint64_t served = 0;
+            std::string problem;
+            for (uint64_t at : {per_epoch + 57, 2 * per_epoch - 6, 2 * per_epoch + 114, 4 * per_epoch - 2}) {
+                take_n(a, B, T, static_cast<int>(at - served));
+                const DataLoaderState saved = a.state();
+                const std::vector<std::vector<int32_t>> after = take_n(a, B, T, 30);
+                served = at + 30;
+                DataLoader b(c);
+                b.restore(saved);
+                const uint64_t restored_epoch = b.state().epoch;
+                const bool ok = saved.epoch == at / per_epoch && restored_epoch == saved.epoch && take_n(b, B, T, 30) == after;
+                if (!ok && problem.empty())
+                    problem = "saved after " + std::to_string(at) + " batches in epoch " + std::to_string(saved.epoch) + ", restored in epoch " +
+                              std::to_string(restored_epoch) + ": the batches after it differ or the epoch is wrong";
+            }
+            expect(problem.empty(), name, problem);
+        });
+    }
+    guarded("state_restore_position_bounds", [&] {
+        // Unshuffled, shard 3 (the last) has 81 windows: its window 80 is restored and served next; window 81 and
+        // shard 4 do not exist.
+        DataLoader a(config(kPattern(), B, T));
+        DataLoaderState s = a.state();
+        s.shard_pos = 3, s.window_pos = 80;
+        a.restore(s);
+        const WindowFinder where(g_shards, size_t(B) * T);
+        const Window first = where(take(a, B, T)), second = where(take(a, B, T));
+        bool refused_window = false, refused_shard = false;
+        s.window_pos = 81;
+        try {
+            a.restore(s);
+        } catch (const std::runtime_error& e) {
+            refused_window = std::string(e.what()).find("does not exist") != std::string::npos;
+        }
+        s.shard_pos = 4, s.window_pos = 0;
+        try {
+            a.restore(s);
+        } catch (const std::runtime_error& e) {
+            refused_shard = std::string(e.what()).find("does not exist") != std::string::npos;
+        }
+        expect(first == Window{3, 80} && second == Window{0, 0} && refused_window && refused_shard, "state_restore_position_bounds",
+               "served " + std::to_string(first.first) + ":" + std::to_string(first.second) + " then " + std::to_string(second.first) + ":" +
+                   std::to_string(second.second) + (refused_window ? "" : "; window 81 not refused") + (refused_shard ? "" : "; shard 4 not refused"));
+    });
+    {
+        // A state of another setup is refused, naming what differs.
+        DataLoaderConfig c = config(kPattern(), B, T);
+        c.shuffle = true, c.seed = 1;
+        const DataLoaderState saved = DataLoader(c).state();
+        auto restore_into = [](const DataLoaderConfig& other, const DataLoaderState& state) {
+            return [other, state] { DataLoader(other).restore(state); };
+        };
+        DataLoaderConfig other = c;
+        other.T = 4;
+        expect_error("state_restore_other_T", {"T is 8 in the state but 4 here"}, restore_into(other, saved));
+        other = c, other.B = 3;
+        expect_error("state_restore_other_rows", {"num_ranks*B is 2 in the state but 3 here"}, restore_into(other, saved));
+        other = c, other.shuffle = false;
+        expect_error("state_restore_other_shuffle", {"shuffle is 1 in the state but 0 here"}, restore_into(other, saved));
+        other = c, other.pattern = path_in_dir("a_00000[012].bin");
+        expect_error("state_restore_other_shards", {"the shard count is 4 in the state but 3 here"}, restore_into(other, saved));
+        DataLoaderState bad = saved;
+        bad.version += 1;
+        expect_error("state_restore_other_version", {"not a DataLoader state"}, restore_into(c, bad));
+        bad = saved, bad.magic += 1;
+        expect_error("state_restore_other_magic", {"not a DataLoader state"}, restore_into(c, bad));
     }
     guarded("state_restore_other_rank_split", [&] {
         // One process with 2B rows saves; two ranks of B rows each resume and split the same batches.

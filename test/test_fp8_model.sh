@@ -9,8 +9,13 @@
 # checkpoints: the resumed run's first step takes current scaling); at --recompute 2 (the backward refilling the FP8
 # copies that the LayerNorms and the GELU write) bitwise the --recompute 0 run. Skipped, with the reason, on a GPU
 # without FP8 (test_fp8_model says which).
+# The quick tier (TEST_TIER=quick) runs test_fp8_model whole, then bf16 and fp8 (--fp8-stats 1) and the fp8 run resumed
+# in fp8, and of the parallel runs below one rank, pp 2 zb1 (within the pipeline tolerance of one rank) and tp 2 x pp 2;
+# the resumes across precisions, --fp8-scaling delayed through train_gpt (test_fp8_model checks delayed scaling and its
+# recompute levels), pp 2 1f1b and interleaved (and zb1 bitwise 1f1b), tp 2 and sequence parallelism only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
+TIER=${TEST_TIER:-full}
 W=build/test_work/fp8_model
 rm -rf "$W"; mkdir -p "$W"
 ./build/test_fp8_model | tee "$W/test_fp8_model.out"
@@ -49,46 +54,51 @@ close() {
     fi
 }
 
-if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --fp8-stats 1; then
-    close "fp8 against bf16 (10 steps, same batches)" bf16 fp8
-    stats=$(grep -c '^fp8 step .*non-finite amax 0 ' "$W/fp8.out")
-    if [ "$stats" -eq 10 ] && grep -q '^fp8 (rank 0' "$W/fp8.out" && grep -q 'dense FP8 peak' "$W/fp8.out"; then
-        echo "PASS fp8_model --fp8-stats 1: 10 step lines, no non-finite amax, the end-of-run line, the FP8 peak named"
-    else
-        echo "FAIL fp8_model --fp8-stats 1: $stats step lines without a non-finite amax; $(grep -m1 '^fp8 step' "$W/fp8.out")"
-    fi
-    resume bf16-to-fp8 fp8 bf16 && grep -q "resumed from" "$W/bf16-to-fp8.out" && close "bf16 checkpoint resumed in fp8" bf16 bf16-to-fp8
-    resume fp8-to-bf16 bf16 fp8 && grep -q "resumed from" "$W/fp8-to-bf16.out" && close "fp8 checkpoint resumed in bf16" fp8 fp8-to-bf16
-    if train delayed fp8 --checkpoint-every 5 --fp8-stats 1 --fp8-scaling delayed --fp8-amax-history 4; then
-        close "fp8 delayed scaling against current (10 steps)" fp8 delayed
-        if [ "$(grep -c '^fp8 step .*non-finite amax 0 | saturated values [0-9]* |' "$W/delayed.out")" -eq 10 ] &&
-           grep -q 'precision fp8 (delayed scaling, amax history 4)' "$W/delayed.out"; then
-            echo "PASS fp8_model --fp8-scaling delayed --fp8-stats 1: 10 step lines with the saturated values' count ($(grep '^fp8 step 10:' "$W/delayed.out" | grep -o 'saturated values [0-9]*')), the scaling named"
+# single_rank_runs: the training runs on one rank described above (prints their check lines)
+single_rank_runs() {
+    if train bf16 bf16 --checkpoint-every 5 && train fp8 fp8 --checkpoint-every 5 --fp8-stats 1; then
+        close "fp8 against bf16 (10 steps, same batches)" bf16 fp8
+        stats=$(grep -c '^fp8 step .*non-finite amax 0 ' "$W/fp8.out")
+        if [ "$stats" -eq 10 ] && grep -q '^fp8 (rank 0' "$W/fp8.out" && grep -q 'dense FP8 peak' "$W/fp8.out"; then
+            echo "PASS fp8_model --fp8-stats 1: 10 step lines, no non-finite amax, the end-of-run line, the FP8 peak named"
         else
-            echo "FAIL fp8_model --fp8-scaling delayed --fp8-stats 1: $(grep -m1 '^fp8 step' "$W/delayed.out"); $(grep -m1 '^batch:' "$W/delayed.out")"
+            echo "FAIL fp8_model --fp8-stats 1: $stats step lines without a non-finite amax; $(grep -m1 '^fp8 step' "$W/fp8.out")"
         fi
-        if train delayed-recompute fp8 --fp8-scaling delayed --fp8-amax-history 4 --recompute 2; then
-            if [ "$(train_log_lines "$W/delayed")" == "$(train_log_lines "$W/delayed-recompute")" ]; then
-                echo "PASS fp8_model --fp8-scaling delayed --recompute 2: the 10 losses bitwise those of --recompute 0"
+        if [ "$TIER" = full ]; then
+            resume bf16-to-fp8 fp8 bf16 && grep -q "resumed from" "$W/bf16-to-fp8.out" && close "bf16 checkpoint resumed in fp8" bf16 bf16-to-fp8
+            resume fp8-to-bf16 bf16 fp8 && grep -q "resumed from" "$W/fp8-to-bf16.out" && close "fp8 checkpoint resumed in bf16" fp8 fp8-to-bf16
+        fi
+        if [ "$TIER" = full ] && train delayed fp8 --checkpoint-every 5 --fp8-stats 1 --fp8-scaling delayed --fp8-amax-history 4; then
+            close "fp8 delayed scaling against current (10 steps)" fp8 delayed
+            if [ "$(grep -c '^fp8 step .*non-finite amax 0 | saturated values [0-9]* |' "$W/delayed.out")" -eq 10 ] &&
+               grep -q 'precision fp8 (delayed scaling, amax history 4)' "$W/delayed.out"; then
+                echo "PASS fp8_model --fp8-scaling delayed --fp8-stats 1: 10 step lines with the saturated values' count ($(grep '^fp8 step 10:' "$W/delayed.out" | grep -o 'saturated values [0-9]*')), the scaling named"
             else
-                echo "FAIL fp8_model --fp8-scaling delayed --recompute 2: the losses differ from --recompute 0's"
-                paste <(train_log_lines "$W/delayed") <(train_log_lines "$W/delayed-recompute") | head -10
+                echo "FAIL fp8_model --fp8-scaling delayed --fp8-stats 1: $(grep -m1 '^fp8 step' "$W/delayed.out"); $(grep -m1 '^batch:' "$W/delayed.out")"
+            fi
+            if train delayed-recompute fp8 --fp8-scaling delayed --fp8-amax-history 4 --recompute 2; then
+                if [ "$(train_log_lines "$W/delayed")" == "$(train_log_lines "$W/delayed-recompute")" ]; then
+                    echo "PASS fp8_model --fp8-scaling delayed --recompute 2: the 10 losses bitwise those of --recompute 0"
+                else
+                    echo "FAIL fp8_model --fp8-scaling delayed --recompute 2: the losses differ from --recompute 0's"
+                    paste <(train_log_lines "$W/delayed") <(train_log_lines "$W/delayed-recompute") | head -10
+                fi
+            fi
+            mkdir -p "$W/delayed-resumed"
+            cp "$W/delayed"/*_00000005* "$W/delayed-resumed/"
+            train delayed-resumed fp8 --resume 1 --checkpoint-every 5 --fp8-scaling delayed --fp8-amax-history 4 &&
+                close "fp8 delayed scaling resumed (its history afresh)" delayed delayed-resumed
+        fi
+        if resume fp8-to-fp8 fp8 fp8; then
+            if [ "$(train_log_lines "$W/fp8" | awk '$1 >= 5')" == "$(train_log_lines "$W/fp8-to-fp8")" ] &&
+               cmp -s -i 1024 "$W/fp8/model_00000010.bin" "$W/fp8-to-fp8/model_00000010.bin"; then
+                echo "PASS fp8_model fp8 resumed in fp8: steps 5-9 and the final model file bitwise equal to the uninterrupted run"
+            else
+                echo "FAIL fp8_model fp8 resumed in fp8: differs from the uninterrupted run"
             fi
         fi
-        mkdir -p "$W/delayed-resumed"
-        cp "$W/delayed"/*_00000005* "$W/delayed-resumed/"
-        train delayed-resumed fp8 --resume 1 --checkpoint-every 5 --fp8-scaling delayed --fp8-amax-history 4 &&
-            close "fp8 delayed scaling resumed (its history afresh)" delayed delayed-resumed
     fi
-    if resume fp8-to-fp8 fp8 fp8; then
-        if [ "$(train_log_lines "$W/fp8" | awk '$1 >= 5')" == "$(train_log_lines "$W/fp8-to-fp8")" ] &&
-           cmp -s "$W/fp8/model_00000010.bin" "$W/fp8-to-fp8/model_00000010.bin"; then
-            echo "PASS fp8_model fp8 resumed in fp8: steps 5-9 and the final model file bitwise equal to the uninterrupted run"
-        else
-            echo "FAIL fp8_model fp8 resumed in fp8: differs from the uninterrupted run"
-        fi
-    fi
-fi
+}
 
 # Tensor, sequence and pipeline parallelism, ranks sharing the GPU (scripts/launch.sh --one-gpu), 4 layers, 4
 # micro-batches of 2 rows a step. Pipeline stages run the same FP8 products on the same values as one rank, their layers' scales
@@ -119,26 +129,42 @@ norm_of() {
         echo "FAIL fp8_model $1: step 0's gradient norm '$b' against $2's '$a' (2%)"
     fi
 }
-if ptrain par1 1; then
-    ptrain pp2 2 --pipeline-parallel 2 && within_of pp2 par1 3e-2
-    ptrain pp2i 2 --pipeline-parallel 2 --pipeline-schedule interleaved && within_of pp2i par1 3e-2
-    if ptrain pp2z 2 --pipeline-parallel 2 --pipeline-schedule zb1; then
-        if [ "$(train_log_lines "$W/pp2")" == "$(train_log_lines "$W/pp2z")" ] && cmp -s "$W/pp2/model_00000010.bin" "$W/pp2z/model_00000010.bin"; then
-            echo "PASS fp8_model pp 2 zb1: the 10 losses and the final model bitwise 1f1b's"
+# parallel_runs: the runs described above, ranks sharing GPU 0 (prints their check lines)
+parallel_runs() {
+    if ptrain par1 1; then
+        if [ "$TIER" != full ]; then
+            # quick: zb1 alone, against one rank (the full tier: against 1f1b, bitwise)
+            ptrain pp2z 2 --pipeline-parallel 2 --pipeline-schedule zb1 && within_of pp2z par1 3e-2
+            ptrain tp2pp2 4 --tensor-parallel 2 --pipeline-parallel 2 && within_of tp2pp2 par1 0.1 && norm_of tp2pp2 par1
         else
-            echo "FAIL fp8_model pp 2 zb1: differs from 1f1b"; paste <(train_log_lines "$W/pp2") <(train_log_lines "$W/pp2z") | head -4
+            ptrain pp2 2 --pipeline-parallel 2 && within_of pp2 par1 3e-2
+            ptrain pp2i 2 --pipeline-parallel 2 --pipeline-schedule interleaved && within_of pp2i par1 3e-2
+            if ptrain pp2z 2 --pipeline-parallel 2 --pipeline-schedule zb1; then
+                if [ "$(train_log_lines "$W/pp2")" == "$(train_log_lines "$W/pp2z")" ] && cmp -s -i 1024 "$W/pp2/model_00000010.bin" "$W/pp2z/model_00000010.bin"; then
+                    echo "PASS fp8_model pp 2 zb1: the 10 losses and the final model bitwise 1f1b's"
+                else
+                    echo "FAIL fp8_model pp 2 zb1: differs from 1f1b"; paste <(train_log_lines "$W/pp2") <(train_log_lines "$W/pp2z") | head -4
+                fi
+            fi
+            ptrain pp2z_delayed 2 --pipeline-parallel 2 --pipeline-schedule zb1 --fp8-scaling delayed --recompute 2 &&
+                ptrain pp2_delayed 2 --pipeline-parallel 2 --fp8-scaling delayed --recompute 2 &&
+                if [ "$(train_log_lines "$W/pp2_delayed")" == "$(train_log_lines "$W/pp2z_delayed")" ]; then
+                    echo "PASS fp8_model pp 2 zb1 delayed scaling --recompute 2: the 10 losses bitwise 1f1b's"
+                else
+                    echo "FAIL fp8_model pp 2 zb1 delayed scaling --recompute 2: differs from 1f1b"
+                fi
+            ptrain tp2 2 --tensor-parallel 2 && within_of tp2 par1 0.1 && norm_of tp2 par1
+            ptrain tp2_delayed 2 --tensor-parallel 2 --fp8-scaling delayed && ptrain par1_delayed 1 --fp8-scaling delayed && within_of tp2_delayed par1_delayed 0.1
+            ptrain sp2 2 --tensor-parallel 2 --sequence-parallel 1 --fp8-scaling delayed && within_of sp2 par1_delayed 0.1 && norm_of sp2 par1_delayed
+            ptrain tp2pp2 4 --tensor-parallel 2 --pipeline-parallel 2 && within_of tp2pp2 par1 0.1 && norm_of tp2pp2 par1
         fi
     fi
-    ptrain pp2z_delayed 2 --pipeline-parallel 2 --pipeline-schedule zb1 --fp8-scaling delayed --recompute 2 &&
-        ptrain pp2_delayed 2 --pipeline-parallel 2 --fp8-scaling delayed --recompute 2 &&
-        if [ "$(train_log_lines "$W/pp2_delayed")" == "$(train_log_lines "$W/pp2z_delayed")" ]; then
-            echo "PASS fp8_model pp 2 zb1 delayed scaling --recompute 2: the 10 losses bitwise 1f1b's"
-        else
-            echo "FAIL fp8_model pp 2 zb1 delayed scaling --recompute 2: differs from 1f1b"
-        fi
-    ptrain tp2 2 --tensor-parallel 2 && within_of tp2 par1 0.1 && norm_of tp2 par1
-    ptrain tp2_delayed 2 --tensor-parallel 2 --fp8-scaling delayed && ptrain par1_delayed 1 --fp8-scaling delayed && within_of tp2_delayed par1_delayed 0.1
-    ptrain sp2 2 --tensor-parallel 2 --sequence-parallel 1 --fp8-scaling delayed && within_of sp2 par1_delayed 0.1 && norm_of sp2 par1_delayed
-    ptrain tp2pp2 4 --tensor-parallel 2 --pipeline-parallel 2 && within_of tp2pp2 par1 0.1 && norm_of tp2pp2 par1
-fi
+}
+
+# The one-rank runs and the parallel ones run side by side, as two jobs (their time is mostly start-up: CUDA, NCCL),
+# and their lines are printed in that order.
+single_rank_runs > "$W/single_rank.checks" 2>&1 & single=$!
+parallel_runs > "$W/parallel.checks" 2>&1 & parallel=$!
+wait $single; wait $parallel
+cat "$W/single_rank.checks" "$W/parallel.checks"
 [ $rc -eq 0 ]

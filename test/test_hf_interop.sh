@@ -11,14 +11,18 @@
 #  and bad input (a truncated model file, a config train_gpt cannot run): exit 1, one line, nothing written.
 # Needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
 # (TEST_TIER=quick) runs 2 in fp32 only (export, transformers' loss, import back): each transformers process
-# takes seconds to start; 1, 3 and the bad input are full-tier checks.
+# takes seconds to start; 1, 3 and the bad input are full-tier checks. The modules are looked for, not imported,
+# before the checks (an import costs seconds).
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/hf_interop
 PY=${PYTHON:-python3}
 TIER=${TEST_TIER:-full}
-if ! $PY -c "import torch, transformers, safetensors" > /dev/null 2>&1; then
-    echo "SKIP hf_interop all checks: $PY cannot import torch, transformers and safetensors"
+# found, not imported (importing torch and transformers takes seconds, and the checks import them anyway; an install
+# that is found but does not import fails the checks that use it)
+if ! $PY -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ('torch', 'transformers', 'safetensors')) else 1)" \
+        > /dev/null 2>&1; then
+    echo "SKIP hf_interop all checks: $PY cannot find torch, transformers and safetensors"
     exit 0
 fi
 rm -rf "$W"; mkdir -p "$W"

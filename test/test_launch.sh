@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/launch.sh without a GPU: the environment each rank gets (one rank per GPU, and --one-gpu's several
 # ranks on GPU 0, each its own NCCL host over loopback), a failing rank stopping the others (also one stopped with
-# SIGSTOP, and one deaf to SIGTERM), the signals it forwards to the ranks, and bad usage.
+# SIGSTOP, and one deaf to SIGTERM), the launcher's exit status from the ranks' (75 only when every rank stopped
+# with 75), the signals it forwards to the ranks, and bad usage.
 # Prints one PASS/FAIL line per check.
 set -u
 cd "$(dirname "$0")/.."
@@ -55,6 +56,26 @@ scripts/launch.sh --one-gpu 2 sh -c 'if [ "$RANK" = 0 ]; then exit 3; else exec 
 elapsed=$((SECONDS - start))
 [ $rc -eq 3 ] && [ $elapsed -lt 30 ] && grep -q "status 3" "$W/fail.err"
 check "a failing rank stops the others and sets the exit status" $? "exit status $rc after ${elapsed}s, stderr: $(cat "$W/fail.err")"
+
+# The launcher's status from its ranks' (3 ranks, each exiting with the status its RANK picks): 75 only when every
+# rank exited 75; the first failure whatever the others did (also one after the others' 75, and one whose SIGTERM
+# makes the others exit 75, as train_gpt's ranks do); 0 when all finished; 76 when all stopped and some saved nothing;
+# 1 with a line when some finished and some stopped. status_case NAME WANT STDERR-PATTERN SCRIPT (sh, with $RANK)
+status_case() {
+    local name=$1 want=$2 pattern=$3 script=$4 rc err
+    err=$(timeout 30 scripts/launch.sh --one-gpu 3 sh -c "$script" 2>&1 > /dev/null); rc=$?
+    [ $rc -eq "$want" ] && { [ -z "$pattern" ] || printf '%s' "$err" | grep -q -- "$pattern"; }
+    check "exit status $want: $name" $? "exit status $rc, stderr: $err"
+}
+status_case "every rank exited 75 (stopped with a checkpoint)" 75 "" 'exit 75'
+status_case "every rank exited 0" 0 "" 'exit 0'
+status_case "rank 1 failed with 1 and the others, stopped by the launcher's SIGTERM, exited 75" 1 "status 1" \
+    'if [ "$RANK" = 1 ]; then exit 1; fi; trap "exit 75" TERM; for _ in $(seq 200); do sleep 0.1; done; exit 0'
+status_case "rank 0 failed with 1 after the others exited 75" 1 "status 1" 'if [ "$RANK" = 0 ]; then sleep 1; exit 1; fi; exit 75'
+status_case "rank 0 exited 0 and the others 75: the ranks disagree on the step" 1 "did not stop after the same step" \
+    'if [ "$RANK" = 0 ]; then exit 0; fi; exit 75'
+status_case "every rank exited 76 (stopped, nothing saved): no failure, 76" 76 "" 'exit 76'
+status_case "rank 2 exited 76 and the others 75: not every rank committed, 76" 76 "" 'if [ "$RANK" = 2 ]; then exit 76; fi; exit 75'
 
 # Signals sent to the launcher reach every rank once. A test rank records each signal it gets in $DIR/got.RANK and
 # exits with $EXIT_CODE after $EXIT_AFTER of them. The launcher starts under setsid, as a process group of its own,

@@ -11,6 +11,7 @@
 // Prints one line per check ("PASS model ..." or "FAIL model ...") for the test runner; exits 1 on any failure.
 #define TESTING
 #include "../train_gpt.cu"
+#include "../model/whole_model.cuh"  // defines: set_parameters, local_part, assemble_whole_model
 #include "debug_state.h"
 #include "check.h"
 

@@ -6,29 +6,45 @@
 # targets, non-zero B) in fp32 and bf16: logits, loss, adapter gradients, 10 losses, base weights unchanged,
 # and with B = 0 the base model's logits bitwise. The quick tier (TEST_TIER=quick) runs the small config in each
 # precision: d12 and LoRA only in the full tier (the training suite's quick tier trains and merges adapters).
+# The three precisions run side by side (the reference and then test_model, one job each: their time is mostly
+# PyTorch's and CUDA's start-up), their lines printed in order.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/model
 mkdir -p "$W"
 PY=${PYTHON:-python3}
 TIER=${TEST_TIER:-full}
-# reference: debug-state NAME DTYPE LR SHAPE...
+# reference: debug-state NAME DTYPE LR SHAPE... (the initial model in $W/NAME_model_DTYPE.bin, the state in $W/NAME_DTYPE.bin)
 reference() {
     local name=$1 dtype=$2 lr=$3; shift 3
     if ! $PY scripts/reference/gpt2_reference.py debug-state --device cuda --steps 10 --seed 1337 --lr "$lr" --dtype "$dtype" \
-        --batch-size 4 --seq-len 64 --model-out "$W/$name.bin" --state-out "$W/${name}_$dtype.bin" "$@" > "$W/${name}_$dtype.log" 2>&1; then
+        --batch-size 4 --seq-len 64 --model-out "$W/${name}_model_$dtype.bin" --state-out "$W/${name}_$dtype.bin" "$@" > "$W/${name}_$dtype.log" 2>&1; then
         echo "FAIL model reference $name $dtype: $(tail -n 1 "$W/${name}_$dtype.log")"
         return 1
     fi
 }
 SMALL="--layers 2 --heads 2 --channels 128 --max-seq-len 64"
 D12="--layers 12 --heads 12 --channels 768 --max-seq-len 1024"
+# compare NAME DTYPE: test_model on the reference's files (its lines; one FAIL line if it ends non-zero without one)
+compare() {
+    local out
+    out=$(./build/test_model "$W/${1}_model_$2.bin" "$W/${1}_$2.bin" "$2" "$1-$2" 2>&1); local rc=$?
+    printf '%s\n' "$out"
+    [ $rc -eq 0 ] || printf '%s\n' "$out" | grep -q '^FAIL ' || echo "FAIL model $1-$2: test_model exited $rc: $(printf '%s\n' "$out" | tail -n 1)"
+}
+# job DTYPE: the small config's reference and test_model in DTYPE (and d12's in the full tier); its files carry DTYPE.
 # d12 uses lr 3e-5: at 1e-4 it memorises the 256-token batch (loss 10.9 -> 3.4 in 10 steps, ~0.7 per step),
 # and there the bf16 rounding differences between us and autocast grow chaotically beyond any fixed bound.
-for dtype in fp32 bf16 fp16; do
-    reference small $dtype 1e-4 $SMALL && ./build/test_model "$W/small.bin" "$W/small_$dtype.bin" $dtype "small-$dtype"
-    [ "$TIER" = full ] && reference d12 $dtype 3e-5 $D12 && ./build/test_model "$W/d12.bin" "$W/d12_$dtype.bin" $dtype "d12-$dtype"
-done
+job() {
+    local dtype=$1
+    reference small $dtype 1e-4 $SMALL && compare small $dtype
+    [ "$TIER" = full ] && reference d12 $dtype 3e-5 $D12 && compare d12 $dtype
+    return 0
+}
+pids=()
+for dtype in fp32 bf16 fp16; do job $dtype > "$W/job_$dtype.out" 2>&1 & pids+=($!); done
+for i in 0 1 2; do wait "${pids[$i]}"; done
+for dtype in fp32 bf16 fp16; do cat "$W/job_$dtype.out"; done
 
 LORA="--lora-rank 4 --lora-alpha 8 --lora-targets qkv,attn-proj,fc,fc-proj --lora-init-b-std 0.02"
 for dtype in $([ "$TIER" = full ] && echo fp32 bf16); do

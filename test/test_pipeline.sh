@@ -30,8 +30,8 @@
 # Final parameters against pp 1: PARAM_TOL = 1e-4, or no further from pp 1 than 1f1b's on as many stages (the
 # exact check is the bitwise one against 1f1b).
 # The quick tier (TEST_TIER=quick) runs fp32 1F1B and zb1 on 4 stages (losses, tied wte, the log, the final model),
-# the resumes 4 -> interleaved 2 x tp 2 and 1f1b -> zb1, and the evaluation and sample through 2 stages; the rest
-# (pp 2, bf16, fp16, the other schedules and splits, 3D, the other resumes, the export) only in the full tier.
+# the resume 4 -> interleaved 2 x tp 2, and the evaluation and sample through 2 stages; the rest (pp 2, bf16, fp16,
+# the other schedules and splits, 3D, the other resumes, 1f1b -> zb1 among them, the export) only in the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/pipeline
@@ -50,6 +50,9 @@ RUN=(--seq-len 64 --train-data "$TRAIN" --val-every 0 --sample-every 0 --lr 1e-3
      --batch-size 2 --total-batch-tokens 1024 --shuffle 0 --parameter-checksums 1)  # the files' order: runs of other batch shapes read the same tokens
 SUITE="pipeline"
 source test/loss_logs.sh  # losses, maxdiff, within, run, compare
+# the evaluation and sample through the stages (checked below) need no other run: they start now, beside the others
+EVAL=(--precision fp32 --steps 2 --val-data "$VAL" --val-every 2 --val-batches 2 --sample-every 2 --sample-tokens 16 --top-k 1)
+{ run eval1 1 "${EVAL[@]}"; run eval2 2 "${EVAL[@]}" --pipeline-parallel 2; } & eval_runs=$!
 # max_param_diff A B: the largest difference between the parameters of two fp32 model files
 max_param_diff() {
     python3 -c "import numpy as np, sys; a, b = (np.fromfile(f, '<f4', offset=1024) for f in sys.argv[1:]); \
@@ -61,7 +64,7 @@ zero_bubble_runs() {
     run pp${pp}z_fp32 $pp --precision fp32 --pipeline-parallel $pp --pipeline-schedule zb1 --checkpoint-every 5
     compare pp${pp}z_fp32 single_fp32 $FP32_TOL 0 10 "pp $pp zb1 fp32: 10 losses match pp 1"
     tied_identical pp${pp}z_fp32 "pp $pp zb1 fp32"
-    if [ -f "$W/pp${pp}z_fp32/$final" ] && cmp -s "$W/pp${pp}z_fp32/$final" "$W/pp${pp}_fp32/$final"; then
+    if [ -f "$W/pp${pp}z_fp32/$final" ] && cmp -s -i 1024 "$W/pp${pp}z_fp32/$final" "$W/pp${pp}_fp32/$final"; then
         echo "PASS pipeline pp $pp zb1 fp32: the final model file equals 1f1b's on $pp stages bit for bit"
     else
         echo "FAIL pipeline pp $pp zb1 fp32: the final model file differs from 1f1b's on $pp stages (max $(max_param_diff "$W/pp${pp}z_fp32/$final" "$W/pp${pp}_fp32/$final")) $(grep -m1 -iE 'error|abort' "$W/pp${pp}z_fp32.out")"
@@ -133,11 +136,10 @@ resume() {
     compare "$name" "$from" $FP32_TOL 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
 }
 resume pp4_fp32 pp4_to_interleaved_tp2 4 --pipeline-parallel 2 --pipeline-schedule interleaved --tensor-parallel 2
-resume pp4_fp32 pp4_to_zb1 4 --pipeline-parallel 4 --pipeline-schedule zb1
+[ "$TIER" = full ] && resume pp4_fp32 pp4_to_zb1 4 --pipeline-parallel 4 --pipeline-schedule zb1
 
 # evaluation and sampling through the stages: the validation loss and a greedy sample of pp 2 equal pp 1's
-EVAL=(--precision fp32 --steps 2 --val-data "$VAL" --val-every 2 --val-batches 2 --sample-every 2 --sample-tokens 16 --top-k 1)
-run eval1 1 "${EVAL[@]}"; run eval2 2 "${EVAL[@]}" --pipeline-parallel 2
+wait $eval_runs  # eval1 and eval2, started at the top
 v1=$(sed -nE 's/^step 2: val loss ([0-9.]+)/\1/p' "$W/eval1.out"); v2=$(sed -nE 's/^step 2: val loss ([0-9.]+)/\1/p' "$W/eval2.out")
 if [ -n "$v1" ] && [ -n "$v2" ] && within "$(awk -v a="$v1" -v b="$v2" 'BEGIN { d = a - b; print d < 0 ? -d : d }')" $FP32_TOL; then
     echo "PASS pipeline pp 2 validation loss $v2 equals pp 1's $v1 (within $FP32_TOL)"
@@ -193,7 +195,7 @@ for level in 1 2; do
     run pp2f_r$level 2 --precision fp32 --pipeline-parallel 2 --recompute $level --checkpoint-every 10
     run pp2z_r$level 2 --precision fp32 --pipeline-parallel 2 --pipeline-schedule zb1 --recompute $level --checkpoint-every 10
     compare pp2z_r$level pp2f_r$level 0 0 10 "pp 2 zb1 --recompute $level fp32 equals 1f1b"
-    if cmp -s "$W/pp2z_r$level/model_00000010.bin" "$W/pp2f_r$level/model_00000010.bin"; then
+    if cmp -s -i 1024 "$W/pp2z_r$level/model_00000010.bin" "$W/pp2f_r$level/model_00000010.bin"; then
         echo "PASS pipeline pp 2 zb1 --recompute $level: final model bitwise 1f1b's"
     else
         echo "FAIL pipeline pp 2 zb1 --recompute $level: final model differs from 1f1b's"
@@ -208,7 +210,7 @@ resume single_fp32 pp1_to_4 4 --pipeline-parallel 4
 # export: one step at learning rate 0 from a model file leaves every parameter as it was, so the model file the
 # pp 2 run assembles from its stages must equal its input bit for bit
 run export 2 --precision fp32 --pipeline-parallel 2 --model "$W/single_fp32/model_00000005.bin" --steps 1 --lr 0 --checkpoint-every 1
-if [ -f "$W/export/model_00000001.bin" ] && cmp -s "$W/export/model_00000001.bin" "$W/single_fp32/model_00000005.bin"; then
+if [ -f "$W/export/model_00000001.bin" ] && cmp -s -i 1024 "$W/export/model_00000001.bin" "$W/single_fp32/model_00000005.bin"; then
     echo "PASS pipeline pp 2 export equals the whole model it loaded (bitwise)"
 else
     echo "FAIL pipeline pp 2 export differs from the model it loaded: $(grep -m1 -iE 'error|abort' "$W/export.out")"

@@ -125,6 +125,68 @@ void test_problems() {
           "pipeline_schedule_problem messages", "\"" + few_layers + "\", \"" + few_micro_batches + "\"");
 }
 
+// Each limit pipeline_schedule_problem checks, at its bound, for each schedule: the most micro-batches
+// (kMaxPipelineMicroBatches) accepted and the next count refused (interleaved: the next multiple of P), and
+// make_pipeline_schedule and simulate_pipeline building the largest step; at least one micro-batch, stage and model chunk;
+// interleaved's two chunks, two stages and micro-batches a multiple of P; a layer per virtual stage.
+void test_limits(PipelineScheduleKind kind) {
+    const bool interleaved = kind == PipelineScheduleKind::kInterleaved;
+    Verdict v{std::string("pipeline_schedule_problem: every limit at its bound, ") + pipeline_schedule_name(kind)};
+    int cases = 0;
+    // P stages, m micro-batches, `chunks` per stage, `layers`: accepted when `refusal` is empty, else refused with it in the message
+    auto expect_problem = [&](int P, int m, int chunks, int layers, const std::string& refusal) {
+        cases++;
+        v.where = shape_name({kind, P, m, chunks}) + ", " + std::to_string(layers) + " layers";
+        const std::string problem = pipeline_schedule_problem(kind, P, m, chunks, layers);
+        if (refusal.empty() && !problem.empty()) v.fail("refused: " + problem);
+        if (!refusal.empty() && !(one_line(problem) && contains(problem, refusal)))
+            v.fail("gives \"" + problem + "\", not a refusal with \"" + refusal + "\"");
+    };
+    const int v1 = interleaved ? 2 : 1;  // the fewest chunks the schedule runs
+    for (int P : {interleaved ? 2 : 1, 3}) {
+        const int most = interleaved ? kMaxPipelineMicroBatches / P * P : kMaxPipelineMicroBatches;  // interleaved: a multiple of P
+        expect_problem(P, most, v1, P * v1, "");
+        expect_problem(P, most + (interleaved ? P : 1), v1, P * v1,
+                       "runs at most 4096 micro-batches (gradient-accumulation steps) a step, not " + std::to_string(most + (interleaved ? P : 1)));
+        expect_problem(P, interleaved ? P : 1, v1, P * v1, "");
+        expect_problem(P, 0, v1, P * v1, "needs at least 1 micro-batch (gradient-accumulation step), not 0");
+        expect_problem(P, P, v1, P * v1 - 1, "cannot fill");
+        expect_problem(P, P, 0, 0, "--virtual-stages 0 must be at least 1");
+        if (interleaved) {
+            expect_problem(P, P + 1, v1, P * v1, "to be a multiple of --pipeline-parallel " + std::to_string(P));
+            expect_problem(P, P, 1, P, "needs --virtual-stages of at least 2, not 1");
+        } else {
+            expect_problem(P, P, 2, 2 * P, "--virtual-stages 2 needs --pipeline-schedule interleaved");
+        }
+    }
+    expect_problem(0, 1, v1, v1, "--pipeline-parallel 0 must be at least 1");
+    if (interleaved) expect_problem(1, 2, 2, 2, "needs --pipeline-parallel of at least 2, not 1");
+    else expect_problem(1, 1, 1, 1, "");
+    // the largest step builds; one more micro-batch throws
+    const int P = 2, most = kMaxPipelineMicroBatches;
+    v.where = shape_name({kind, P, most, v1}) + " built";
+    const std::vector<double> costs(P * v1, 1.0);
+    const PipelineSchedule largest = make_pipeline_schedule(kind, P, most, v1, 1.0, 2.0, 1.0);
+    v.expect((int)largest.stages[0].actions.size() == (kind == PipelineScheduleKind::kZeroBubbleH1 ? 3 : 2) * most * v1,
+             "not every micro-batch scheduled");
+    v.expect(simulate_pipeline(kind, P, most, v1, costs, costs, costs).makespan > 0, "not simulated");
+    const int beyond = most + (interleaved ? P : 1);
+    v.where = shape_name({kind, P, beyond, v1}) + " built";
+    bool schedule_threw = false, simulation_threw = false;
+    try {
+        make_pipeline_schedule(kind, P, beyond, v1);
+    } catch (const std::invalid_argument&) {
+        schedule_threw = true;
+    }
+    try {
+        simulate_pipeline(kind, P, beyond, v1, costs, costs, costs);
+    } catch (const std::invalid_argument&) {
+        simulation_threw = true;
+    }
+    v.expect(schedule_threw && simulation_threw, "make_pipeline_schedule or simulate_pipeline does not throw std::invalid_argument");
+    v.detail = std::to_string(cases) + " shapes, and the " + std::to_string(most) + "-micro-batch step built";
+}
+
 void test_layer_split() {
     {
         Verdict v{"pipeline_layer_split: even split, remainder on the last virtual stages"};
@@ -165,7 +227,8 @@ void test_layer_split() {
         };
         const Bad bad[] = {{"3,x,3,3", "not a whole number"}, {"3,,3,6", "not a whole number"}, {"3,3,3,3,", "not a whole number"},
                            {" 3,3,3,3", "not a whole number"}, {"-3,3,6,6", "not a whole number"}, {"+3,3,3,3", "not a whole number"},
-                           {"3.0,3,3,3", "not a whole number"}, {"3000000000,1,1,1", "not a whole number"}, {"3,3,3", "3 entries"},
+                           {"3.0,3,3,3", "not a whole number"}, {"3000000000,1,1,1", "not a whole number"},
+                           {"1000000000,1,1,1", "not a whole number"}, {"999999999,1,1,1", "sum to 1000000002"}, {"3,3,3", "3 entries"},
                            {"3,3,3,1,2", "5 entries"}, {"3,0,5,4", "entry 2 is 0"}, {"3,3,3,4", "sum to 13"}};
         std::string example;
         for (const Bad& b : bad) {
@@ -1078,6 +1141,8 @@ int main() {
     check_suite("pipeline_schedule");
     test_names();
     test_problems();
+    for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved, PipelineScheduleKind::kZeroBubbleH1})
+        guarded(std::string("limits ") + pipeline_schedule_name(kind), [&] { test_limits(kind); });
     test_layer_split();
     test_deadlock_check();
     for (PipelineScheduleKind kind : {PipelineScheduleKind::kOneFOneB, PipelineScheduleKind::kInterleaved})

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shard preparation end to end, without a GPU: the FineWeb path (prepare_fineweb.py on a small local jsonl
 # sample) gives the same shards as prepare_shards on the same documents; the output does not depend on the
-# thread count; the tinyshakespeare recipe gives llm.c's split.
+# thread count; --out makes the folders it names; the tinyshakespeare recipe gives llm.c's split.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/prepare
@@ -30,6 +30,15 @@ else
 fi
 if diff -r "$W/direct" "$W/threads" > /dev/null; then echo "PASS prepare prepare_shards output independent of thread count"
 else echo "FAIL prepare prepare_shards output depends on the thread count"; fi
+# --out into a folder that does not exist: made with its parents; one that cannot be made is named in one line
+$BIN --out "$W/new/nested/fineweb" --val-docs 5 --shard-size 2000 --threads 1 "$W/sample.txt" > "$W/nested.out" 2>&1; rc=$?
+if [ $rc -eq 0 ] && diff -r "$W/new/nested" "$W/direct" > /dev/null; then echo "PASS prepare --out creates its missing folders"
+else echo "FAIL prepare --out into missing folders: rc=$rc: $(tail -n 1 "$W/nested.out")"; fi
+touch "$W/a_file"
+err=$($BIN --out "$W/a_file/sub/fineweb" --threads 1 "$W/sample.txt" 2>&1 > /dev/null); rc=$?
+if [ $rc -ne 0 ] && [ "$err" = "error: prepare_shards: output folder $W/a_file/sub cannot be created (from --out $W/a_file/sub/fineweb): $W/a_file/sub: Not a directory" ]; then
+    echo "PASS prepare --out under a file is refused in one line"
+else echo "FAIL prepare --out under a file: rc=$rc: $err"; fi
 
 PREPARE_SHARDS=$BIN bash scripts/data/prepare_tinyshakespeare.sh > "$W/tiny.out" 2>&1
 count() { python3 -c "import struct,sys; print(struct.unpack('<3i', open(sys.argv[1],'rb').read(12))[2])" "$1"; }

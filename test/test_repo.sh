@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the repository itself, without a GPU: README's files table names every source file of kernels/,
 # model/, distributed/ and dataloader/; errors are printed only by the one helper (kernels/die.h: die, print_error);
-# every flag with a range or choices in train_gpt's table (train_options.h) appears in docs/errors.md's flag table; every test program
+# every flag with a range or choices in train_gpt's table (train_options.h) appears in docs/errors.md's flag table, and
+# every flag in a row of docs/training.md's table (test_commands.sh compares their defaults with --help); every test program
 # test/test_X.cpp|cu names its suite X in its check lines (check_suite("X"), test/check.h); no file tells the
 # development history; every Python script names a package it cannot import in one line.
 set -u
@@ -24,6 +25,12 @@ for flag in $(grep '{"--[a-z0-9-]*"' train_options.h | grep -v 'anything()' | gr
     grep -q -- "\`$flag\`" docs/errors.md || missing="$missing $flag"
 done
 if [ -z "$missing" ]; then echo "PASS repo docs/errors.md lists every flag's accepted values"; else echo "FAIL repo docs/errors.md lacks:$missing"; fi
+
+missing=""
+for flag in $(grep -o '{"--[a-z0-9-]*"' train_options.h | tr -d '{"'); do
+    grep -q -- "^| \`$flag\`" docs/training.md || missing="$missing $flag"
+done
+if [ -z "$missing" ]; then echo "PASS repo docs/training.md's table has a row for every flag"; else echo "FAIL repo docs/training.md's table lacks:$missing"; fi
 
 misnamed=""
 for f in test/test_*.cpp test/test_*.cu; do

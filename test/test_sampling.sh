@@ -8,7 +8,7 @@
 #     parallelism (pp 2, interleaved, on d4), ranks sharing one GPU
 #  3. with transformers at hand: the fp32 model exported to Hugging Face (scripts/hf/export_hf.py) continues
 #     <|endoftext|> with generate(do_sample=False) into the same 40 tokens as train_gpt --generate 40 --temperature 0
-# The quick tier (TEST_TIER=quick) runs 1 in fp32 and 2 under tp 2 with sequence parallelism.
+# The quick tier (TEST_TIER=quick) runs 1 in fp32 and 2 under tp 2 with sequence parallelism. 2 runs beside 1.
 # Greedy tokens are compared exactly: the cached and uncached attentions differ only in the order of their fp32
 # sums, far below the gaps between the largest logits of a trained model.
 set -u
@@ -29,6 +29,26 @@ text_of() { sed '/^---$/,$d' "$1"; }                       # --generate's text: 
 speed_of() { grep -o '[0-9.]* tokens/s' "$1" | head -n 1; }
 sample_of() { grep -m1 "^step $2 sample:" "$1"; }           # the sample printed at step $2
 
+# ---- 2. the samples during training under tensor, sequence and pipeline parallelism: they need no other run, so they
+# run beside section 1 (below), their lines printed after its
+parallel_samples() {
+    while read -r name ranks tiers flags; do
+        [[ $tiers == *$TIER* ]] || continue
+        for kv in 1 0; do
+            # shellcheck disable=SC2086
+            run "${name}_$kv" "$ranks" --precision fp32 --steps 2 --sample-every 2 --sample-tokens 80 --temperature 0 --kv-cache $kv $flags
+        done
+        a=$(sample_of "$W/${name}_1.out" 2); b=$(sample_of "$W/${name}_0.out" 2)
+        if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS sampling $name: the greedy sample of 80 tokens is the same with and without the KV cache"
+        else echo "FAIL sampling $name: samples with and without the KV cache differ or are missing ($(grep -m1 -iE 'error' "$W/${name}_1.out" "$W/${name}_0.out"))"; fi
+    done << 'EOF'
+tp2 2 full --tensor-parallel 2
+tp2_sequence_parallel 2 quick,full --tensor-parallel 2 --sequence-parallel 1
+pp2_interleaved 2 full --model d4 --max-seq-len 64 --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 512
+EOF
+}
+parallel_samples > "$W/parallel_samples.checks" 2>&1 & parallel_samples_run=$!
+
 # ---- 1. --generate with and without the cache
 for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     run "train_$p" 1 --precision $p --steps 20 --sample-every 0 --checkpoint-every 20 \
@@ -44,21 +64,8 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     fi
 done
 
-# ---- 2. the samples during training under tensor, sequence and pipeline parallelism
-while read -r name ranks tiers flags; do
-    [[ $tiers == *$TIER* ]] || continue
-    for kv in 1 0; do
-        # shellcheck disable=SC2086
-        run "${name}_$kv" "$ranks" --precision fp32 --steps 2 --sample-every 2 --sample-tokens 80 --temperature 0 --kv-cache $kv $flags
-    done
-    a=$(sample_of "$W/${name}_1.out" 2); b=$(sample_of "$W/${name}_0.out" 2)
-    if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS sampling $name: the greedy sample of 80 tokens is the same with and without the KV cache"
-    else echo "FAIL sampling $name: samples with and without the KV cache differ or are missing ($(grep -m1 -iE 'error' "$W/${name}_1.out" "$W/${name}_0.out"))"; fi
-done << 'EOF'
-tp2 2 full --tensor-parallel 2
-tp2_sequence_parallel 2 quick,full --tensor-parallel 2 --sequence-parallel 1
-pp2_interleaved 2 full --model d4 --max-seq-len 64 --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 512
-EOF
+wait $parallel_samples_run
+cat "$W/parallel_samples.checks"
 
 # ---- 3. transformers' greedy generation on the exported model
 PY=${PYTHON:-python3}

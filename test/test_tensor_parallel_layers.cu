@@ -14,6 +14,7 @@
 // ranks and rank 0 prints one PASS/FAIL line with the worst; every rank exits 1 on a failure.
 #define TESTING
 #include "../train_gpt.cu"
+#include "../model/whole_model.cuh"  // defines: set_parameters, local_part, assemble_whole_model
 #include "check.h"
 #include <numeric>
 #include <random>

@@ -1,6 +1,7 @@
 // Tests for the GPT-2 tokenizer (dataloader/tokenizer.*): the fixture suite in
 // test/fixtures/tokenizer_cases.txt, exact token counts of tinyshakespeare and Gutenberg val, decode/encode
-// round trips, thread safety of the piece cache, the llm.c tokenizer file, and load errors.
+// round trips, the safe cuts of long texts, thread safety of the piece cache, the llm.c tokenizer file, and load
+// errors.
 //
 // Run from the repository root. Shared corpora are found in $SHARED_DATA or ../shared/data; checks that need
 // them SKIP when absent. Prints one PASS/FAIL/SKIP line per check (test/check.h); exits 1 on any FAIL.
@@ -83,8 +84,9 @@ struct Corpus {
     std::vector<int> first, last;
 };
 
-// Fixture cases and corpus lines (the format is described in test/tools/make_tokenizer_fixtures.py).
-void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora) {
+// Fixture cases and corpus lines (the format is described in test/tools/make_tokenizer_fixtures.py); `texts` gets
+// the cases' inputs.
+void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora, std::vector<std::string>& texts) {
     const std::string path = "test/fixtures/tokenizer_cases.txt";
     std::ifstream in(path);
     if (!in) {
@@ -101,6 +103,7 @@ void run_fixtures(const GPT2Tokenizer& tok, std::vector<Corpus>& corpora) {
             const std::string name = "case/" + f[1];
             guarded(name, [&] {
                 const std::string input = from_hex(f[3]);
+                texts.push_back(input);
                 std::vector<int> want = parse_ids(f[4]), got = encode_mode(tok, f[2], input);
                 if (got != want) return fail(name, first_difference(got, want));
                 std::string back = tok.decode(got);
@@ -136,6 +139,30 @@ void run_corpus(const GPT2Tokenizer& tok, const Corpus& c, size_t exact_count) {
                "got count " + std::to_string(ids.size()) + " sum " + std::to_string(sum) + ", fixture has " +
                   std::to_string(c.count) + " / " + std::to_string(c.sum));
         expect(tok.decode(ids) == text, name + "/round_trip", "decode(encode(text)) != text");
+    });
+}
+
+// prepare_shards encodes a long document in parts cut where safe_parts says no pre-token piece spans the cut (not
+// after white space, which may belong to the next word; not inside a contraction): at every limit in every fixture
+// case, a cut it calls safe must give the whole text's tokens.
+void run_safe_parts(const GPT2Tokenizer& tok, const std::vector<std::string>& texts) {
+    guarded("safe_parts_keep_tokens", [&] {
+        int cuts = 0;
+        std::string problem;
+        for (const std::string& text : texts) {
+            const std::vector<int> whole = tok.encode(text);
+            for (size_t limit = 8; limit + 4 <= text.size() && problem.empty(); ++limit) {
+                std::vector<size_t> ends;
+                safe_parts(text, limit, 1, ends);  // one-byte chunks: a single part is a safe cut
+                if (ends.size() != 1) continue;
+                ++cuts;
+                std::vector<int> parts = tok.encode(std::string_view(text).substr(0, ends[0]));
+                tok.encode_append(std::string_view(text).substr(ends[0]), parts);
+                if (parts != whole)
+                    problem = "cut at byte " + std::to_string(ends[0]) + " of \"" + text.substr(0, 40) + "\": " + first_difference(parts, whole);
+            }
+        }
+        check(problem.empty() && cuts > 0, "safe_parts_keep_tokens", problem.empty() ? std::to_string(cuts) + " safe cuts" : problem);
     });
 }
 
@@ -243,7 +270,9 @@ int main() {
         expect(tok.vocab_size() == 50257 && tok.decode_token(50256) == "<|endoftext|>", "load",
                "vocab size " + std::to_string(tok.vocab_size()));
         std::vector<Corpus> corpora;
-        run_fixtures(tok, corpora);
+        std::vector<std::string> texts;
+        run_fixtures(tok, corpora, texts);
+        run_safe_parts(tok, texts);
         for (const Corpus& c : corpora) {
             size_t exact = c.spec == "repo:data/tinyshakespeare/input.txt" ? 338025
                          : c.spec == "shared:gutenberg/val.txt.xz"        ? 1876092

@@ -51,7 +51,7 @@ def model_files():
 def state_files():
     # the harness's model: 2 layers, 64 channels, vocabulary 100 (padded 128): 108800 parameters
     def state(step=1, precision=1, dp=1, tp=1, pp=1, stage=1, has_master=1, elements=108800, first=1, last=1, layers=(0, 1), side=0):
-        h = [STATE_MAGIC, 4, 64, 64, step, precision, dp, tp, pp, 0, 0, 0, stage, has_master, 0, 1.0, 0, 0, elements, 0]
+        h = [STATE_MAGIC, 5, 72, 64, step, precision, dp, tp, pp, 0, 0, 0, stage, has_master, 0, 1.0, 0, 0, elements, 0, 0x1234, 0]
         h += [0] * (100 - len(h)) + [side]
         h += [0] * (128 - len(h)) + [first, last, len(layers)] + list(layers)
         return header(h)
@@ -61,6 +61,29 @@ def state_files():
         "two_ranks_stage_0": state(dp=2, stage=0),
         "pipeline_first_stage": state(pp=2, elements=8192 + 512 + 49984, last=0, layers=(0,), side=2),
         "no_blocks": state(layers=()),
+    }
+
+
+def manifests():
+    """Checkpoint manifests (model/checkpoint_store.h): the text and its closing CRC-32C line."""
+    def crc32c(data):
+        crc = 0xFFFFFFFF
+        for byte in data:
+            crc ^= byte
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+        return crc ^ 0xFFFFFFFF
+    def manifest(lines):
+        text = "".join(line + "\n" for line in lines).encode()
+        return text + b"end %08x\n" % crc32c(text)
+    whole = ["train_gpt checkpoint 1", "run 0123456789abcdef", "step 250", "precision bf16", "mesh 2 1 1 zero 1", "setting lr 0.0006",
+             "setting train_shards 2 shards 1a2b3c4d (data/x_*.bin)", "file model_00000250.bin 1024 deadbeef",
+             "file state_00000250_00000.bin 2048 00000001", "file state_00000250_00001.bin 2048 00000002"]
+    return {
+        "two_ranks": manifest(whole),
+        "lora": manifest(whole[:6] + ["setting base_model base.bin, crc 0badf00d", "file adapters_00000250.bin 4096 12345678"]),
+        "no_files": manifest(whole[:5]),
+        "cut_short": manifest(whole)[:-7],
     }
 
 
@@ -174,7 +197,7 @@ def main(argv):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus"),
                         help="folder of the corpus (default: test/fuzz/corpus)")
     args = parser.parse_args(argv)
-    corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "adapter_file": adapter_files(),
+    corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "manifest": manifests(), "adapter_file": adapter_files(),
               "tokenizer_files": tokenizer_files(), "vocab_bpe": vocab_bpe(), "tokenize": tokenize(), "hellaswag": hellaswag(),
               "train_options": train_options(), "safetensors": safetensors()}
     for harness, files in corpus.items():

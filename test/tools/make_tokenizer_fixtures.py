@@ -15,6 +15,8 @@ Two ways to compute the expected ids:
       loop is tiktoken's rule (merge the adjacent pair whose concatenation has the lowest rank) rather than
       the C++ code's vocab.bpe pair table, so the two cross-check each other. Its Unicode version is the
       running Python's; the suite avoids characters whose class changed after Unicode 14.0 (Python 3.11).
+      It needs only the standard library, so it regenerates the fixture where tiktoken is not installed.
+The fixture's second line names the reference that wrote it.
 
 Invalid UTF-8. tiktoken encodes only valid text (its private _encode_bytes handles a bad tail
 approximately). Our rule, in both the C++ tokenizer and here: every byte that is not part of a well-formed
@@ -83,6 +85,26 @@ def case_suite():
         ("en_em_spaces", "ordinary", s("a\u2002b\u2003 c\u205fd")),
         ("info_separators_not_space", "ordinary", s("a\x1cb\x1d\x1e\x1fc")),
         ("zero_width_not_space", "ordinary", s("a\u200bb\ufeffc\u180ed")),
+        # White space before words, digits and quotes: tabs, newlines, CR and CRLF, mixed runs, blank lines before
+        # tab-indented lines.
+        ("tab_word", "ordinary", s("\tword")),
+        ("newline_word", "ordinary", s("\nword")),
+        ("crlf_word", "ordinary", s("\r\nword")),
+        ("two_spaces_word", "ordinary", s("  word")),
+        ("space_tab_word", "ordinary", s(" \tword")),
+        ("tab_space_word", "ordinary", s("\t word")),
+        ("newline_spaces_word", "ordinary", s("\n   word")),
+        ("spaces_newline_word", "ordinary", s("   \nword")),
+        ("mixed_runs_before_words", "ordinary", s("a \t\n word\t\t \nnext\r\n \tlast")),
+        ("mixed_runs_before_digits", "ordinary", s("x\t42 \t7\n\n 3.14\r\n\t\t 2024 \u00a0\t5")),
+        ("blank_line_then_tab_indent", "ordinary", s("{\n\tint x;\n\n\treturn x;\n}\n")),
+        ("blank_crlf_line_then_tab_indent", "ordinary", s("a\r\n\r\n\tb\r\n")),
+        ("tab_indented_quotes", "ordinary", s("{\n\t'size': 1,\n\t'type': 't',\n\t\"dim\": 2\n}")),
+        ("cr_lines_quote", "ordinary", s("He said:\r'stop here'\rthen\r\rleft")),
+        ("mixed_line_endings", "ordinary", s("a\n\n\r\nb\r\r\nc")),
+        ("nbsp_tab_word", "ordinary", s("x \u00a0\tword\u00a0\u00a0\tend")),
+        ("whitespace_run_end", "ordinary", s("end \t\n\r\n\t ")),
+        ("newline_then_contraction", "ordinary", s("said\n'tis true,\n'twas so\r\n'sblood")),
         # Contractions: only lowercase ones are special; uppercase 'S falls to the punctuation rule.
         ("contraction_t", "ordinary", s("don't")),
         ("contractions_all", "ordinary", s("I'm you're we've they'll he'd it's")),
@@ -273,8 +295,9 @@ class ReferenceEncoder:
         return out
 
     def describe(self):
-        return (f"python reference (re + unicodedata, Unicode {unicodedata.unidata_version}, "
-                f"Python {sys.version.split()[0]})")
+        return (f"--reference python, no tiktoken: GPT-2's pattern in Python's re with \\p{{L}}, \\p{{N}} and \\s "
+                f"from unicodedata (Unicode {unicodedata.unidata_version}, Python {sys.version.split()[0]}), "
+                "tiktoken's merge rule, local gpt2 files")
 
 
 # ---- tiktoken --------------------------------------------------------------------------------------------
