@@ -1,5 +1,5 @@
 # Builds train_gpt, the data tools, every test (test/) and the kernel benchmarks (bench/). `make test` builds them
-# and runs the quick tier of the suite (every component at least once: about 4 minutes on one H200), `make
+# and runs the quick tier of the suite (every component at least once), `make
 # test-full` every check; on a machine without a GPU both report the GPU parts as skipped. `make test-portable`
 # runs the full suite on a build with only compute_80 PTX, which the driver compiles for the GPU at hand: the
 # mma.sync kernels every Ampere, Ada and Blackwell GPU runs, checked on a Hopper GPU. Scripts (data, training,

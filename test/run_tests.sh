@@ -6,7 +6,7 @@
 # "FAIL X name: why" or "SKIP X name: why" (so `grep '^PASS X '` lists a suite's checks).
 # CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise.
 # TEST_TIER (exported to every suite): quick (`make test`) runs each GPU suite's reduced set, every component at
-# least once, in about 4 minutes on one H200; full (`make test-full`, and the default) runs every check, and the
+# least once; full (`make test-full`, and the default) runs every check, and the
 # multi-rank suites once more with one rank per GPU on a machine with several. Each driver and program says what
 # its quick set leaves out; the CPU suites run whole in both, but sharding (d12's layout at one rank count and not
 # its tensor-parallel split; the smaller models' whole). Some suites run independent launches side by side (each
