@@ -76,9 +76,10 @@ inline std::string resume_problem(const std::string& dir, int step, const ModelC
         if (saved.rank != lora.rank || saved.alpha != lora.alpha || saved.targets != lora.targets)
             return path + ": adapters of rank " + std::to_string(saved.rank) + ", targets mask " + std::to_string(saved.targets) + "; this run's: rank " +
                    std::to_string(lora.rank) + ", targets mask " + std::to_string(lora.targets) + " (--lora-rank, --lora-alpha, --lora-targets)";
-        if (h.data_parallel != shape.dp || h.stage != zero_stage)
+        const int stage = shape.dp == 1 ? 0 : zero_stage;  // the optimizer's: one data-parallel rank shards nothing
+        if (h.data_parallel != shape.dp || h.stage != stage)
             return first_state + ": saved by " + std::to_string(h.data_parallel) + " data-parallel ranks at ZeRO stage " + std::to_string(h.stage) +
-                   ", this run has " + std::to_string(shape.dp) + " at stage " + std::to_string(zero_stage) +
+                   ", this run has " + std::to_string(shape.dp) + " at stage " + std::to_string(stage) +
                    ": a LoRA checkpoint resumes on the same data-parallel ranks and stage";
         return "";
     }
