@@ -688,7 +688,8 @@ bool save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options
     manifest.settings = identity.settings;
     const bool committed = save_checkpoint(o.output_dir, manifest, model, data.train->state());
     if (!committed) return false;
-    fprintf(out, "wrote checkpoint %s (committed: %s)\n", checkpoint_path(o.output_dir, "model", step).c_str(), manifest_path(o.output_dir, step).c_str());
+    fprintf(out, "wrote checkpoint %s (committed: %s)\n", checkpoint_path(o.output_dir, model.lora.enabled() ? "adapters" : "model", step).c_str(),
+            manifest_path(o.output_dir, step).c_str());
     if (pg.is_main())
         for (int deleted : prune_checkpoints(o.output_dir, step, identity.run_id, o.keep_checkpoints, o.keep_every, out))
             fprintf(out, "deleted checkpoint %d (--keep-checkpoints %d%s)\n", deleted, o.keep_checkpoints,
