@@ -225,10 +225,7 @@ inline std::vector<int> uncommitted_steps(const std::string& dir) {
 // program's, a temporary one not yet sealed, or one too short to tell).
 inline uint64_t file_run_id(const std::string& path) {
     int header[256];
-    FILE* f = fopen(path.c_str(), "rb");
-    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
-    if (f != nullptr) fclose(f);
-    if (!read || header[kRunIdentitySlot] != kRunIdentityTag) return 0;
+    if (!read_file_header(path, header) || header[kRunIdentitySlot] != kRunIdentityTag) return 0;
     return (uint64_t)(uint32_t)header[kRunIdentitySlot + 1] | (uint64_t)(uint32_t)header[kRunIdentitySlot + 2] << 32;
 }
 inline bool is_temporary(const std::string& name) { return name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0; }
@@ -255,16 +252,9 @@ inline std::string verify_manifest_file(const std::string& dir, const FileRecord
     const FileChecksum c = check_file_checksum(path);
     if (c.status == FileChecksum::kDamaged) return c.problem;
     if (c.status == FileChecksum::kNone) return path + ": carries no checksum, the manifest's file does";
-    uint32_t stored;
-    FILE* g = fopen(path.c_str(), "rb");
-    int header[256];
-    const bool read = g != nullptr && fread(header, sizeof(int), 256, g) == 256;
-    if (g != nullptr) fclose(g);
-    if (!read) return path + ": cannot read its header";
-    memcpy(&stored, &header[kChecksumSlot], 4);
-    if (stored != f.crc) {
+    if (c.stored != f.crc) {
         char text[128];
-        snprintf(text, sizeof(text), ": CRC-32C %08x, the manifest says %08x: not the file this checkpoint committed", stored, f.crc);
+        snprintf(text, sizeof(text), ": CRC-32C %08x, the manifest says %08x: not the file this checkpoint committed", c.stored, f.crc);
         return path + text;
     }
     return "";

@@ -5,7 +5,7 @@
 // disk never leaves a half-written file under the real name. Files without the tag (llm.c's and older ones) have no
 // checksum to verify. Each step of that sequence is a fault point: the crash-consistency test kills the writer at
 // every one in turn (TRAIN_GPT_KILL_AT).
-// defines: Crc32c, kChecksumTag, kChecksumTagSlot, kChecksumSlot, kRunIdentitySlot, stamp_run_identity, FileParts, FileRecord, seal_file_checksum, FileChecksum,
+// defines: Crc32c, kChecksumTag, kChecksumTagSlot, kChecksumSlot, kRunIdentitySlot, stamp_run_identity, FileParts, FileRecord, seal_file_checksum, FileChecksum, read_file_header,
 //          check_file_checksum, fault_point, sync_directory, write_file_atomically
 #pragma once
 #include <array>
@@ -129,7 +129,16 @@ inline uint32_t seal_file_checksum(int* header, const FileParts& parts) {
 struct FileChecksum {
     enum Status { kValid, kNone, kDamaged } status;
     std::string problem;  // for kDamaged: "<path>: ..." in one line
+    uint32_t stored = 0;  // the CRC-32C its header holds (kValid, and kDamaged once the header was read)
 };
+// The first 1024 bytes of a file (the header of every file train_gpt writes) into header[256]; false when the file
+// cannot be opened or is shorter.
+inline bool read_file_header(const std::string& path, int* header) {
+    FILE* f = fopen(path.c_str(), "rb");
+    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
+    if (f != nullptr) fclose(f);
+    return read;
+}
 // Reads the whole file once (in 16 MiB pieces) and compares its CRC-32C with its header's.
 inline FileChecksum check_file_checksum(const std::string& path) {
     FILE* f = fopen(path.c_str(), "rb");
@@ -153,13 +162,13 @@ inline FileChecksum check_file_checksum(const std::string& path) {
     while ((n = fread(buffer.data(), 1, buffer.size(), f)) > 0) crc.update(buffer.data(), n);
     const bool read_error = ferror(f) != 0;
     fclose(f);
-    if (read_error) return {FileChecksum::kDamaged, path + ": read error"};
+    if (read_error) return {FileChecksum::kDamaged, path + ": read error", stored};
     if (crc.value() != stored) {
         char text[96];
         snprintf(text, sizeof(text), ": checksum mismatch (CRC-32C %08x, the header says %08x): the file is damaged", crc.value(), stored);
-        return {FileChecksum::kDamaged, path + text};
+        return {FileChecksum::kDamaged, path + text, stored};
     }
-    return {FileChecksum::kValid, ""};
+    return {FileChecksum::kValid, "", stored};
 }
 
 // A step of a durable write or deletion (a file written, flushed, renamed; a folder synced; a file deleted) where
