@@ -267,9 +267,7 @@ static std::string base_model_identity(const std::string& path, int seed) {
     if (path.empty()) return "initialised from --seed " + std::to_string(seed);
     int header[256] = {};
     struct stat st;
-    FILE* f = fopen(path.c_str(), "rb");
-    const bool read = f != nullptr && fread(header, sizeof(int), 256, f) == 256;
-    if (f != nullptr) fclose(f);
+    const bool read = read_file_header(path, header);
     char crc[32];
     snprintf(crc, sizeof(crc), "crc %08x", (unsigned)header[kChecksumSlot]);
     return path + ", " + (read && header[kChecksumTagSlot] == kChecksumTag ? std::string(crc)
@@ -359,6 +357,23 @@ void check_resume_against(const Options& o, const RunShape& run, int step, const
     }
 }
 
+// Rank 0 starts from `choice` (choose_resume_checkpoint's): its checkpoint, checked against this run
+// (check_resume_against); or scratch, under the id of the run whose first save did not commit where the choice found
+// one.
+template <typename floatX>
+void take_choice(const Options& o, const RunShape& run, const ResumeChoice& choice, const std::vector<std::pair<std::string, std::string>>& settings,
+                 FILE* out, StartPoint* start) {
+    start->step = choice.step;
+    start->manifest = choice.manifest;
+    if (choice.step < 0) {
+        if (choice.run_id != 0) start->run_id = choice.run_id;
+        fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch (run %s)\n", o.output_dir.c_str(), run_id_text(start->run_id).c_str());
+        return;
+    }
+    check_resume_against<floatX>(o, run, choice.step, choice.manifest, settings, out);
+    start->run_id = choice.manifest.run_id;
+}
+
 // --output-dir before the GPU is touched: rank 0 takes the folder's lock (one job a folder); without --resume 1, a
 // folder holding checkpoints is refused on every rank (another run's) or, with --overwrite-output 1, moved aside by
 // rank 0; with --resume 1, rank 0 chooses the checkpoint (checkpoint_store.h), which must hold this model in this
@@ -378,25 +393,18 @@ StartPoint prepare_output_dir(const Options& o, const ProcessGroup& pg, const Ru
         if (!held.empty()) fprintf(out, "--overwrite-output 1: moved %s and log.txt aside to %s\n", held.c_str(), move_run_aside(o.output_dir).c_str());
         return start;
     }
-    const ResumeChoice choice = choose_resume_checkpoint(o.output_dir, pg.world, out);
-    if (choice.step < 0) {
-        if (choice.run_id != 0) start.run_id = choice.run_id;  // its first save did not commit: the same run, from scratch
-        fprintf(out, "--resume 1: no checkpoint in %s, starting from scratch (run %s)\n", o.output_dir.c_str(), run_id_text(start.run_id).c_str());
-        return start;
-    }
-    check_resume_against<floatX>(o, run, choice.step, choice.manifest, settings, out);
-    start.step = choice.step;
-    start.run_id = choice.manifest.run_id;
-    start.manifest = choice.manifest;
+    take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, pg.world, out), settings, out, &start);
     return start;
 }
 
 // Every rank starts from rank 0's choice: the run id and the checkpoint, of which each rank verifies its own files
 // (own_checkpoint_files: each file is read by one rank). If any rank finds one damaged, rank 0 sets the checkpoint
-// aside and chooses again, so all ranks continue from the same checkpoint or stop together with the reason. Then
-// every rank checks the checkpoint holds this model in this precision (resume_problem), before allocating.
+// aside and chooses again (take_choice: checked against this run as the first choice was), so all ranks continue from
+// the same checkpoint or stop together with the reason. Then the other ranks check the checkpoint holds this model in
+// this precision (resume_problem), before allocating.
 template <typename floatX>
-StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunShape& run, StartPoint start, FILE* out) {
+StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunShape& run, const std::vector<std::pair<std::string, std::string>>& settings,
+                          StartPoint start, FILE* out) {
     for (;;) {
         const std::vector<uint64_t> chosen = pg.all_gather_host({(uint64_t)(start.step + 1), start.run_id});
         start.step = (int)chosen[0] - 1;
@@ -418,14 +426,13 @@ StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunSha
             set_checkpoint_aside(o.output_dir, start.step);
             fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: rank(s) %s found their files of it damaged (their lines on stderr)\n",
                     start.step, ranks.c_str());
-            const ResumeChoice choice = choose_resume_checkpoint(o.output_dir, pg.world, out);
-            start.step = choice.step;
-            start.manifest = choice.manifest;
-            if (choice.step >= 0) start.run_id = choice.manifest.run_id;
+            take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, pg.world, out), settings, out, &start);
         }
     }
-    const std::string problem = resume_problem(o.output_dir, start.step, run.config, PrecisionOf<floatX>::value, run.lora, run.shape, o.zero_stage);
-    if (!problem.empty()) die(problem);
+    if (!pg.is_main()) {  // rank 0 checked its choice in take_choice
+        const std::string problem = resume_problem(o.output_dir, start.step, run.config, PrecisionOf<floatX>::value, run.lora, run.shape, o.zero_stage);
+        if (!problem.empty()) die(problem);
+    }
     return start;
 }
 
@@ -446,6 +453,23 @@ static int offload_cpu_threads(int ranks_on_host, bool delayed_update) {
     return delayed_update ? std::max(1, share - 1) : share;
 }
 
+// What the memory plan counts for every pipeline stage (model/memory_plan.h), for a run of these flags whose optimizer
+// runs ZeRO stage `stage` (its own: 0 on one data-parallel rank).
+template <typename floatX>
+StagePlans<floatX> stage_plans(const Options& o, const RunShape& run, const PipelineStages& stages, const StepShape& batch, int stage) {
+    const MeshShape& shape = run.shape;
+    StagePlans<floatX> plans{run.config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload_mode(o.offload), o.offload_delayed_update != 0,
+                             run.lora, stages.parts, stages.chunks, {}, !o.offload_dir.empty()};
+    // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in gradient slots between them
+    for (int s = 0; s < shape.pp; s++) {
+        plans.slots.push_back(stages.slots(s));
+        plans.grad_slots.push_back(stages.grad_slots(s));
+    }
+    plans.fp8 = o.precision == "fp8";
+    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    return plans;
+}
+
 // The start-up report (model, batch, mesh, pipeline, the memory plan against the GPU's free memory, which refuses a
 // run that does not fit; under ZeRO-Offload the host's plan against the machine's budget, which refuses too), then
 // the model's allocation and the memory it took. Returns the memory in use before the allocation (the CUDA context
@@ -456,19 +480,11 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                          uint64_t run_id) {
     const MeshShape& shape = run.shape;
     const ModelConfig& config = run.config;
-    const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1, P = shape.pp;
+    const int stage = model.trained().stage(), split = o.sequence_parallel ? shape.tp : 1;
     const int my_stage = mesh_coord(shape, pg.rank).pp;
     const Offload offload = offload_mode(o.offload);
     const bool delayed_update = o.offload_delayed_update != 0;
-    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
-                             stages.chunks, {}, !o.offload_dir.empty()};
-    // ZB-H1 runs each backward as B and W, which keeps the blocks' output gradients in gradient slots between them
-    for (int s = 0; s < P; s++) {
-        plans.slots.push_back(stages.slots(s));
-        plans.grad_slots.push_back(stages.grad_slots(s));
-    }
-    plans.fp8 = o.precision == "fp8";
-    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    const StagePlans<floatX> plans = stage_plans<floatX>(o, run, stages, batch, stage);
     const std::string precision = !plans.fp8 ? o.precision
                                   : !plans.fp8_options.delayed ? "fp8 (current scaling)"
                                   : "fp8 (delayed scaling, amax history " + std::to_string(plans.fp8_options.amax_history) + ")";
@@ -756,14 +772,14 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
 }
 
 // Every rank saw the same norm (summed over all of them) and stops at the same step; rank 0 says why.
-static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, int step, int skipped_in_a_row, const StepReport& r) {
+static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, bool lora, int step, int skipped_in_a_row, const StepReport& r) {
     const std::vector<int> committed = o.output_dir.empty() ? std::vector<int>() : committed_checkpoints(o.output_dir);
     const int newest = committed.empty() ? -1 : committed.back();
     if (!pg.is_main()) exit(EXIT_FAILURE);
     die("step " + std::to_string(step + 1) + ": " + std::to_string(skipped_in_a_row) + " steps in a row (from step " +
         std::to_string(step + 2 - skipped_in_a_row) + ") had a non-finite loss or gradient norm (loss " + std::to_string(r.loss) +
         ", norm " + std::to_string(r.grad_norm) + ") and were skipped (--max-skipped-steps " + std::to_string(o.max_skipped_steps) +
-        "); " + (newest >= 0 ? "the newest checkpoint is " + checkpoint_path(o.output_dir, "model", newest) + " (continue with --resume 1, e.g. with a lower --lr)"
+        "); " + (newest >= 0 ? "the newest checkpoint is " + checkpoint_path(o.output_dir, lora ? "adapters" : "model", newest) + " (continue with --resume 1, e.g. with a lower --lr)"
                              : std::string("no checkpoint was written")));
 }
 
@@ -815,7 +831,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     ProcessMesh mesh;
     mesh.build(pg, run.shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
-    start = agree_on_start<floatX>(o, pg, run, start, out);
+    start = agree_on_start<floatX>(o, pg, run, settings, start, out);
     const CheckpointIdentity identity{start.run_id, settings};
 
     cudaStream_t stream;
@@ -855,7 +871,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
                  stages.forecast);
         if (o.fp8_stats) fprintf(out, "fp8 step %d: %s\n", step + 1, model.fp8_stats().line().c_str());
         skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
-        if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, step, skipped_in_a_row, r);
+        if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, run.lora.enabled(), step, skipped_in_a_row, r);
         if (r.stop_requested && step + 1 < steps) {
             status = stop_for_signal(out, log.file, model, data, o, pg, identity, step + 1, steps);
             break;
@@ -968,14 +984,7 @@ int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
     const int split = o.sequence_parallel ? shape.tp : 1;
     const Offload offload = offload_mode(o.offload);
     const bool delayed_update = o.offload_delayed_update != 0;
-    StagePlans<floatX> plans{config, batch.B, batch.T, shape.dp, shape.tp, stage, o.recompute, offload, delayed_update, run.lora, stages.parts,
-                             stages.chunks, {}, !o.offload_dir.empty()};
-    for (int s = 0; s < shape.pp; s++) {
-        plans.slots.push_back(stages.slots(s));
-        plans.grad_slots.push_back(stages.grad_slots(s));
-    }
-    plans.fp8 = o.precision == "fp8";
-    plans.fp8_options = {o.fp8_scaling == "delayed", o.fp8_amax_history > 0 ? o.fp8_amax_history : kFp8DefaultAmaxHistory};
+    StagePlans<floatX> plans = stage_plans<floatX>(o, run, stages, batch, stage);
     plans.device_scratch = false;
     const size_t parameters = ParameterLayout(config, 8 * shape.dp).count;
     const size_t trainable = run.lora.enabled() ? AdapterLayout(config, run.lora, 8 * shape.dp).count : parameters;
