@@ -369,6 +369,7 @@ inline RunShape validate_options(const Options& o, int world) {
         die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
         config = read_model_config(o.model);  // its shape and size; each rank reads its part later
+        if (config.llama()) die("--model " + o.model + ": a Llama-family model file; train_gpt trains GPT-2 models (d12, ... or an llm.c GPT-2 file)");
         const FileChecksum checksum = check_file_checksum(o.model);  // a damaged download or copy stops here
         if (checksum.status == FileChecksum::kDamaged) die("--model " + checksum.problem);
         if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)

@@ -1,5 +1,5 @@
-// DataLoader: serves batches of B rows x (T+1) tokens from a sorted glob of llm.c token shards, in the
-// batch order of docs/formats.md, for one of `num_ranks` data-parallel ranks.
+// DataLoader: serves batches of B rows x (T+1) tokens from a sorted glob of llm.c token shards (uint16 or uint32
+// tokens, mixed if need be), in the batch order of docs/formats.md, for one of `num_ranks` data-parallel ranks.
 //
 // Order. The global window of a step is num_ranks*B rows: tokens [o, o + num_ranks*B*T] of one shard; rank r
 // takes rows r*B .. r*B+B-1, i.e. tokens [o + r*B*T, o + (r+1)*B*T] (inputs are each row's first T tokens,
@@ -133,7 +133,7 @@ private:
     // Used only by whoever fills slots (the reader thread, or next() when synchronous).
     std::unique_ptr<ShardReader> open_shard_;
     uint32_t open_shard_index_ = 0;
-    std::vector<uint16_t> scratch_;
+    std::vector<uint32_t> scratch_;
     uint64_t shard_order_epoch_ = UINT64_MAX;
     std::vector<uint32_t> shard_order_;
     uint64_t window_order_epoch_ = UINT64_MAX;

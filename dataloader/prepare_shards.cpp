@@ -2,7 +2,8 @@
 // rather than part of the trainer).
 //
 // Each document becomes <|endoftext|> followed by its GPT-2 tokens (the llm.c / nanoGPT convention: every
-// document starts with EOT). Documents are whole files (--doc-per-file) or the pieces of a file between
+// document starts with EOT). The shards hold uint16 tokens when the tokenizer's vocabulary fits, else uint32
+// (llm.c's two formats, shards.h). Documents are whole files (--doc-per-file) or the pieces of a file between
 // literal "<|endoftext|>" separators; empty pieces are skipped, and a file's end also ends a document.
 // Input "-" is stdin, so a script can stream documents in (scripts/data/prepare_fineweb.py does).
 // Documents are read in batches and encoded in parallel on all cores; the output is assembled in document
@@ -51,9 +52,11 @@ const char* kUsage = R"(usage: prepare_shards [options] --out PREFIX INPUT...
        prepare_shards --count FILE...
 
 Tokenizes text (plain or .xz; "-" is stdin) into llm.c token shards PREFIX_val_NNNNNN.bin and
-PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token. The prefix's earlier shards
-are replaced only when the run succeeds (the new ones go to DIR/.prepare_BASE.PID/ first); an empty train
-split, or an empty validation split that was asked for, is an error.
+PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token. Tokens are uint16 (llm.c's
+GPT-2 format) when the tokenizer's vocabulary has at most 65,536 tokens, else uint32 (its Llama 3 format).
+The prefix's earlier shards are replaced only when the run succeeds (the new ones go to
+DIR/.prepare_BASE.PID/ first); an empty train split, or an empty validation split that was asked for, is an
+error.
 
   --out PREFIX           output path prefix, e.g. data/gutenberg/gutenberg (its folder is created if missing)
   --tokenizer DIR        directory holding encoder.json and vocab.bpe (default: data/gpt2)
@@ -290,10 +293,11 @@ private:
 // ---- encoding -------------------------------------------------------------------------------------------
 
 // EOT (unless a continuation part) + tokens of every document, encoded on `threads` threads; result i
-// belongs to docs[i].
-std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, const std::vector<Document>& docs,
-                                                    int threads) {
-    std::vector<std::vector<uint16_t>> out(docs.size());
+// belongs to docs[i]. Token holds every id of the vocabulary (run_shards' choice).
+template <typename Token>
+std::vector<std::vector<Token>> encode_documents(const GPT2Tokenizer& tok, const std::vector<Document>& docs,
+                                                 int threads) {
+    std::vector<std::vector<Token>> out(docs.size());
     // Largest documents first, so one big document does not start last and leave the other threads idle.
     std::vector<size_t> order(docs.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -310,8 +314,8 @@ std::vector<std::vector<uint16_t>> encode_documents(const GPT2Tokenizer& tok, co
                 ids.clear();
                 tok.encode_append(docs[i].text, ids);
                 out[i].reserve(ids.size() + 1);
-                if (!docs[i].continuation) out[i].push_back(static_cast<uint16_t>(tok.eot()));
-                for (int id : ids) out[i].push_back(static_cast<uint16_t>(id));  // GPT-2 ids fit in uint16
+                if (!docs[i].continuation) out[i].push_back(static_cast<Token>(tok.eot()));
+                for (int id : ids) out[i].push_back(static_cast<Token>(id));
             } catch (...) {
                 if (!failed.exchange(true)) error = std::current_exception();
             }
@@ -676,14 +680,15 @@ private:
 
 // ---- writing ----------------------------------------------------------------------------------------------
 
-// One split's shard sequence, written under `prefix` (the staging folder): full shards are written as they
-// fill, the remainder by finish().
+// One split's shard sequence, written under `prefix` (the staging folder) in the format of `vocab_size`: full
+// shards are written as they fill, the remainder by finish().
+template <typename Token>
 class SplitWriter {
 public:
-    SplitWriter(std::string prefix, std::string split, uint64_t shard_size)
-        : prefix_(std::move(prefix)), split_(std::move(split)), shard_size_(shard_size) {}
+    SplitWriter(std::string prefix, std::string split, uint64_t shard_size, int vocab_size)
+        : prefix_(std::move(prefix)), split_(std::move(split)), shard_size_(shard_size), vocab_size_(vocab_size) {}
 
-    void append(const uint16_t* tokens, size_t n) {
+    void append(const Token* tokens, size_t n) {
         // Reserved whole at once (only the pages written count): growing by doubling would copy the shard
         // and briefly hold 1.5 times it.
         if (n > 0 && buffer_.capacity() < shard_size_) buffer_.reserve(shard_size_);
@@ -704,14 +709,15 @@ public:
 
 private:
     void flush() {
-        write_shard(shard_path(prefix_, split_, shards_++), buffer_);
+        write_shard(shard_path(prefix_, split_, shards_++), buffer_, vocab_size_);
         tokens_ += buffer_.size();
         buffer_.clear();
     }
 
     std::string prefix_, split_;
     uint64_t shard_size_;
-    std::vector<uint16_t> buffer_;
+    int vocab_size_;
+    std::vector<Token> buffer_;
     uint64_t tokens_ = 0;
     int shards_ = 0;
 };
@@ -804,15 +810,18 @@ std::string format_number(double v) {
     return buf;
 }
 
+// Token: uint16_t or uint32_t, the width of the vocabulary's shards, so a GPT-2 run holds its shards' tokens
+// in half the memory.
+template <typename Token>
 int run_shards(const Options& o, const GPT2Tokenizer& tok) {
     install_signal_handlers();
     std::vector<std::string> inputs = o.val_inputs;  // validation-only inputs first
     inputs.insert(inputs.end(), o.inputs.begin(), o.inputs.end());
     DocumentSource source(inputs, o.doc_per_file);  // checks that the inputs exist
     OutputSet output(o.out_prefix);                  // checks that the folder is writable; cleans up dead runs
-    SplitWriter train(output.staging_prefix(), "train", o.shard_size);
-    SplitWriter val(output.staging_prefix(), "val", o.shard_size);
-    std::vector<uint16_t> tail;  // --val-last-fraction only: every INPUT token, split at the end
+    SplitWriter<Token> train(output.staging_prefix(), "train", o.shard_size, tok.vocab_size());
+    SplitWriter<Token> val(output.staging_prefix(), "val", o.shard_size, tok.vocab_size());
+    std::vector<Token> tail;  // --val-last-fraction only: every INPUT token, split at the end
     Progress progress(source.total_bytes());
     // doc_index counts INPUT documents only; val_input_docs those of --val-input files.
     uint64_t docs_total = 0, doc_index = 0, val_input_docs = 0, tokens = 0;
@@ -824,9 +833,9 @@ int run_shards(const Options& o, const GPT2Tokenizer& tok) {
         check_interrupted();
         docs.clear();
         source.next_batch(batch_bytes, docs);
-        const std::vector<std::vector<uint16_t>> encoded = encode_documents(tok, docs, o.threads);
+        const std::vector<std::vector<Token>> encoded = encode_documents<Token>(tok, docs, o.threads);
         for (size_t d = 0; d < docs.size(); ++d) {
-            const std::vector<uint16_t>& doc = encoded[d];
+            const std::vector<Token>& doc = encoded[d];
             tokens += doc.size();
             if (!docs[d].continuation) {  // a new document: choose its split (its later parts follow it)
                 ++docs_total;
@@ -898,9 +907,10 @@ int run_shards(const Options& o, const GPT2Tokenizer& tok) {
     check_interrupted();
     output.commit(train.shards(), val.shards());
     std::fprintf(stderr, "%llu documents: %llu train tokens in %d shard(s) %s_train_*.bin, %llu val tokens in %d "
-                 "shard(s) %s_val_*.bin\n", static_cast<unsigned long long>(docs_total),
+                 "shard(s) %s_val_*.bin (uint%d tokens)\n", static_cast<unsigned long long>(docs_total),
                  static_cast<unsigned long long>(train.tokens()), train.shards(), o.out_prefix.c_str(),
-                 static_cast<unsigned long long>(val.tokens()), val.shards(), o.out_prefix.c_str());
+                 static_cast<unsigned long long>(val.tokens()), val.shards(), o.out_prefix.c_str(),
+                 8 * static_cast<int>(sizeof(Token)));
     return 0;
 }
 
@@ -910,7 +920,8 @@ int main(int argc, char** argv) {
     try {
         const Options o = parse_args(argc, argv);
         const GPT2Tokenizer tok = GPT2Tokenizer::load(o.tokenizer_dir);
-        return o.count ? run_count(o, tok) : run_shards(o, tok);
+        if (o.count) return run_count(o, tok);
+        return shard_token_bytes(tok.vocab_size()) == 2 ? run_shards<uint16_t>(o, tok) : run_shards<uint32_t>(o, tok);
     } catch (const UsageError& e) {
         print_error(std::string("prepare_shards: ") + e.what() + " (see --help)");
     } catch (const Interrupted& e) {

@@ -1,11 +1,12 @@
-// Writing and validated reading of llm.c token shards (the format: shards.h, docs/formats.md). Which windows of
-// a shard make a batch is the DataLoader's; tokenizing text into shards is prepare_shards'.
+// Writing and validated reading of llm.c token shards of both widths (the formats: shards.h, docs/formats.md).
+// Which windows of a shard make a batch is the DataLoader's; tokenizing text into shards is prepare_shards'.
 #include "shards.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -38,13 +39,36 @@ void write_all(int fd, const void* buf, size_t n, const std::string& path) {
     }
 }
 
-}  // namespace
+[[noreturn]] void fail_token(const std::string& path, uint32_t id, uint64_t index, int vocab_size) {
+    fail(path, "token id " + std::to_string(id) + " at index " + std::to_string(index) + " is >= vocab size " +
+                   std::to_string(vocab_size));
+}
 
-void write_shard(const std::string& path, const uint16_t* tokens, size_t count) {
+// The tokens go out in chunks, each checked against the vocabulary and converted to the file's width on the way.
+template <typename FileToken, typename Token>
+void write_tokens(int fd, const Token* tokens, size_t count, int vocab_size, const std::string& path,
+                  const std::string& tmp) {
+    std::vector<FileToken> chunk(std::min<size_t>(count, size_t(1) << 16));
+    for (size_t done = 0; done < count;) {
+        const size_t n = std::min(count - done, chunk.size());
+        for (size_t i = 0; i < n; ++i) {
+            const uint32_t id = tokens[done + i];
+            if (id >= static_cast<uint32_t>(vocab_size)) fail_token(path, id, done + i, vocab_size);
+            chunk[i] = static_cast<FileToken>(id);
+        }
+        write_all(fd, chunk.data(), n * sizeof(FileToken), tmp);
+        done += n;
+    }
+}
+
+template <typename Token>
+void write_shard_of(const std::string& path, const Token* tokens, size_t count, int vocab_size) {
+    if (vocab_size <= 0) fail(path, "vocab size " + std::to_string(vocab_size) + " is not positive");
     if (count > static_cast<size_t>(INT32_MAX)) fail(path, "too many tokens for one shard (header count is int32)");
+    const bool wide = shard_token_bytes(vocab_size) == 4;
     int32_t header[256] = {};
-    header[0] = kShardMagic;
-    header[1] = kShardVersion;
+    header[0] = wide ? kShard32Magic : kShard16Magic;
+    header[1] = wide ? kShard32Version : kShard16Version;
     header[2] = static_cast<int32_t>(count);
     // written under a temporary name, synced, then renamed into place: a reader (or a crash) never sees half a
     // shard, and two writers of the same path cannot interleave (the pid keeps their temporary files apart)
@@ -53,7 +77,8 @@ void write_shard(const std::string& path, const uint16_t* tokens, size_t count) 
     if (fd < 0) fail(path, "cannot create the temporary file " + tmp + ": " + std::strerror(errno));
     try {
         write_all(fd, header, sizeof header, tmp);
-        write_all(fd, tokens, count * sizeof(uint16_t), tmp);
+        if (wide) write_tokens<uint32_t>(fd, tokens, count, vocab_size, path, tmp);
+        else write_tokens<uint16_t>(fd, tokens, count, vocab_size, path, tmp);
         if (::fsync(fd) != 0) fail(tmp, std::string("fsync: ") + std::strerror(errno));
     } catch (...) {
         ::close(fd);
@@ -71,17 +96,27 @@ void write_shard(const std::string& path, const uint16_t* tokens, size_t count) 
     }
 }
 
-void check_token_ids(const std::string& path, const uint16_t* tokens, size_t count, uint64_t first_index,
-                     int vocab_size) {
-    for (size_t i = 0; i < count; ++i) {
-        if (tokens[i] >= vocab_size)
-            fail(path, "token id " + std::to_string(tokens[i]) + " at index " + std::to_string(first_index + i) +
-                           " is >= vocab size " + std::to_string(vocab_size));
-    }
+}  // namespace
+
+int shard_token_bytes(int vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+void write_shard(const std::string& path, const uint16_t* tokens, size_t count, int vocab_size) {
+    write_shard_of(path, tokens, count, vocab_size);
 }
 
-// Everything a later read relies on is checked here, once: the magic, the version, and a file size that agrees
-// with the header's count (a truncated or still-growing shard is refused by name instead of read short).
+void write_shard(const std::string& path, const uint32_t* tokens, size_t count, int vocab_size) {
+    write_shard_of(path, tokens, count, vocab_size);
+}
+
+void check_token_ids(const std::string& path, const uint32_t* tokens, size_t count, uint64_t first_index,
+                     int vocab_size) {
+    for (size_t i = 0; i < count; ++i)
+        if (tokens[i] >= static_cast<uint32_t>(vocab_size)) fail_token(path, tokens[i], first_index + i, vocab_size);
+}
+
+// Everything a later read relies on is checked here, once: the magic and the version, which give the token width,
+// and a file size that agrees with the header's count (a truncated or still-growing shard is refused by name
+// instead of read short).
 ShardReader::ShardReader(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail(path, std::string("cannot open shard: ") + std::strerror(errno));
@@ -93,16 +128,29 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
             fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 1024-byte shard header");
         int32_t header[256];
         read_exact(fd_, header, sizeof header, 0, path);
-        if (header[0] != kShardMagic)
-            fail(path, "bad magic " + std::to_string(header[0]) + " (expected 20240520: not a token shard)");
-        if (header[1] != kShardVersion)
-            fail(path, "unsupported shard version " + std::to_string(header[1]) + " (expected 1)");
+        if (header[0] != kShard16Magic && header[0] != kShard32Magic)
+            fail(path, "bad magic " + std::to_string(header[0]) +
+                           " (expected 20240520, uint16 tokens, or 20240801, uint32 tokens: not a token shard)");
+        token_bytes_ = header[0] == kShard32Magic ? 4 : 2;
+        if (header[1] != (token_bytes_ == 4 ? kShard32Version : kShard16Version))
+            fail(path, "unsupported shard version " + std::to_string(header[1]) + " with magic " +
+                           std::to_string(header[0]) +
+                           (token_bytes_ == 4 ? " (expected 7, uint32 tokens; magic 20240520 takes version 1, uint16 tokens)"
+                                              : " (expected 1, uint16 tokens; magic 20240801 takes version 7, uint32 tokens)"));
         if (header[2] < 0) fail(path, "negative token count " + std::to_string(header[2]) + " in the header");
         num_tokens_ = static_cast<uint64_t>(header[2]);
-        const uint64_t expected = kShardHeaderBytes + 2 * num_tokens_;
-        if (size != expected)
-            fail(path, "size mismatch: header says " + std::to_string(num_tokens_) + " tokens (" +
-                           std::to_string(expected) + " bytes) but the file is " + std::to_string(size) + " bytes");
+        const uint64_t expected = kShardHeaderBytes + token_bytes_ * num_tokens_;
+        if (size != expected) {
+            const char* width = token_bytes_ == 4 ? "uint32" : "uint16";
+            const char* other_width = token_bytes_ == 4 ? "uint16" : "uint32";
+            // tokens of one width under the other format's header: a writer that took the wrong dtype
+            const uint64_t other_size = kShardHeaderBytes + (token_bytes_ == 4 ? 2 : 4) * num_tokens_;
+            fail(path, "size mismatch: header says " + std::to_string(num_tokens_) + " " + width + " tokens (" +
+                           std::to_string(expected) + " bytes) but the file is " + std::to_string(size) + " bytes" +
+                           (size == other_size ? std::string(", the size of ") + other_width + " tokens under magic " +
+                                                     std::to_string(header[0]) + ", the " + width + " format's"
+                                               : ""));
+        }
     } catch (...) {
         ::close(fd_);
         throw;
@@ -112,16 +160,26 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
 ShardReader::~ShardReader() { ::close(fd_); }
 
 // pread: reads at an absolute offset, with no file position to keep in step between reads or threads.
-void ShardReader::read(uint64_t first, size_t count, uint16_t* out) const {
+void ShardReader::read(uint64_t first, size_t count, uint32_t* out) const {
     if (first > num_tokens_ || count > num_tokens_ - first)
         fail(path_, "read of tokens [" + std::to_string(first) + ", " + std::to_string(first + count) +
                         ") passes the end (" + std::to_string(num_tokens_) + " tokens)");
-    read_exact(fd_, out, count * sizeof(uint16_t), kShardHeaderBytes + 2 * first, path_);
+    const uint64_t offset = kShardHeaderBytes + token_bytes_ * first;
+    if (token_bytes_ == 4) return read_exact(fd_, out, count * sizeof(uint32_t), offset, path_);
+    // uint16 tokens are read into the back half of `out` and widened in place, front to back: out[i] covers only
+    // 16-bit tokens 0..i, all read by then, so no buffer is needed.
+    char* narrow = reinterpret_cast<char*>(out) + count * sizeof(uint16_t);
+    read_exact(fd_, narrow, count * sizeof(uint16_t), offset, path_);
+    for (size_t i = 0; i < count; ++i) {
+        uint16_t token;
+        std::memcpy(&token, narrow + i * sizeof(uint16_t), sizeof token);
+        out[i] = token;
+    }
 }
 
-std::vector<uint16_t> read_shard(const std::string& path, int vocab_size) {
+std::vector<uint32_t> read_shard(const std::string& path, int vocab_size) {
     ShardReader reader(path);
-    std::vector<uint16_t> tokens(reader.num_tokens());
+    std::vector<uint32_t> tokens(reader.num_tokens());
     reader.read(0, tokens.size(), tokens.data());
     check_token_ids(path, tokens.data(), tokens.size(), 0, vocab_size);
     return tokens;

@@ -1,5 +1,7 @@
-// llm.c token shards (docs/formats.md): a 256 x int32 header ([0] magic 20240520, [1] version 1, [2] token
-// count N) followed by N uint16 tokens; the file is exactly 1024 + 2N bytes.
+// llm.c token shards (docs/formats.md): a 256 x int32 header ([0] magic, [1] version, [2] token count N) followed
+// by N tokens, in one of llm.c's two formats: magic 20240520 version 1 with uint16 tokens (its GPT-2 shards) or
+// magic 20240801 version 7 with uint32 tokens (its Llama 3 shards, for vocabularies beyond uint16). The file is
+// exactly 1024 + 2N or 1024 + 4N bytes. Readers take either; a shard's format follows from its vocabulary.
 //
 // Every error throws std::runtime_error whose message is one line starting with the file's path, so tests
 // can check it in-process and binaries can print it and exit 1.
@@ -10,23 +12,34 @@
 #include <string>
 #include <vector>
 
-constexpr int32_t kShardMagic = 20240520;
-constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShard16Magic = 20240520;
+constexpr int32_t kShard16Version = 1;
+constexpr int32_t kShard32Magic = 20240801;
+constexpr int32_t kShard32Version = 7;
 constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
 
-// Writes a shard atomically: to a temporary file in the same directory, then renamed over `path`, so a
-// reader never sees a partial shard.
-void write_shard(const std::string& path, const uint16_t* tokens, size_t count);
-inline void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-    write_shard(path, tokens.data(), tokens.size());
+// Bytes per token of the shards of a vocabulary: 2 while every id fits in uint16 (vocab_size <= 65536), else 4.
+// The vocabulary decides, not the tokens a shard happens to hold, so all shards of a corpus share one format:
+// the one llm.c's trainer for that vocabulary reads (train_gpt2 only the uint16 one).
+int shard_token_bytes(int vocab_size);
+
+// Writes a shard in the format of vocab_size (shard_token_bytes) atomically: to a temporary file in the same
+// directory, then renamed over `path`, so a reader never sees a partial shard. Throws if a token is >= vocab_size,
+// so no id is ever cut to 16 bits. The token type is the caller's storage, not the format.
+void write_shard(const std::string& path, const uint16_t* tokens, size_t count, int vocab_size);
+void write_shard(const std::string& path, const uint32_t* tokens, size_t count, int vocab_size);
+template <typename Token>
+void write_shard(const std::string& path, const std::vector<Token>& tokens, int vocab_size) {
+    write_shard(path, tokens.data(), tokens.size(), vocab_size);
 }
 
 // Throws if any of tokens[0..count) is >= vocab_size; `first_index` is tokens[0]'s index in the shard
 // (for the message).
-void check_token_ids(const std::string& path, const uint16_t* tokens, size_t count, uint64_t first_index,
+void check_token_ids(const std::string& path, const uint32_t* tokens, size_t count, uint64_t first_index,
                      int vocab_size);
 
-// An open shard with a validated header (magic, version, file size); tokens are read on demand.
+// An open shard with a validated header (magic, version, file size); tokens are read on demand, as uint32 from
+// either format.
 class ShardReader {
 public:
     explicit ShardReader(const std::string& path);
@@ -35,15 +48,17 @@ public:
     ShardReader& operator=(const ShardReader&) = delete;
 
     uint64_t num_tokens() const { return num_tokens_; }
+    int token_bytes() const { return token_bytes_; }  // 2 or 4: the file's format
     const std::string& path() const { return path_; }
     // Reads tokens [first, first + count); throws if that passes the end or the read fails.
-    void read(uint64_t first, size_t count, uint16_t* out) const;
+    void read(uint64_t first, size_t count, uint32_t* out) const;
 
 private:
     std::string path_;
     int fd_ = -1;
     uint64_t num_tokens_ = 0;
+    int token_bytes_ = 2;
 };
 
 // Reads a whole shard and checks every token id against vocab_size.
-std::vector<uint16_t> read_shard(const std::string& path, int vocab_size);
+std::vector<uint32_t> read_shard(const std::string& path, int vocab_size);

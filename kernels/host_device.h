@@ -17,14 +17,14 @@
 // Which elements of a flat parameter buffer have a property (weight decay; being a tensor-parallel slice rather
 // than a replicated tensor), as a function of the element index, so that one launch covers the whole buffer or
 // any contiguous shard of it. Layout: [head: true below head_end, false from there to blocks_begin]
-// [identical blocks of block_size from blocks_begin to blocks_end][tail: false]; inside a block, the elements in
-// [range_begin[r], range_end[r]) are true.
+// [identical blocks of block_size from blocks_begin to blocks_end][tail: false, true from tail_begin]; inside a
+// block, the elements in [range_begin[r], range_end[r]) are true.
 struct LayoutMask {
-    long head_end = 0, blocks_begin = 0, block_size = 1, blocks_end = 0;
+    long head_end = 0, blocks_begin = 0, block_size = 1, blocks_end = 0, tail_begin = LONG_MAX;
     int num_ranges = 0;
     long range_begin[8] = {}, range_end[8] = {};
     HOST_DEVICE bool contains(long i) const {
-        if (i < head_end) return true;
+        if (i < head_end || i >= tail_begin) return true;
         if (i < blocks_begin || i >= blocks_end) return false;
         return in_ranges((i - blocks_begin) % block_size);
     }
@@ -36,7 +36,7 @@ struct LayoutMask {
         long j = -1;  // position within the block of the previous element, once one was inside the blocks' range
         for (int k = 0; k < X; k++) {
             const long i = index + k;
-            bool in = i < head_end;
+            bool in = i < head_end || i >= tail_begin;
             if (!in && i >= blocks_begin && i < blocks_end) {
                 j = j < 0 ? (i - blocks_begin) % block_size : (j + 1 == block_size ? 0 : j + 1);
                 in = in_ranges(j);
@@ -48,9 +48,10 @@ struct LayoutMask {
     // An index past i up to which contains() keeps its value at i (the end of the head, the gap, a range or the gap
     // after it in a block, the blocks), not always the furthest: CPU loops test runs instead of single elements.
     HOST_DEVICE long same_until(long i) const {
+        if (i >= tail_begin) return LONG_MAX;
         if (i < head_end) return head_end;
         if (i < blocks_begin) return blocks_begin;
-        if (i >= blocks_end) return LONG_MAX;
+        if (i >= blocks_end) return tail_begin;
         const long j = (i - blocks_begin) % block_size;
         long next = block_size;  // the next position in the block where a range begins or ends
         for (int r = 0; r < num_ranges; r++) {

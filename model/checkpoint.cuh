@@ -90,20 +90,8 @@ inline std::string resume_problem(const std::string& dir, int step, const ModelC
     int version;
     const ModelConfig saved = read_model_header(f, model_path, &version);
     fclose(f);
-    struct Field {
-        const char* what;
-        int saved, run;
-        const char* flags;
-    };
-    for (const Field& x : {Field{"layers", saved.num_layers, run.num_layers, "--model, --layers"},
-                           Field{"heads", saved.num_heads, run.num_heads, "--model, --heads"},
-                           Field{"channels", saved.channels, run.channels, "--model, --channels"},
-                           Field{"maximum sequence length", saved.max_seq_len, run.max_seq_len, "--max-seq-len"},
-                           Field{"vocabulary", saved.vocab_size, run.vocab_size, "--model"},
-                           Field{"padded vocabulary", saved.padded_vocab_size, run.padded_vocab_size, "--model"}})
-        if (x.saved != x.run)
-            return model_path + ": the checkpoint's " + x.what + " is " + std::to_string(x.saved) + ", this run's " + std::to_string(x.run) +
-                   " (" + x.flags + "): --resume 1 continues the same model";
+    const std::string difference = config_difference(saved, run);
+    if (!difference.empty()) return model_path + ": the checkpoint's " + difference + ": --resume 1 continues the same model";
     return "";
 }
 

@@ -19,7 +19,9 @@
 // ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.
 
-constexpr int kModelMagic = 20240326;
+// GPT-2: llm.c's model file (magic 20240326; header ints 0-7). The Llama family: the same file with its own magic and
+// the family's shape in ints 8-16 (docs/formats.md).
+constexpr int kModelMagic = 20240326, kLlamaModelMagic = 20261207;
 constexpr int kModelVersionFP32 = 3, kModelVersionBF16 = 5;
 
 inline uint16_t float_to_bf16_bits(float x) {  // round to nearest even
@@ -36,11 +38,23 @@ inline float bf16_bits_to_float(uint16_t b) {
     return x;
 }
 
+inline float header_float(int bits) {
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+inline int float_header(float x) {
+    int bits;
+    memcpy(&bits, &x, 4);
+    return bits;
+}
+
 inline ModelConfig read_model_header(FILE* f, const std::string& path, int* version) {
     int header[256];
     if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for a model header (1024 bytes)");
-    if (header[0] != kModelMagic)
-        die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kModelMagic) + ", an llm.c model file)");
+    if (header[0] != kModelMagic && header[0] != kLlamaModelMagic)
+        die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kModelMagic) + ", an llm.c GPT-2 model file, or " +
+            std::to_string(kLlamaModelMagic) + ", a Llama-family one)");
     if (header[1] != kModelVersionFP32 && header[1] != kModelVersionBF16)
         die(path + ": unsupported model version " + std::to_string(header[1]) + " (expected 3 = fp32 or 5 = bf16)");
     *version = header[1];
@@ -51,6 +65,20 @@ inline ModelConfig read_model_header(FILE* f, const std::string& path, int* vers
     c.num_heads = header[5];
     c.channels = header[6];
     c.padded_vocab_size = header[7];
+    if (header[0] == kLlamaModelMagic) {
+        c.family = ModelFamily::kLlama;
+        c.kv_heads = header[8];
+        c.ffn = header[9];
+        if ((header[10] & ~3) != 0) die(path + ": unknown flags " + std::to_string(header[10]) + " in header int 10 (1: q, k, v biases; 2: tied head)");
+        c.qkv_bias = (header[10] & 1) != 0;
+        c.tied_head = (header[10] & 2) != 0;
+        c.norm_eps = header_float(header[11]);
+        c.rope_theta = header_float(header[12]);
+        c.rope_scaling.factor = header_float(header[13]);
+        c.rope_scaling.low_freq_factor = header_float(header[14]);
+        c.rope_scaling.high_freq_factor = header_float(header[15]);
+        c.rope_scaling.original_max_positions = header[16];
+    }
     std::string problem = config_problem(c);
     if (!problem.empty()) die(path + ": " + problem);
     return c;
@@ -86,9 +114,8 @@ inline std::vector<float> read_model_part(const std::string& path, const Paramet
     ModelConfig c;
     size_t element_bytes;
     FILE* f = open_model_file(path, &c, &element_bytes);
-    if (c.num_layers != part.config.num_layers || c.channels != part.config.channels || c.num_heads != part.config.num_heads ||
-        c.max_seq_len != part.config.max_seq_len || c.vocab_size != part.config.vocab_size || c.padded_vocab_size != part.config.padded_vocab_size)
-        die(path + ": the model file's shape differs from this run's");
+    const std::string difference = config_difference(c, part.config);
+    if (!difference.empty()) die(path + ": the model file's " + difference);
     const ParameterLayout whole(c);  // tp 1, every layer: the file's tensors
     std::vector<LayoutRun> in_file;  // whole-model offset -> file offset
     whole.for_each_file_run([&](size_t file_offset, size_t offset, size_t n) { in_file.push_back({offset, file_offset, n}); });
@@ -131,7 +158,7 @@ inline ModelConfig read_model_file(const std::string& path, std::vector<float>& 
 // run's identity (stamp_run_identity); the checksum's slots 0.
 inline void fill_model_header(int* header, const ModelConfig& c, bool bf16, uint64_t run_id, int step) {
     std::fill(header, header + 256, 0);
-    header[0] = kModelMagic;
+    header[0] = c.llama() ? kLlamaModelMagic : kModelMagic;
     header[1] = bf16 ? kModelVersionBF16 : kModelVersionFP32;
     header[2] = c.max_seq_len;
     header[3] = c.vocab_size;
@@ -139,6 +166,17 @@ inline void fill_model_header(int* header, const ModelConfig& c, bool bf16, uint
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
+    if (c.llama()) {
+        header[8] = c.key_value_heads();
+        header[9] = c.hidden_units();
+        header[10] = (c.qkv_bias ? 1 : 0) | (c.tied_head ? 2 : 0);
+        header[11] = float_header(c.norm_eps);
+        header[12] = float_header(c.rope_theta);
+        header[13] = float_header(c.rope_scaling.factor);
+        header[14] = float_header(c.rope_scaling.low_freq_factor);
+        header[15] = float_header(c.rope_scaling.high_freq_factor);
+        header[16] = c.rope_scaling.original_max_positions;
+    }
     if (run_id != 0) stamp_run_identity(header, run_id, step);
 }
 

@@ -1,5 +1,6 @@
-// Tests for token shards (dataloader/shards.*) and the DataLoader (dataloader/dataloader.*): shard round trip
-// and header validation errors, the docs/formats.md batch order and windows per shard, rank partitioning,
+// Tests for token shards (dataloader/shards.*) and the DataLoader (dataloader/dataloader.*): shard round trips in
+// both widths (uint16, uint32) and the width a vocabulary takes, header validation errors, the docs/formats.md
+// batch order and windows per shard, rank partitioning,
 // shuffling (one seed's order pinned, every order equally likely), state save/restore in any epoch and its
 // refusals, read-ahead versus synchronous reads, reset, allocator use, and error propagation.
 //
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -49,16 +51,35 @@ void write_bytes(const std::string& path, const std::string& data) {
     std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
-std::string shard_bytes(int32_t magic, int32_t version, int32_t count, size_t tokens) {
+const int kGpt2Vocab = 50257;  // uint16 shards
+const int kWideVocab = 200000;  // uint32 shards
+
+std::string shard_header(int32_t magic, int32_t version, int32_t count) {
     int32_t h[256] = {};
     h[0] = magic, h[1] = version, h[2] = count;
-    return std::string(reinterpret_cast<const char*>(h), sizeof h) + std::string(2 * tokens, '\0');
+    return std::string(reinterpret_cast<const char*>(h), sizeof h);
 }
 
-// Distinct, recognisable tokens: shard s, index i.
-std::vector<uint16_t> make_tokens(int shard, size_t n) {
-    std::vector<uint16_t> t(n);
-    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((shard * 7919 + i) % 50257);
+// A header and `token_bytes` zero bytes: any header word, any size.
+std::string shard_bytes(int32_t magic, int32_t version, int32_t count, size_t token_bytes) {
+    return shard_header(magic, version, count) + std::string(token_bytes, '\0');
+}
+
+template <typename Token>
+std::string shard_bytes(int32_t magic, int32_t version, const std::vector<Token>& tokens) {
+    return shard_header(magic, version, static_cast<int32_t>(tokens.size())) +
+           std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(Token));
+}
+
+std::string read_bytes(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Distinct, recognisable tokens: shard s, index i (from `base` on, below `vocab`).
+std::vector<uint32_t> make_tokens(int shard, size_t n, uint32_t base = 0, int vocab = kGpt2Vocab) {
+    std::vector<uint32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>(base + (shard * 7919 + i) % (vocab - base));
     return t;
 }
 
@@ -86,24 +107,100 @@ DataLoaderConfig config(const std::string& pattern, int B, int T) {
 
 // ---- shards ------------------------------------------------------------------------------------------------
 
+// The header words and the file size of a shard as written.
+struct ShardFile {
+    int32_t magic = 0, version = 0, count = 0;
+    size_t size = 0;
+};
+ShardFile shard_file(const std::string& path) {
+    const std::string bytes = read_bytes(path);
+    ShardFile f;
+    f.size = bytes.size();
+    if (bytes.size() >= 12) {
+        std::memcpy(&f.magic, bytes.data(), 4);
+        std::memcpy(&f.version, bytes.data() + 4, 4);
+        std::memcpy(&f.count, bytes.data() + 8, 4);
+    }
+    return f;
+}
+
+std::string describe(const ShardFile& f) {
+    return "magic " + std::to_string(f.magic) + " version " + std::to_string(f.version) + " count " +
+           std::to_string(f.count) + ", " + std::to_string(f.size) + " bytes";
+}
+
 void test_shards() {
     guarded("shard_round_trip", [] {
         const std::string p = path_in_dir("round_trip.bin");
-        std::vector<uint16_t> tokens = make_tokens(1, 1000);
-        write_shard(p, tokens);
-        struct stat st;
-        ::stat(p.c_str(), &st);
+        const std::vector<uint32_t> tokens = make_tokens(1, 1000);
+        write_shard(p, tokens, kGpt2Vocab);
+        const ShardFile f = shard_file(p);
         ShardReader reader(p);
-        std::vector<uint16_t> middle(10);
+        std::vector<uint32_t> middle(10);
         reader.read(500, 10, middle.data());
-        expect(read_shard(p, 50257) == tokens && reader.num_tokens() == 1000 && st.st_size == 1024 + 2000 &&
-                  std::equal(middle.begin(), middle.end(), tokens.begin() + 500),
-               "shard_round_trip", "tokens or file size differ");
+        expect(read_shard(p, kGpt2Vocab) == tokens && reader.num_tokens() == 1000 && reader.token_bytes() == 2 &&
+                   f.magic == 20240520 && f.version == 1 && f.count == 1000 && f.size == 1024 + 2000 &&
+                   std::equal(middle.begin(), middle.end(), tokens.begin() + 500),
+               "shard_round_trip", "tokens or file differ: " + describe(f));
+    });
+    guarded("shard_round_trip_uint32", [] {
+        // ids on both sides of 2^16 (a 16-bit cut maps 65536 to 0 and 70000 to 4464), llm.c's Llama 3 format
+        const std::string p = path_in_dir("round_trip32.bin");
+        std::vector<uint32_t> tokens = make_tokens(2, 1000, 60000, kWideVocab);
+        tokens[0] = 0, tokens[1] = 65535, tokens[2] = 65536, tokens[3] = 70000, tokens[4] = kWideVocab - 1;
+        write_shard(p, tokens, kWideVocab);
+        const ShardFile f = shard_file(p);
+        ShardReader reader(p);
+        std::vector<uint32_t> middle(7);
+        reader.read(1, 7, middle.data());
+        expect(read_shard(p, kWideVocab) == tokens && reader.num_tokens() == 1000 && reader.token_bytes() == 4 &&
+                   f.magic == 20240801 && f.version == 7 && f.count == 1000 && f.size == 1024 + 4000 &&
+                   std::equal(middle.begin(), middle.end(), tokens.begin() + 1),
+               "shard_round_trip_uint32", "tokens or file differ: " + describe(f));
+    });
+    guarded("shard_uint16_read", [] {
+        // a uint16 shard as llm.c writes it, read as uint32 ids (no sign extension at 32768 and up, no byte mixing)
+        const std::string p = path_in_dir("llmc16.bin");
+        const std::vector<uint16_t> tokens = {50256, 0, 32767, 32768, 65535, 258, 1, 50000};
+        write_bytes(p, shard_bytes(20240520, 1, tokens));
+        ShardReader reader(p);
+        std::vector<uint32_t> part(5);
+        reader.read(3, 5, part.data());
+        const std::vector<uint32_t> whole = read_shard(p, 65536);
+        expect(reader.token_bytes() == 2 && whole == std::vector<uint32_t>(tokens.begin(), tokens.end()) &&
+                   part == std::vector<uint32_t>(tokens.begin() + 3, tokens.end()),
+               "shard_uint16_read", "ids differ from the file's");
+    });
+    guarded("shard_width_from_vocab", [] {
+        // the vocabulary picks the format, whatever the tokens or their storage: 65,536 ids fit in uint16, 65,537 not
+        const std::string p = path_in_dir("width.bin");
+        std::string got;
+        auto written = [&](auto tokens, int vocab) {
+            write_shard(p, tokens, vocab);
+            const ShardFile f = shard_file(p);
+            got += " " + std::to_string(f.magic) + "/" + std::to_string(f.size - 1024);
+            return read_shard(p, vocab) == std::vector<uint32_t>(tokens.begin(), tokens.end());
+        };
+        const bool same = written(std::vector<uint32_t>{7, 65535}, 65536) && written(std::vector<uint32_t>{7, 9}, 65537) &&
+                          written(std::vector<uint16_t>{7, 9}, kWideVocab) && written(std::vector<uint16_t>{7, 9}, kGpt2Vocab);
+        expect(same && got == " 20240520/4 20240801/8 20240801/8 20240520/4" && shard_token_bytes(65536) == 2 &&
+                   shard_token_bytes(65537) == 4,
+               "shard_width_from_vocab", "magic/token bytes" + got + (same ? "" : "; tokens differ"));
     });
     guarded("shard_empty", [] {
-        write_shard(path_in_dir("empty.bin"), std::vector<uint16_t>{});
-        expect(read_shard(path_in_dir("empty.bin"), 50257).empty(), "shard_empty", "not empty");
+        write_shard(path_in_dir("empty.bin"), std::vector<uint16_t>{}, kGpt2Vocab);
+        write_shard(path_in_dir("empty32.bin"), std::vector<uint32_t>{}, kWideVocab);
+        expect(read_shard(path_in_dir("empty.bin"), kGpt2Vocab).empty() && read_shard(path_in_dir("empty32.bin"), kWideVocab).empty() &&
+                   shard_file(path_in_dir("empty32.bin")).magic == 20240801,
+               "shard_empty", "not empty");
     });
+    // a token the vocabulary lacks is refused before the file is in place: a uint16 shard never holds a cut id
+    const std::string refused = path_in_dir("refused.bin");
+    expect_error("shard_write_token_out_of_vocab", {refused, "token id 70000 at index 1", "vocab size 65536"},
+                 [&] { write_shard(refused, std::vector<uint32_t>{1, 70000, 2}, 65536); });
+    expect_error("shard_write_token_out_of_vocab_uint32", {refused, "token id 200000 at index 2", "vocab size 200000"},
+                 [&] { write_shard(refused, std::vector<uint32_t>{1, 70000, 200000}, kWideVocab); });
+    expect(!file_exists(refused), "shard_write_refused_leaves_nothing", "the refused shard was written");
     guarded("shard_no_temp_left", [] {
         bool temp_found = false;
         DIR* d = ::opendir(g_dir.c_str());
@@ -117,52 +214,76 @@ void test_shards() {
                  [] { ShardReader r(path_in_dir("missing.bin")); });
     write_bytes(bad, std::string(100, '\0'));
     expect_error("shard_short", {bad, "shorter than the 1024-byte shard header"}, [&] { ShardReader r(bad); });
-    write_bytes(bad, shard_bytes(20240326, 1, 4, 4));
-    expect_error("shard_wrong_magic", {bad, "bad magic 20240326"}, [&] { ShardReader r(bad); });
-    write_bytes(bad, shard_bytes(20240520, 2, 4, 4));
-    expect_error("shard_wrong_version", {bad, "unsupported shard version 2"}, [&] { ShardReader r(bad); });
-    write_bytes(bad, shard_bytes(20240520, 1, 10, 4));
-    expect_error("shard_truncated", {bad, "size mismatch", "10 tokens"}, [&] { ShardReader r(bad); });
-    write_bytes(bad, shard_bytes(20240520, 1, 4, 5));
+    write_bytes(bad, shard_bytes(20240326, 1, 4, 8));
+    expect_error("shard_wrong_magic", {bad, "bad magic 20240326", "20240520, uint16 tokens", "20240801, uint32 tokens"},
+                 [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 2, 4, 8));
+    expect_error("shard_wrong_version", {bad, "unsupported shard version 2 with magic 20240520", "expected 1"},
+                 [&] { ShardReader r(bad); });
+    // each magic with the other format's version: the pair must match, as llm.c's readers require
+    write_bytes(bad, shard_bytes(20240801, 1, 4, 16));
+    expect_error("shard_uint32_wrong_version", {bad, "unsupported shard version 1 with magic 20240801", "expected 7", "20240520 takes version 1"},
+                 [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 7, 4, 8));
+    expect_error("shard_uint16_version_7", {bad, "unsupported shard version 7 with magic 20240520", "20240801 takes version 7"},
+                 [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 1, 10, 8));
+    expect_error("shard_truncated", {bad, "size mismatch", "10 uint16 tokens (1044 bytes)"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240520, 1, 4, 10));
     expect_error("shard_too_long", {bad, "size mismatch"}, [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240801, 7, 10, 38));
+    expect_error("shard_uint32_truncated", {bad, "size mismatch", "10 uint32 tokens (1064 bytes) but the file is 1062 bytes"},
+                 [&] { ShardReader r(bad); });
+    // one width's tokens under the other's header: refused, the message naming both
+    write_bytes(bad, shard_bytes(20240520, 1, std::vector<uint32_t>{1, 2, 3, 4}));
+    expect_error("shard_uint32_tokens_under_uint16_header", {bad, "4 uint16 tokens", "the size of uint32 tokens under magic 20240520"},
+                 [&] { ShardReader r(bad); });
+    write_bytes(bad, shard_bytes(20240801, 7, std::vector<uint16_t>{1, 2, 3, 4}));
+    expect_error("shard_uint16_tokens_under_uint32_header", {bad, "4 uint32 tokens", "the size of uint16 tokens under magic 20240801"},
+                 [&] { ShardReader r(bad); });
     write_bytes(bad, shard_bytes(20240520, 1, -1, 0));
     expect_error("shard_negative_count", {bad, "negative token count"}, [&] { ShardReader r(bad); });
-    write_shard(bad, std::vector<uint16_t>{1, 2, 60000, 3});
+    write_shard(bad, std::vector<uint16_t>{1, 2, 60000, 3}, 65536);
     expect_error("shard_token_out_of_vocab", {bad, "token id 60000 at index 2", "vocab size 50257"},
-                 [&] { read_shard(bad, 50257); });
+                 [&] { read_shard(bad, kGpt2Vocab); });
+    write_shard(bad, std::vector<uint32_t>{1, 2, 150000, 3}, kWideVocab);
+    expect_error("shard_uint32_token_out_of_vocab", {bad, "token id 150000 at index 2", "vocab size 100000"},
+                 [&] { read_shard(bad, 100000); });
     expect_error("shard_read_past_end", {bad, "passes the end"}, [&] {
-        uint16_t out[8];
+        uint32_t out[8];
         ShardReader(bad).read(2, 8, out);
     });
     expect_error("shard_write_bad_dir", {"/nonexistent_dir/x.bin"},
-                 [] { write_shard("/nonexistent_dir/x.bin", std::vector<uint16_t>{1}); });
+                 [] { write_shard("/nonexistent_dir/x.bin", std::vector<uint16_t>{1}, kGpt2Vocab); });
 }
 
 // ---- DataLoader ----------------------------------------------------------------------------------------------
 
 // Shards a_0..a_3 with different lengths (one too short for a batch of the sizes used below).
 const std::vector<size_t> kShardLengths = {1000, 40, 777, 1301};
-std::vector<std::vector<uint16_t>> g_shards;
+std::vector<std::vector<uint32_t>> g_shards;
 
 void write_loader_shards() {
     for (size_t s = 0; s < kShardLengths.size(); ++s) {
         g_shards.push_back(make_tokens(static_cast<int>(s), kShardLengths[s]));
         char name[32];
         std::snprintf(name, sizeof name, "a_%06zu.bin", s);
-        write_shard(path_in_dir(name), g_shards.back());
+        write_shard(path_in_dir(name), g_shards.back(), kGpt2Vocab);
     }
 }
 
 const std::string kPattern() { return path_in_dir("a_*.bin"); }
 
-// Shards PREFIX_000000.bin, ... of the given lengths (tokens as make_tokens draws them for shard first_id + s).
-std::vector<std::vector<uint16_t>> write_shards(const std::string& prefix, const std::vector<size_t>& lengths, int first_id) {
-    std::vector<std::vector<uint16_t>> shards;
+// Shards PREFIX_000000.bin, ... of the given lengths (tokens as make_tokens draws them for shard first_id + s), in
+// the format of `vocab`.
+std::vector<std::vector<uint32_t>> write_shards(const std::string& prefix, const std::vector<size_t>& lengths, int first_id,
+                                                int vocab = kGpt2Vocab) {
+    std::vector<std::vector<uint32_t>> shards;
     for (size_t s = 0; s < lengths.size(); ++s) {
         shards.push_back(make_tokens(first_id + static_cast<int>(s), lengths[s]));
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06zu.bin", prefix.c_str(), s);
-        write_shard(path_in_dir(name), shards.back());
+        write_shard(path_in_dir(name), shards.back(), vocab);
     }
     return shards;
 }
@@ -171,7 +292,7 @@ std::vector<std::vector<uint16_t>> write_shards(const std::string& prefix, const
 using Window = std::pair<int, int>;
 struct WindowFinder {
     std::map<int32_t, Window> by_first_token;
-    WindowFinder(const std::vector<std::vector<uint16_t>>& shards, size_t G) {
+    WindowFinder(const std::vector<std::vector<uint32_t>>& shards, size_t G) {
         for (size_t s = 0; s < shards.size(); ++s)
             for (size_t o = 0; o + G + 1 <= shards[s].size(); o += G) by_first_token[shards[s][o]] = {int(s), int(o / G)};
     }
@@ -254,7 +375,7 @@ void test_order() {
     guarded("windows_at_shard_length_bounds", [] {
         // G = B*T = 8: a window needs G+1 tokens, so shards of 8, 9, 16 and 17 tokens hold 0, 1, 1 and 2 windows
         // (the first, too short, is skipped from the start).
-        const std::vector<std::vector<uint16_t>> shards = write_shards("w", {8, 9, 16, 17}, 20);
+        const std::vector<std::vector<uint32_t>> shards = write_shards("w", {8, 9, 16, 17}, 20);
         DataLoader loader(config(path_in_dir("w_*.bin"), 2, 4));
         const WindowFinder where(shards, 8);
         std::vector<Window> served;
@@ -331,7 +452,7 @@ void test_shuffle() {
         // (Draws from a range one too short, or from the whole array instead of its unshuffled part, a loop one step
         // short, or one order for every epoch fail it.)
         const int epochs = 2400;
-        const std::vector<std::vector<uint16_t>> shards = write_shards("u", {17, 5, 5}, 10);  // 4, 1 and 1 windows of 4
+        const std::vector<std::vector<uint32_t>> shards = write_shards("u", {17, 5, 5}, 10);  // 4, 1 and 1 windows of 4
         DataLoaderConfig c = config(path_in_dir("u_*.bin"), 1, 4);
         c.shuffle = true, c.seed = 2024, c.prefetch_depth = 0;
         DataLoader loader(c);
@@ -547,29 +668,78 @@ void test_loader_errors() {
         c.num_ranks = 2, c.rank = 2;
         DataLoader l(c);
     });
-    write_bytes(path_in_dir("b_000000.bin"), shard_bytes(20240520, 1, 10, 4));
+    write_bytes(path_in_dir("b_000000.bin"), shard_bytes(20240520, 1, 10, 8));
     expect_error("loader_bad_shard", {path_in_dir("b_000000.bin"), "size mismatch"},
                  [] { DataLoader l(config(path_in_dir("b_*.bin"), 1, 2)); });
-    // A bad token id in the third window: the first two batches arrive, the third next() throws.
-    std::vector<uint16_t> tokens = make_tokens(0, 100);
-    tokens[2 * 16 + 5] = 65535;
-    write_shard(path_in_dir("c_000000.bin"), tokens);
-    for (int depth : {0, 2}) {
-        const std::string name = "loader_bad_token_depth" + std::to_string(depth);
-        int served = 0;
-        DataLoaderConfig c = config(path_in_dir("c_*.bin"), 2, 8);
-        c.prefetch_depth = depth;
-        try {
-            DataLoader loader(c);
-            for (; served < 5; ++served) loader.next();
-            fail(name, "no error");
-        } catch (const std::exception& e) {
-            const std::string msg = e.what();
-            expect(served == 2 && msg.find("token id 65535 at index 37") != std::string::npos &&
-                      msg.find("c_000000.bin") != std::string::npos,
-                   name, "after " + std::to_string(served) + " batches: " + msg);
+    // A bad token id in the third window: the first two batches arrive, the third next() throws; in either width.
+    for (const bool wide : {false, true}) {
+        const uint32_t bad_id = wide ? 150000 : 65535;
+        const std::string shard = wide ? "c32_000000.bin" : "c_000000.bin";
+        std::vector<uint32_t> tokens = make_tokens(0, 100);
+        tokens[2 * 16 + 5] = bad_id;
+        write_shard(path_in_dir(shard), tokens, wide ? kWideVocab : 65536);
+        for (int depth : {0, 2}) {
+            const std::string name = std::string("loader_bad_token_") + (wide ? "uint32_" : "") + "depth" + std::to_string(depth);
+            int served = 0;
+            DataLoaderConfig c = config(path_in_dir(wide ? "c32_*.bin" : "c_*.bin"), 2, 8);
+            c.prefetch_depth = depth;
+            c.vocab_size = wide ? 100000 : kGpt2Vocab;
+            try {
+                DataLoader loader(c);
+                for (; served < 5; ++served) loader.next();
+                fail(name, "no error");
+            } catch (const std::exception& e) {
+                const std::string msg = e.what();
+                expect(served == 2 && msg.find("token id " + std::to_string(bad_id) + " at index 37") != std::string::npos &&
+                           msg.find(shard) != std::string::npos,
+                       name, "after " + std::to_string(served) + " batches: " + msg);
+            }
         }
     }
+}
+
+// uint32 shards through the loader: the same batches as uint16 shards of the same tokens, and ids past 65,535 whole.
+void test_loader_widths() {
+    guarded("loader_uint32_equals_uint16", [] {
+        // windows of G = 16: 18, 2 and 32 per epoch; 120 steps cross two epoch boundaries
+        const std::vector<size_t> lengths = {300, 41, 517};
+        write_shards("n16", lengths, 30, kGpt2Vocab);
+        write_shards("n32", lengths, 30, kWideVocab);
+        bool ok = shard_file(path_in_dir("n16_000000.bin")).magic == 20240520 && shard_file(path_in_dir("n32_000000.bin")).magic == 20240801;
+        std::string which;
+        for (bool shuffle : {false, true}) {
+            for (int depth : {0, 2}) {
+                DataLoaderConfig narrow = config(path_in_dir("n16_*.bin"), 2, 8), wide = config(path_in_dir("n32_*.bin"), 2, 8);
+                narrow.shuffle = wide.shuffle = shuffle;
+                narrow.seed = wide.seed = 13;
+                narrow.prefetch_depth = wide.prefetch_depth = depth;
+                DataLoader a(narrow), b(wide);
+                if (a.num_tokens() != b.num_tokens() || take_n(a, 2, 8, 120) != take_n(b, 2, 8, 120))
+                    ok = false, which += fmt(" shuffle %.0f", shuffle) + fmt(" depth %.0f", depth);
+            }
+        }
+        expect(ok, "loader_uint32_equals_uint16", "the uint32 shards' batches differ from the uint16 shards':" + which);
+    });
+    guarded("loader_uint32_ids_above_uint16", [] {
+        // a glob of a uint16 shard then a uint32 one of ids 119,679 and up; unshuffled, B = 1, T = 8: window k of a
+        // shard is its tokens [8k, 8k + 9), 4 windows in the first, 5 in the second
+        const std::vector<uint32_t> narrow = make_tokens(40, 33), wide = make_tokens(41, 41, 65000, kWideVocab);
+        write_shard(path_in_dir("m_000000.bin"), narrow, kGpt2Vocab);
+        write_shard(path_in_dir("m_000001.bin"), wide, kWideVocab);
+        DataLoaderConfig c = config(path_in_dir("m_*.bin"), 1, 8);
+        c.vocab_size = kWideVocab;
+        DataLoader loader(c);
+        std::vector<std::vector<int32_t>> want;
+        for (const std::vector<uint32_t>* tokens : {&narrow, &wide}) {
+            for (size_t o = 0; o + 9 <= tokens->size(); o += 8) {
+                std::vector<int32_t> batch(tokens->begin() + o, tokens->begin() + o + 8);
+                batch.insert(batch.end(), tokens->begin() + o + 1, tokens->begin() + o + 9);
+                want.push_back(batch);
+            }
+        }
+        expect(want.size() == 9 && loader.batches_per_epoch() == 9 && take_n(loader, 1, 8, 9) == want,
+               "loader_uint32_ids_above_uint16", "batches differ from the shards' tokens");
+    });
 }
 
 void remove_dir(const std::string& dir) {
@@ -599,6 +769,7 @@ int main() {
         test_shuffle();
         test_state_and_prefetch();
         test_loader_errors();
+        test_loader_widths();
     } catch (const std::exception& e) {
         fail("setup", e.what());
     }

@@ -274,3 +274,48 @@ if [ -n "$peak" ] && [ "$peak" -lt 300000 ] && [ "$tokens" = 25000001 ]; then
 else
     echo "FAIL prepare 100 MB without spaces: peak RSS ${peak:-?} KB (bound 300000), $tokens tokens"
 fi
+
+# A vocabulary of more than 65,536 tokens gives uint32 shards (llm.c's Llama 3 format: magic 20240801, version 7):
+# GPT-2's tokenizer with 70,000 tokens, " the" moved from id 262 to 69,999 (fillers in its place and from 50,257
+# on), writes the GPT-2 shards' tokens with each 262 as 69,999.
+python3 - "$W" <<'PY'
+import json, os, sys
+d = sys.argv[1] + "/wide_tokenizer"
+os.makedirs(d, exist_ok=True)
+encoder = json.load(open("data/gpt2/encoder.json", encoding="utf-8"))
+assert encoder.pop("\u0120the") == 262 and len(encoder) == 50256
+encoder.update({f"<filler_{i}>": i for i in [262] + list(range(50257, 69999))})
+encoder["\u0120the"] = 69999
+json.dump(encoder, open(d + "/encoder.json", "w", encoding="utf-8"), ensure_ascii=False)
+PY
+cp data/gpt2/vocab.bpe "$W/wide_tokenizer/"
+mkdir -p "$W/width/narrow" "$W/width/wide"
+$BIN --out "$W/width/narrow/t" --val-docs 10 --shard-size 200000 "$W/sections.txt" > "$W/narrow.out" 2>&1
+$BIN --out "$W/width/wide/t" --val-docs 10 --shard-size 200000 --tokenizer "$W/wide_tokenizer" "$W/sections.txt" > "$W/wide.out" 2>&1
+width=$(python3 - "$W/width" 2>&1 <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+def shard(path):
+    data = open(path, "rb").read()
+    magic, version, n = struct.unpack("<3i", data[:12])
+    width = {(20240520, 1): 2, (20240801, 7): 4}.get((magic, version))
+    if width is None or len(data) != 1024 + width * n:
+        sys.exit(f"{path}: magic {magic} version {version}, {n} tokens in {len(data)} bytes")
+    return width, list(struct.unpack(f"<{n}{'H' if width == 2 else 'I'}", data[1024:]))
+names = sorted(os.listdir(d + "/narrow"))
+if names != sorted(os.listdir(d + "/wide")) or len(names) < 3:
+    sys.exit(f"shards {names} and {sorted(os.listdir(d + '/wide'))}")
+moved = 0
+for name in names:
+    (narrow_width, narrow), (wide_width, wide) = shard(f"{d}/narrow/{name}"), shard(f"{d}/wide/{name}")
+    if (narrow_width, wide_width) != (2, 4) or wide != [69999 if t == 262 else t for t in narrow]:
+        sys.exit(f"{name}: token widths {narrow_width} and {wide_width}, or other tokens")
+    moved += wide.count(69999)
+print(f"ok {len(names)} {moved}")
+PY
+)
+if [ "${width%% *}" = ok ] && [ "${width##* }" -gt 1000 ] && grep -q "(uint32 tokens)$" "$W/wide.out"; then
+    echo "PASS prepare vocabulary past 65,536: uint32 shards (magic 20240801, version 7), the uint16 shards' tokens with ${width##* } ids of 69,999 ($(echo "$width" | cut -d' ' -f2) shards)"
+else
+    echo "FAIL prepare vocabulary past 65,536: ${width:-no result}; $(tail -n 1 "$W/wide.out")"
+fi

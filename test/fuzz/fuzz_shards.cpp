@@ -1,7 +1,8 @@
-// Fuzzes llm.c token shards (dataloader/shards.cpp) and the DataLoader over one (dataloader/dataloader.cpp): the
-// input is the shard file. Header words the format leaves unused choose the rest: [3] the vocabulary size, [4] B,
-// [5] T, [6]-[7] a token range to read, [8]-[23] a DataLoaderState to restore, [24] shuffling and its seed (a valid shard stays valid whatever
-// they hold). What a refused shard must do is throw; an accepted one must serve batches whose tokens are its own.
+// Fuzzes llm.c token shards of both widths (dataloader/shards.cpp) and the DataLoader over one
+// (dataloader/dataloader.cpp): the input is the shard file. Header words the format leaves unused choose the rest:
+// [3] the vocabulary size, [4] B, [5] T, [6]-[7] a token range to read, [8]-[23] a DataLoaderState to restore, [24]
+// shuffling and its seed (a valid shard stays valid whatever they hold). What a refused shard must do is throw; an
+// accepted one must serve batches whose tokens are its own.
 #include "fuzz_util.h"
 #include "dataloader/dataloader.h"
 #include "dataloader/shards.h"
@@ -10,8 +11,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string path = scratch_dir() + "/shard_000000.bin";
     write_file(path, data, size);
     const int32_t vocab_word = header_word(data, size, 3);
-    const int vocab = vocab_word >= 1 && vocab_word <= 65536 ? vocab_word : 50257;
-    std::vector<uint16_t> tokens;
+    const int vocab = vocab_word >= 1 ? vocab_word : 50257;
+    std::vector<uint32_t> tokens;
     const bool whole_refused = refused([&] { tokens = read_shard(path, vocab); });
 
     refused([&] {
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_CHECK(whole_refused || reader.num_tokens() == tokens.size(), "the reader's token count is read_shard's");
         const uint64_t first = (uint32_t)header_word(data, size, 6) % (reader.num_tokens() + 2);
         const size_t count = (uint32_t)header_word(data, size, 7) % (reader.num_tokens() + 2);
-        std::vector<uint16_t> part(count);
+        std::vector<uint32_t> part(count);
         reader.read(first, count, part.data());  // throws past the end
         FUZZ_CHECK(first + count <= reader.num_tokens(), "a read past the end was served");
     });

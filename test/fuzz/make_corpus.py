@@ -17,6 +17,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 MODEL_MAGIC, STATE_MAGIC, ADAPTER_MAGIC, SHARD_MAGIC, TOKENIZER_MAGIC = 20240326, 20261126, 20261127, 20240520, 20240328
+SHARD32_MAGIC = 20240801  # uint32 tokens, version 7
 
 
 def header(words):
@@ -34,6 +35,10 @@ def shards():
         "truncated": header([SHARD_MAGIC, 1, 100]) + tokens[:77],
         "token_above_vocab": header([SHARD_MAGIC, 1, 4, 10]) + struct.pack("<4H", 1, 2, 11, 3),
         "bad_magic": header([20240521, 1, 0]),
+        # uint32 tokens, ids past 65,535 (vocabulary 200,000 in [3])
+        "uint32_100_tokens": header([SHARD32_MAGIC, 7, 100, 200000, 2, 8, 10, 20])
+        + struct.pack("<100I", *[(60000 + i * 7919) % 200000 for i in range(100)]),
+        "uint32_version_1": header([SHARD32_MAGIC, 1, 4, 200000]) + struct.pack("<4I", 1, 65536, 70000, 3),
     }
 
 
