@@ -20,6 +20,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <cstdint>
 
 #define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
 void nccl_check(ncclResult_t result, const char* file, int line);
