@@ -19,7 +19,7 @@ TIER=${TEST_TIER:-full}
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 [ -n "$(ls $TRAIN 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
     || { echo "FAIL checkpoint_resume data: $(tail -n 1 "$W/prepare.log")"; exit 1; }
-SMALL=(--layers 2 --heads 4 --channels 128 --max-seq-len 128 --seq-len 128 --batch-size 8 --train-data "$TRAIN" --val-every 0
+SMALL=(--layers 2 --heads 2 --channels 128 --max-seq-len 128 --seq-len 128 --batch-size 8 --train-data "$TRAIN" --val-every 0
        --sample-every 0 --lr 1e-3 --warmup-steps 3 --seed 7 --shuffle 1 --deterministic 1 --precision bf16 --steps 12 --checkpoint-every 4)
 
 # the step -> loss of a log.txt, the last line of each step (a run killed and resumed logs some steps twice)

@@ -72,9 +72,11 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
         echo "FAIL hf_interop export of a $p train_gpt model: val loss train_gpt '$ours', transformers '$theirs' (tol $tol)"
     fi
     $PY scripts/hf/import_hf.py "$W/hf_$p" "$W/reimported_$p.bin" $([ $p = bf16 ] && echo --bf16) > "$W/reimport_$p.out" 2>&1
-    # bitwise but the header's checksum ints 254-255 (1016-1023), which import_hf.py leaves 0 (docs/formats.md)
-    if cmp -s -n 1016 "$model" "$W/reimported_$p.bin" && cmp -s -i 1024 "$model" "$W/reimported_$p.bin"; then
-        echo "PASS hf_interop $p model file -> export -> import: bitwise equal but the checksum"
+    # bitwise but the checkpoint's run identity, header ints 240-243 (bytes 960-975), and the checksum, ints 254-255
+    # (1016-1023), which import_hf.py leaves 0 (docs/formats.md)
+    if cmp -s -n 960 "$model" "$W/reimported_$p.bin" && cmp -s -i 976 -n 40 "$model" "$W/reimported_$p.bin" &&
+        cmp -s -i 1024 "$model" "$W/reimported_$p.bin"; then
+        echo "PASS hf_interop $p model file -> export -> import: bitwise equal but the run identity and the checksum"
     else echo "FAIL hf_interop $p model file -> export -> import: files differ ($(tail -n 1 "$W/reimport_$p.out"))"; fi
 done
 
