@@ -490,8 +490,7 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
                                   : "fp8 (delayed scaling, amax history " + std::to_string(plans.fp8_options.amax_history) + ")";
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    fprintf(out, "model: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d): %zu parameters\n", config.num_layers,
-            config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size, model.num_parameters());
+    fprintf(out, "model: %s: %zu parameters\n", config_text(config).c_str(), model.num_parameters());
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n",
             batch.B, batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, precision.c_str());
     const double zero_formula = zero_states_formula((double)model.layout.count, shape.dp, stage, (int)sizeof(floatX), offload);
@@ -623,7 +622,9 @@ struct StepLog {
         // FLOPs per token for forward + backward: 6 per parameter that multiplies (all but wpe) plus attention's
         // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).
         const ModelConfig& c = model.config;
-        flops_per_token = 6.0 * (model.num_parameters() - (size_t)c.max_seq_len * c.channels) + 12.0 * c.num_layers * c.channels * batch.T;
+        // 6 per parameter that multiplies (not wpe's, nor an untied head's wte, which are looked up) and the attention's scores
+        const size_t looked_up = (c.has_wpe() ? (size_t)c.max_seq_len * c.channels : 0) + (c.tied_head ? 0 : (size_t)c.padded_vocab_size * c.channels);
+        flops_per_token = 6.0 * (model.num_parameters() - looked_up) + 12.0 * c.num_layers * c.channels * batch.T;
         peak_flops = gpu.peak_tflops * 1e12 * world;
     }
     ~StepLog() {
@@ -923,8 +924,7 @@ int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
         fprintf(out, "mesh: data parallel %d x pipeline parallel %d x tensor parallel %d; this rank: data %d, pipeline stage %d, tensor %d; "
                      "NCCL id %s\n", shape.dp, shape.pp, shape.tp, coord.dp, coord.pp, coord.tp, bootstrap.c_str());
     }
-    fprintf(out, "model %s: %d layers, %d heads, %d channels, max T %d, vocab %d (padded %d)%s\n", o.model.c_str(), config.num_layers,
-            config.num_heads, config.channels, config.max_seq_len, config.vocab_size, config.padded_vocab_size,
+    fprintf(out, "model %s: %s%s\n", o.model.c_str(), config_text(config).c_str(),
             run.initial_model.empty() ? ": initialised from --seed" : ": its header, size and checksum checked");
     if (!o.lora_load.empty()) fprintf(out, "LoRA adapters %s: their header, size and checksum checked\n", o.lora_load.c_str());
     SampleText text(o.tokenizer);  // a tokenizer that cannot be read is a warning, as in the run

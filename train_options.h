@@ -25,8 +25,12 @@
 // Command-line flags. One table drives both the parser and --help, so they cannot disagree.
 
 struct Options {
-    std::string model = "d12";  // dN, or an llm.c model file to start from
-    int layers = -1, heads = -1, channels = -1, max_seq_len = -1;  // override the dN shape (random init only)
+    std::string model = "d12";  // dN, a Llama-family preset, or a model file to start from
+    int layers = -1, heads = -1, channels = -1, max_seq_len = -1;  // override the dN or preset shape (random init only)
+    std::string arch;                                               // gpt2 | llama (empty: --model's family)
+    int kv_heads = -1, ffn = -1, vocab = -1, qkv_bias = -1, tied_head = -1;
+    float norm_eps = -1.0f, rope_theta = -1.0f;
+    std::string rope_scaling;  // "off" or FACTOR,LOW,HIGH,POSITIONS (empty: the preset's)
     std::string train_data = "data/tinyshakespeare/tinyshakespeare_train_*.bin";
     std::string val_data = "data/tinyshakespeare/tinyshakespeare_val_*.bin";
     std::string tokenizer = "data/gpt2";
@@ -106,6 +110,7 @@ static Accepts anything() { return {}; }
 static Accepts at_least(double lo) { Accepts a; a.lo = lo; return a; }
 static Accepts above(double lo) { Accepts a; a.lo = lo; a.lo_open = true; return a; }
 static Accepts closed(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; return a; }                       // [lo, hi]
+static Accepts open_interval(double lo, double hi) { Accepts a = above(lo); a.hi = hi; a.hi_open = true; return a; }  // (lo, hi)
 static Accepts half_open(double lo, double hi) { Accepts a; a.lo = lo; a.hi = hi; a.hi_open = true; return a; }  // [lo, hi)
 static Accepts or_minus_one(Accepts a) { a.minus_one = true; return a; }
 static Accepts one_of(std::vector<std::string> choices) { Accepts a; a.choices = std::move(choices); return a; }
@@ -120,9 +125,24 @@ struct Flag {
     const char* help;
 };
 
+// Whether any flag that shapes only a Llama-family model was given.
+inline bool llama_shape_flag_given(const Options& o) {
+    return o.kv_heads > 0 || o.ffn > 0 || o.vocab > 0 || o.qkv_bias >= 0 || o.tied_head >= 0 || o.norm_eps > 0 || o.rope_theta > 0 ||
+           !o.rope_scaling.empty();
+}
+
 static std::vector<Flag> flag_table(Options& o) {
     return {
-        {"--model", "-e", Flag::STRING, &o.model, anything(), "dN (d12 = 124M, d24, d36, d48 = 1.5B, any N) or an llm.c model file to start from"},
+        {"--model", "-e", Flag::STRING, &o.model, anything(), "dN (d12 = 124M, d24, d36, d48 = 1.5B, any N), a Llama-family preset (llama3-1b, llama3-3b, llama3-8b, smollm2-135m, smollm2-360m, qwen2.5-0.5b, qwen2.5-7b), or a model file to start from"},
+        {"--arch", nullptr, Flag::STRING, &o.arch, one_of({"gpt2", "llama"}), "the family of a dN model: gpt2 (default) | llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases, tied head)"},
+        {"--kv-heads", nullptr, Flag::INT, &o.kv_heads, or_minus_one(closed(1, kMaxChannels / 64)), "Llama family: key/value heads, dividing --heads (-1: the preset's; --heads for dN)"},
+        {"--ffn", nullptr, Flag::INT, &o.ffn, or_minus_one(closed(8, 4 * kMaxChannels)), "Llama family: the MLP's hidden units, a multiple of 8 (-1: the preset's; for dN 8C/3 rounded up to 256)"},
+        {"--vocab", nullptr, Flag::INT, &o.vocab, or_minus_one(closed(2, kMaxVocab)), "Llama family: the vocabulary (-1: the preset's; 50257 for dN, GPT-2's tokenizer)"},
+        {"--qkv-bias", nullptr, Flag::INT, &o.qkv_bias, one_of({"-1", "0", "1"}), "Llama family: 1 for biases on q, k and v as Qwen 2.5 (-1: the preset's; 0 for dN)"},
+        {"--tied-head", nullptr, Flag::INT, &o.tied_head, one_of({"-1", "0", "1"}), "Llama family: 1 to tie the LM head to the token embeddings, 0 for a head of its own (-1: the preset's; 1 for dN)"},
+        {"--norm-eps", nullptr, Flag::FLOAT, &o.norm_eps, or_minus_one(open_interval(0, 1)), "Llama family: the RMSNorms' epsilon (-1: the preset's; 1e-5 for dN)"},
+        {"--rope-theta", nullptr, Flag::FLOAT, &o.rope_theta, or_minus_one(above(1)), "Llama family: the rotary embeddings' base (-1: the preset's; 10000 for dN)"},
+        {"--rope-scaling", nullptr, Flag::STRING, &o.rope_scaling, anything(), "Llama family: Llama 3's frequency scaling, FACTOR,LOW,HIGH,POSITIONS (8,1,4,8192 for Llama 3.1) or off (empty: the preset's; off for dN)"},
         {"--init-from", nullptr, Flag::STRING, &o.model, anything(), "same as --model (a model file)"},
         {"--layers", nullptr, Flag::INT, &o.layers, or_minus_one(closed(1, kMaxLayers)), "override the number of layers (-1: from --model)"},
         {"--heads", nullptr, Flag::INT, &o.heads, or_minus_one(closed(1, kMaxChannels / 64)), "override the number of attention heads (-1: from --model)"},
@@ -359,26 +379,44 @@ inline RunShape validate_options(const Options& o, int world) {
     PipelineOptions& pipeline = run.pipeline;
     parse_pipeline_schedule(o.pipeline_schedule, &pipeline.kind);  // one of the table's choices
     pipeline.virtual_stages = o.virtual_stages > 0 ? o.virtual_stages : pipeline.kind == PipelineScheduleKind::kInterleaved ? 2 : 1;
-    // model shape: a dN descriptor (plus overrides), or a model file
+    // model shape: a dN descriptor or a Llama-family preset (plus overrides), or a model file
     ModelConfig& config = run.config;
     std::string descriptor_problem;
-    const bool from_file = !config_from_descriptor(o.model, config, &descriptor_problem);
+    const bool preset = config_from_preset(o.model, config);
+    const bool from_file = !preset && !config_from_descriptor(o.model, config, &descriptor_problem);
     if (!descriptor_problem.empty()) die("--model " + o.model + ": " + descriptor_problem);
     struct stat model_stat;
     if (from_file && stat(o.model.c_str(), &model_stat) == 0 && S_ISDIR(model_stat.st_mode))
         die("--model " + o.model + ": is a directory; expected dN (e.g. d12) or an llm.c model file");
     if (from_file) {
         config = read_model_config(o.model);  // its shape and size; each rank reads its part later
-        if (config.llama()) die("--model " + o.model + ": a Llama-family model file; train_gpt trains GPT-2 models (d12, ... or an llm.c GPT-2 file)");
         const FileChecksum checksum = check_file_checksum(o.model);  // a damaged download or copy stops here
         if (checksum.status == FileChecksum::kDamaged) die("--model " + checksum.problem);
-        if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0)
-            die("--layers/--heads/--channels/--max-seq-len apply to a dN model, not to a model file (" + o.model + ")");
+        if (o.layers > 0 || o.heads > 0 || o.channels > 0 || o.max_seq_len > 0 || !o.arch.empty() || llama_shape_flag_given(o))
+            die("--layers/--heads/--channels/--max-seq-len/--arch and the Llama shape flags apply to a dN model or a preset, not to a model file (" +
+                o.model + ")");
     } else {
+        if (preset && o.arch == "gpt2") die("--arch gpt2: --model " + o.model + " is a Llama-family preset");
+        if (!config.llama() && o.arch != "llama" && llama_shape_flag_given(o))
+            die("--kv-heads/--ffn/--vocab/--qkv-bias/--tied-head/--norm-eps/--rope-theta/--rope-scaling shape a Llama-family model: add --arch llama "
+                "or use a preset (" + std::string(kPresetNames) + ")");
         if (o.layers > 0) config.num_layers = o.layers;
         if (o.heads > 0) config.num_heads = o.heads;
         if (o.channels > 0) config.channels = o.channels;
         if (o.max_seq_len > 0) config.max_seq_len = o.max_seq_len;
+        if (o.arch == "llama" && !config.llama()) config = llama_of_shape(config);
+        if (o.kv_heads > 0) config.kv_heads = o.kv_heads;
+        if (o.ffn > 0) config.ffn = o.ffn;
+        if (o.vocab > 0) {
+            config.vocab_size = o.vocab;
+            config.padded_vocab_size = pad_vocab(o.vocab);
+        }
+        if (o.qkv_bias >= 0) config.qkv_bias = o.qkv_bias == 1;
+        if (o.tied_head >= 0) config.tied_head = o.tied_head == 1;
+        if (o.norm_eps > 0) config.norm_eps = o.norm_eps;
+        if (o.rope_theta > 0) config.rope_theta = o.rope_theta;
+        if (!o.rope_scaling.empty() && !parse_rope_scaling(o.rope_scaling, &config.rope_scaling))
+            die("--rope-scaling " + o.rope_scaling + ": expected off or FACTOR,LOW,HIGH,POSITIONS (Llama 3.1: 8,1,4,8192)");
         std::string problem = config_problem(config);
         if (!problem.empty()) die("model " + o.model + ": " + problem);
     }
@@ -473,6 +511,7 @@ inline RunShape validate_options(const Options& o, int world) {
     // widths (C, 3C, 4C, and their 1/tp) are multiples of 16 as FP8 needs: C / tp is a multiple of the head size, 64
     // or 128 (config_problem)
     if (o.precision == "fp8") {
+        if (config.llama()) die("--precision fp8: FP8 products run in GPT-2 models; train a Llama-family model in bf16");
         if (lora.enabled())
             die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
         if ((long)o.batch_size * o.seq_len % 16 != 0)

@@ -10,7 +10,9 @@
 // gives each one's distance from the dispatched forward's out and lse. Likewise the backward: there "bwd_det" and
 // "bwd_atomic" are the Hopper backward, "bwd_mma_sync_det" / "bwd_mma_sync_atomic" time the mma.sync one, and a
 // check line gives each one's dqkv distance from the Hopper deterministic dqkv.
-// Usage: bench_attention B H T D [bf16|fp16] [reps]
+// KVH < H: grouped-query attention, the H query heads sharing KVH kv heads (Llama 3 8B: 32 and 8, D = 128); the
+// FLOPs are counted per query head as for H heads.
+// Usage: bench_attention B H T D [bf16|fp16] [reps] [KVH]   (KVH defaults to H)
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,7 +38,7 @@ template <typename T> double rel_l2(const T* got, const T* ref, long n) {
 
 // On Hopper: the other forwards beside the dispatched one (already in out, lse), timed and compared with it.
 template <typename T>
-void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int Tn, int H, int D, int reps, double flops,
+void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int Tn, int H, int KVH, int D, int reps, double flops,
                       cudaStream_t stream) {
     const long n = (long)B * Tn * H * D, nl = (long)B * H * Tn;
     T* out2;
@@ -54,12 +56,12 @@ void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int T
         printf("check %d %d %d %d %s vs fwd: out rel L2 %.2e, lse rel L2 %.2e\n", B, H, Tn, D, what, e_out, e_lse);
     };
     if (D == 64) {
-        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 64>(out2, lse2, qkv, B, Tn, H, stream); });
+        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 64>(out2, lse2, qkv, B, Tn, H, KVH, stream); });
         // the variant not dispatched at this T (three consumer warpgroups from T = 2048 on, two below)
-        if (Tn >= 2048) run("fwd_hopper_nc2", [&] { flash::hopper::forward<T, 64, 2>(out2, lse2, qkv, B, Tn, H, stream); });
-        else run("fwd_hopper_nc3", [&] { flash::hopper::forward<T, 64, 3>(out2, lse2, qkv, B, Tn, H, stream); });
+        if (Tn >= 2048) run("fwd_hopper_nc2", [&] { flash::hopper::forward<T, 64, 2>(out2, lse2, qkv, B, Tn, H, KVH, stream); });
+        else run("fwd_hopper_nc3", [&] { flash::hopper::forward<T, 64, 3>(out2, lse2, qkv, B, Tn, H, KVH, stream); });
     } else {
-        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 128>(out2, lse2, qkv, B, Tn, H, stream); });
+        run("fwd_mma_sync", [&] { flash::forward_mma_sync<T, 128>(out2, lse2, qkv, B, Tn, H, KVH, stream); });
     }
     cudaCheck(cudaFree(out2));
     cudaCheck(cudaFree(lse2));
@@ -69,14 +71,14 @@ void compare_forwards(const T* out, const float* lse, const T* qkv, int B, int T
 // dispatched deterministic backward's dqkv (`ref`).
 template <typename T>
 void compare_backwards(const T* ref, const T* dout, const T* qkv, const T* out, const float* lse, void* scratch, int B,
-                       int Tn, int H, int D, int reps, double flops, cudaStream_t stream) {
-    const long n = 3L * B * Tn * H * D;
+                       int Tn, int H, int KVH, int D, int reps, double flops, cudaStream_t stream) {
+    const long n = (long)B * Tn * (H + 2 * KVH) * D;
     T* dqkv2;
     cudaCheck(cudaMalloc(&dqkv2, n * sizeof(T)));
     for (bool deterministic : {true, false}) {
         auto launch = [&] {
-            if (D == 64) flash::backward_mma_sync<T, 64>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, deterministic, stream);
-            else flash::backward_mma_sync<T, 128>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, deterministic, stream);
+            if (D == 64) flash::backward_mma_sync<T, 64>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, KVH, deterministic, stream);
+            else flash::backward_mma_sync<T, 128>(dqkv2, dout, qkv, out, lse, scratch, B, Tn, H, KVH, deterministic, stream);
         };
         const char* what = deterministic ? "bwd_mma_sync_det" : "bwd_mma_sync_atomic";
         cudaCheck(cudaMemset(dqkv2, 0xFF, n * sizeof(T)));  // NaN: what is not written shows
@@ -90,31 +92,32 @@ void compare_backwards(const T* ref, const T* dout, const T* qkv, const T* out, 
     cudaCheck(cudaFree(dqkv2));
 }
 
-template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
+template <typename T> void bench(int B, int H, int KVH, int Tn, int D, int reps) {
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    const long n = (long)B * Tn * H * D;
-    T* qkv = random_device_array<T>(3 * n, 1);
+    const long n = (long)B * Tn * H * D, n_qkv = (long)B * Tn * (H + 2 * KVH) * D;
+    T* qkv = random_device_array<T>(n_qkv, 1);
     T* dout = random_device_array<T>(n, 2);
     T *out, *dqkv;
     float* lse;
     void* scratch;
     cudaCheck(cudaMalloc(&out, n * sizeof(T)));
-    cudaCheck(cudaMalloc(&dqkv, 3 * n * sizeof(T)));
+    cudaCheck(cudaMalloc(&dqkv, n_qkv * sizeof(T)));
     cudaCheck(cudaMalloc(&lse, (long)B * H * Tn * sizeof(float)));
-    cudaCheck(cudaMalloc(&scratch, flash_attention_backward_scratch_bytes(B, Tn, H, D)));
+    cudaCheck(cudaMalloc(&scratch, flash_attention_backward_scratch_bytes(B, Tn, H, KVH, D)));
     cudaCheck(cudaDeviceSynchronize());
 
     const double fwd_flops = 4.0 * B * H * (double)Tn * Tn * D / 2.0;
     auto report = [&](const char* what, float ms, double flops) {
         printf("ours %s %d %d %d %d %.4f %.1f\n", what, B, H, Tn, D, ms, flops / (ms * 1e-3) / 1e12);
     };
-    auto fwd = [&]() { flash_attention_forward(out, lse, qkv, B, Tn, H, D, stream); };
+    if (KVH != H) printf("grouped-query: %d query heads on %d kv heads\n", H, KVH);
+    auto fwd = [&]() { flash_attention_forward(out, lse, qkv, B, Tn, H, KVH, D, stream); };
     report("fwd", median_ms(fwd, 3, reps, stream), fwd_flops);
-    if (flash::hopper::available()) compare_forwards<T>(out, lse, qkv, B, Tn, H, D, reps, fwd_flops, stream);
+    if (flash::hopper::available()) compare_forwards<T>(out, lse, qkv, B, Tn, H, KVH, D, reps, fwd_flops, stream);
     for (bool deterministic : {true, false}) {
         auto bwd = [&]() {
-            flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, deterministic, stream);
+            flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, KVH, D, deterministic, stream);
         };
         auto fwd_bwd = [&]() { fwd(); bwd(); };
         report(deterministic ? "bwd_det" : "bwd_atomic", median_ms(bwd, 3, reps, stream), 2.5 * fwd_flops);
@@ -123,20 +126,20 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
 
     if (flash::hopper::available()) {  // the dispatched deterministic backward as the reference
         T* ref;
-        cudaCheck(cudaMalloc(&ref, 3 * n * sizeof(T)));
-        flash_attention_backward(ref, dout, qkv, out, lse, scratch, B, Tn, H, D, true, stream);
+        cudaCheck(cudaMalloc(&ref, n_qkv * sizeof(T)));
+        flash_attention_backward(ref, dout, qkv, out, lse, scratch, B, Tn, H, KVH, D, true, stream);
         cudaCheck(cudaStreamSynchronize(stream));
-        compare_backwards<T>(ref, dout, qkv, out, lse, scratch, B, Tn, H, D, reps, 2.5 * fwd_flops, stream);
+        compare_backwards<T>(ref, dout, qkv, out, lse, scratch, B, Tn, H, KVH, D, reps, 2.5 * fwd_flops, stream);
         cudaCheck(cudaFree(ref));
     }
 
     // Untimed check at this size: `reps` deterministic backwards give the bits of the first one; the atomic
     // result is close to it.
-    std::vector<T> first(3 * n), got(3 * n);
+    std::vector<T> first(n_qkv), got(n_qkv);
     auto backward_to_host = [&](std::vector<T>& host, bool deterministic) {
-        flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, D, deterministic, stream);
+        flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, Tn, H, KVH, D, deterministic, stream);
         cudaCheck(cudaStreamSynchronize(stream));
-        cudaCheck(cudaMemcpy(host.data(), dqkv, 3 * n * sizeof(T), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(host.data(), dqkv, n_qkv * sizeof(T), cudaMemcpyDeviceToHost));
     };
     backward_to_host(first, true);
     bool same = true;
@@ -146,7 +149,7 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
     }
     backward_to_host(got, false);
     double num = 0.0, den = 0.0;
-    for (long i = 0; i < 3 * n; i++) {
+    for (long i = 0; i < n_qkv; i++) {
         const double a = (float)got[i], b = (float)first[i];
         num += (a - b) * (a - b);
         den += b * b;
@@ -164,13 +167,13 @@ template <typename T> void bench(int B, int H, int Tn, int D, int reps) {
 
 int main(int argc, char** argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: bench_attention B H T D [bf16|fp16] [reps]\n");
+        fprintf(stderr, "usage: bench_attention B H T D [bf16|fp16] [reps] [KVH]\n");
         return 2;
     }
     const int B = atoi(argv[1]), H = atoi(argv[2]), Tn = atoi(argv[3]), D = atoi(argv[4]);
     const std::string type = argc > 5 ? argv[5] : "bf16";
-    const int reps = argc > 6 ? atoi(argv[6]) : 30;
-    if (type == "fp16") bench<__half>(B, H, Tn, D, reps);
-    else bench<__nv_bfloat16>(B, H, Tn, D, reps);
+    const int reps = argc > 6 ? atoi(argv[6]) : 30, KVH = argc > 7 ? atoi(argv[7]) : H;
+    if (type == "fp16") bench<__half>(B, H, KVH, Tn, D, reps);
+    else bench<__nv_bfloat16>(B, H, KVH, Tn, D, reps);
     return 0;
 }

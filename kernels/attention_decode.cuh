@@ -1,7 +1,8 @@
 // Attention for sampling with a KV cache: the queries of a few new positions of one sequence against the keys and
 // values of every position so far, read from the qkv buffer where the forward left them (the cache is each block's
-// qkv activation: position p's keys and values stay at its row p). The prompt itself goes through the training
-// forward (flash_attention.cuh) once; each later token is one row (a few, padded, under sequence parallelism).
+// qkv activation: position p's keys and values stay at its row p, one per kv head, which the query heads of its
+// group share). The prompt itself goes through the training forward (flash_attention.cuh) once; each later token is
+// one row (a few, padded, under sequence parallelism).
 // The work per token is small (one query row per head against at most T keys) and bound by the latency of its
 // loads: one block per (query, head) of 256 threads, a thread per key for the scores and a group of threads per
 // position for the weighted values, each reading 16 bytes at a time so that many loads are in flight; fp32 softmax
@@ -12,10 +13,13 @@
 
 constexpr int kDecodeThreads = 256;
 
-// out (rows, NH * hs): for row r, the query at position pos + r of qkv (Tmax, 3, NH, hs), against keys and values
-// 0..pos + r (causal). One block per (head, row); the scores live in dynamic shared memory.
+// out (rows, NH * hs): for row r, the query at position pos + r of qkv (Tmax, NH + 2 * KVH, hs) (each row
+// [q: NH heads | k: KVH heads | v: KVH heads], flash_attention.cuh's layout: query head h reads kv head
+// h / (NH / KVH)), against keys and values 0..pos + r (causal). One block per (query head, row); the scores live in
+// dynamic shared memory.
 template <typename floatX>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(floatX* out, const floatX* qkv, int pos, int NH, int hs, float scale) {
+__global__ void __launch_bounds__(kDecodeThreads)
+attention_decode_kernel(floatX* out, const floatX* qkv, int pos, int NH, int KVH, int hs, float scale) {
     using Vec = Packed128<floatX>;
     constexpr int V = Vec::size;
     extern __shared__ float shared[];
@@ -25,9 +29,9 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(floatX
     float* scores = sums + kDecodeThreads * V;  // n
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int n = pos + r + 1;      // the keys this query sees
-    const long row = 3L * NH * hs;  // one position's q, k and v
-    const floatX* keys = qkv + (long)NH * hs + (long)h * hs;
-    const floatX* values = qkv + 2L * NH * hs + (long)h * hs;
+    const long row = (long)(NH + 2 * KVH) * hs;  // one position's q, k and v
+    const floatX* keys = qkv + (long)(NH + h / (NH / KVH)) * hs;
+    const floatX* values = keys + (long)KVH * hs;
     for (int d = tid; d < hs; d += kDecodeThreads) q[d] = to_float(qkv[(long)(pos + r) * row + (long)h * hs + d]) * scale;
     __syncthreads();
     float local_max = -INFINITY;
@@ -84,13 +88,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(floatX
 }
 
 template <typename floatX>
-void attention_decode(floatX* out, const floatX* qkv, int pos, int rows, int NH, int hs, cudaStream_t stream) {
+void attention_decode(floatX* out, const floatX* qkv, int pos, int rows, int NH, int KVH, int hs, cudaStream_t stream) {
     constexpr int V = Packed128<floatX>::size;
+    if (KVH < 1 || NH % KVH != 0)
+        die("attention_decode: " + std::to_string(NH) + " query heads cannot share " + std::to_string(KVH) + " kv heads in equal groups");
     if (hs % V != 0 || hs / V > kDecodeThreads)
         die("attention_decode: head size " + std::to_string(hs) + " must be a multiple of " + std::to_string(V) + " and at most " + std::to_string(kDecodeThreads * V));
     const size_t smem = (hs + kDecodeThreads + (size_t)kDecodeThreads * V + (size_t)(pos + rows)) * sizeof(float);
     auto kernel = attention_decode_kernel<floatX>;
     if (smem > 48 * 1024) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<dim3(NH, rows), kDecodeThreads, smem, stream>>>(out, qkv, pos, NH, hs, 1.0f / sqrtf((float)hs));
+    kernel<<<dim3(NH, rows), kDecodeThreads, smem, stream>>>(out, qkv, pos, NH, KVH, hs, 1.0f / sqrtf((float)hs));
     cudaCheckLaunch();
 }

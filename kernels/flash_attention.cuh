@@ -1,5 +1,5 @@
-// Fused causal multi-head attention, FlashAttention-2 style: softmax(Q K^T / sqrt(hs)) V and its backward
-// without any T x T matrix in global memory. Q, K and V tiles live in shared memory, the softmax is computed
+// Fused causal attention with grouped-query heads, FlashAttention-2 style: softmax(Q K^T / sqrt(hs)) V and its
+// backward without any T x T matrix in global memory. Q, K and V tiles live in shared memory, the softmax is computed
 // online in fp32, key tiles above the diagonal are skipped and the diagonal tiles are masked.
 //   bf16 / fp16: tensor cores (mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled shared memory, cp.async
 //                multi-buffering), head sizes 64 and 128. On Hopper (compute capability 9.x, binary built for
@@ -7,10 +7,16 @@
 //                warp-specialised producer / consumer warpgroups, which mma.sync cannot feed at Hopper's
 //                tensor-core rate. The mma.sync kernels stay for every other GPU and build.
 //   fp32:        plain FFMA kernels, exact up to summation order (for checks and the fp32 training mode).
-// Layouts: qkv (B,T,3,NH,hs) as the qkv matmul writes it; out and dout (B,T,NH,hs) = (B,T,C); lse (B,NH,T)
-// holds the natural log-sum-exp of each row of scaled scores, saved by the forward for the backward.
-// Backward (bf16/fp16, mma.sync and Hopper alike): one CTA per key block accumulates dK, dV in registers over
-// the query blocks below the diagonal; dQ partial sums from different key blocks meet in an fp32 buffer:
+// Layouts: qkv (B,T,NH+2*KVH,hs) as the qkv matmul writes it, each row [q: NH heads | k: KVH heads | v: KVH
+// heads]: query head h reads kv head h / (NH/KVH) (grouped-query attention; KVH = NH is multi-head attention,
+// GPT-2's (B,T,3,NH,hs), for which every index below reduces to the multi-head one); dqkv has qkv's layout; out
+// and dout (B,T,NH,hs) = (B,T,C); lse (B,NH,T) holds the natural log-sum-exp of each row of scaled scores, saved
+// by the forward for the backward. A forward CTA reads the K and V of its query head's kv head, which the other
+// heads of the group read too (mostly from L2).
+// Backward (bf16/fp16, mma.sync and Hopper alike): one CTA per key block of a kv head accumulates dK, dV in
+// registers over the query blocks below the diagonal of each query head of its group in turn (K and V loaded
+// once per group, the sums over the group in a fixed order in both modes); dQ partial sums from different key
+// blocks meet in an fp32 buffer per query head:
 //   deterministic = false: fp32 atomics in whatever order they arrive, a zeroing pass before and a
 //                          conversion pass after.
 //   deterministic = true:  a fixed order, highest key block first, handed on through one turn counter per
@@ -30,6 +36,9 @@
 namespace flash {
 
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The kv head that query head h reads: heads h0 .. h0 + NH/KVH - 1 share one.
+__host__ __device__ __forceinline__ int kv_head(int h, int NH, int KVH) { return h / (NH / KVH); }
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers. The asm that touches shared memory is volatile so that it stays on its side of barriers.
@@ -174,7 +183,7 @@ template <int HS> struct FwdConfig {
 
 template <typename T, int HS>
 __global__ void __launch_bounds__(FwdConfig<HS>::THREADS, FwdConfig<HS>::MIN_BLOCKS)
-flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, float scale_log2) {
+flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int KVH, int nqb, float scale_log2) {
     using Cfg = FwdConfig<HS>;
     constexpr int MT = Cfg::MT, BR = Cfg::BR, BC = Cfg::BC, THREADS = Cfg::THREADS, WR = 16 * MT;
     constexpr int KS = HS / 16;  // k-steps of Q K^T over the head dimension
@@ -191,10 +200,10 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
     const int qb = nqb - 1 - (int)(blockIdx.x % nqb);  // longest rows (most key blocks) first
     const long bh = blockIdx.x / nqb;
     const int b = (int)(bh / NH), h = (int)(bh % NH);
-    const long C = (long)NH * HS, stride = 3 * C;
+    const long C = (long)NH * HS, stride = (long)(NH + 2 * KVH) * HS;
     const T* q_g = qkv + (long)b * Tn * stride + h * HS;
-    const T* k_g = q_g + C;
-    const T* v_g = q_g + 2 * C;
+    const T* k_g = qkv + (long)b * Tn * stride + C + (long)kv_head(h, NH, KVH) * HS;
+    const T* v_g = k_g + (long)KVH * HS;
     const int q0 = qb * BR;
     const int n_kb = (min(q0 + BR, Tn) - 1) / BC + 1;  // key blocks up to the last query row
     const int row_w = q0 + warp * WR;                  // first query row of this warp
@@ -369,12 +378,13 @@ flash_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int NH, int nqb, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, tensor cores. One CTA = 8 warps = one key block of 128 rows (K, V resident in shared memory),
-// looping over the query blocks of 64 rows at and below the diagonal (Q, dO, lse, D triple-buffered, so
-// that the barrier at the top of an iteration protects both the buffers and P / dS; one more after P / dS
-// are written, two per iteration in all):
+// Backward, tensor cores. One CTA = 8 warps = one key block of 128 rows of a kv head (K, V resident in shared
+// memory), looping over the query heads of its group and, for each, over the query blocks of 64 rows at and
+// below the diagonal (Q, dO, lse, D triple-buffered, so that the barrier at the top of an iteration protects
+// both the buffers and P / dS; one more after P / dS are written, two per iteration in all):
 //   S  = Q K^T, dP = dO V^T      warp tile 32 queries x 32 keys; P and dS = P * (dP - D) go to shared memory
-//   dV += P^T dO, dK += dS^T Q   warp tile 32 keys x hs/2, accumulated in registers over all query blocks
+//   dV += P^T dO, dK += dS^T Q   warp tile 32 keys x hs/2, accumulated in registers over all query blocks of
+//                                all the group's heads
 //   dQ  = dS K                   warp tile 32 queries x hs/4, added into the fp32 dQ buffer
 // FLOPs per pair of blocks: 5 products, as counted by the usual 2.5x-forward convention.
 constexpr int kBwdThreads = 256, kBwdBN = 128, kBwdBM = 64;
@@ -416,7 +426,7 @@ template <int HS> constexpr size_t bwd_smem_bytes() {
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(kBwdThreads, 1)
 flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, const T* qkv, const float* lse,
-                      const float* Dvec, int Tn, int NH, int nkb, int nqb, float scale, float scale_log2) {
+                      const float* Dvec, int Tn, int NH, int KVH, int nkb, int nqb, float scale, float scale_log2) {
     constexpr int BN = kBwdBN, BM = kBwdBM, THREADS = kBwdThreads;
     constexpr uint32_t KV_BYTES = BN * HS * 2, QD_BYTES = BM * HS * 2, PS_BYTES = BM * BN * 2;
     constexpr int DN = HS / 16;  // 8-wide column tiles of this warp's dK, dV (hs/2 columns)
@@ -430,37 +440,51 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
     const float* sD = reinterpret_cast<const float*>(smem + oD);
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
-    // Highest key block of each head first: in deterministic mode a key block waits on the higher ones, which
+    // Highest key block of each kv head first: in deterministic mode a key block waits on the higher ones, which
     // are then always launched before it.
     const int kb = nkb - 1 - (int)(blockIdx.x % nkb);
-    const long bh = blockIdx.x / nkb;
-    const int b = (int)(bh / NH), h = (int)(bh % NH);
-    const long C = (long)NH * HS, stride = 3 * C;
-    const T* q_g = qkv + (long)b * Tn * stride + h * HS;
-    const T* k_g = q_g + C;
-    const T* v_g = q_g + 2 * C;
-    const T* do_g = dout + (long)b * Tn * C + h * HS;
-    const float* lse_g = lse + bh * Tn;
-    const float* D_g = Dvec + bh * Tn;
+    const long bkv = blockIdx.x / nkb;
+    const int b = (int)(bkv / KVH), kvh = (int)(bkv % KVH), group = NH / KVH;
+    const long C = (long)NH * HS, stride = (long)(NH + 2 * KVH) * HS;
+    const T* qkv_b = qkv + (long)b * Tn * stride;
+    const T* k_g = qkv_b + C + (long)kvh * HS;
+    const T* v_g = k_g + (long)KVH * HS;
     const int k0 = kb * BN;
-    const int first_qb = k0 / BM;
-
-    auto load_q_block = [&](int qb, int buf) {
-        load_tile<BM, HS, THREADS>(base + oQ + buf * QD_BYTES, q_g, stride, qb * BM, Tn, tid);
-        load_tile<BM, HS, THREADS>(base + oO + buf * QD_BYTES, do_g, C, qb * BM, Tn, tid);
+    const int first_qb = k0 / BM, nq = nqb - first_qb, h_end = (kvh + 1) * group;
+    // The iterations take the group's query heads h in turn, each over its nq query blocks qb from first_qb up, in
+    // nested loops; the prefetch finds its block by subtraction. (A flat loop over the pairs, with a division or
+    // with the prefetch's pair carried along, made the hs 128 kernels spill: ptxas sm_80, 140-170 bytes, not 0-28.)
+    auto load_q_block = [&](int h, int qb, int buf) {
+        const int row0 = qb * BM;
+        const long bh = (long)b * NH + h;
+        load_tile<BM, HS, THREADS>(base + oQ + buf * QD_BYTES, qkv_b + h * HS, stride, row0, Tn, tid);
+        load_tile<BM, HS, THREADS>(base + oO + buf * QD_BYTES, dout + (long)b * Tn * C + h * HS, C, row0, Tn, tid);
         if (tid < 2 * BM) {
-            const int r = tid % BM, row = qb * BM + r;
+            const int r = tid % BM, row = row0 + r;
             const bool valid = row < Tn;
-            const float* src = tid < BM ? lse_g : D_g;
+            const float* src = (tid < BM ? lse : Dvec) + bh * Tn;
             cp_async4(base + (tid < BM ? oL : oD) + (buf * BM + r) * 4, src + (valid ? row : 0), valid);
         }
+    };
+    // the block n <= 2 iterations after (h, qb), if there is one (n = 2 and nq = 1: two heads on)
+    auto load_ahead = [&](int h, int qb, int n, int buf) {
+        qb += n;
+        if (qb >= nqb) {
+            qb -= nq;
+            h++;
+        }
+        if (qb >= nqb) {
+            qb -= nq;
+            h++;
+        }
+        if (h < h_end) load_q_block(h, qb, buf);
     };
     // one commit group per query block (empty past the end, so that the group counting stays uniform)
     load_tile<BN, HS, THREADS>(base + oK, k_g, stride, k0, Tn, tid);
     load_tile<BN, HS, THREADS>(base + oV, v_g, stride, k0, Tn, tid);
-    load_q_block(first_qb, 0);
+    load_q_block(kvh * group, first_qb, 0);
     cp_async_commit();
-    if (first_qb + 1 < nqb) load_q_block(first_qb + 1, 1);
+    load_ahead(kvh * group, first_qb, 1, 1);
     cp_async_commit();
 
     const int wm = warp >> 2, wn = warp & 3;  // S / dP tile: queries wm*32.., keys wn*32..
@@ -488,189 +512,193 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
 #pragma unroll
             for (int e = 0; e < 4; e++) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
 
-    int* turns = dq_turn + bh * nqb;  // deterministic mode: per query block, key blocks that have added
-    for (int qb = first_qb, buf = 0; qb < nqb; qb++, buf = buf == 2 ? 0 : buf + 1) {
-        const int it = qb - first_qb;
-        cp_async_wait<1>();  // this block's group; the next one may still be in flight
-        // Every warp is past iteration it-1: buffer (it-1) % 3 and P / dS are free to overwrite.
-        __syncthreads();
-        const int q0 = qb * BM;
-        const uint32_t sQ = base + oQ + buf * QD_BYTES, sO = base + oO + buf * QD_BYTES;
+    int* prev_turns = nullptr;  // deterministic mode: the previous iteration's turn counter
+    int buf = 0;  // the Q, dO, lse, D buffer of (h, qb), running on across the heads
+    for (int h = kvh * group; h < h_end; h++)
+        for (int qb = first_qb; qb < nqb; qb++, buf = buf == 2 ? 0 : buf + 1) {
+            const long bh = (long)b * NH + h;
+            int* turns = dq_turn + bh * nqb + qb;  // deterministic mode: key blocks that have added to this block
+            cp_async_wait<1>();  // this block's group; the next one may still be in flight
+            // Every warp is past the previous iteration: its buffer and P / dS are free to overwrite.
+            __syncthreads();
+            const int q0 = qb * BM;
+            const uint32_t sQ = base + oQ + buf * QD_BYTES, sO = base + oO + buf * QD_BYTES;
 
-        // ---- S = Q K^T -> P, then dP = dO V^T -> dS = P * (dP - D); both to shared memory. P waits for dP
-        // packed in 16-bit pairs (as it is stored and used for dV): 16 registers instead of 32.
-        {
-            const int key_w = k0 + wn * 32, row_w = q0 + wm * 32;
-            const bool live = key_w <= row_w + 31;  // else the whole tile is in the future: P = dS = 0
-            const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
-            const int ahead = key_w + tig * 2 - (row_w + g);  // key - row of element (0, 0) of each tile
-            uint32_t pp[2][2][4];                              // P of rows (mt, hf), key tile nt
+            // ---- S = Q K^T -> P, then dP = dO V^T -> dS = P * (dP - D); both to shared memory. P waits for dP
+            // packed in 16-bit pairs (as it is stored and used for dV): 16 registers instead of 32.
             {
-                float s[2][4][4];
-                warp_tile_abt<T, HS>(s, sQ + aS, bK, live);
+                const int key_w = k0 + wn * 32, row_w = q0 + wm * 32;
+                const bool live = key_w <= row_w + 31;  // else the whole tile is in the future: P = dS = 0
+                const bool need_mask = key_w + 31 > row_w || q0 + BM > Tn;
+                const int ahead = key_w + tig * 2 - (row_w + g);  // key - row of element (0, 0) of each tile
+                uint32_t pp[2][2][4];                              // P of rows (mt, hf), key tile nt
+                {
+                    float s[2][4][4];
+                    warp_tile_abt<T, HS>(s, sQ + aS, bK, live);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            const int r = wm * 32 + mt * 16 + g + hf * 8;
+                            const bool row_past = q0 + r >= Tn;
+                            const float lse2 = sL[buf * BM + r] * kLog2e;
+#pragma unroll
+                            for (int nt = 0; nt < 4; nt++) {
+                                float p[2];
+#pragma unroll
+                                for (int e = 0; e < 2; e++) {
+                                    p[e] = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
+                                    // rows past T were zero-filled (lse 0), so they are masked too; keys past T
+                                    // are always later than every valid row
+                                    if (need_mask && (ahead + nt * 8 + e > mt * 16 + hf * 8 || row_past)) p[e] = 0.0f;
+                                }
+                                pp[mt][hf][nt] = pack2<T>(p[0], p[1]);
+                                *reinterpret_cast<uint32_t*>(smem + oP + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) = pp[mt][hf][nt];
+                            }
+                        }
+                }
+                float dp[2][4][4];
+                warp_tile_abt<T, HS>(dp, sO + aS, bV, live);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         const int r = wm * 32 + mt * 16 + g + hf * 8;
-                        const bool row_past = q0 + r >= Tn;
-                        const float lse2 = sL[buf * BM + r] * kLog2e;
+                        const float Dr = sD[buf * BM + r];
 #pragma unroll
                         for (int nt = 0; nt < 4; nt++) {
-                            float p[2];
-#pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                p[e] = fast_exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -lse2));
-                                // rows past T were zero-filled (lse 0), so they are masked too; keys past T
-                                // are always later than every valid row
-                                if (need_mask && (ahead + nt * 8 + e > mt * 16 + hf * 8 || row_past)) p[e] = 0.0f;
-                            }
-                            pp[mt][hf][nt] = pack2<T>(p[0], p[1]);
-                            *reinterpret_cast<uint32_t*>(smem + oP + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) = pp[mt][hf][nt];
+                            const float2 p = unpack2<T>(pp[mt][hf][nt]);
+                            *reinterpret_cast<uint32_t*>(smem + oS + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) =
+                                pack2<T>(p.x * (dp[mt][nt][2 * hf] - Dr), p.y * (dp[mt][nt][2 * hf + 1] - Dr));
                         }
                     }
             }
-            float dp[2][4][4];
-            warp_tile_abt<T, HS>(dp, sO + aS, bV, live);
+            __syncthreads();
+            // Deterministic: every warp's dQ part of the previous iteration's block was written before this barrier,
+            // a phase ago, so the release finds it completed: hand that block on to the next key block. And
+            // look early at this block's counter; the value is needed only at the dQ writes.
+            const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add to this block before us
+            int seen = 0;
+            if constexpr (DET) {
+                if (tid == 0 && prev_turns != nullptr && kb > 0) red_release_add(prev_turns, 1);
+                if (lane == 0 && turn > 0) seen = ld_relaxed(turns);
+            }
+            load_ahead(h, qb, 2, buf == 0 ? 2 : buf - 1);
+            cp_async_commit();
+
+            // ---- dV += P^T dO, dK += dS^T Q. P and dS are stored [query][key]: transposed loads give the
+            // A fragments of P^T and dS^T.
+#pragma unroll
+            for (int kq = 0; kq < BM / 16; kq++) {
+                if (k0 + wk * 32 > q0 + kq * 16 + 15) continue;  // all of these keys are later than these queries
+                uint32_t pa[2][4], sa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    ldsm_x4_trans(pa[mt], (aP ^ (mt << 5)) + kq * 16 * ROWB_P);
+                    ldsm_x4_trans(sa[mt], (aDS ^ (mt << 5)) + kq * 16 * ROWB_P);
+                }
+#pragma unroll
+                for (int np = 0; np < DN / 2; np++) {
+                    uint32_t of[4], qf[4];
+                    ldsm_x4_trans(of, ((sO + bT) ^ (np << 5)) + kq * 16 * ROWB);
+                    ldsm_x4_trans(qf, ((sQ + bT) ^ (np << 5)) + kq * 16 * ROWB);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma16816<T>(dv[mt][2 * np], pa[mt], of[0], of[1]);
+                        mma16816<T>(dv[mt][2 * np + 1], pa[mt], of[2], of[3]);
+                        mma16816<T>(dk[mt][2 * np], sa[mt], qf[0], qf[1]);
+                        mma16816<T>(dk[mt][2 * np + 1], sa[mt], qf[2], qf[3]);
+                    }
+                }
+            }
+
+            // ---- dQ partial = dS K over this key block
+            float dq[2][QN][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < QN; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dq[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                if (k0 + kk * 16 > q0 + wq * 32 + 31) continue;  // these keys are later than all of the warp's queries
+                uint32_t sa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ldsm_x4(sa[mt], (aQ ^ (kk << 5)) + mt * 16 * ROWB_P);
+#pragma unroll
+                for (int np = 0; np < QN / 2; np++) {
+                    uint32_t kf[4];
+                    ldsm_x4_trans(kf, (bKT ^ (np << 5)) + kk * 16 * ROWB);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma16816<T>(dq[mt][2 * np], sa[mt], kf[0], kf[1]);
+                        mma16816<T>(dq[mt][2 * np + 1], sa[mt], kf[2], kf[3]);
+                    }
+                }
+            }
+
+            // ---- dQ into the fp32 buffer. Atomic mode: atomics. Deterministic: the key blocks of a query block
+            // take turns, highest first; each warp waits for its block's turn on its own (no CTA barrier), the
+            // first stores, the middle ones add (atomics, but never two at once), and key block 0, always the
+            // last, adds the sum to its own part and writes dQ itself.
+            if constexpr (DET) {
+                if (turn > 0) {
+                    if (lane == 0) {
+                        while (seen < turn) {
+                            __nanosleep(32);
+                            seen = ld_relaxed(turns);
+                        }
+                        fence_acq_rel();
+                    }
+                    __syncwarp();
+                }
+            }
+            float* acc = dq_accum + (bh * Tn + q0) * HS;
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    const int r = wm * 32 + mt * 16 + g + hf * 8;
-                    const float Dr = sD[buf * BM + r];
+                    const int r = wq * 32 + mt * 16 + g + hf * 8;
+                    if (q0 + r >= Tn) continue;
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        const float2 p = unpack2<T>(pp[mt][hf][nt]);
-                        *reinterpret_cast<uint32_t*>(smem + oS + ((sPS ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB_P)) =
-                            pack2<T>(p.x * (dp[mt][nt][2 * hf] - Dr), p.y * (dp[mt][nt][2 * hf + 1] - Dr));
-                    }
-                }
-        }
-        __syncthreads();
-        // Deterministic: every warp's dQ part of the previous query block was written before this barrier,
-        // a phase ago, so the release finds it completed: hand that block on to the next key block. And
-        // look early at this block's counter; the value is needed only at the dQ writes.
-        const int turn = min(nkb - 1, (q0 + BM - 1) / BN) - kb;  // key blocks that add to this block before us
-        int seen = 0;
-        if constexpr (DET) {
-            if (tid == 0 && it > 0 && kb > 0) red_release_add(turns + qb - 1, 1);
-            if (lane == 0 && turn > 0) seen = ld_relaxed(turns + qb);
-        }
-        if (qb + 2 < nqb) load_q_block(qb + 2, buf == 0 ? 2 : buf - 1);
-        cp_async_commit();
-
-        // ---- dV += P^T dO, dK += dS^T Q. P and dS are stored [query][key]: transposed loads give the
-        // A fragments of P^T and dS^T.
-#pragma unroll
-        for (int kq = 0; kq < BM / 16; kq++) {
-            if (k0 + wk * 32 > q0 + kq * 16 + 15) continue;  // all of these keys are later than these queries
-            uint32_t pa[2][4], sa[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                ldsm_x4_trans(pa[mt], (aP ^ (mt << 5)) + kq * 16 * ROWB_P);
-                ldsm_x4_trans(sa[mt], (aDS ^ (mt << 5)) + kq * 16 * ROWB_P);
-            }
-#pragma unroll
-            for (int np = 0; np < DN / 2; np++) {
-                uint32_t of[4], qf[4];
-                ldsm_x4_trans(of, ((sO + bT) ^ (np << 5)) + kq * 16 * ROWB);
-                ldsm_x4_trans(qf, ((sQ + bT) ^ (np << 5)) + kq * 16 * ROWB);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma16816<T>(dv[mt][2 * np], pa[mt], of[0], of[1]);
-                    mma16816<T>(dv[mt][2 * np + 1], pa[mt], of[2], of[3]);
-                    mma16816<T>(dk[mt][2 * np], sa[mt], qf[0], qf[1]);
-                    mma16816<T>(dk[mt][2 * np + 1], sa[mt], qf[2], qf[3]);
-                }
-            }
-        }
-
-        // ---- dQ partial = dS K over this key block
-        float dq[2][QN][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < QN; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) dq[mt][nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            if (k0 + kk * 16 > q0 + wq * 32 + 31) continue;  // these keys are later than all of the warp's queries
-            uint32_t sa[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(sa[mt], (aQ ^ (kk << 5)) + mt * 16 * ROWB_P);
-#pragma unroll
-            for (int np = 0; np < QN / 2; np++) {
-                uint32_t kf[4];
-                ldsm_x4_trans(kf, (bKT ^ (np << 5)) + kk * 16 * ROWB);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma16816<T>(dq[mt][2 * np], sa[mt], kf[0], kf[1]);
-                    mma16816<T>(dq[mt][2 * np + 1], sa[mt], kf[2], kf[3]);
-                }
-            }
-        }
-
-        // ---- dQ into the fp32 buffer. Atomic mode: atomics. Deterministic: the key blocks of a query block
-        // take turns, highest first; each warp waits for its block's turn on its own (no CTA barrier), the
-        // first stores, the middle ones add (atomics, but never two at once), and key block 0, always the
-        // last, adds the sum to its own part and writes dQ itself.
-        if constexpr (DET) {
-            if (turn > 0) {
-                if (lane == 0) {
-                    while (seen < turn) {
-                        __nanosleep(32);
-                        seen = ld_relaxed(turns + qb);
-                    }
-                    fence_acq_rel();
-                }
-                __syncwarp();
-            }
-        }
-        float* acc = dq_accum + (bh * Tn + q0) * HS;
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int r = wq * 32 + mt * 16 + g + hf * 8;
-                if (q0 + r >= Tn) continue;
-#pragma unroll
-                for (int nt = 0; nt < QN; nt++) {
-                    const int col = wc * (HS / 4) + nt * 8 + tig * 2;
-                    float2* p = reinterpret_cast<float2*>(acc + (long)r * HS + col);
-                    float2 v = make_float2(dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
-                    if (!DET) {
-                        atomic_add_float2(p, v);
-                    } else if (kb == 0) {
-                        if (turn > 0) {
-                            const float2 prev = __ldcg(p);
-                            v.x += prev.x;
-                            v.y += prev.y;
+                    for (int nt = 0; nt < QN; nt++) {
+                        const int col = wc * (HS / 4) + nt * 8 + tig * 2;
+                        float2* p = reinterpret_cast<float2*>(acc + (long)r * HS + col);
+                        float2 v = make_float2(dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
+                        if (!DET) {
+                            atomic_add_float2(p, v);
+                        } else if (kb == 0) {
+                            if (turn > 0) {
+                                const float2 prev = __ldcg(p);
+                                v.x += prev.x;
+                                v.y += prev.y;
+                            }
+                            *reinterpret_cast<uint32_t*>(smem + oDQ + ((sDQ ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB)) =
+                                pack2<T>(v.x * scale, v.y * scale);
+                        } else if (turn == 0) {
+                            __stcg(p, v);
+                        } else {
+                            atomic_add_float2(p, v);
                         }
-                        *reinterpret_cast<uint32_t*>(smem + oDQ + ((sDQ ^ (nt << 4)) + (mt * 16 + hf * 8) * ROWB)) =
-                            pack2<T>(v.x * scale, v.y * scale);
-                    } else if (turn == 0) {
-                        __stcg(p, v);
-                    } else {
-                        atomic_add_float2(p, v);
                     }
                 }
-            }
-        if (DET && kb == 0) {  // the warp's staged part of dQ, 16-byte stores
-            __syncwarp();
-            constexpr int CPR = HS / 32;  // chunks per row of the part
+            if (DET && kb == 0) {  // the warp's staged part of dQ, 16-byte stores
+                __syncwarp();
+                constexpr int CPR = HS / 32;  // chunks per row of the part
 #pragma unroll
-            for (int i = 0; i < CPR; i++) {
-                const int idx = lane + 32 * i, r = wq * 32 + idx / CPR, c = wc * CPR + idx % CPR;
-                if (q0 + r < Tn)
-                    *reinterpret_cast<uint4*>(dqkv + ((long)b * Tn + q0 + r) * stride + h * HS + c * 8) =
-                        *reinterpret_cast<const uint4*>(smem + oDQ + swz<HS>(r, c));
+                for (int i = 0; i < CPR; i++) {
+                    const int idx = lane + 32 * i, r = wq * 32 + idx / CPR, c = wc * CPR + idx % CPR;
+                    if (q0 + r < Tn)
+                        *reinterpret_cast<uint4*>(dqkv + ((long)b * Tn + q0 + r) * stride + h * HS + c * 8) =
+                            *reinterpret_cast<const uint4*>(smem + oDQ + swz<HS>(r, c));
+                }
             }
+            prev_turns = turns;
         }
-    }
     __syncthreads();  // the last iteration's reads of K and V (and dQ writes) are done
-    if (DET && tid == 0 && kb > 0) red_release_add(turns + nqb - 1, 1);
+    if (DET && tid == 0 && kb > 0) red_release_add(prev_turns, 1);
 
     // dK (scaled), dV: staged in the K and V tiles (free now), written with 16-byte stores
 #pragma unroll
@@ -685,9 +713,9 @@ flash_backward_kernel(T* dqkv, float* dq_accum, int* dq_turn, const T* dout, con
             }
         }
     __syncthreads();
-    T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
+    T* dk_g = dqkv + (long)b * Tn * stride + C + (long)kvh * HS;
     store_tile<BN, HS, THREADS>(dk_g, stride, smem + oK, k0, Tn, tid);
-    store_tile<BN, HS, THREADS>(dk_g + C, stride, smem + oV, k0, Tn, tid);
+    store_tile<BN, HS, THREADS>(dk_g + (long)KVH * HS, stride, smem + oV, k0, Tn, tid);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -743,7 +771,7 @@ void backward_prep(float* D, float* lse2, float* dq_zero, int* turns, long num_t
 
 // Atomic mode: dQ (scaled) from the fp32 buffer (B,NH,T,hs) into its slice of dqkv.
 template <typename T, int HS>
-__global__ void flash_dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, long rows, float scale) {
+__global__ void flash_dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int KVH, long rows, float scale) {
     constexpr int X = Packed128<T>::size, CPR = HS / X;
     const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long row = idx / CPR;  // over (B, T, NH)
@@ -761,7 +789,7 @@ __global__ void flash_dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, 
         v[i + 2] = from_float<T>(f.z * scale);
         v[i + 3] = from_float<T>(f.w * scale);
     }
-    store128(dqkv + bt * 3 * NH * HS + h * HS + c * X, v);
+    store128(dqkv + bt * (NH + 2 * KVH) * HS + h * HS + c * X, v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -773,7 +801,7 @@ constexpr int kF32Threads = 128, kF32Rows = 16, kF32Tile = 32;
 
 template <int HS>
 __global__ void __launch_bounds__(kF32Threads)
-flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int NH, int nqb, float scale) {
+flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int NH, int KVH, int nqb, float scale) {
     constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
     extern __shared__ float fsm[];
     float* sQ = fsm;                        // [16][HS]
@@ -783,8 +811,9 @@ flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int 
     const int qb = nqb - 1 - (int)(blockIdx.x % nqb);
     const long bh = blockIdx.x / nqb;
     const int b = (int)(bh / NH), h = (int)(bh % NH);
-    const long C = (long)NH * HS, stride = 3 * C;
+    const long C = (long)NH * HS, stride = (long)(NH + 2 * KVH) * HS, V = (long)KVH * HS;  // V: values after keys
     const float* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const float* k_g = qkv + (long)b * Tn * stride + C + (long)kv_head(h, NH, KVH) * HS;
     const int q0 = qb * kF32Rows;
     for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
         const int r = i / HS, t = q0 + r;
@@ -804,9 +833,9 @@ flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int 
         __syncthreads();
         for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
             const int r = i / HS, d = i % HS, key = k0 + r;
-            const float* src = q_g + (long)key * stride + d;
-            sK[r * (HS + 1) + d] = key < Tn ? src[C] : 0.0f;
-            sV[i] = key < Tn ? src[2 * C] : 0.0f;
+            const float* src = k_g + (long)key * stride + d;
+            sK[r * (HS + 1) + d] = key < Tn ? src[0] : 0.0f;
+            sV[i] = key < Tn ? src[V] : 0.0f;
         }
         __syncthreads();
         float s[RPW];
@@ -853,7 +882,7 @@ flash_forward_fp32_kernel(float* out, float* lse, const float* qkv, int Tn, int 
 template <int HS>
 __global__ void __launch_bounds__(kF32Threads)
 flash_backward_dq_fp32_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* Dvec,
-                              int Tn, int NH, int nqb, float scale) {
+                              int Tn, int NH, int KVH, int nqb, float scale) {
     constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
     extern __shared__ float fsm[];
     float* sQ = fsm;                         // [16][HS]
@@ -864,8 +893,9 @@ flash_backward_dq_fp32_kernel(float* dqkv, const float* dout, const float* qkv, 
     const int qb = nqb - 1 - (int)(blockIdx.x % nqb);
     const long bh = blockIdx.x / nqb;
     const int b = (int)(bh / NH), h = (int)(bh % NH);
-    const long C = (long)NH * HS, stride = 3 * C;
+    const long C = (long)NH * HS, stride = (long)(NH + 2 * KVH) * HS, V = (long)KVH * HS;  // V: values after keys
     const float* q_g = qkv + (long)b * Tn * stride + h * HS;
+    const float* k_g = qkv + (long)b * Tn * stride + C + (long)kv_head(h, NH, KVH) * HS;
     const float* do_g = dout + (long)b * Tn * C + h * HS;
     const int q0 = qb * kF32Rows;
     for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
@@ -888,9 +918,9 @@ flash_backward_dq_fp32_kernel(float* dqkv, const float* dout, const float* qkv, 
         __syncthreads();
         for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
             const int r = i / HS, d = i % HS, key = k0 + r;
-            const float* src = q_g + (long)key * stride + d;
-            sK[r * (HS + 1) + d] = key < Tn ? src[C] : 0.0f;
-            sV[r * (HS + 1) + d] = key < Tn ? src[2 * C] : 0.0f;
+            const float* src = k_g + (long)key * stride + d;
+            sK[r * (HS + 1) + d] = key < Tn ? src[0] : 0.0f;
+            sV[r * (HS + 1) + d] = key < Tn ? src[V] : 0.0f;
         }
         __syncthreads();
         float s[RPW], dp[RPW];
@@ -928,11 +958,12 @@ flash_backward_dq_fp32_kernel(float* dqkv, const float* dout, const float* qkv, 
     }
 }
 
-// dK, dV: 16 key rows per CTA, query tiles of 32 from the diagonal to T.
+// dK, dV: 16 key rows of a kv head per CTA, query tiles of 32 from the diagonal to T of each query head of its
+// group in turn.
 template <int HS>
 __global__ void __launch_bounds__(kF32Threads)
 flash_backward_dkdv_fp32_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* Dvec,
-                                int Tn, int NH, int nkb, float scale) {
+                                int Tn, int NH, int KVH, int nkb, float scale) {
     constexpr int DPL = HS / 32, RPW = kF32Rows / (kF32Threads / 32);
     extern __shared__ float fsm[];
     float* sK = fsm;                         // [16][HS]
@@ -943,25 +974,29 @@ flash_backward_dkdv_fp32_kernel(float* dqkv, const float* dout, const float* qkv
     float* sD = sL + kF32Tile;               // [32]
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int kb = (int)(blockIdx.x % nkb);
-    const long bh = blockIdx.x / nkb;
-    const int b = (int)(bh / NH), h = (int)(bh % NH);
-    const long C = (long)NH * HS, stride = 3 * C;
-    const float* q_g = qkv + (long)b * Tn * stride + h * HS;
-    const float* do_g = dout + (long)b * Tn * C + h * HS;
+    const long bkv = blockIdx.x / nkb;
+    const int b = (int)(bkv / KVH), kvh = (int)(bkv % KVH), group = NH / KVH;
+    const long C = (long)NH * HS, stride = (long)(NH + 2 * KVH) * HS, V = (long)KVH * HS;  // V: values after keys
+    const float* qkv_b = qkv + (long)b * Tn * stride;
+    const float* k_g = qkv_b + C + (long)kvh * HS;
     const int k0 = kb * kF32Rows;
     for (int i = tid; i < kF32Rows * HS; i += kF32Threads) {
         const int key = k0 + i / HS, d = i % HS;
-        sK[i] = key < Tn ? q_g[(long)key * stride + C + d] : 0.0f;
-        sV[i] = key < Tn ? q_g[(long)key * stride + 2 * C + d] : 0.0f;
+        sK[i] = key < Tn ? k_g[(long)key * stride + d] : 0.0f;
+        sV[i] = key < Tn ? k_g[(long)key * stride + V + d] : 0.0f;
     }
     float dk[RPW][DPL], dv[RPW][DPL];
 #pragma unroll
     for (int i = 0; i < RPW; i++)
 #pragma unroll
         for (int d = 0; d < DPL; d++) dk[i][d] = dv[i][d] = 0.0f;
-    const int n_qt = (Tn - 1) / kF32Tile + 1;
-    for (int qt = k0 / kF32Tile; qt < n_qt; qt++) {
-        const int t0 = qt * kF32Tile;
+    const int first_qt = k0 / kF32Tile, n_qt = (Tn - 1) / kF32Tile + 1 - first_qt;  // query tiles of each head
+    // iteration it: query head kvh * group + it / n_qt, query tile first_qt + it % n_qt
+    for (int it = 0; it < group * n_qt; it++) {
+        const int h = kvh * group + it / n_qt, t0 = (first_qt + it % n_qt) * kF32Tile;
+        const long bh = (long)b * NH + h;
+        const float* q_g = qkv_b + h * HS;
+        const float* do_g = dout + (long)b * Tn * C + h * HS;
         __syncthreads();
         for (int i = tid; i < kF32Tile * HS; i += kF32Threads) {
             const int r = i / HS, d = i % HS, t = t0 + r;
@@ -1006,11 +1041,11 @@ flash_backward_dkdv_fp32_kernel(float* dqkv, const float* dout, const float* qkv
     for (int i = 0; i < RPW; i++) {
         const int key = k0 + warp * RPW + i;
         if (key >= Tn) continue;
-        float* dst = dqkv + ((long)b * Tn + key) * stride + C + h * HS;
+        float* dst = dqkv + ((long)b * Tn + key) * stride + C + (long)kvh * HS;
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
             dst[lane + 32 * d] = dk[i][d] * scale;
-            dst[C + lane + 32 * d] = dv[i][d];
+            dst[V + lane + 32 * d] = dv[i][d];
         }
     }
 }
@@ -1034,7 +1069,7 @@ template <typename Kernel> void set_smem(Kernel kernel, size_t bytes) {
 // (B*NH*hopper_backward_padded_rows(T)*hs: the mma.sync backward uses its first B*NH*T*hs, the Hopper one whole
 // 128-row blocks), the turn counters (B*NH*ceil(T/64) ints, one per query block), each 256-byte aligned; then,
 // for the Hopper backward only, D and lse_log2 padded to whole 128-row blocks (B*NH*hopper_backward_padded_rows(T)
-// floats each).
+// floats each). All of them are per query head: the number of kv heads changes none.
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 inline size_t hopper_backward_padded_rows(int T) { return (size_t)ceil_div(T, 128) * 128; }
 struct BackwardScratch {
@@ -1055,27 +1090,27 @@ inline BackwardScratch backward_scratch(void* scratch, int B, int T, int NH, int
 
 // The mma.sync forward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
 template <typename floatX, int HS>
-void forward_mma_sync(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+void forward_mma_sync(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, cudaStream_t stream) {
     using Cfg = FwdConfig<HS>;
     const int nqb = ceil_div(T, Cfg::BR);
     auto kernel = flash_forward_kernel<floatX, HS>;
     set_smem(kernel, Cfg::smem_bytes);
-    kernel<<<(unsigned)((long)B * NH * nqb), Cfg::THREADS, Cfg::smem_bytes, stream>>>(out, lse, qkv, T, NH, nqb,
+    kernel<<<(unsigned)((long)B * NH * nqb), Cfg::THREADS, Cfg::smem_bytes, stream>>>(out, lse, qkv, T, NH, KVH, nqb,
                                                                                     kLog2e / sqrtf((float)HS));
     cudaCheckLaunch();
 }
 
 namespace hopper {  // flash_attention_hopper.cuh, included at the end of this file
-template <typename T, int HS, int NC> bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream_t stream);
+template <typename T, int HS, int NC> bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, int KVH, cudaStream_t stream);
 }
 
 template <typename floatX, int HS>
-void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, cudaStream_t stream) {
     if constexpr (std::is_same<floatX, float>::value) {
         const int nqb = ceil_div(T, kF32Rows);
         auto kernel = flash_forward_fp32_kernel<HS>;
         set_smem(kernel, fp32_fwd_smem_bytes<HS>());
-        kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, nqb,
+        kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_fwd_smem_bytes<HS>(), stream>>>(out, lse, qkv, T, NH, KVH, nqb,
                                                                                                    1.0f / sqrtf((float)HS));
         cudaCheckLaunch();
     } else {
@@ -1085,16 +1120,16 @@ void forward_hs(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH
         // static stride through the tiles; with them claimed through a counter (as here; 2026-11) T 1024 290 vs
         // 322, T 4096 (B 16) 470-476 vs 436-437.
         bool done;
-        if (HS == 64 && T >= 2048) done = hopper::forward<floatX, 64, 3>(out, lse, qkv, B, T, NH, stream);
-        else done = hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, stream);
-        if (!done) forward_mma_sync<floatX, HS>(out, lse, qkv, B, T, NH, stream);
+        if (HS == 64 && T >= 2048) done = hopper::forward<floatX, 64, 3>(out, lse, qkv, B, T, NH, KVH, stream);
+        else done = hopper::forward<floatX, HS, 2>(out, lse, qkv, B, T, NH, KVH, stream);
+        if (!done) forward_mma_sync<floatX, HS>(out, lse, qkv, B, T, NH, KVH, stream);
     }
 }
 
 // The mma.sync backward (bf16 / fp16), for every GPU from sm_80 on; Hopper takes flash_attention_hopper.cuh's.
 template <typename floatX, int HS>
 void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                       void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+                       void* scratch, int B, int T, int NH, int KVH, bool deterministic, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)HS);
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     const int nkb = ceil_div(T, kBwdBN), nqb = ceil_div(T, kBwdBM);
@@ -1102,13 +1137,13 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
                               (long)B * NH * nqb, dout, out, lse, B, T, T, NH, stream);
     auto kernel = deterministic ? flash_backward_kernel<floatX, HS, true> : flash_backward_kernel<floatX, HS, false>;
     set_smem(kernel, bwd_smem_bytes<HS>());
-    kernel<<<(unsigned)((long)B * NH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
-        dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, nkb, nqb, scale, scale * kLog2e);
+    kernel<<<(unsigned)((long)B * KVH * nkb), kBwdThreads, bwd_smem_bytes<HS>(), stream>>>(
+        dqkv, s.dq_accum, s.turn, dout, qkv, lse, s.D, T, NH, KVH, nkb, nqb, scale, scale * kLog2e);
     cudaCheckLaunch();
     if (!deterministic) {
         const long rows = (long)B * T * NH;
         constexpr int TPR = HS / Packed128<floatX>::size;
-        flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, s.dq_accum, T, NH, rows, scale);
+        flash_dq_convert_kernel<floatX, HS><<<ceil_div(rows * TPR, 256), 256, 0, stream>>>(dqkv, s.dq_accum, T, NH, KVH, rows, scale);
         cudaCheckLaunch();
     }
 }
@@ -1116,12 +1151,12 @@ void backward_mma_sync(floatX* dqkv, const floatX* dout, const floatX* qkv, cons
 namespace hopper {
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream);
+              int* turn, int B, int Tn, int NH, int KVH, bool deterministic, cudaStream_t stream);
 }
 
 template <typename floatX, int HS>
 void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                 void* scratch, int B, int T, int NH, bool deterministic, cudaStream_t stream) {
+                 void* scratch, int B, int T, int NH, int KVH, bool deterministic, cudaStream_t stream) {
     const BackwardScratch s = backward_scratch(scratch, B, T, NH, HS);
     if constexpr (std::is_same<floatX, float>::value) {
         const float scale = 1.0f / sqrtf((float)HS);
@@ -1129,12 +1164,13 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         const int nqb = ceil_div(T, kF32Rows);
         auto dq_kernel = flash_backward_dq_fp32_kernel<HS>;
         set_smem(dq_kernel, fp32_dq_smem_bytes<HS>());
-        dq_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dq_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nqb, scale);
+        dq_kernel<<<(unsigned)((long)B * NH * nqb), kF32Threads, fp32_dq_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, KVH, nqb, scale);
         cudaCheckLaunch();
         const int nkb = nqb;  // key blocks of the same 16 rows
         auto dkdv_kernel = flash_backward_dkdv_fp32_kernel<HS>;
         set_smem(dkdv_kernel, fp32_dkdv_smem_bytes<HS>());
-        dkdv_kernel<<<(unsigned)((long)B * NH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, nkb, scale);
+        dkdv_kernel<<<(unsigned)((long)B * KVH * nkb), kF32Threads, fp32_dkdv_smem_bytes<HS>(), stream>>>(dqkv, dout, qkv, lse, s.D, T, NH, KVH,
+                                                                                                         nkb, scale);
         cudaCheckLaunch();
     } else {
         // Hopper built for sm_90a: wgmma / TMA kernel, its padded D and lse_log2 after the common scratch;
@@ -1142,38 +1178,46 @@ void backward_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const floa
         const size_t padded = (size_t)B * NH * hopper_backward_padded_rows(T);
         float* Dp = reinterpret_cast<float*>(static_cast<char*>(scratch) + backward_common_scratch_bytes(B, T, NH, HS));
         float* lse2p = reinterpret_cast<float*>(reinterpret_cast<char*>(Dp) + align256(padded * 4));
-        if (!hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, B, T, NH, deterministic, stream))
-            backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+        if (!hopper::backward<floatX, HS>(dqkv, dout, qkv, out, lse, Dp, lse2p, s.dq_accum, s.turn, B, T, NH, KVH, deterministic, stream))
+            backward_mma_sync<floatX, HS>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, deterministic, stream);
     }
 }
 
 inline void unsupported_head_size(int hs) {
     die("flash attention supports head sizes 64 and 128, not " + std::to_string(hs));
 }
+inline void check_heads(int NH, int KVH) {
+    if (KVH < 1 || NH % KVH != 0)
+        die("flash attention: " + std::to_string(NH) + " query heads cannot share " + std::to_string(KVH) + " kv heads in equal groups");
+}
 
 }  // namespace flash
 
-// out (B,T,C) and lse (B,NH,T) from qkv (B,T,3C).
+// out (B,T,NH*hs) and lse (B,NH,T) from qkv (B,T,(NH+2*KVH)*hs); NH a multiple of KVH (KVH = NH: multi-head).
 template <typename floatX>
-void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs, cudaStream_t stream) {
-    if (hs == 64) flash::forward_hs<floatX, 64>(out, lse, qkv, B, T, NH, stream);
-    else if (hs == 128) flash::forward_hs<floatX, 128>(out, lse, qkv, B, T, NH, stream);
+void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, int hs, cudaStream_t stream) {
+    flash::check_heads(NH, KVH);
+    if (hs == 64) flash::forward_hs<floatX, 64>(out, lse, qkv, B, T, NH, KVH, stream);
+    else if (hs == 128) flash::forward_hs<floatX, 128>(out, lse, qkv, B, T, NH, KVH, stream);
     else flash::unsupported_head_size(hs);
 }
 
-// dqkv (B,T,3C), overwritten, from dout (B,T,C) and the forward's qkv, out and lse. deterministic = true adds
-// the dQ parts of the key blocks in a fixed order (bitwise reproducible); the fp32 path always is.
+// dqkv (qkv's layout), overwritten, from dout (B,T,NH*hs) and the forward's qkv, out and lse; a kv head's dK and
+// dV sum over its group's query heads in a fixed order. deterministic = true adds the dQ parts of the key blocks
+// in a fixed order too (bitwise reproducible); the fp32 path always is.
 template <typename floatX>
 void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                              void* scratch, int B, int T, int NH, int hs, bool deterministic, cudaStream_t stream) {
-    if (hs == 64) flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
-    else if (hs == 128) flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, deterministic, stream);
+                              void* scratch, int B, int T, int NH, int KVH, int hs, bool deterministic, cudaStream_t stream) {
+    flash::check_heads(NH, KVH);
+    if (hs == 64) flash::backward_hs<floatX, 64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, deterministic, stream);
+    else if (hs == 128) flash::backward_hs<floatX, 128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, deterministic, stream);
     else flash::unsupported_head_size(hs);
 }
 
 // Bytes of `scratch` that flash_attention_backward needs (any precision, either mode). Backward calls that
 // may overlap (other streams) need scratch of their own: it holds the deterministic mode's turn counters.
-inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int hs) {
+inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int KVH, int hs) {
+    flash::check_heads(NH, KVH);
     return flash::backward_common_scratch_bytes(B, T, NH, hs) + 2 * flash::align256((size_t)B * NH * flash::hopper_backward_padded_rows(T) * 4);
 }
 

@@ -8,16 +8,17 @@
 //
 // How the pipeline works. A persistent grid (one CTA per SM) walks a list of tiles of BM = 64 * NC query rows
 // of one (b, head), longest first (the tiles closest to the end of the sequence see the most key blocks), in
-// sections of heads whose K and V fit in 32 MB of L2. Each CTA starts with tile blockIdx.x and claims its next
-// through an atomic counter, so that a CTA whose tiles ran short takes more of them: a static stride through
-// the list (tile += gridDim.x) left the busiest CTA with 2-15% more key blocks than the mean at the benchmark's
-// shapes, the least busy with 4-15% fewer. A CTA is NC + 1 warpgroups:
+// sections of heads whose K and V fit in 32 MB of L2 (the query heads of a kv head's group are consecutive, so
+// that their tiles of a query block run side by side and read its K and V from L2). Each CTA starts with tile
+// blockIdx.x and claims its next through an atomic counter, so that a CTA whose tiles ran short takes more of
+// them: a static stride through the list (tile += gridDim.x) left the busiest CTA with 2-15% more key blocks than
+// the mean at the benchmark's shapes, the least busy with 4-15% fewer. A CTA is NC + 1 warpgroups:
 //   producer (warpgroup 0, one warp issues): TMA loads of the Q tile and of the key blocks (BN = 128 keys) of
-//     K and V into a ring of STAGES buffers, straight from the strided qkv (B,T,3,NH,hs) through one tensor map
-//     (dims hs, 3*NH, T, B: a dense 4-D view; rows past T come back as zeros). Each buffer has a "full"
-//     mbarrier (the TMA's byte count completes it) and an "empty" one (one arrival per consumer warp). K of
-//     block j is loaded before V of block j-1, the order in which they are used. It gives its registers away
-//     (setmaxnreg.dec) to the consumers.
+//     its kv head's K and V into a ring of STAGES buffers, straight from the strided qkv (B,T,NH+2*KVH,hs)
+//     through one tensor map (dims hs, NH+2*KVH, T, B: a dense 4-D view; rows past T come back as zeros). Each
+//     buffer has a "full" mbarrier (the TMA's byte count completes it) and an "empty" one (one arrival per
+//     consumer warp). K of block j is loaded before V of block j-1, the order in which they are used. It gives
+//     its registers away (setmaxnreg.dec) to the consumers.
 //   consumers (NC warpgroups of 64 query rows each, setmaxnreg.inc): per key block, S = Q K^T by wgmma with
 //     both operands in shared memory, the online softmax in fp32 registers (exp2 domain, running max and sum
 //     per row), then O += P V by wgmma with P taken from registers (the S accumulators converted to 16 bits
@@ -299,7 +300,7 @@ __device__ unsigned int forward_tiles_claimed;
 template <typename T, int HS, int NC>
 __global__ void __launch_bounds__(Config<HS, NC>::THREADS, 1)
 forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, T* out, float* lse,
-               int Tn, int NH, int nqb, int num_tiles, int per_section, float scale_log2) {
+               int Tn, int NH, int KVH, int nqb, int num_tiles, int per_section, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = Config<HS, NC>;
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
@@ -360,6 +361,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
             next = __shfl_sync(0xffffffff, next, 0);
             const Tile tl = tile_at(tile, nqb, heads, per_section);
             const int b = tl.bh / NH, h = tl.bh % NH, q0 = tl.qb * BM;
+            const int kv = NH + kv_head(h, NH, KVH);  // the tensor map's head coordinate of its K (V: + KVH)
             const int nb = (min(q0 + BM, Tn) - 1) / BN + 1;  // key blocks up to the tile's last row
             // K (which = 1) or V (which = 2) of key block n into the stage of block counter i
             auto load = [&](int which, int n, int i) {
@@ -371,7 +373,7 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
                     const uint32_t dst = (which == 1 ? sK : sV) + st * KV_BYTES;
 #pragma unroll
                     for (int hf = 0; hf < HALVES; hf++)
-                        tma_load_4d(dst + hf * BN * 128, &tm_kv, full, hf * 64, which * NH + h, n * BN, b);
+                        tma_load_4d(dst + hf * BN * 128, &tm_kv, full, hf * 64, kv + (which - 1) * KVH, n * BN, b);
                 }
                 __syncwarp();
             };
@@ -518,10 +520,11 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 }
 
 // =============================================================================================
-// Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, head); K and V are loaded
-// once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query block
-// of BM rows from the diagonal to T (in the order described at the kernel), the TMA loads of Q and dO and bulk
-// copies of that block's lse and D into a ring of STAGES buffers. Two consumer warpgroups own 64 keys each and
+// Backward, FlashAttention-3 style. One CTA per key block of BN = 128 keys of one (b, kv head); K and V are
+// loaded once (TMA) and stay in shared memory. Warpgroup 0 is the producer (one thread issues): for each query
+// head of the kv head's group in turn and each of its query blocks of BM rows from the diagonal to T (in the
+// order described at the kernel), the TMA loads of Q and dO and bulk copies of that block's lse and D into a ring
+// of STAGES buffers; dK and dV accumulate over all of them. Two consumer warpgroups own 64 keys each and
 // compute the transposed products, so that the matrices whose transposes the dK, dV products need sit in
 // registers already in wgmma's A layout:
 //   S^T  = K_w Q^T      (64 keys x BM, wgmma, both operands in shared memory)
@@ -542,14 +545,13 @@ forward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__
 // lengthened every CTA by more than the separate pass over dqkv takes; one H200, 2026-11.)
 // Those fp32 reductions in L2 bound the kernel (an H200 adds about 1.1 TB/s of them: without them the kernel
 // ran 21-33% faster, with plain stores of the same bytes 14-28%), so CTAs come in clusters of two, key blocks 2p
-// (the leader) and 2p + 1 (the follower) of one head: for each query block both see, the follower stores its dQ
+// (the leader) and 2p + 1 (the follower) of one kv head: for each query block both see, the follower stores its dQ
 // tile into a receive buffer of the leader through distributed shared memory, the leader adds its own, and one
 // reduce-add of the sum goes to L2: half the traffic. The turn counters then order pairs.
 // Tiles: BN = 128 keys, BM = 128 queries for hs 64 and 64 for hs 128. Registers of a consumer thread: dK and dV
 // hs/2 fp32 each, S^T and dP^T BM/2 each, P^T and dS^T as fragments BM/4 each, dQ 32: hs 64 peaks at
 // 32 + 32 + 64 + 64 = 192, hs 128 at 64 + 64 + 32 + 32 = 192 (of 232: the producer warpgroup keeps 40; at 24
-// its TMA and writer warps spilled 16-56 bytes; ptxas reports a 12-byte spill, 36 bytes reloaded, in the bf16
-// hs 64 deterministic kernel alone, within 1% of the speed of a build without it). Shared memory: K, V (BN x hs), two
+// its TMA and writer warps spilled 16-56 bytes). Shared memory: K, V (BN x hs), two
 // stages of Q and dO (BM x hs), two dS buffers (BM x 128, so that one barrier per query block suffices), lse
 // and D, the fp32 dQ block the writer warp sends and the follower's one received: 227 KB (hs 64), 226 KB (hs 128).
 // Rows of Q / dO past T are zero-filled by the TMA and their lse_log2 is +inf (written so by the prep kernel),
@@ -682,16 +684,16 @@ __device__ __forceinline__ void gemm_dq(float (&d)[32], uint32_t ds, uint32_t k)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The kernel. tm_q and tm_do box BM rows, tm_kv BN rows, all 64 values wide. Block order: sections of
-// `per_section` heads whose Q, dO, lse, D and fp32 dQ fit in L2 (so that the pairs of a head, which all read its
-// Q and dO and add into its dQ, find them there), inside a section pair-major (a cluster is two consecutive
+// `per_section` kv heads whose group's Q, dO, lse, D and fp32 dQ fit in L2 (so that the pairs of a kv head, which
+// all read those and add into the dQ, find them there), inside a section pair-major (a cluster is two consecutive
 // blocks), from pair 0 up (longest first). Deterministic mode adds each query block's dQ in the same order, pair
-// 0 first: a pair only waits for lower ones of its head, all launched before it.
+// 0 first: a pair only waits for lower ones of its kv head, all launched before it.
 template <typename T, int HS, bool DET>
 __global__ void __launch_bounds__(BwdConfig<HS>::THREADS, 1)
 backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
                 const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_dq, T* dqkv, float* dq_accum,
-                int* dq_turn, const float* lse2p, const float* Dp, int Tn, int Tpad, int NH, int nkb, int nqb, int per_section, float scale,
-                float scale_log2) {
+                int* dq_turn, const float* lse2p, const float* Dp, int Tn, int Tpad, int NH, int KVH, int nkb, int nqb, int per_section,
+                float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = BwdConfig<HS>;
     constexpr int BM = Cfg::BM, BN = Cfg::BN, STAGES = Cfg::STAGES, HALVES = Cfg::HALVES;
@@ -706,23 +708,26 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     auto q_empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
     const uint32_t partner_in = bars + 8 * (1 + 2 * STAGES), recv_free = partner_in + 8, partial_in = recv_free + 8;
 
-    // Cluster pairs: CTA 0 (the leader) takes key block 2p, CTA 1 (the follower) 2p + 1 of the same head; a key
-    // block past the last one (odd nkb) has no work.
+    // Cluster pairs: CTA 0 (the leader) takes key block 2p, CTA 1 (the follower) 2p + 1 of the same kv head; a
+    // key block past the last one (odd nkb) has no work.
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-    const int npairs = (nkb + 1) / 2, heads = (int)(gridDim.x / (2 * npairs));
+    const int npairs = (nkb + 1) / 2, kv_heads = (int)(gridDim.x / (2 * npairs));
     const int member = (int)(blockIdx.x & 1), slot = (int)(blockIdx.x >> 1);
     const int section = slot / (per_section * npairs), within = slot - section * per_section * npairs;
-    const int in_section = min(per_section, heads - section * per_section);
+    const int in_section = min(per_section, kv_heads - section * per_section);
     const int pair = within / in_section;
-    const int bh = section * per_section + within % in_section, b = bh / NH, h = bh % NH;
+    const int bkv = section * per_section + within % in_section, b = bkv / KVH, kvh = bkv % KVH, group = NH / KVH;
     const int kb = 2 * pair + member;
     const bool leader = member == 0, paired = kb / 2 * 2 + 1 < nkb;
     const int k0 = kb * BN, first_qb = k0 / BM, nq = nqb - first_qb;
-    // Both CTAs of a pair see the shared query blocks (from the follower's first one up) in the same order; the
-    // leader's own (diagonal) blocks below them come last, so that the follower does not wait for them. In
-    // deterministic mode, where the pairs of a head add a block from pair 0 up, every CTA goes from the last block
-    // down: a pair then meets each block at the same step as the lower pairs (launched earlier) did, and the blocks
-    // it finishes come last. (Atomic mode keeps the upward order: going down, ptxas spilled its hs 64 kernels.)
+    // Iteration n (of n_it) takes query head kvh * group + n / nq and its query block query_block(n % nq): the
+    // group's heads in turn, each over its blocks as follows. Both CTAs of a pair see the shared query blocks (from
+    // the follower's first one up) in the same order; the leader's own (diagonal) blocks below them come last, so
+    // that the follower does not wait for them. In deterministic mode, where the pairs of a kv head add a block
+    // from pair 0 up, every CTA goes from the last block down: a pair then meets each block at the same step as
+    // the lower pairs (launched earlier) did, and the blocks it finishes come last. (Atomic mode keeps the upward
+    // order: going down, ptxas spilled its hs 64 kernels.)
+    const int n_it = group * nq;
     const int first_shared = (kb / 2 * 2 + 1) * BN / BM, nshared = paired ? nqb - first_shared : 0;
     auto is_shared = [&](int it) { return it < nshared; };
     auto query_block = [&](int it) { return DET ? nqb - 1 - it : is_shared(it) ? first_shared + it : first_qb + it - nshared; };
@@ -749,36 +754,37 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     cluster_sync();  // both CTAs' barriers initialised before either touches the other's; the last CTA-wide barrier
     if (kb >= nkb) return;
 
-    int* turns = dq_turn + (long)bh * nqb;  // deterministic mode: per query block, pairs that have added
     if (wg == 0) {
         setmaxnreg_dec<Cfg::PRODUCER_REGS>();
         if (tid / 32 == 1) {
             // ---- dQ writer (warp 1; lane 0 issues), the leader's only: per query block, once both consumer
             // warpgroups have staged their dQ tiles (for a shared block, summed with the follower's), one bulk fp32
             // reduce-add of the whole block (contiguous in dq_accum) into global memory. Deterministic mode: first
-            // wait for this block's turn (the lower pairs of the head have added theirs); the pair with no one
+            // wait for this block's turn (the lower pairs of the kv head have added theirs); the pair with no one
             // before it stores instead of adding (nothing to zero); after the add has been performed, hand the
             // block on. The waits stay off the consumers' path: they only stall if the buffer is still held when
             // they have the next block's dQ ready. A block this pair finishes (deterministic mode) comes staged as
             // two 16-bit tiles in the tensor map's layout instead: two TMA stores into dqkv; its lower pairs' fp32
             // sum goes into the staging buffer first, as soon as the buffer is free and they have all added theirs.
             if (!leader) return;
-            float* dq_bh = dq_accum + (long)bh * nqb * (BM * HS);
-            // deterministic mode: until the lower pairs of the head, each of which sees every query block we see,
-            // have added theirs to block qb
-            auto wait_lower_pairs = [&](int qb) {
-                while (ld_relaxed(turns + qb) < pair) __nanosleep(64);
+            // deterministic mode: until the lower pairs of the kv head, each of which sees every query block we
+            // see, have added theirs to the block of turn counter `turn`
+            auto wait_lower_pairs = [&](const int* turn) {
+                while (ld_relaxed(turn) < pair) __nanosleep(64);
                 fence_acq_rel();
                 fence_proxy_async_global();
             };
-            for (int it = 0; it < nq; it++) {
-                const int qb = query_block(it);
+            for (int n = 0; n < n_it; n++) {
+                const int h = kvh * group + n / nq, qb = query_block(n % nq);
+                const long bh = (long)b * NH + h;
+                float* dq_block = dq_accum + (bh * nqb + qb) * (BM * HS);
+                int* turn = dq_turn + bh * nqb + qb;  // deterministic mode: pairs that have added to this block
                 const bool finished = finishes(qb);
                 if (finished && pair > 0 && lane == 0) {
                     // the staging buffer is free (the previous block's copy has read it): the lower pairs' sum
-                    wait_lower_pairs(qb);
+                    wait_lower_pairs(turn);
                     mbar_arrive_expect_tx(partial_in, Cfg::DQ_BYTES);
-                    bulk_load(base + Cfg::OFF_DQ, dq_bh + (long)qb * (BM * HS), Cfg::DQ_BYTES, partial_in);
+                    bulk_load(base + Cfg::OFF_DQ, dq_block, Cfg::DQ_BYTES, partial_in);
                 }
                 __syncwarp();
                 named_sync(Cfg::BAR_DQ_FULL, Cfg::DQ_SYNC_THREADS);
@@ -792,26 +798,25 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     }
                     __syncwarp();
                 } else if (lane == 0) {
-                    float* dst = dq_bh + (long)qb * (BM * HS);
                     if constexpr (DET) {
                         if (pair > 0) {
-                            wait_lower_pairs(qb);
-                            bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                            wait_lower_pairs(turn);
+                            bulk_reduce_add(dq_block, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
                         } else {
-                            bulk_store(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                            bulk_store(dq_block, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
                         }
                     } else {
-                        bulk_reduce_add(dst, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
+                        bulk_reduce_add(dq_block, base + Cfg::OFF_DQ, Cfg::DQ_BYTES);
                     }
                     bulk_wait_read();
                 }
                 __syncwarp();
-                if (it + 1 < nq) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
+                if (n + 1 < n_it) named_arrive(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);  // the buffer may be refilled
                 if constexpr (DET) {
                     if (lane == 0 && !finished) {  // a finished block has no one after it
                         bulk_wait_done();
                         fence_proxy_async_global();
-                        red_release_add(turns + qb, 1);
+                        red_release_add(turn, 1);
                     }
                 }
             }
@@ -823,12 +828,13 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         mbar_arrive_expect_tx(kv_full, 2 * Cfg::KV_BYTES);
 #pragma unroll
         for (int hf = 0; hf < HALVES; hf++) {
-            tma_load_4d(sK + hf * BN * 128, &tm_kv, kv_full, hf * 64, NH + h, k0, b);
-            tma_load_4d(sV + hf * BN * 128, &tm_kv, kv_full, hf * 64, 2 * NH + h, k0, b);
+            tma_load_4d(sK + hf * BN * 128, &tm_kv, kv_full, hf * 64, NH + kvh, k0, b);
+            tma_load_4d(sV + hf * BN * 128, &tm_kv, kv_full, hf * 64, NH + KVH + kvh, k0, b);
         }
-        for (int it = 0; it < nq; it++) {
-            const int st = it % STAGES, q0 = query_block(it) * BM;
-            mbar_wait(q_empty(st), ((it / STAGES) & 1) ^ 1);
+        for (int n = 0; n < n_it; n++) {
+            const int h = kvh * group + n / nq, st = n % STAGES, q0 = query_block(n % nq) * BM;
+            const long bh = (long)b * NH + h;
+            mbar_wait(q_empty(st), ((n / STAGES) & 1) ^ 1);
             const uint32_t full = q_full(st);
             mbar_arrive_expect_tx(full, Cfg::STAGE_TX);
 #pragma unroll
@@ -836,8 +842,8 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                 tma_load_4d(sQ + st * Cfg::QD_BYTES + hf * BM * 128, &tm_q, full, hf * 64, h, q0, b);
                 tma_load_4d(sdO + st * Cfg::QD_BYTES + hf * BM * 128, &tm_do, full, hf * 64, h, q0, b);
             }
-            bulk_load(base + Cfg::OFF_LSE + st * BM * 4, lse2p + (long)bh * Tpad + q0, BM * 4, full);
-            bulk_load(base + Cfg::OFF_D + st * BM * 4, Dp + (long)bh * Tpad + q0, BM * 4, full);
+            bulk_load(base + Cfg::OFF_LSE + st * BM * 4, lse2p + bh * Tpad + q0, BM * 4, full);
+            bulk_load(base + Cfg::OFF_D + st * BM * 4, Dp + bh * Tpad + q0, BM * 4, full);
         }
         return;
     }
@@ -850,7 +856,6 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     const uint32_t k_rows = sK + cw * 64 * 128, v_rows = sV + cw * 64 * 128;  // this warpgroup's K, V rows
     // dQ tile cw: rows dq_r0.. of the query block, columns dq_c0.. (hs 64: two row halves; hs 128: two column halves)
     const int dq_r0 = BM == 128 ? 64 * cw : 0, dq_c0 = HS == 128 ? 64 * cw : 0;
-    const long C = (long)NH * HS, stride = 3 * C;
 
     float dk[HS / 2], dv[HS / 2];
 #pragma unroll
@@ -858,13 +863,13 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
     int finished_blocks = 0;  // of this pair: the phases of "partial in"
 
     mbar_wait(kv_full, 0);
-    for (int it = 0; it < nq; it++) {
-        const int qb = query_block(it), q0 = qb * BM, st = it % STAGES;
+    for (int n = 0; n < n_it; n++) {
+        const int it = n % nq, qb = query_block(it), q0 = qb * BM, st = n % STAGES;  // it: the block's place in its head
         const uint32_t q_st = sQ + st * Cfg::QD_BYTES, do_st = sdO + st * Cfg::QD_BYTES;
-        const uint32_t ds_buf = sDS + (it & 1) * Cfg::DS_BYTES;
+        const uint32_t ds_buf = sDS + (n & 1) * Cfg::DS_BYTES;
         const float* lse_s = reinterpret_cast<const float*>(smem + Cfg::OFF_LSE + st * BM * 4);
         const float* D_s = reinterpret_cast<const float*>(smem + Cfg::OFF_D + st * BM * 4);
-        mbar_wait(q_full(st), (it / STAGES) & 1);
+        mbar_wait(q_full(st), (n / STAGES) & 1);
 
         // ---- S^T and dP^T
         float s[BM / 2], dp[BM / 2];
@@ -925,8 +930,8 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
             wgmma_commit();
         }
         // dS written by both warpgroups (generic proxy) before wgmma (async proxy) reads it. The buffer was last
-        // read by the dQ products of query block it - 2, which both warpgroups waited for before they wrote
-        // block it - 1's dS and passed the barrier of it - 1.
+        // read by the dQ products of iteration n - 2, which both warpgroups waited for before they wrote
+        // iteration n - 1's dS and passed the barrier of n - 1.
         fence_proxy_async_shared();
         named_sync(Cfg::BAR_DS, 256);
         // ---- dQ tile = dS K, then dK += dS^T Q, which runs while the dQ tile is staged
@@ -947,16 +952,17 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         // leader's "partner dQ in"), once the leader's consumer warps have read the previous one, and the leader
         // adds it to its own: one global reduce-add per pair, which halves the fp32 reduction traffic that bounds
         // this kernel. The staging buffer is free once the writer's bulk operation of the previous block has
-        // read it.
+        // read it. Every block the follower sees is shared: its iteration n is the pair's n-th shared block.
         const int dq_float4 = cw * (Cfg::DQ_TILE_FLOATS / 4) + wtid;
         if (!leader) {
-            if (it > 0) mbar_wait<true>(recv_free, (it - 1) & 1);
+            if (n > 0) mbar_wait<true>(recv_free, (n - 1) & 1);
             const uint32_t dst = cluster_map(base + Cfg::OFF_RECV, 0) + dq_float4 * 16, in = cluster_map(partner_in, 0);
 #pragma unroll
             for (int c = 0; c < 8; c++) st_async_remote(dst + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3], in);
         } else {
             if (is_shared(it)) {
-                mbar_wait<true>(partner_in, it & 1);  // the it-th shared block: phase it
+                const int shared_index = n / nq * nshared + it;  // the pair's shared blocks before this one
+                mbar_wait<true>(partner_in, shared_index & 1);
                 const float4* recv = reinterpret_cast<const float4*>(smem + Cfg::OFF_RECV) + dq_float4;
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
@@ -966,7 +972,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     dq[4 * c + 2] += f.z;
                     dq[4 * c + 3] += f.w;
                 }
-                if (it + 1 < nshared) {
+                if (shared_index + 1 < group * nshared) {
                     // arm the next tile's bytes (this phase is complete), then tell the follower that this warp is
                     // done with the buffer
                     if (tid == 128) mbar_arrive_expect_tx(partner_in, Cfg::DQ_BYTES);
@@ -974,7 +980,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
                     if (lane == 0) mbar_arrive_remote(cluster_map(recv_free, 1));
                 }
             }
-            if (it > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
+            if (n > 0) named_sync(Cfg::BAR_DQ_EMPTY, Cfg::DQ_SYNC_THREADS);
             if (finishes(qb)) {
                 // add the lower pairs' fp32 sum (the same sums as the reduce-add in L2 would make), then stage the
                 // rounded, scaled dQ tile in the first half of this warpgroup's fp32 tile, in the layout of tm_dq
@@ -1038,14 +1044,16 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
         }
     named_sync(Cfg::BAR_EPILOGUE + cw, 128);
     constexpr int CPR = HS / 8;
-    T* dk_g = dqkv + (long)b * Tn * stride + C + h * HS;
+    const long stride = (long)(NH + 2 * KVH) * HS;
+    T* dk_g = dqkv + (long)b * Tn * stride + (long)(NH + kvh) * HS;
+    T* dv_g = dk_g + (long)KVH * HS;
 #pragma unroll
     for (int i = 0; i < 64 * CPR / 128; i++) {
         const int idx = wtid + 128 * i, r = cw * 64 + idx / CPR, c = idx % CPR, key = k0 + r;
         if (key < Tn) {
             const uint32_t off = tma_chunk<BN>(r, c);
             *reinterpret_cast<uint4*>(dk_g + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_K + off);
-            *reinterpret_cast<uint4*>(dk_g + C + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_V + off);
+            *reinterpret_cast<uint4*>(dv_g + (long)key * stride + c * 8) = *reinterpret_cast<const uint4*>(smem + Cfg::OFF_V + off);
         }
     }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -1057,7 +1065,7 @@ backward_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant_
 // columns 8c + 2 (w % 4), + 1). One CTA of 128 threads per tile: coalesced float4 reads, through shared
 // memory back to rows, 16-byte stores of the rows < T.
 template <typename T, int HS>
-__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int nqb, float scale) {
+__global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* dq_accum, int Tn, int NH, int KVH, int nqb, float scale) {
     constexpr int BM = BwdConfig<HS>::BM, PITCH = 68;  // floats per staged row (16-byte aligned rows)
     constexpr int X = Packed128<T>::size;              // 8 values per 16-byte store
     __shared__ __align__(16) float tile[64 * PITCH];
@@ -1075,7 +1083,7 @@ __global__ void __launch_bounds__(128) dq_convert_kernel(T* dqkv, const float* d
     }
     __syncthreads();
     const int row0 = qb * BM + (BM == 128 ? 64 * cw : 0), col0 = h * HS + (HS == 128 ? 64 * cw : 0);
-    const long stride = 3L * NH * HS;
+    const long stride = (long)(NH + 2 * KVH) * HS;
     constexpr int CPR = 64 / X;  // 16-byte chunks of a tile row: a thread's chunk is always lane % CPR
 #pragma unroll
     for (int k = 0; k < 64 * 64 / X / 128; k++) {
@@ -1148,10 +1156,11 @@ inline int sm_count() {
     return n;
 }
 
-// A tensor map over qkv (B,T,3,NH,hs) as the dense 4-D array (hs, 3*NH, T, B): the box of (64, 1, rows, 1) at
-// (d0, s*NH + h, t0, b) is `rows` rows of Q (s = 0), K (1) or V (2) of head h, 64 values from d0, written to
-// shared memory as rows of 128 bytes with the 128-byte swizzle. Rows at T or past it read as zeros.
-// rows_tensor_map is the same over any (B,T,heads,hs) array: dout (B,T,NH,hs) with heads = NH.
+// A tensor map over qkv (B,T,NH+2*KVH,hs) as the dense 4-D array (hs, NH+2*KVH, T, B): the box of (64, 1, rows, 1)
+// at (d0, head, t0, b) is `rows` rows of query head `head` (< NH), K of kv head head - NH or V of kv head
+// head - NH - KVH, 64 values from d0, written to shared memory as rows of 128 bytes with the 128-byte swizzle.
+// Rows at T or past it read as zeros. rows_tensor_map is the same over any (B,T,heads,hs) array: dout (B,T,NH,hs)
+// with heads = NH.
 template <typename T>
 inline bool rows_tensor_map(CUtensorMap* map, const T* ptr, int B, int Tn, int heads, int hs, int rows) {
     const cuuint64_t dims[4] = {(cuuint64_t)hs, (cuuint64_t)heads, (cuuint64_t)Tn, (cuuint64_t)B};
@@ -1162,48 +1171,48 @@ inline bool rows_tensor_map(CUtensorMap* map, const T* ptr, int B, int Tn, int h
                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 template <typename T>
-inline bool qkv_tensor_map(CUtensorMap* map, const T* qkv, int B, int Tn, int NH, int hs, int rows) {
-    return rows_tensor_map(map, qkv, B, Tn, 3 * NH, hs, rows);
+inline bool qkv_tensor_map(CUtensorMap* map, const T* qkv, int B, int Tn, int NH, int KVH, int hs, int rows) {
+    return rows_tensor_map(map, qkv, B, Tn, NH + 2 * KVH, hs, rows);
 }
 
 // Runs the Hopper forward with NC consumer warpgroups; false (nothing launched) where it cannot run: not an
 // sm_90a build on a 9.x device, or pointers the TMA and the 16-byte stores cannot take.
 template <typename T, int HS, int NC>
-bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, cudaStream_t stream) {
+bool forward(T* out, float* lse, const T* qkv, int B, int Tn, int NH, int KVH, cudaStream_t stream) {
     static_assert(!std::is_same<T, float>::value, "the Hopper forward is for bf16 and fp16");
     using Cfg = Config<HS, NC>;
     if (!available() || reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) return false;
     CUtensorMap tm_q, tm_kv;
-    if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, HS, 64) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, HS, Cfg::BN)) return false;
+    if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, KVH, HS, 64) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, KVH, HS, Cfg::BN)) return false;
     const int nqb = ceil_div(Tn, Cfg::BM), heads = B * NH, num_tiles = heads * nqb;
-    // heads per L2 section: a power of two whose K and V take at most 32 MB
-    const double kv_bytes = (double)Tn * HS * 2 * 2;
+    // query heads per L2 section: a power of two whose K and V take at most 32 MB (a group's heads share theirs)
+    const double kv_bytes = (double)Tn * HS * 2 * 2 / (NH / KVH);
     int per_section = 1;
     while (per_section * 2 * kv_bytes <= 32.0 * 1024 * 1024) per_section *= 2;
     const int grid = std::min(num_tiles, sm_count());
     auto kernel = forward_kernel<T, HS, NC>;
     set_smem(kernel, Cfg::SMEM_BYTES);
-    kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(tm_q, tm_kv, out, lse, Tn, NH, nqb, num_tiles, per_section,
+    kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(tm_q, tm_kv, out, lse, Tn, NH, KVH, nqb, num_tiles, per_section,
                                                            kLog2e / sqrtf((float)HS));
     cudaCheckLaunch();
     return true;
 }
 
-// The Hopper backward: dqkv (B,T,3,NH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
+// The Hopper backward: dqkv (B,T,NH+2*KVH,hs) from dout, qkv, out and lse, as flash_attention_backward; scratch
 // pointers from flash_attention.cuh's backward_hs: D and lse_log2 (B*NH*hopper_backward_padded_rows(T) each: whole
 // query blocks), the fp32 dQ buffer (B*NH*hopper_backward_padded_rows(T)*hs: whole query blocks in fragment
 // order), the turn counters (B*NH*ceil(T/64)). False (nothing launched) where it cannot run.
 template <typename T, int HS>
 bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* Dp, float* lse2p, float* dq_accum,
-              int* turn, int B, int Tn, int NH, bool deterministic, cudaStream_t stream) {
+              int* turn, int B, int Tn, int NH, int KVH, bool deterministic, cudaStream_t stream) {
     static_assert(!std::is_same<T, float>::value, "the Hopper backward is for bf16 and fp16");
     using Cfg = BwdConfig<HS>;
     for (const void* p : {(const void*)dqkv, (const void*)dout, (const void*)qkv, (const void*)out})
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     if (!available()) return false;
     CUtensorMap tm_q, tm_kv, tm_do, tm_dq;
-    if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, HS, Cfg::BN) ||
-        !rows_tensor_map(&tm_do, dout, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_dq, dqkv, B, Tn, NH, HS, 64))
+    if (!qkv_tensor_map(&tm_q, qkv, B, Tn, NH, KVH, HS, Cfg::BM) || !qkv_tensor_map(&tm_kv, qkv, B, Tn, NH, KVH, HS, Cfg::BN) ||
+        !rows_tensor_map(&tm_do, dout, B, Tn, NH, HS, Cfg::BM) || !qkv_tensor_map(&tm_dq, dqkv, B, Tn, NH, KVH, HS, 64))
         return false;
     const int Tpad = (int)hopper_backward_padded_rows(Tn), nkb = ceil_div(Tn, Cfg::BN), nqb = ceil_div(Tn, Cfg::BM);
     const float scale = 1.0f / sqrtf((float)HS);
@@ -1213,13 +1222,14 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
                          out, lse, B, Tn, Tpad, NH, stream);
     auto kernel = deterministic ? backward_kernel<T, HS, true> : backward_kernel<T, HS, false>;
     set_smem(kernel, Cfg::SMEM_BYTES);
-    // heads per L2 section: what every pair of a head reads (Q, dO, lse, D) and adds into (fp32 dQ) in 32 MB (on
-    // one H200, 32 and 48 MB ran forward + backward at T = 4096 5.5% faster than one section; 8 MB 3% faster)
-    const double head_bytes = (double)Tpad * (2 * HS * sizeof(T) + 2 * sizeof(float) + HS * sizeof(float));
-    const int heads = B * NH, per_section = std::max(1, std::min(heads, (int)(32.0 * 1024 * 1024 / head_bytes)));
-    // clusters of two CTAs: key blocks 2p and 2p + 1 of one head
+    // kv heads per L2 section: what every pair of a kv head reads (its group's Q, dO, lse, D) and adds into (their
+    // fp32 dQ) in 32 MB (on one H200, 32 and 48 MB ran forward + backward at T = 4096 5.5% faster than one section;
+    // 8 MB 3% faster)
+    const double kv_head_bytes = (double)(NH / KVH) * Tpad * (2 * HS * sizeof(T) + 2 * sizeof(float) + HS * sizeof(float));
+    const int kv_heads = B * KVH, per_section = std::max(1, std::min(kv_heads, (int)(32.0 * 1024 * 1024 / kv_head_bytes)));
+    // clusters of two CTAs: key blocks 2p and 2p + 1 of one kv head
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)((long)B * NH * ((nkb + 1) / 2) * 2));
+    config.gridDim = dim3((unsigned)((long)kv_heads * ((nkb + 1) / 2) * 2));
     config.blockDim = dim3(Cfg::THREADS);
     config.dynamicSmemBytes = Cfg::SMEM_BYTES;
     config.stream = stream;
@@ -1231,9 +1241,9 @@ bool backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* l
     config.attrs = &cluster;
     config.numAttrs = 1;
     cudaCheck(cudaLaunchKernelEx(&config, kernel, tm_q, tm_kv, tm_do, tm_dq, dqkv, dq_accum, turn, lse2p, Dp, Tn, Tpad, NH,
-                                 nkb, nqb, per_section, scale, scale * kLog2e));
+                                 KVH, nkb, nqb, per_section, scale, scale * kLog2e));
     if (!deterministic) {  // deterministic mode: the main kernel wrote dQ
-        dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, nqb, scale);
+        dq_convert_kernel<T, HS><<<(unsigned)((long)B * NH * nqb * 2), 128, 0, stream>>>(dqkv, dq_accum, Tn, NH, KVH, nqb, scale);
         cudaCheckLaunch();
     }
     return true;

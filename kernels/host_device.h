@@ -1,6 +1,7 @@
 // What the kernels share with plain host code, in C++ that g++ compiles as well as nvcc (no CUDA header): the layout
-// masks and splitmix64, so that the CPU AdamW (adamw_cpu.h) decays and rounds with the GPU's own definitions.
-// defines: HOST_DEVICE, HOST_DEVICE_INLINE, LayoutMask, splitmix64
+// masks and splitmix64, so that the CPU AdamW (adamw_cpu.h) decays and rounds with the GPU's own definitions, and
+// RoPE's scaling, which the model's configuration holds and rope_inv_freq (rope.cuh) applies.
+// defines: HOST_DEVICE, HOST_DEVICE_INLINE, LayoutMask, splitmix64, RopeScaling
 #pragma once
 #include <climits>
 #include <cstdint>
@@ -76,3 +77,10 @@ HOST_DEVICE_INLINE uint64_t splitmix64(uint64_t x) {
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
 }
+
+// Llama 3's rotary frequency scaling (transformers' rope_type "llama3"; original_max_positions is its
+// original_max_position_embeddings); factor 0: none.
+struct RopeScaling {
+    float factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+    int original_max_positions = 8192;
+};

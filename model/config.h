@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 #include "../kernels/die.h"          // die
-#include "../kernels/host_device.h"  // LayoutMask (plain C++: model files, state files and the flags compile without CUDA)
+#include "../kernels/host_device.h"  // LayoutMask, RopeScaling (plain C++: model files, state files and the flags compile without CUDA)
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -24,12 +24,6 @@
 // RMSNorms, rotary positions, grouped-query attention (kv_heads <= heads), a SwiGLU MLP (gate and up products of
 // `ffn` units each, one [gate | up] product), no biases (Qwen 2.5: on q, k, v) and a head tied or its own.
 enum class ModelFamily { kGpt2, kLlama };
-
-// Llama 3's rotary frequency scaling (transformers' rope_type "llama3"); factor 0: none.
-struct RopeScaling {
-    float factor = 0, low_freq_factor = 1, high_freq_factor = 4;
-    int original_max_positions = 8192;
-};
 
 struct ModelConfig {
     ModelFamily family = ModelFamily::kGpt2;
@@ -57,9 +51,34 @@ struct ModelConfig {
     bool has_wpe() const { return !llama(); }
     bool has_biases() const { return !llama(); }  // the norms', the projections' and the MLP's biases
 };
+// One tensor-parallel rank's widths (columns per token) of the attention's and the MLP's inner activations: the qkv
+// product's output (its heads' q, k and v), the MLP's input products' (fc; or gate and up) and its hidden units.
+inline size_t qkv_width(const ModelConfig& c, int tp) { return (size_t)c.qkv_channels() / tp; }
+inline size_t fc_width(const ModelConfig& c, int tp) { return (size_t)c.mlp_inputs() * (c.hidden_units() / tp); }
+inline size_t hidden_width(const ModelConfig& c, int tp) { return (size_t)c.hidden_units() / tp; }
 inline const char* family_name(ModelFamily f) { return f == ModelFamily::kLlama ? "llama" : "gpt2"; }
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+// The shape as the logs print it: "12 layers, 12 heads, 768 channels, max T 1024, vocab 50257 (padded 50304)", and for
+// the Llama family what else it chooses (key/value heads, hidden units, biases, head, norm epsilon, rotary base).
+inline std::string config_text(const ModelConfig& c) {
+    char text[512];
+    if (!c.llama()) {
+        snprintf(text, sizeof(text), "%d layers, %d heads, %d channels, max T %d, vocab %d (padded %d)", c.num_layers, c.num_heads, c.channels,
+                 c.max_seq_len, c.vocab_size, c.padded_vocab_size);
+        return text;
+    }
+    char scaling[96] = "";
+    if (c.rope_scaling.factor != 0.0f)
+        snprintf(scaling, sizeof(scaling), ", scaling %g/%g/%g/%d", c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
+                 c.rope_scaling.high_freq_factor, c.rope_scaling.original_max_positions);
+    snprintf(text, sizeof(text), "Llama family, %d layers, %d heads (%d key/value), %d channels, %d hidden units, max T %d, vocab %d (padded %d), "
+             "%s head%s, RMSNorm eps %g, rope theta %g%s", c.num_layers, c.num_heads, c.key_value_heads(), c.channels, c.hidden_units(),
+             c.max_seq_len, c.vocab_size, c.padded_vocab_size, c.tied_head ? "tied" : "untied", c.qkv_bias ? ", q/k/v biases" : "",
+             c.norm_eps, c.rope_theta, scaling);
+    return text;
+}
 
 // Shape limits: every size the code computes from them (parameters per tensor, L x 12 C^2 for the whole model,
 // T x C, Vp x C, B x T x Vp logits) stays far inside size_t, and C, 4C, T and Vp inside the int arguments of the
@@ -104,6 +123,34 @@ inline bool config_from_preset(const std::string& name, ModelConfig& config) {
         return true;
     }
     return false;
+}
+// The Llama family at a GPT-2 shape (--model dN --arch llama): the same layers, width, heads, maximum sequence length
+// and vocabulary, with Llama's defaults elsewhere: as many key/value heads as heads, 8C/3 hidden units rounded up to
+// a multiple of 256 (Llama's rule), no biases, a tied head, RMSNorm epsilon 1e-5, rotary theta 10000, no scaling.
+inline ModelConfig llama_of_shape(const ModelConfig& gpt2) {
+    ModelConfig c = gpt2;
+    c.family = ModelFamily::kLlama;
+    c.kv_heads = 0;
+    c.ffn = (8 * gpt2.channels / 3 + 255) / 256 * 256;
+    c.qkv_bias = false;
+    c.tied_head = true;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    c.rope_scaling = RopeScaling();
+    return c;
+}
+// --rope-scaling: "off", or FACTOR,LOW,HIGH,POSITIONS. False for anything else.
+inline bool parse_rope_scaling(const std::string& text, RopeScaling* scaling) {
+    if (text == "off") {
+        *scaling = RopeScaling();
+        return true;
+    }
+    RopeScaling r;
+    char end = 0;
+    if (sscanf(text.c_str(), "%f,%f,%f,%d%c", &r.factor, &r.low_freq_factor, &r.high_freq_factor, &r.original_max_positions, &end) != 4)
+        return false;
+    *scaling = r;
+    return true;
 }
 constexpr const char* kPresetNames = "llama3-1b, llama3-3b, llama3-8b, smollm2-135m, smollm2-360m, qwen2.5-0.5b, qwen2.5-7b";
 

@@ -30,6 +30,7 @@
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
 #include "backward_part.h"                     // defines: BackwardPart
+#include "block_spec.cuh"                        // defines: BlockSpec (the family's norm, position encoding and MLP activation)
 #include "fp8_linear.cuh"                      // defines: Fp8Linear (--precision fp8's products of the four linear layers), Fp8Layer, Fp8Stats
 #include "../kernels/fp8_fused.cuh"            // defines: layernorm_forward_fp8, residual_layernorm_forward_fp8, fp8_gelu_cast
 
@@ -106,6 +107,7 @@ struct GPT2 {
     std::unique_ptr<AdapterLayout> adapter_layout;
     std::unique_ptr<ZeroOptimizer<floatX>> adapters;
     LoraHooks<floatX> lora_hooks;  // the adapters' products in the forward and backward
+    BlockSpec<floatX> spec;        // what the family chooses inside a block
     bool training = false;         // LoRA dropout only while training, not in evaluation or sampling
 
     // activations: sets[k][slot] holds one micro-batch's on chunk k (one set without pipeline parallelism)
@@ -121,6 +123,7 @@ struct GPT2 {
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     // scratch shared by all layers and sets
     floatX *proj_out = nullptr, *dbtc = nullptr, *dbig = nullptr;
+    floatX* dhidden = nullptr;   // Llama: d(loss)/d(the SwiGLU's output), whose input gradient (in dbig) is twice as wide
     floatX* gathered = nullptr;  // sequence parallelism: a LayerNorm output made whole for a column-parallel product
     // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the LayerNorm and residual regions hold 1/tp of
     // the rows on each rank (set before allocate()).
@@ -177,8 +180,9 @@ struct GPT2 {
         lora_hooks.spec = lora;
         lora_hooks.layout = adapter_layout.get();
         lora_hooks.adapters = adapters.get();
-        lora_hooks.channels = c.channels;
+        lora_hooks.config = c;
         lora_hooks.layers = c.num_layers;
+        spec.allocate(c);
     }
     // Chunks of blocks (pipeline parallelism's model chunks; one without it): chunk k holds the local blocks
     // [chunk_begin[k], chunk_begin[k+1]). The model's first chunk starts with the embeddings, its last ends with
@@ -252,25 +256,25 @@ struct GPT2 {
             }
         }
         output_grads.assign(num_chunks(), {});
-        const size_t Cs = C / layout.tp;  // this rank's heads' and hidden units' share of C
         for (size_t k = 0; k < ap.grad_slots.size(); k++) {
             output_grads[k].assign(ap.grad_slots[k], std::vector<LayerOutputGrads<floatX>>(ap.chunk_blocks[k]));
             for (std::vector<LayerOutputGrads<floatX>>& slot : output_grads[k])
                 for (LayerOutputGrads<floatX>& d : slot) {
-                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * 3 * Cs);  // else a buffer that B hands it
+                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * qkv_width(config, layout.tp));  // else a buffer that B hands it
                     d.attproj = take(N * C);
-                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * 4 * Cs);  // else a buffer that B hands it
+                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * fc_width(config, layout.tp));  // else a buffer that B hands it
                     d.fcproj = take(N * C);
                 }
         }
         const bool split_backward = ap.splits_backward();
-        spare_qkv = split_backward && qkv_grad_in_set(recompute) ? take(N * 3 * Cs) : nullptr;
-        spare_fch = split_backward && fc_grad_in_set(recompute) ? take(N * 4 * Cs) : nullptr;
+        spare_qkv = split_backward && qkv_grad_in_set(recompute) ? take(N * qkv_width(config, layout.tp)) : nullptr;
+        spare_fch = split_backward && fc_grad_in_set(recompute) ? take(N * fc_width(config, layout.tp)) : nullptr;
         if (ap.head) {
             lnf = take(N * C);
             logits = take(N * layout.vocab_rows());
         }
-        proj_out = take(N * C); dbtc = take(N * C); dbig = take(N * 4 * (C / layout.tp));
+        proj_out = take(N * C); dbtc = take(N * C); dbig = take(N * std::max(qkv_width(config, layout.tp), fc_width(config, layout.tp)));
+        if (config.llama()) dhidden = take(N * hidden_width(config, layout.tp));
         if (sequence_split() > 1) gathered = take(N * C);
         if (ap.head) { lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); }
         losses = take_f(N);
@@ -279,7 +283,7 @@ struct GPT2 {
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats<floatX>(config) * sizeof(float)));
         cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
         cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
-        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, C / NH)));
+        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, kv_heads(), head_size())));
         if (fp8) {
             if (!std::is_same<floatX, __nv_bfloat16>::value || lora.enabled())
                 die("internal: FP8 products run in a bf16 model without LoRA");
@@ -326,8 +330,11 @@ struct GPT2 {
     }
     floatX* wte_params() const { return zero->unit_params(layout.wte_unit); }
     floatX* wte_grads() const { return zero->unit_grads(layout.wte_unit); }
-    floatX* wpe_params() const { return zero->unit_params(layout.wpe_unit); }
-    floatX* wpe_grads() const { return zero->unit_grads(layout.wpe_unit); }
+    floatX* wpe_params() const { return layout.wpe_unit >= 0 ? zero->unit_params(layout.wpe_unit) : nullptr; }  // null: no wpe (Llama)
+    floatX* wpe_grads() const { return layout.wpe_unit >= 0 ? zero->unit_grads(layout.wpe_unit) : nullptr; }
+    // The LM head's weight: wte (tied), or its own (an untied head on the last stage).
+    floatX* head_params() const { return layout.lm_head_unit >= 0 ? zero->unit_params(layout.lm_head_unit) : wte_params(); }
+    floatX* head_grads() const { return layout.lm_head_unit >= 0 ? zero->unit_grads(layout.lm_head_unit) : wte_grads(); }
     floatX* final_norm_params() const { return zero->unit_params(layout.lnf_unit); }  // lnfw, then lnfb
     floatX* final_norm_grads() const { return zero->unit_grads(layout.lnf_unit); }
 
@@ -356,7 +363,7 @@ struct GPT2 {
     // kernels both ways, so they equal --gelu-fusion 0 bit for bit
     // FP8 products have no GELU epilogue here: the GELU kernels run beside them.
     bool fused_gelu_without_adapter(int t) const {
-        return gelu_fusion && !fp8 && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
+        return gelu_fusion && !config.llama() && !fp8 && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
                (recompute == kKeepAll || recompute >= kRecomputeBlock);
     }
     bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
@@ -364,10 +371,19 @@ struct GPT2 {
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }
-    int hidden() const { return 4 * config.channels / layout.tp; }
-    int head_size() const { return config.channels / config.num_heads; }
+    int kv_heads() const { return config.key_value_heads() / layout.tp; }
+    int hidden() const { return (int)hidden_width(config, layout.tp); }
+    int head_size() const { return config.head_size(); }
+    int qkv_columns() const { return (int)qkv_width(config, layout.tp); }  // this rank's q, k and v columns
+    int fc_columns() const { return (int)fc_width(config, layout.tp); }    // this rank's fc (or gate and up) columns
+    // The qkv bias's columns that its gradient sums from dqkv: all of them with rotary positions; GPT-2's query part
+    // (backward_chunk says why).
+    int qkv_bias_columns() const { return config.llama() ? qkv_columns() : heads() * head_size(); }
+    // A block's bias and its gradient, null where the family has none (its tensor is empty).
+    const floatX* bias(int l, BlockTensor t) const { return layout.block_tensor_size[t] > 0 ? param(l, t) : nullptr; }
+    floatX* bias_grad(int l, BlockTensor t) const { return layout.block_tensor_size[t] > 0 ? grad(l, t) : nullptr; }
     // Row-parallel products add their bias on tensor-parallel rank 0 only: g's sum then holds it once.
-    const floatX* row_parallel_bias(int l, BlockTensor t) const { return tensor_parallel.rank() == 0 ? param(l, t) : nullptr; }
+    const floatX* row_parallel_bias(int l, BlockTensor t) const { return tensor_parallel.rank() == 0 ? bias(l, t) : nullptr; }
     // Rows of the LayerNorm and residual regions on this rank: all B*T, or 1/tp of them under sequence parallelism.
     int region_rows() const { return B * T / sequence_split(); }
 
@@ -459,7 +475,7 @@ struct GPT2 {
     // Under sequence parallelism the LayerNorms hold 1/tp of the rows that qkv and fc multiply (gathered in bf16 first):
     // there the layers cast their inputs.
     bool fp8_inputs_from_producers() const {
-        return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales() && sequence_split() == 1;
+        return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales() && sequence_split() == 1 && !config.llama();
     }
     bool fp8_input_from_producer(Fp8Layer layer) const { return layer != kFp8AttnProj && fp8_inputs_from_producers(); }
     // Which E4M3 copies a producer writes: the row-major one for the product that follows it, the transposed one for
@@ -475,9 +491,9 @@ struct GPT2 {
     Fp8Copies input_copies(int buffer, bool recomputing, bool product_follows) const {
         return {product_follows, recomputing || (training && !activation_shared(recompute, buffer))};
     }
-    // out = LayerNorm(x), or residual = x + y, then out = LayerNorm(residual) when y is given: block l's ln1 or ln2, the
-    // input of its layer `layer`; in bf16, or under fp8_inputs_from_producers() as the E4M3 `copies` (out's buffer
-    // taking the transposed one).
+    // out = norm(x), or residual = x + y, then out = norm(residual) when y is given: block l's ln1 or ln2, the input
+    // of its layer `layer`; in bf16, or under fp8_inputs_from_producers() (GPT-2's LayerNorms) as the E4M3 `copies`
+    // (out's buffer taking the transposed one).
     void block_layernorm(floatX* out, float* mean, float* rstd, floatX* residual, const floatX* x, const floatX* y, const floatX* weight,
                          const floatX* bias, int l, Fp8Layer layer, Fp8Copies copies) {
         const int C = config.channels, Nr = region_rows();
@@ -491,11 +507,10 @@ struct GPT2 {
                 return;
             }
         }
-        if (y != nullptr) residual_layernorm_forward(residual, out, mean, rstd, x, y, weight, bias, Nr, C, stream);
-        else layernorm_forward(out, mean, rstd, x, weight, bias, Nr, C, stream);
+        spec.norm_forward(residual, out, mean, rstd, x, y, weight, bias, Nr, stream);
     }
-    // fch_gelu = gelu(fch) of local block l: in bf16, or under fp8_inputs_from_producers() as the E4M3 `copies`
-    // (fch_gelu's buffer taking the transposed one).
+    // fch_gelu = the MLP's activation of fch (GELU, or SwiGLU of [gate | up]) of local block l: in bf16, or under
+    // fp8_inputs_from_producers() (GPT-2's GELU) as the E4M3 `copies` (fch_gelu's buffer taking the transposed one).
     void block_gelu(int l, LayerActivations<floatX>& a, Fp8Copies copies) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
             if (fp8_inputs_from_producers()) {
@@ -504,7 +519,7 @@ struct GPT2 {
                 return;
             }
         }
-        gelu_forward(a.fch_gelu, a.fch, (long)N() * hidden(), stream);
+        spec.activation_forward(a.fch_gelu, a.fch, N(), hidden(), stream);
     }
 
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
@@ -519,10 +534,10 @@ struct GPT2 {
         const int N = B * T, C = config.channels;
         const floatX* x = column_input(a.ln2);
         if (fc_gelu_fused()) {
-            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), param(l, FCB), N, C, hidden(), stream);
+            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), bias(l, FCB), N, C, hidden(), stream);
             return;
         }
-        linear_forward(a.fch, x, param(l, FCW), param(l, FCB), C, hidden(), l, kFp8Fc);
+        linear_forward(a.fch, x, param(l, FCW), bias(l, FCB), C, fc_columns(), l, kFp8Fc);
         adapt_forward(l, kLoraFc, a.fch, x);
         block_gelu(l, a, input_copies(kFchGeluBuffer, recomputing, !recomputing));
     }
@@ -532,14 +547,15 @@ struct GPT2 {
     void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in, bool recomputing = false) {
         const int C = config.channels, Cs = heads() * head_size();
         const floatX* x = column_input(a.ln1);
-        floatX* qkv = a.qkv + (size_t)kv_position * 3 * Cs;  // the KV cache's new rows
-        linear_forward(qkv, x, param(l, QKVW), param(l, QKVB), C, 3 * Cs, l, kFp8Qkv);
+        floatX* qkv = a.qkv + (size_t)kv_position * qkv_columns();  // the KV cache's new rows
+        linear_forward(qkv, x, param(l, QKVW), bias(l, QKVB), C, qkv_columns(), l, kFp8Qkv);
         adapt_forward(l, kLoraQkv, qkv, x);
-        if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), head_size(), stream);
-        else attention_decode(a.atty, a.qkv, kv_position, T, heads(), head_size(), stream);
+        spec.position_forward(qkv, B, T, heads(), kv_heads(), kv_position, stream);  // T new rows at kv_position
+        if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), kv_heads(), head_size(), stream);
+        else attention_decode(a.atty, a.qkv, kv_position, T, heads(), kv_heads(), head_size(), stream);
         linear_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), Cs, C, l, kFp8AttnProj);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
-        block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in, row_output(proj_out), param(l, LN2W), param(l, LN2B), l, kFp8Fc,
+        block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in, row_output(proj_out), param(l, LN2W), bias(l, LN2B), l, kFp8Fc,
                         input_copies(kLn2Buffer, recomputing, true));
         fc_gelu_forward(l, a, recomputing);
     }
@@ -564,7 +580,7 @@ struct GPT2 {
         if (model_begins(k)) {
             // vocabulary-parallel: each rank looks up the tokens of its rows (zeros for the others) and rank 0 adds
             // the positions; g sums them (into this rank's rows under sequence parallelism)
-            const floatX* wpe = tensor_parallel.rank() == 0 ? wpe_params() + (size_t)kv_position * C : nullptr;
+            const floatX* wpe = tensor_parallel.rank() == 0 && wpe_params() != nullptr ? wpe_params() + (size_t)kv_position * C : nullptr;
             floatX* lookup = sequence_split() > 1 ? proj_out : set.input;
             encoder_forward(lookup, set.tokens, wte_params(), wpe, B, T, C, stream, tensor_parallel.rank() * Vl, Vl);
             row_output(lookup, set.input);
@@ -578,7 +594,7 @@ struct GPT2 {
             // the first LayerNorm of a block was fused into the previous block's closing residual add, except in
             // the chunk's first block
             if (l == begin)
-                block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, set.input, nullptr, param(l, LN1W), param(l, LN1B), l, kFp8Qkv,
+                block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, set.input, nullptr, param(l, LN1W), bias(l, LN1B), l, kFp8Qkv,
                                 input_copies(kLn1Buffer, false, true));
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             attention_and_fc_forward(l, a, residual_in);
@@ -591,12 +607,12 @@ struct GPT2 {
             if (l + 1 < end) {
                 zero->before_unit_forward(layout.block_unit(l + 1));
                 LayerActivations<floatX>& next = set.layers[l + 1 - begin];
-                block_layernorm(next.ln1, next.ln1_mean, next.ln1_rstd, a.residual3, a.residual2, mlp, param(l + 1, LN1W), param(l + 1, LN1B),
+                block_layernorm(next.ln1, next.ln1_mean, next.ln1_rstd, a.residual3, a.residual2, mlp, param(l + 1, LN1W), bias(l + 1, LN1B),
                                 l + 1, kFp8Qkv, input_copies(kLn1Buffer, false, true));
             } else if (model_ends(k)) {
                 zero->before_unit_forward(layout.lnf_unit);
-                residual_layernorm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
-                                           final_norm_params() + C, Nr, C, stream);
+                spec.norm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
+                                  config.has_biases() ? final_norm_params() + C : nullptr, Nr, stream);
             } else {
                 residual_forward(a.residual3, a.residual2, mlp, (long)Nr * C, stream);
             }
@@ -633,7 +649,7 @@ struct GPT2 {
     void head_forward(ActivationSet<floatX>& set, bool with_loss, float dloss) {
         const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
         if (sequence_split() > 1) tensor_parallel.all_gather_rows(lnf + (size_t)tensor_parallel.rank() * Nr * C, lnf, (size_t)Nr * C, stream);
-        matmul_forward(logits, lnf, wte_params(), (const floatX*)nullptr, N(), C, Vl, stream);
+        matmul_forward(logits, lnf, head_params(), (const floatX*)nullptr, N(), C, Vl, stream);
         const int* targets = set.tokens + (size_t)B * T;
         if (with_loss) tensor_parallel.cross_entropy(logits, losses, targets, dloss, N(), config.vocab_size, Vl, stream);
     }
@@ -643,14 +659,14 @@ struct GPT2 {
     void recompute_activations(int l, LayerActivations<floatX>& a, const floatX* residual_in) {
         if (recompute == kKeepAll) return;
         if (recompute >= kRecomputeGeluLayerNorm)
-            block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, residual_in, nullptr, param(l, LN1W), param(l, LN1B), l, kFp8Qkv,
+            block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, residual_in, nullptr, param(l, LN1W), bias(l, LN1B), l, kFp8Qkv,
                             input_copies(kLn1Buffer, true, recompute >= kRecomputeBlock));
         if (recompute >= kRecomputeBlock) {
             attention_and_fc_forward(l, a, residual_in, true);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
-            block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, nullptr, a.residual2, nullptr, param(l, LN2W), param(l, LN2B), l, kFp8Fc,
+            block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, nullptr, a.residual2, nullptr, param(l, LN2W), bias(l, LN2B), l, kFp8Fc,
                             input_copies(kLn2Buffer, true, false));
         block_gelu(l, a, input_copies(kFchGeluBuffer, true, false));  // the forward's own kernel (see fc_gelu_fused)
     }
@@ -678,15 +694,16 @@ struct GPT2 {
     void head_backward(ActivationSet<floatX>& set) {
         const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
         cudaCheck(cudaMemsetAsync(set.dresidual, 0, (size_t)Nr * C * sizeof(floatX), stream));
-        const floatX* dlnf = column_parallel_backward(wte_grads(), nullptr, wte_params(), logits, lnf, Vl, -1, -1);
-        layernorm_backward(set.dresidual, final_norm_grads(), reduce_scratch, dlnf, set.layers.back().residual3,
-                           final_norm_params(), lnf_mean, lnf_rstd, Nr, C, stream);
-        sum_layernorm_grads(final_norm_grads(), 2 * (size_t)C);
+        const floatX* dlnf = column_parallel_backward(head_grads(), nullptr, head_params(), logits, lnf, Vl, -1, -1);
+        spec.norm_backward(set.dresidual, final_norm_grads(), reduce_scratch, dlnf, set.layers.back().residual3, final_norm_params(), lnf_mean,
+                           lnf_rstd, Nr, stream);
+        sum_layernorm_grads(final_norm_grads(), spec.norm_parameters());
         if (adapters) {
             adapters->after_unit_backward(config.num_layers + 1);
             return;
         }
         zero->after_unit_backward(layout.lnf_unit);
+        if (layout.lm_head_unit >= 0) zero->after_unit_backward(layout.lm_head_unit);
         if (layout.part.tied_copy()) zero->after_unit_backward(layout.wte_unit);  // the LM head's copy of wte is complete
     }
 
@@ -720,6 +737,7 @@ struct GPT2 {
             // gather)
             LayerOutputGrads<floatX>* kept = kept_grads ? &(*kept_grads)[l - begin] : nullptr;
             auto product_grad = [&](BlockTensor t) { return input_only ? nullptr : grad(l, t); };
+            auto product_bias_grad = [&](BlockTensor t) { return input_only ? nullptr : bias_grad(l, t); };
             auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
             // B's output gradients of fc and qkv go to the slot's own memory, or to the spares, which the slot keeps
             // once the set's fch and qkv buffers have been read for the last time and become the spares
@@ -728,7 +746,8 @@ struct GPT2 {
             floatX* dqkv = qkv_to_spare ? spare_qkv : kept ? kept->qkv : dbig;
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dfch
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
-            // must add its share before it
+            // must add its share before it. SwiGLU's input is twice as wide as its output: d(loss)/d(fch_gelu) goes to
+            // dhidden first.
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
             if (kept) keep_output_grad(kept->fcproj, dmlp);
@@ -736,31 +755,33 @@ struct GPT2 {
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
             const bool bias_in_layernorm = sequence_split() == 1;
-            linear_backward(dfch, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_grad(FCPROJB), dmlp, a.fch_gelu,
+            floatX* dact = config.llama() ? dhidden : dfch;
+            linear_backward(dact, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_bias_grad(FCPROJB), dmlp, a.fch_gelu,
                             param(l, FCPROJW), hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
-                adapt_backward(l, kLoraFcProj, dfch, dmlp, a.fch_gelu);
-                gelu_backward(dfch, a.fch, dfch, (long)N * hidden(), stream);
+                adapt_backward(l, kLoraFcProj, dact, dmlp, a.fch_gelu);
+                spec.activation_backward(dfch, dact, a.fch, N, hidden(), stream);
             }
-            if (fc_to_spare) {  // fch's last read was the GELU's backward
+            if (fc_to_spare) {  // fch's last read was the activation's backward
                 kept->fc = dfch;
                 spare_fch = a.fch;
                 a.fch = nullptr;  // until W hands the set a buffer back
             }
             // ln2 re-gathered under sequence parallelism
-            const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
-                                                          hidden(), l, kLoraFc);
+            const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_bias_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
+                                                          fc_columns(), l, kLoraFc);
             // fc-proj's bias gradient from dresidual as it enters: d(loss)/d(residual3)
-            layernorm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W),
-                               a.ln2_mean, a.ln2_rstd, Nr, C, stream, bias_in_layernorm ? grad(l, FCPROJB) : nullptr);
+            spec.norm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W), a.ln2_mean, a.ln2_rstd, Nr, stream,
+                               bias_in_layernorm ? bias_grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
             if (kept) keep_output_grad(kept->attproj, dattention);
-            linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_grad(ATTPROJB), dattention, a.atty,
+            linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_bias_grad(ATTPROJB), dattention, a.atty,
                             param(l, ATTPROJW), Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
-            flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), head_size(),
+            flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), kv_heads(), head_size(),
                                      deterministic_attention, stream);
+            spec.position_backward(dqkv, B, T, heads(), kv_heads(), stream);
             if (qkv_to_spare) {  // qkv's last read was the attention's backward
                 kept->qkv = dqkv;
                 spare_qkv = a.qkv;
@@ -773,25 +794,26 @@ struct GPT2 {
             // leaves for the attention projection's bias (a 1 x C by C x Cs product instead of reading dO), unless
             // that bias gradient is not taken there or an adapter adds to dO; then from dO (dbtc) before the qkv
             // product's backward overwrites it. The query part from dQ, the first Cs columns of dqkv (W's under B).
-            floatX* dqkv_bias = grad(l, QKVB);
-            floatX* dattproj_bias = bias_in_layernorm ? grad(l, ATTPROJB) : nullptr;
+            // With rotary positions (Qwen 2.5's q, k and v biases) a key bias is rotated differently at each position,
+            // so it moves the scores: the whole bias from dqkv (W's under B).
+            floatX* dqkv_bias = bias_grad(l, QKVB);
+            floatX* dattproj_bias = bias_in_layernorm ? bias_grad(l, ATTPROJB) : nullptr;
             const bool value_bias_from_layernorm = dqkv_bias != nullptr && dattproj_bias != nullptr &&
                                                    !(lora.enabled() && lora.targets_has(kLoraAttnProj));
-            if (dqkv_bias != nullptr) {
-                if (!value_bias_from_layernorm) bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
-                if (!input_only) bias_backward(dqkv_bias, reduce_scratch, dqkv, N, Cs, stream, 3L * Cs);
-            }
-            const floatX* dln1 = column_parallel_backward(product_grad(QKVW), nullptr, param(l, QKVW), dqkv, product_input(a.ln1), 3 * Cs,
+            if (dqkv_bias != nullptr && !input_only) bias_backward(dqkv_bias, reduce_scratch, dqkv, N, qkv_bias_columns(), stream, qkv_columns());
+            if (dqkv_bias != nullptr && !config.llama() && !value_bias_from_layernorm)
+                bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
+            const floatX* dln1 = column_parallel_backward(product_grad(QKVW), nullptr, param(l, QKVW), dqkv, product_input(a.ln1), qkv_columns(),
                                                           l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
-            layernorm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W),
-                               a.ln1_mean, a.ln1_rstd, Nr, C, stream, dattproj_bias);
+            spec.norm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W), a.ln1_mean, a.ln1_rstd, Nr, stream,
+                               dattproj_bias);
             if (value_bias_from_layernorm)
                 colsum_times_weight(dqkv_bias + 2 * Cs, reduce_scratch + layernorm_backward_scratch_floats(C),
                                     layernorm_backward_colsum_partials(reduce_scratch, C), layernorm_backward_blocks(),
                                     param(l, ATTPROJW), C, Cs, stream);
-            sum_layernorm_grads(grad(l, LN1W), 2 * (size_t)C);  // LN1W, LN1B and LN2W, LN2B are adjacent pairs
-            sum_layernorm_grads(grad(l, LN2W), 2 * (size_t)C);
+            sum_layernorm_grads(grad(l, LN1W), spec.norm_parameters());  // a norm's weight and bias are adjacent
+            sum_layernorm_grads(grad(l, LN2W), spec.norm_parameters());
             if (!input_only) block_gradients_done(l);  // B: W completes them
         }
         if (model_begins(k) && !input_only) embeddings_backward(set);
@@ -814,11 +836,12 @@ struct GPT2 {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : grad(l, FCPROJB), d.fcproj, a.fch_gelu, hidden(), C, l, kFp8FcProj);
-            weight_gradient(grad(l, FCW), grad(l, FCB), d.fc, column_input(a.ln2), C, hidden(), l, kFp8Fc);
-            weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : grad(l, ATTPROJB), d.attproj, a.atty, Cs, C, l, kFp8AttnProj);
-            if (grad(l, QKVB) != nullptr) bias_backward(grad(l, QKVB), reduce_scratch, d.qkv, N, Cs, stream, 3L * Cs);  // the query part
-            weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), C, 3 * Cs, l, kFp8Qkv);
+            weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : bias_grad(l, FCPROJB), d.fcproj, a.fch_gelu, hidden(), C, l, kFp8FcProj);
+            weight_gradient(grad(l, FCW), bias_grad(l, FCB), d.fc, column_input(a.ln2), C, fc_columns(), l, kFp8Fc);
+            weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : bias_grad(l, ATTPROJB), d.attproj, a.atty, Cs, C, l, kFp8AttnProj);
+            if (bias_grad(l, QKVB) != nullptr)  // B's part (backward_chunk)
+                bias_backward(bias_grad(l, QKVB), reduce_scratch, d.qkv, N, qkv_bias_columns(), stream, qkv_columns());
+            weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), C, qkv_columns(), l, kFp8Qkv);
             // the set's qkv and fch buffers back from the slot (the output gradients' last read is above)
             if (qkv_grad_in_set(recompute)) a.qkv = d.qkv;
             if (fc_grad_in_set(recompute)) a.fch = d.fc;
@@ -860,7 +883,7 @@ struct GPT2 {
             adapters->after_unit_backward(0);
             return;
         }
-        zero->after_unit_backward(layout.wpe_unit);
+        if (layout.wpe_unit >= 0) zero->after_unit_backward(layout.wpe_unit);
         zero->after_unit_backward(layout.wte_unit);
     }
 

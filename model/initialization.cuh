@@ -35,11 +35,11 @@ inline UnitRuns unit_runs(const ParameterLayout& local, const ParameterLayout& f
     return r;
 }
 
-// GPT-2 initialisation of unit u of the whole model (wte, wpe, the blocks, the final LayerNorm) into `unit_device`
-// (fp32, the unit's padded size): N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
-// biases, unit LayerNorm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
-// index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block), so the values depend
-// neither on the layout nor on the order in which units are made.
+// GPT-2 initialisation of unit u of the whole model (wte, wpe, the blocks, the final norm, an untied LM head) into
+// `unit_device` (fp32, the unit's padded size), for both families: N(0, 0.02) weights, residual projections scaled by
+// 1/sqrt(2L), zero biases, unit norm weights, zero padded vocabulary rows. Each tensor draws from its own seed (its
+// index in the order wte, wpe, then qkvw, attprojw, fcw, fcprojw of each block, then the LM head), so the values
+// depend neither on the layout nor on the order in which units are made.
 // Units of the whole model (full_layout): a tensor-parallel rank then keeps its slices, so that every tp makes
 // the same model.
 template <typename floatX>
@@ -57,14 +57,17 @@ void init_unit(const GPT2<floatX>& model, uint64_t seed, int u, float* unit_devi
         fill_normal(at(layout.wte), V * C, std, seed_of(0), stream);
     } else if (u == layout.wpe_unit) {
         fill_normal(at(layout.wpe), (size_t)config.max_seq_len * C, std, seed_of(1), stream);
+    } else if (u == layout.lm_head_unit) {
+        fill_normal(at(layout.lm_head), V * C, std, seed_of(2 + 4 * L), stream);
     } else if (u != layout.lnf_unit) {
         const int l = u - layout.first_block_unit;
+        const size_t F = config.hidden_units();
         fill_constant(at(layout.tensor(l, LN1W)), C, 1.0f, stream);
-        fill_normal(at(layout.tensor(l, QKVW)), 3 * C * C, std, seed_of(2 + 4 * l), stream);
+        fill_normal(at(layout.tensor(l, QKVW)), (size_t)config.qkv_channels() * C, std, seed_of(2 + 4 * l), stream);
         fill_normal(at(layout.tensor(l, ATTPROJW)), C * C, residual_std, seed_of(3 + 4 * l), stream);
         fill_constant(at(layout.tensor(l, LN2W)), C, 1.0f, stream);
-        fill_normal(at(layout.tensor(l, FCW)), 4 * C * C, std, seed_of(4 + 4 * l), stream);
-        fill_normal(at(layout.tensor(l, FCPROJW)), 4 * C * C, residual_std, seed_of(5 + 4 * l), stream);
+        fill_normal(at(layout.tensor(l, FCW)), config.mlp_inputs() * F * C, std, seed_of(4 + 4 * l), stream);
+        fill_normal(at(layout.tensor(l, FCPROJW)), F * C, residual_std, seed_of(5 + 4 * l), stream);
     } else {
         fill_constant(at(layout.lnfw), C, 1.0f, stream);
     }

@@ -30,8 +30,12 @@ inline BlockTensor lora_target_weight(int t) {
     static const BlockTensor weights[] = {QKVW, ATTPROJW, FCW, FCPROJW};
     return weights[t];
 }
-inline int lora_in(int t, int C) { return t == kLoraFcProj ? 4 * C : C; }
-inline int lora_out(int t, int C) { return t == kLoraQkv ? 3 * C : t == kLoraFc ? 4 * C : C; }
+// A target's input and output widths (tp = 1): qkv's output holds the q, k and v heads; fc's the MLP's input products
+// (GPT-2's fc, Llama's gate and up); fc-proj's input the MLP's hidden units.
+inline int lora_in(int t, const ModelConfig& c) { return t == kLoraFcProj ? c.hidden_units() : c.channels; }
+inline int lora_out(int t, const ModelConfig& c) {
+    return t == kLoraQkv ? c.qkv_channels() : t == kLoraFc ? c.mlp_inputs() * c.hidden_units() : c.channels;
+}
 
 struct LoraSpec {
     int rank = 0;        // 0: LoRA off
@@ -70,9 +74,9 @@ struct AdapterLayout {
         for (int t = 0; t < kLoraTargets; t++) {
             if (!s.targets_has(t)) continue;
             offset_a[t] = size;
-            size += (size_t)s.rank * lora_in(t, c.channels);
+            size += (size_t)s.rank * lora_in(t, c);
             offset_b[t] = size;
-            size += (size_t)lora_out(t, c.channels) * s.rank;
+            size += (size_t)lora_out(t, c) * s.rank;
         }
         count = size * c.num_layers;
         unit_stride = (size + unit_multiple - 1) / unit_multiple * unit_multiple;
@@ -190,12 +194,12 @@ inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& co
 inline std::vector<float> merge_adapters(const ParameterLayout& base, const std::vector<float>& base_values,
                                          const AdapterLayout& adapters, const std::vector<float>& adapter_values) {
     std::vector<float> merged = base_values;
-    const int C = base.config.channels, r = adapters.spec.rank;
+    const int r = adapters.spec.rank;
     const double s = adapters.spec.scale();
     for (int l = 0; l < base.config.num_layers; l++)
         for (int t = 0; t < kLoraTargets; t++) {
             if (!adapters.spec.targets_has(t)) continue;
-            const int in = lora_in(t, C), out = lora_out(t, C);
+            const int in = lora_in(t, base.config), out = lora_out(t, base.config);
             const float* A = &adapter_values[adapters.a(l, t)];
             const float* Bm = &adapter_values[adapters.b(l, t)];
             float* W = &merged[base.tensor(l, lora_target_weight(t))];

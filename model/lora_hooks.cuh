@@ -4,6 +4,7 @@
 // are lora.h's; where the hooks are called is the model's (gpt2.cuh).
 // defines: LoraHooks
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include "../kernels/common.cuh"
@@ -17,10 +18,11 @@ struct LoraHooks {
     LoraSpec spec;
     const AdapterLayout* layout = nullptr;  // the model's, with `adapters`
     ZeroOptimizer<floatX>* adapters = nullptr;
-    int channels = 0, layers = 0;
+    ModelConfig config;  // the model's shape: the targets' widths
+    int layers = 0;
     floatX* u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
     floatX* du = nullptr;       // (N, r) scratch of the backward
-    floatX* dropped = nullptr;  // dropout(x), (N, 4C) scratch, only with dropout
+    floatX* dropped = nullptr;  // dropout(x), (N, the widest input) scratch, only with dropout
     uint64_t step_seed = 0;     // set per micro-step; the backward regenerates the same masks from it
 
     bool active(int t) const { return spec.enabled() && spec.targets_has(t); }
@@ -29,7 +31,7 @@ struct LoraHooks {
         if (!spec.enabled()) return;
         cudaCheck(cudaMalloc(&u, N * spec.rank * __builtin_popcount(spec.targets) * layers * sizeof(floatX)));
         cudaCheck(cudaMalloc(&du, N * spec.rank * sizeof(floatX)));
-        if (spec.dropout > 0.0f) cudaCheck(cudaMalloc(&dropped, N * 4 * channels * sizeof(floatX)));
+        if (spec.dropout > 0.0f) cudaCheck(cudaMalloc(&dropped, N * std::max(config.channels, config.hidden_units()) * sizeof(floatX)));
     }
     ~LoraHooks() {
         for (floatX* p : {u, du, dropped})
@@ -41,12 +43,12 @@ struct LoraHooks {
         if (!active(t)) return;
         const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
         lora_forward(out, u_buffer(l, t, N), input(l, t, x, N, training, stream), params + layout->a(l, t), params + layout->b(l, t),
-                     spec.scale(), N, lora_in(t, channels), lora_out(t, channels), spec.rank, stream);
+                     spec.scale(), N, lora_in(t, config), lora_out(t, config), spec.rank, stream);
     }
     // The backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
     void backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x, int N, bool training, cudaStream_t stream) {
         if (!active(t)) return;
-        const int in = lora_in(t, channels);
+        const int in = lora_in(t, config);
         const floatX* x_in = input(l, t, x, N, training, stream);
         const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
         floatX* grads = adapters->unit_grads(l + 1) - layout->unit_begin(l);
@@ -54,7 +56,7 @@ struct LoraHooks {
         // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
         // input copy the products have read by then), and is added afterwards
         lora_backward(dropout ? dropped : dx, grads + layout->a(l, t), grads + layout->b(l, t), du, dout, u_buffer(l, t, N), x_in,
-                      params + layout->a(l, t), params + layout->b(l, t), spec.scale(), N, in, lora_out(t, channels), spec.rank, !dropout, stream);
+                      params + layout->a(l, t), params + layout->b(l, t), spec.scale(), N, in, lora_out(t, config), spec.rank, !dropout, stream);
         if (dropout) {
             lora_dropout(dropped, dropped, (long)N * in, spec.dropout, dropout_seed(l, t), stream);
             accumulate_into(dx, dropped, (long)N * in, stream);
@@ -63,7 +65,7 @@ struct LoraHooks {
     // The adapter's input: x, or while training with dropout, dropout(x) from this micro-step's masks.
     const floatX* input(int l, int t, const floatX* x, int N, bool training, cudaStream_t stream) {
         if (!training || spec.dropout <= 0.0f) return x;
-        lora_dropout(dropped, x, (long)N * lora_in(t, channels), spec.dropout, dropout_seed(l, t), stream);
+        lora_dropout(dropped, x, (long)N * lora_in(t, config), spec.dropout, dropout_seed(l, t), stream);
         return dropped;
     }
     floatX* u_buffer(int l, int t, int N) const {
@@ -82,7 +84,7 @@ struct LoraHooks {
         for (int l = 0; l < layers; l++)
             for (int t = 0; t < kLoraTargets; t++)
                 if (spec.targets_has(t)) {
-                    const int in = lora_in(t, channels);
+                    const int in = lora_in(t, config);
                     fill_uniform(staging + layout->a(l, t), (long)spec.rank * in, 1.0f / sqrtf((float)in),
                                  splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
                 }

@@ -61,7 +61,7 @@ inline size_t reduce_scratch_floats(const ModelConfig& c) {
     const int C = c.channels;
     // the LayerNorm backward's partial rows, then the qkv bias's value part from them (backward_chunk)
     return std::max({layernorm_backward_scratch_floats(C) + colsum_times_weight_scratch_floats(C, C),
-                     bias_backward_scratch_floats<floatX>(4 * C),
+                     bias_backward_scratch_floats<floatX>((int)std::max(fc_width(c, 1), qkv_width(c, 1))),
                      bias_backward_scratch_floats<floatX>(c.padded_vocab_size), global_norm_scratch_floats()});
 }
 
@@ -69,12 +69,13 @@ inline size_t reduce_scratch_floats(const ModelConfig& c) {
 // --recompute levels: which activations the backward recomputes instead of keeping one copy per layer.
 enum Recompute { kKeepAll = 0, kRecomputeGelu = 1, kRecomputeGeluLayerNorm = 2, kRecomputeBlock = 3 };
 // The widths of one row (per token) of {ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3}: under tensor
-// parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units; under
-// sequence parallelism (split = tp) the LayerNorm and residual activations hold this rank's 1/tp of the rows,
-// which is a width of C / tp per row of the batch.
+// parallelism the attention's and the MLP's inner activations hold this rank's heads and hidden units (fch: the
+// MLP's input products, fc or gate and up; fch_gelu: its activation, GELU or SwiGLU); under sequence parallelism
+// (split = tp) the norm and residual activations hold this rank's 1/tp of the rows, which is a width of C / tp per
+// row of the batch.
 inline std::array<size_t, 8> activation_width(const ModelConfig& c, int tp, int split) {
     const size_t C = c.channels, Cs = C / tp, Cr = C / split;
-    return {Cr, 3 * Cs, Cs, Cr, Cr, 4 * Cs, 4 * Cs, Cr};
+    return {Cr, qkv_width(c, tp), Cs, Cr, Cr, fc_width(c, tp), hidden_width(c, tp), Cr};
 }
 // Elements of one row that every layer keeps, or that all layers share (refilled by the backward), for a
 // recompute level.
@@ -94,7 +95,7 @@ inline bool activation_shared(int recompute, int buffer) {
 }
 
 // Elements of one row (token) of a block's output gradients kept from B to W in a gradient slot: the attention
-// projection's (C) and the fc projection's (C), and the qkv product's (3 C / tp) and fc's (4 C / tp) unless they
+// projection's (C) and the fc projection's (C), and the qkv product's and fc's (their widths per rank) unless they
 // take the place of the activation set's own qkv and fch buffers (with one spare of each, gpt2.cuh's
 // LayerOutputGrads). Those are dead after B wherever W reads them nowhere: qkv unless --recompute 3 refills it
 // (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
@@ -102,12 +103,11 @@ inline bool qkv_grad_in_set(int recompute) { return !activation_shared(recompute
 inline bool fc_grad_in_set(int recompute) { return recompute == kKeepAll; }
 // Elements of one row of those that take the set's buffers' place (and of the spares they rotate through).
 inline size_t output_grads_in_set_width(const ModelConfig& c, int tp, int recompute) {
-    const size_t Cs = c.channels / tp;
-    return (qkv_grad_in_set(recompute) ? 3 * Cs : 0) + (fc_grad_in_set(recompute) ? 4 * Cs : 0);
+    return (qkv_grad_in_set(recompute) ? qkv_width(c, tp) : 0) + (fc_grad_in_set(recompute) ? fc_width(c, tp) : 0);
 }
 inline size_t output_grads_width(const ModelConfig& c, int tp, int recompute) {
-    const size_t C = c.channels, Cs = C / tp;
-    return 3 * Cs + C + 4 * Cs + C - output_grads_in_set_width(c, tp, recompute);
+    const size_t C = c.channels;
+    return qkv_width(c, tp) + C + fc_width(c, tp) + C - output_grads_in_set_width(c, tp, recompute);
 }
 
 // Activation-buffer element counts, in allocation order, shared by the plan and the allocation.
@@ -125,8 +125,10 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
     size_t grad_blocks = 0;  // blocks over all gradient slots
     for (size_t k = 0; k < ap.grad_slots.size(); k++) grad_blocks += (size_t)ap.grad_slots[k] * ap.chunk_blocks[k];
     const size_t head = ap.head ? N * C + N * (c.padded_vocab_size / tp) : 0;  // lnf, logits (this rank's columns)
-    // proj_out, dbtc, dbig, and under sequence parallelism `gathered`
-    const size_t scratch = N * C + N * C + N * 4 * (C / tp) + (split > 1 ? N * C : 0);
+    // proj_out, dbtc, dbig (the qkv product's or the MLP inputs' output gradient), Llama's dhidden (the SwiGLU output's
+    // gradient), and under sequence parallelism `gathered`
+    const size_t scratch = N * C + N * C + N * std::max(qkv_width(c, tp), fc_width(c, tp)) + (c.llama() ? N * hidden_width(c, tp) : 0) +
+                           (split > 1 ? N * C : 0);
     // the spares that the sets' qkv and fch buffers rotate through, where output gradients take their place
     const size_t spares = ap.splits_backward() ? output_grads_in_set_width(c, tp, recompute) : 0;
     *x_elements = N * (kept * set_blocks + output_grads_width(c, tp, recompute) * grad_blocks + shared + spares) + 2 * Nr * C * ap.sets() + head +
@@ -165,7 +167,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
         p.adam_state += za.adam_state;
         const size_t N = (size_t)B * T;
         p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
-                          (lora.dropout > 0.0f ? N * 4 * c.channels : 0)) * sizeof(floatX);
+                          (lora.dropout > 0.0f ? N * std::max(c.channels, c.hidden_units()) : 0)) * sizeof(floatX);
     }
     size_t x_elements, stat_elements;
     activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
@@ -176,7 +178,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
     p.scratch = (device_scratch ? reduce_scratch_floats<floatX>(c) * sizeof(float) : 0) + matmul_context().workspace_bytes + staging * sizeof(float) +
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
-                flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.channels / c.num_heads) +
+                flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.key_value_heads() / tp, c.head_size()) +
                 (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
                 (fp8 ? fp8_scratch_bytes(c, (size_t)B * T, l.num_blocks(), *fp8, dp == 1 || zero_stage < 3, tp) : 0);
     return p;

@@ -166,82 +166,101 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
 }
 
-void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
-    const int C3 = 3 * C, hs = C / NH;
-    const double scale = 1.0 / std::sqrt((double)hs);
+void gqa_attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int NH, int KVH,
+                           int D) {
+    const size_t row = (size_t)(NH + 2 * KVH) * D;
+    const int group = NH / KVH;  // query heads per kv head
+    const double scale = 1.0 / std::sqrt((double)D);
 #pragma omp parallel for collapse(3)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH; h++) {
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                const float* q = qkv + ((size_t)b * T + t) * row + (size_t)h * D;
+                const size_t k_col = (size_t)(NH + h / group) * D, v_col = (size_t)(NH + KVH + h / group) * D;
                 float* pre = preatt + (((size_t)b * NH + h) * T + t) * T;
                 float* a = att + (((size_t)b * NH + h) * T + t) * T;
                 float maxval = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + C + h * hs;
-                    pre[t2] = (float)(dot(q, k, hs) * scale);
+                    const float* k = qkv + ((size_t)b * T + t2) * row + k_col;
+                    pre[t2] = (float)(dot(q, k, D) * scale);
                     maxval = std::max(maxval, pre[t2]);
                 }
                 double sum = 0.0;
                 for (int t2 = 0; t2 <= t; t2++) sum += std::exp((double)pre[t2] - maxval);
                 for (int t2 = 0; t2 <= t; t2++) a[t2] = (float)(std::exp((double)pre[t2] - maxval) / sum);
                 for (int t2 = t + 1; t2 < T; t2++) pre[t2] = a[t2] = 0.0f;
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) {
+                float* o = out + ((size_t)b * T + t) * NH * D + (size_t)h * D;
+                for (int i = 0; i < D; i++) {
                     double acc = 0.0;
-                    for (int t2 = 0; t2 <= t; t2++)
-                        acc += (double)a[t2] * qkv[((size_t)b * T + t2) * C3 + 2 * C + h * hs + i];
+                    for (int t2 = 0; t2 <= t; t2++) acc += (double)a[t2] * qkv[((size_t)b * T + t2) * row + v_col + i];
                     o[i] = (float)acc;
                 }
             }
 }
 
-void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH) {
-    const int C3 = 3 * C, hs = C / NH;
-    const double scale = 1.0 / std::sqrt((double)hs);
-    // One task per (b, h): the rows t2 of k and v receive gradient from every query t >= t2, so parallelising
-    // over t would race. Gradients of q, k, v are accumulated in double and added once at the end.
+void gqa_attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
+                            const float* att, int B, int T, int NH, int KVH, int D) {
+    const size_t row = (size_t)(NH + 2 * KVH) * D;
+    const int group = NH / KVH;
+    const double scale = 1.0 / std::sqrt((double)D);
+    // One task per (b, kv head): the rows t2 of k and v receive gradient from every query t >= t2 of every query
+    // head of the group, so parallelising over t or over query heads would race. Gradients of q, k, v are
+    // accumulated in double and added once at the end.
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            std::vector<double> dq((size_t)T * hs, 0.0), dk((size_t)T * hs, 0.0), dv((size_t)T * hs, 0.0);
-            auto q_at = [&](int t) { return qkv + ((size_t)b * T + t) * C3 + h * hs; };
-            for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
-                float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
-                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
-                // out = sum_t2 att[t2] v[t2]
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = q_at(t2) + 2 * C;
-                    da[t2] += (float)dot(v, d, hs);
-                    for (int i = 0; i < hs; i++) dv[(size_t)t2 * hs + i] += (double)a[t2] * d[i];
-                }
-                // softmax: dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3])
-                double weighted = 0.0;
-                for (int t2 = 0; t2 <= t; t2++) weighted += (double)a[t2] * da[t2];
-                for (int t2 = 0; t2 <= t; t2++) dpre[t2] += (float)((double)a[t2] * (da[t2] - weighted));
-                // preatt = scale * q . k
-                const float* q = q_at(t);
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = q_at(t2) + C;
-                    const double g = scale * dpre[t2];
-                    for (int i = 0; i < hs; i++) {
-                        dq[(size_t)t * hs + i] += g * k[i];
-                        dk[(size_t)t2 * hs + i] += g * q[i];
+        for (int kvh = 0; kvh < KVH; kvh++) {
+            const size_t k_col = (size_t)(NH + kvh) * D, v_col = (size_t)(NH + KVH + kvh) * D;
+            auto row_at = [&](int t) { return qkv + ((size_t)b * T + t) * row; };
+            std::vector<double> dq((size_t)T * D), dk((size_t)T * D, 0.0), dv((size_t)T * D, 0.0);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                std::fill(dq.begin(), dq.end(), 0.0);
+                for (int t = 0; t < T; t++) {
+                    const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                    float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+                    float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
+                    const float* d = dout + ((size_t)b * T + t) * NH * D + (size_t)h * D;
+                    // out = sum_t2 att[t2] v[t2]
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const float* v = row_at(t2) + v_col;
+                        da[t2] += (float)dot(v, d, D);
+                        for (int i = 0; i < D; i++) dv[(size_t)t2 * D + i] += (double)a[t2] * d[i];
+                    }
+                    // softmax: dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3])
+                    double weighted = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++) weighted += (double)a[t2] * da[t2];
+                    for (int t2 = 0; t2 <= t; t2++) dpre[t2] += (float)((double)a[t2] * (da[t2] - weighted));
+                    // preatt = scale * q . k
+                    const float* q = row_at(t) + (size_t)h * D;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const float* k = row_at(t2) + k_col;
+                        const double g = scale * dpre[t2];
+                        for (int i = 0; i < D; i++) {
+                            dq[(size_t)t * D + i] += g * k[i];
+                            dk[(size_t)t2 * D + i] += g * q[i];
+                        }
                     }
                 }
+                for (int t = 0; t < T; t++)
+                    for (int i = 0; i < D; i++)
+                        dqkv[((size_t)b * T + t) * row + (size_t)h * D + i] += (float)dq[(size_t)t * D + i];
             }
             for (int t = 0; t < T; t++) {
-                float* dst = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int i = 0; i < hs; i++) {
-                    dst[i] += (float)dq[(size_t)t * hs + i];
-                    dst[C + i] += (float)dk[(size_t)t * hs + i];
-                    dst[2 * C + i] += (float)dv[(size_t)t * hs + i];
+                float* dst = dqkv + ((size_t)b * T + t) * row;
+                for (int i = 0; i < D; i++) {
+                    dst[k_col + i] += (float)dk[(size_t)t * D + i];
+                    dst[v_col + i] += (float)dv[(size_t)t * D + i];
                 }
             }
         }
+}
+
+void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
+    gqa_attention_forward(out, preatt, att, qkv, B, T, NH, NH, C / NH);
+}
+
+void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+    gqa_attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, NH, NH, C / NH);
 }
 
 void gelu_forward(float* out, const float* inp, int N) {
@@ -321,6 +340,138 @@ double global_norm(const float* grad, size_t n) {
 #pragma omp parallel for reduction(+ : sum)
     for (size_t i = 0; i < n; i++) sum += (double)grad[i] * grad[i];
     return std::sqrt(sum);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Llama family layers
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const double s = 1.0 / std::sqrt(dot(x, x, C) / C + eps);
+        float* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (float)(x[c] * s * weight[c]);
+        rstd[n] = (float)s;
+    }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+    std::vector<double> dw(C, 0.0);
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        const double s = rstd[n];
+        // dx = s * (w*dy - xhat * mean(w*dy*xhat)), xhat = x*s: LayerNorm's without the mean terms
+        double dnorm_norm_mean = 0.0;
+        for (int c = 0; c < C; c++) dnorm_norm_mean += (double)weight[c] * d[c] * x[c] * s;
+        dnorm_norm_mean /= C;
+        float* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            const double xhat = x[c] * s;
+            dw[c] += xhat * d[c];
+            dx[c] += (float)(s * ((double)weight[c] * d[c] - xhat * dnorm_norm_mean));
+        }
+    }
+    if (dweight)
+        for (int c = 0; c < C; c++) dweight[c] += (float)dw[c];
+}
+
+void rope_frequencies(float* inv_freq, int D, float theta, const RopeScaling* scaling) {
+    constexpr double kTwoPi = 6.283185307179586;
+    for (int i = 0; i < D / 2; i++) {
+        // transformers' fp32 steps, each rounded to fp32: 2i/D, theta to that power, its reciprocal
+        const float exponent = (float)(2 * i) / (float)D;
+        const float power = (float)std::pow((double)theta, (double)exponent);
+        float f = 1.0f / power;
+        if (scaling) {
+            // rope_type llama3: wavelengths above original/low_freq_factor are stretched by `factor`, those below
+            // original/high_freq_factor kept, and those between interpolated smoothly between the two
+            const double original = scaling->original_max_position_embeddings;
+            const double low = scaling->low_freq_factor, high = scaling->high_freq_factor;
+            const double wavelen = kTwoPi / f;
+            if (wavelen > original / low) {
+                f = (float)(f / (double)scaling->factor);
+            } else if (wavelen >= original / high) {
+                const double smooth = (original / wavelen - low) / (high - low);
+                f = (float)((1.0 - smooth) * f / scaling->factor + smooth * f);
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+namespace {
+
+// cos and sin of the rotation at `position` for one inverse frequency, as transformers makes them: the angle is
+// the fp32 product position * inv_freq, and its cos and sin are rounded to fp32 (here evaluated in double, which
+// torch's fp32 cos and sin match to within about an ulp). The fp32 angle matters at long positions: rounding
+// moves an angle near 8192 rad by up to 2.4e-4 rad.
+void rope_cos_sin(int position, float inv_freq, double* c, double* s) {
+    const float angle = (float)position * inv_freq;
+    *c = (float)std::cos((double)angle);
+    *s = (float)std::sin((double)angle);
+}
+
+}  // namespace
+
+void rope_forward(float* out, const float* inp, const float* inv_freq, int B, int T, int NH, int D) {
+    const int half = D / 2;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < half; i++) {
+                double c, s;
+                rope_cos_sin(t, inv_freq[i], &c, &s);
+                for (int h = 0; h < NH; h++) {
+                    const size_t at = (((size_t)b * T + t) * NH + h) * D + i;
+                    // both read before either is written, so out may be inp
+                    const double x1 = inp[at], x2 = inp[at + half];
+                    out[at] = (float)(x1 * c - x2 * s);
+                    out[at + half] = (float)(x2 * c + x1 * s);
+                }
+            }
+}
+
+void rope_backward(float* dinp, const float* dout, const float* inv_freq, int B, int T, int NH, int D) {
+    const int half = D / 2;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < half; i++) {
+                double c, s;
+                rope_cos_sin(t, inv_freq[i], &c, &s);
+                for (int h = 0; h < NH; h++) {
+                    const size_t at = (((size_t)b * T + t) * NH + h) * D + i;
+                    // the transposed rotation, which is its inverse
+                    const double d1 = dout[at], d2 = dout[at + half];
+                    dinp[at] += (float)(d1 * c + d2 * s);
+                    dinp[at + half] += (float)(d2 * c - d1 * s);
+                }
+            }
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < F; i++) {
+            const double gate = inp[(size_t)n * 2 * F + i], up = inp[(size_t)n * 2 * F + F + i];
+            out[(size_t)n * F + i] = (float)(gate / (1.0 + std::exp(-gate)) * up);
+        }
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < F; i++) {
+            const size_t g = (size_t)n * 2 * F + i, u = g + F;
+            const double gate = inp[g], up = inp[u], d = dout[(size_t)n * F + i];
+            const double sig = 1.0 / (1.0 + std::exp(-gate));
+            // silu'(x) = sig(x) (1 + x (1 - sig(x)))
+            dinp[g] += (float)(d * up * sig * (1.0 + gate * (1.0 - sig)));
+            dinp[u] += (float)(d * gate * sig);
+        }
 }
 
 // ------------------------------------------------------------------------------------------------------------

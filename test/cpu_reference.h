@@ -1,4 +1,5 @@
-// Plain C++17 fp32 CPU reference of GPT-2 forward, backward and AdamW: the ground truth for GPU kernel tests.
+// Plain C++17 fp32 CPU reference of GPT-2 forward, backward and AdamW, and of the Llama family's layers: the ground
+// truth for GPU kernel tests.
 //
 // Conventions (as llm.c's train_gpt2.c):
 // - N is the number of rows, B*T. Tensors are row-major; Linear weights are (out, in): y = x W^T + b.
@@ -30,9 +31,17 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
 
-// qkv (B,T,3C) with q, k, v each (C) per row and head h in columns h*hs..h*hs+hs-1; preatt, att (B,NH,T,T);
-// out (B,T,C). Scale 1/sqrt(hs), causal. Masked entries (key t2 > query t) of preatt and att are set to 0,
-// and the backward leaves the masked entries of dpreatt and datt untouched.
+// Causal self-attention with grouped-query heads (GQA): qkv (B,T,(NH+2*KVH)*D) with each row laid out as
+// [q: NH*D | k: KVH*D | v: KVH*D], head h in columns h*D..h*D+D-1 of its part; query head h uses kv head
+// h / (NH/KVH) (NH a multiple of KVH; transformers' repeat_kv). preatt, att (B,NH,T,T); out (B,T,NH*D). Scale
+// 1/sqrt(D). Masked entries (key t2 > query t) of preatt and att are set to 0, and the backward leaves the masked
+// entries of dpreatt and datt untouched. The backward propagates the totals it accumulates in datt and dpreatt,
+// so those start at zero.
+void gqa_attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int NH, int KVH,
+                           int D);
+void gqa_attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
+                            const float* att, int B, int T, int NH, int KVH, int D);
+// GPT-2's multi-head attention: the above with KVH = NH and D = C/NH, so qkv is (B,T,3C) and out (B,T,C).
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
@@ -57,6 +66,34 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int t);
 double global_norm(const float* grad, size_t n);
+
+// ---- Llama family layers (Llama 3, Qwen 2.5, SmolLM2, Mistral), as transformers computes them in fp32.
+
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * weight over each row of C (no mean subtraction, no bias); rstd (N).
+// eps is the model's rms_norm_eps (Llama 3 and SmolLM2 1e-5, Qwen 2.5 1e-6). dweight may be null (frozen).
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
+
+// rope_scaling with rope_type "llama3" (Llama 3.1 and later; 8, 1, 4, 8192 for Llama 3.1).
+struct RopeScaling {
+    float factor, low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+};
+// inv_freq (D/2): theta^(-2i/D), as transformers' fp32 computation (each of its steps rounded to fp32 here too),
+// then Llama 3's scaling when `scaling` is given (null: rope_type "default", as Qwen 2.5, SmolLM2 and Mistral).
+void rope_frequencies(float* inv_freq, int D, float theta, const RopeScaling* scaling);
+// Rotary embedding of inp (B,T,NH,D) at positions 0..T-1, in transformers' "rotate_half" layout: element i pairs
+// with i + D/2 (not with i+1), rotated by the angle t * inv_freq[i]: out_i = x_i cos - x_{i+D/2} sin,
+// out_{i+D/2} = x_{i+D/2} cos + x_i sin. The angle and its cos and sin are rounded to fp32 as transformers
+// rounds them (rounding moves an angle near 8192 rad by up to 2.4e-4 rad), the rotation is computed in double;
+// out may be inp. rope_backward applies the inverse rotation to dout.
+void rope_forward(float* out, const float* inp, const float* inv_freq, int B, int T, int NH, int D);
+void rope_backward(float* dinp, const float* dout, const float* inv_freq, int B, int T, int NH, int D);
+
+// SwiGLU: inp rows (N, 2F) are [gate (F) | up (F)]; out (N,F) = silu(gate) * up, silu(x) = x sigmoid(x).
+void swiglu_forward(float* out, const float* inp, int N, int F);
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
 
 struct Config {
     int max_seq_len, vocab_size, padded_vocab_size, num_layers, num_heads, channels;

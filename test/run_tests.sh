@@ -60,6 +60,7 @@ run launch bash test/test_launch.sh
 run cli bash test/test_cli.sh
 run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
 run prepare bash test/test_prepare.sh
+run llama_reference bash test/test_llama_reference.sh  # the Llama-family PyTorch reference: its self-test, and against transformers (skipped without it)
 run commands bash test/test_commands.sh  # every command README and docs/ show: train_gpt's as dry runs, the scripts' as shown
 run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
 run sharding build/test_sharding

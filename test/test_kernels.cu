@@ -1,10 +1,12 @@
 // Every kernel but attention (test_attention.cu) against the fp32 CPU reference (test/cpu_reference.cpp), forward and backward, in fp32, bf16
 // and fp16, on several shapes (row counts and widths that are not multiples of any block size), with
 // fresh random inputs each run (the seed is printed) and outputs poisoned with NaN before each launch. The quick
-// tier (TEST_TIER=quick, check.h) leaves out the three largest shapes, whose random inputs and CPU reference cost
-// most: the wide LayerNorm over more rows than its blocks take at once (4 x 1100 rows of 4200), and d12's MLP
-// product with and without the GELU epilogue; every kernel keeps its other shapes. The CPU AdamW (kernels/adamw_cpu.h)
-// is checked against the GPU's bit for bit, with each of the host's paths.
+// tier (TEST_TIER=quick, check.h) leaves out the largest shapes, whose random inputs and CPU reference cost most: the
+// wide LayerNorm over more rows than its blocks take at once (4 x 1100 rows of 4200), the RMSNorm over 8 x 1024 rows
+// of 576 and 4 x 1100 of 4096, SwiGLU over 1024 rows, and d12's MLP product with and without the GELU epilogue; every
+// kernel keeps its other shapes. The Llama family's kernels (RMSNorm, SwiGLU, RoPE) run with the widths and heads of
+// SmolLM2, Qwen 2.5 and Llama 3; RoPE's frequency tables (host code) are checked without a GPU too. The CPU AdamW
+// (kernels/adamw_cpu.h) is checked against the GPU's bit for bit, with each of the host's paths.
 // Usage: test_kernels [seed]
 #include <algorithm>
 #include <chrono>
@@ -17,6 +19,8 @@
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/gelu.cuh"
+#include "../kernels/swiglu.cuh"
+#include "../kernels/rope.cuh"
 #include "../kernels/classifier.cuh"
 #include "../kernels/adamw.cuh"
 #include "../kernels/adamw_cpu.h"
@@ -183,6 +187,186 @@ void test_layernorm(const Shape& s, const std::string& tag, cudaStream_t stream)
             tolerance<floatX>().simple);
     compare(tag + " layernorm_backward+colsum column sums" + shape_name(s), colsum_d.download(), colsum_ref,
             tolerance<floatX>().simple);
+}
+
+// RMSNorm (layernorm.cuh's RMSNorm instances) as test_layernorm tests LayerNorm: after the residual add and alone, the
+// backward accumulating into dinp and dweight, and with dinp_colsum; one rounding of each output, so the simple
+// tolerances (rstd, fp32 statistics against double: 1e-5). `scale` sizes the inputs: at 3e-3 or 1e-3, mean(x^2) is
+// of the order of eps, so an eps dropped or misplaced fails the check.
+template <typename floatX>
+void test_rmsnorm(const Shape& s, float eps, float scale, const std::string& tag, cudaStream_t stream) {
+    const int N = s.B * s.T, C = s.C;
+    const std::string name = shape_name(s) + fmt(" eps %g", eps) + (scale != 1.0f ? fmt(" inputs x%g", scale) : "");
+    const double tol = tolerance<floatX>().simple;
+    auto a = random_vector<floatX>((size_t)N * C, scale), b = random_vector<floatX>((size_t)N * C, scale);
+    auto w = random_vector<floatX>(C);
+    // the reference normalises the rounded sum, as the kernel does
+    std::vector<float> residual((size_t)N * C), out_ref((size_t)N * C), rstd_ref(N);
+    cpuref::residual_forward(residual.data(), a.data(), b.data(), N * C);
+    for (auto& x : residual) x = host_round<floatX>(x);
+    cpuref::rmsnorm_forward(out_ref.data(), rstd_ref.data(), residual.data(), w.data(), N, C, eps);
+    DeviceBuffer<floatX> a_d(a), b_d(b), w_d(w), residual_d(residual.size()), out_d(out_ref.size());
+    DeviceBuffer<float> rstd_d(N);
+    residual_rmsnorm_forward(residual_d.ptr, out_d.ptr, rstd_d.ptr, a_d.ptr, b_d.ptr, w_d.ptr, N, C, eps, stream);
+    compare(tag + " residual_rmsnorm_forward residual" + name, residual_d.download(), residual, tol);
+    compare(tag + " residual_rmsnorm_forward out" + name, out_d.download(), out_ref, tol);
+    compare(tag + " residual_rmsnorm_forward rstd" + name, rstd_d.download(), rstd_ref, 1e-5);
+    out_d.poison(); rstd_d.poison();
+    rmsnorm_forward(out_d.ptr, rstd_d.ptr, residual_d.ptr, w_d.ptr, N, C, eps, stream);
+    compare(tag + " rmsnorm_forward out" + name, out_d.download(), out_ref, tol);
+    compare(tag + " rmsnorm_forward rstd" + name, rstd_d.download(), rstd_ref, 1e-5);
+
+    // backward: dinp and dweight accumulate
+    auto dout = random_vector<floatX>((size_t)N * C), dinp = random_vector<floatX>((size_t)N * C), dw = random_vector<floatX>(C);
+    std::vector<float> dinp_ref = dinp, dw_ref = dw;
+    cpuref::rmsnorm_backward(dinp_ref.data(), dw_ref.data(), dout.data(), residual.data(), w.data(), rstd_ref.data(), N, C);
+    DeviceBuffer<floatX> dout_d(dout), dinp_d(dinp), dw_d(dw);
+    DeviceBuffer<float> scratch(layernorm_backward_scratch_floats(C));
+    rmsnorm_backward(dinp_d.ptr, dw_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, rstd_d.ptr, N, C, stream);
+    compare(tag + " rmsnorm_backward dinp" + name, dinp_d.download(), dinp_ref, tol);
+    compare(tag + " rmsnorm_backward dweight" + name, dw_d.download(), dw_ref, tol);
+
+    // with dinp_colsum: the column sums of dinp as it was on entry
+    auto colsum = random_vector<floatX>(C);
+    std::vector<float> colsum_ref = colsum;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) colsum_ref[c] += dinp[(size_t)r * C + c];
+    DeviceBuffer<floatX> dinp2_d(dinp), dw2_d(dw), colsum_d(colsum);
+    rmsnorm_backward(dinp2_d.ptr, dw2_d.ptr, scratch.ptr, dout_d.ptr, residual_d.ptr, w_d.ptr, rstd_d.ptr, N, C, stream, colsum_d.ptr);
+    compare(tag + " rmsnorm_backward+colsum dinp" + name, dinp2_d.download(), dinp_ref, tol);
+    compare(tag + " rmsnorm_backward+colsum dweight" + name, dw2_d.download(), dw_ref, tol);
+    compare(tag + " rmsnorm_backward+colsum column sums" + name, colsum_d.download(), colsum_ref, tol);
+}
+
+// SwiGLU over rows [gate | up] of 2F: forward, backward into a poisoned dinp, and the backward in place (dinp = inp),
+// which must give the same bits. One rounding of each output from exact (already rounded) inputs: the simple tolerances.
+// Gates of +-100 and -90 reach exp's overflow (silu = -0, silu' = 0) and saturation (silu = x, silu' = 1).
+template <typename floatX>
+void test_swiglu(int N, int F, const std::string& tag, cudaStream_t stream) {
+    const std::string shape = " N" + std::to_string(N) + " F" + std::to_string(F);
+    auto inp = random_vector<floatX>((size_t)N * 2 * F, 2.0f), dout = random_vector<floatX>((size_t)N * F);
+    inp[0] = -100.0f;  // gates: row 0's first two, the last row's last
+    inp[1] = 100.0f;
+    inp[(size_t)(N - 1) * 2 * F + F - 1] = -90.0f;
+    std::vector<float> out_ref((size_t)N * F), dinp_ref((size_t)N * 2 * F, 0.0f);
+    cpuref::swiglu_forward(out_ref.data(), inp.data(), N, F);
+    cpuref::swiglu_backward(dinp_ref.data(), inp.data(), dout.data(), N, F);
+    DeviceBuffer<floatX> inp_d(inp), out_d(out_ref.size()), dout_d(dout), dinp_d(dinp_ref.size());
+    swiglu_forward(out_d.ptr, inp_d.ptr, N, F, stream);
+    compare(tag + " swiglu_forward" + shape, out_d.download(), out_ref, tolerance<floatX>().simple);
+    swiglu_backward(dinp_d.ptr, inp_d.ptr, dout_d.ptr, N, F, stream);
+    const std::vector<float> dinp = dinp_d.download();
+    compare(tag + " swiglu_backward" + shape, dinp, dinp_ref, tolerance<floatX>().simple);
+    swiglu_backward(inp_d.ptr, inp_d.ptr, dout_d.ptr, N, F, stream);
+    const std::vector<float> in_place = inp_d.download();
+    expect(memcmp(in_place.data(), dinp.data(), dinp.size() * sizeof(float)) == 0,
+           tag + " swiglu_backward in place (dinp = inp) gives the same bits" + shape, "it differs from the backward into another buffer");
+}
+
+// RoPE on a qkv buffer of B x T rows [q: Hq D | k: Hkv D | v: Hkv D] at positions offset + t; factor 0: no scaling,
+// else Llama 3's (factor, low 1, high 4, original 8192).
+struct RopeCase { int B, T, Hq, Hkv, D, offset; float theta, factor; };
+static std::string rope_name(const RopeCase& r) {
+    return " B" + std::to_string(r.B) + " T" + std::to_string(r.T) + " Hq" + std::to_string(r.Hq) + " Hkv" + std::to_string(r.Hkv) +
+           " D" + std::to_string(r.D) + " pos+" + std::to_string(r.offset) + fmt(" theta %g", r.theta) +
+           (r.factor != 0 ? fmt(" llama3 x%g", r.factor) : "");
+}
+static RopeScaling llama3_scaling(float factor) {
+    RopeScaling scaling;  // low 1, high 4, 8192 positions: Llama 3's
+    scaling.factor = factor;
+    return scaling;
+}
+
+// cpuref's rope_forward (or rope_backward) of qkv's q and k heads, v copied. cpuref rotates positions 0 .. T' - 1 of a
+// (B, T', H, D) tensor: positions offset .. offset + T - 1 are the last T of T' = offset + T (the rows before, zero).
+static std::vector<float> rope_reference(const std::vector<float>& qkv, const float* inv_freq, const RopeCase& r, bool backward) {
+    const int W = (r.Hq + 2 * r.Hkv) * r.D, Tp = r.offset + r.T;
+    std::vector<float> out = qkv;
+    for (int part = 0; part < 2; part++) {
+        const int H = part == 0 ? r.Hq : r.Hkv, col0 = part == 0 ? 0 : r.Hq * r.D, width = H * r.D;
+        std::vector<float> x((size_t)r.B * Tp * width, 0.0f), y(x.size(), 0.0f);
+        for (int b = 0; b < r.B; b++)
+            for (int t = 0; t < r.T; t++)
+                std::copy_n(qkv.begin() + ((size_t)b * r.T + t) * W + col0, width, x.begin() + ((size_t)b * Tp + r.offset + t) * width);
+        if (backward) cpuref::rope_backward(y.data(), x.data(), inv_freq, r.B, Tp, H, r.D);  // y starts at 0: y = R^T x
+        else cpuref::rope_forward(y.data(), x.data(), inv_freq, r.B, Tp, H, r.D);
+        for (int b = 0; b < r.B; b++)
+            for (int t = 0; t < r.T; t++)
+                std::copy_n(y.begin() + ((size_t)b * Tp + r.offset + t) * width, width, out.begin() + ((size_t)b * r.T + t) * W + col0);
+    }
+    return out;
+}
+// Whether columns [from, W) of every row of a and b hold the same bits (v, which RoPE leaves alone).
+static bool same_columns(const std::vector<float>& a, const std::vector<float>& b, int W, int from) {
+    for (size_t row = 0; row < a.size() / W; row++)
+        if (memcmp(a.data() + row * W + from, b.data() + row * W + from, (size_t)(W - from) * sizeof(float)) != 0) return false;
+    return true;
+}
+
+// rope_forward and rope_backward against cpuref's on the same fp32 table (rope_inv_freq's; test_rope_frequencies checks it),
+// v bitwise untouched, and the backward undoing the forward. The angle is the same fp32 product on both sides; cos and sin
+// differ by an ulp or two (sincosf against double, rounded), so fp32 outputs by ~1e-7, under the simple 1e-5; bf16 and
+// fp16 round each output once, the round trip twice (2 x 2^-9 relative at most in bf16): the simple tolerances.
+template <typename floatX>
+void test_rope(const RopeCase& r, const std::string& tag, cudaStream_t stream) {
+    const std::string name = rope_name(r);
+    const double tol = tolerance<floatX>().simple;
+    const int N = r.B * r.T, W = (r.Hq + 2 * r.Hkv) * r.D, qk = (r.Hq + r.Hkv) * r.D;
+    const std::vector<float> inv_freq = rope_inv_freq(r.D, r.theta, llama3_scaling(r.factor));
+    const auto qkv = random_vector<floatX>((size_t)N * W), dqkv = random_vector<floatX>((size_t)N * W);
+    DeviceBuffer<float> inv_freq_d(inv_freq);
+    DeviceBuffer<floatX> qkv_d(qkv), dqkv_d(dqkv);
+    rope_forward(qkv_d.ptr, inv_freq_d.ptr, r.B, r.T, r.Hq, r.Hkv, r.D, r.offset, stream);
+    const std::vector<float> rotated = qkv_d.download();
+    compare(tag + " rope_forward" + name, rotated, rope_reference(qkv, inv_freq.data(), r, false), tol);
+    expect(same_columns(rotated, qkv, W, qk), tag + " rope_forward leaves v untouched" + name, "v changed");
+    rope_backward(dqkv_d.ptr, inv_freq_d.ptr, r.B, r.T, r.Hq, r.Hkv, r.D, r.offset, stream);
+    const std::vector<float> back = dqkv_d.download();
+    compare(tag + " rope_backward" + name, back, rope_reference(dqkv, inv_freq.data(), r, true), tol);
+    expect(same_columns(back, dqkv, W, qk), tag + " rope_backward leaves dv untouched" + name, "dv changed");
+    rope_backward(qkv_d.ptr, inv_freq_d.ptr, r.B, r.T, r.Hq, r.Hkv, r.D, r.offset, stream);
+    compare(tag + " rope_backward(rope_forward(x)) = x" + name, qkv_d.download(), qkv, tol);
+}
+
+// The inverse frequencies (host code): rope_inv_freq against cpuref's rope_frequencies (the same steps: within an ulp),
+// and Llama 3's scaling by its definition: frequencies of wavelengths under original / high_freq_factor as unscaled,
+// over original / low_freq_factor divided by the factor exactly (the factors here are powers of two), and those
+// between strictly between the two.
+static void test_rope_frequencies(int D, float theta, const RopeScaling& scaling) {
+    const bool scaled = scaling.factor != 0;
+    const std::string name = " D" + std::to_string(D) + fmt(" theta %g", theta) +
+                             (scaled ? fmt(" llama3 x%g low %g high %g", scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor) +
+                                           " original " + std::to_string(scaling.original_max_positions)
+                                     : "");
+    const std::vector<float> ours = rope_inv_freq(D, theta, scaling);
+    const cpuref::RopeScaling ref_scaling{scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+                                          scaling.original_max_positions};
+    std::vector<float> ref(D / 2);
+    cpuref::rope_frequencies(ref.data(), D, theta, scaled ? &ref_scaling : nullptr);
+    double worst = 0.0;
+    for (int i = 0; i < D / 2; i++) worst = std::max(worst, std::fabs((double)ours[i] - ref[i]) / ref[i]);
+    check(worst <= 0x1p-23, "rope_inv_freq equals cpuref's rope_frequencies" + name,
+          fmt("largest relative difference %.3g (tolerance an ulp, 1.2e-7)", worst));
+    if (!scaled) return;
+    const std::vector<float> plain = rope_inv_freq(D, theta, RopeScaling{});
+    const double shortest_scaled = (double)scaling.original_max_positions / scaling.high_freq_factor;
+    const double longest_blended = (double)scaling.original_max_positions / scaling.low_freq_factor;
+    int wrong = 0, kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < D / 2; i++) {
+        const double wavelength = 2 * M_PI / plain[i];
+        if (wavelength < shortest_scaled) {
+            wrong += ours[i] != plain[i];
+            kept++;
+        } else if (wavelength > longest_blended) {
+            wrong += ours[i] != plain[i] / scaling.factor;
+            divided++;
+        } else {
+            wrong += !(ours[i] > plain[i] / scaling.factor && ours[i] < plain[i]);
+            blended++;
+        }
+    }
+    check(wrong == 0 && kept > 0 && divided > 0 && blended > 0, "rope_inv_freq's llama3 scaling by its definition" + name,
+          fmt("%.0f kept, %.0f divided, %.0f blended", kept, divided, blended) + fmt(", %.0f wrong", wrong));
 }
 
 template <typename floatX>
@@ -622,6 +806,20 @@ void test_precision(cudaStream_t stream) {
     if (full) test_layernorm<floatX>({4, 1100, 4200, 1}, tag, stream);
     test_layernorm<floatX>({1, 19, 8192, 1}, tag, stream);
     test_layernorm<floatX>({1, 9, kLayerNormWideMaxC, 1}, tag, stream);
+    // RMSNorm through the same paths (narrow and its column sums up to kLayerNormWideFrom, wide beyond), with the
+    // widths of SmolLM2-135M (576), Qwen2.5-0.5B (896), Llama 3.2 1B (2048) and Llama 3.1 8B (4096), Llama's eps and
+    // Qwen's, inputs small enough for eps to matter, more rows than the narrow kernel's warps (8 x 1024) and than the
+    // wide kernel's blocks (4 x 1100)
+    test_rmsnorm<floatX>({3, 37, 200, 1}, 1e-5f, 1.0f, tag, stream);
+    test_rmsnorm<floatX>({2, 64, 576, 9}, 1e-5f, 1.0f, tag, stream);
+    test_rmsnorm<floatX>({2, 37, 576, 9}, 1e-5f, 3e-3f, tag, stream);
+    test_rmsnorm<floatX>({2, 64, 896, 14}, 1e-6f, 1.0f, tag, stream);
+    test_rmsnorm<floatX>({1, 130, 2048, 32}, 1e-5f, 1.0f, tag, stream);
+    test_rmsnorm<floatX>({1, 37, 2048, 32}, 1e-6f, 1e-3f, tag, stream);
+    test_rmsnorm<floatX>({2, 50, 4096, 32}, 1e-5f, 1.0f, tag, stream);
+    test_rmsnorm<floatX>({1, 9, kLayerNormWideMaxC, 1}, 1e-5f, 1.0f, tag, stream);
+    if (full) test_rmsnorm<floatX>({8, 1024, 576, 9}, 1e-5f, 1.0f, tag, stream);
+    if (full) test_rmsnorm<floatX>({4, 1100, 4096, 32}, 1e-5f, 1.0f, tag, stream);
     test_matmul<floatX>(111, 200, 600, tag, stream);
     if (full) test_matmul<floatX>(256, 768, 3072, tag, stream);
     test_matmul<floatX>(77, 64, 1024, tag, stream);
@@ -633,6 +831,21 @@ void test_precision(cudaStream_t stream) {
     test_colsum_times_weight<floatX>(7, 100, 72, tag, stream);
     test_colsum_times_weight<floatX>(200, 1600, 400, tag, stream);
     test_gelu<floatX>(8 * 1001, tag, stream);
+    // SwiGLU: the intermediate sizes of SmolLM2-135M (1536), Qwen2.5-0.5B (4864), Llama 3.2 1B (8192) and Llama 3.1 8B
+    // (14336); F 8 and 24 (one and three 16-byte vectors of bf16 a row half); enough rows for thousands of blocks
+    for (int F : {1536, 4864, 8192, 14336}) test_swiglu<floatX>(37, F, tag, stream);
+    test_swiglu<floatX>(5, 8, tag, stream);
+    test_swiglu<floatX>(3, 24, tag, stream);
+    if (full) test_swiglu<floatX>(1024, 4864, tag, stream);
+    // RoPE: the heads of SmolLM2-135M (9 q, 3 kv, D 64, theta 1e5), Qwen2.5-0.5B (14, 2, 64, 1e6), Llama 3.2 1B (32, 8,
+    // 64, 5e5, llama3 x32) and Llama 3.1 8B (32, 8, 128, 5e5, llama3 x8); multi-head (kv = q) at D 128; decode steps
+    // (T 1) at a KV-cache position; a prompt at an offset, and one across position 8192 (Llama 3's original context)
+    const RopeCase rope_cases[] = {{2, 37, 9, 3, 64, 0, 1e5f, 0},         {2, 37, 14, 2, 64, 0, 1e6f, 0},
+                                   {2, 37, 32, 8, 64, 0, 5e5f, 32},       {1, 19, 32, 8, 128, 0, 5e5f, 8},
+                                   {3, 20, 4, 4, 128, 0, 1e4f, 0},        {3, 1, 14, 2, 64, 517, 1e6f, 0},
+                                   {2, 1, 32, 8, 128, 4000, 5e5f, 8},     {2, 33, 8, 2, 64, 1000, 1e4f, 0},
+                                   {1, 50, 4, 1, 128, 8170, 5e5f, 8}};
+    for (const RopeCase& r : rope_cases) test_rope<floatX>(r, tag, stream);
     // GELU widths 600 and 1032: multiples of 8 (cuBLASLt's rule), not of 16; 768 -> 3072 is d12's MLP
     test_matmul_gelu<floatX>(111, 200, 600, tag, stream);
     if (full) test_matmul_gelu<floatX>(256, 768, 3072, tag, stream);
@@ -665,7 +878,20 @@ void test_precision(cudaStream_t stream) {
 int main(int argc, char** argv) {
     check_suite("kernels");
     rng.seed(test_seed("test_kernels", argc > 1 ? argv[1] : nullptr));
-    if (!gpu_present("every kernel check")) return 0;
+    // host code: RoPE's frequency tables of the models test_rope's cases take after
+    test_rope_frequencies(64, 1e5f, RopeScaling{});
+    test_rope_frequencies(64, 1e6f, RopeScaling{});
+    test_rope_frequencies(64, 5e5f, llama3_scaling(32));
+    test_rope_frequencies(128, 5e5f, llama3_scaling(8));
+    test_rope_frequencies(128, 1e4f, RopeScaling{});
+    // every field away from Llama 3's values, so that one read in place of another shows
+    RopeScaling unusual;
+    unusual.factor = 16;
+    unusual.low_freq_factor = 2;
+    unusual.high_freq_factor = 8;
+    unusual.original_max_positions = 4096;
+    test_rope_frequencies(128, 5e5f, unusual);
+    if (!gpu_present("every kernel check")) return check_failures() == 0 ? 0 : 1;
     matmul_setup(false);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));

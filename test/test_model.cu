@@ -159,7 +159,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
         for (int l = 0; l < config.num_layers; l++)
             for (int t = 0; t < kLoraTargets; t++) {
                 if (!lora.targets_has(t)) continue;
-                const size_t na = (size_t)lora.rank * lora_in(t, config.channels), nb = (size_t)lora_out(t, config.channels) * lora.rank;
+                const size_t na = (size_t)lora.rank * lora_in(t, config), nb = (size_t)lora_out(t, config) * lora.rank;
                 const double ra = relative_l2(&grads[al.a(l, t)], &state.grads[offset], na);
                 const double rb = relative_l2(&grads[al.b(l, t)], &state.grads[offset + na], nb);
                 snprintf(buf, sizeof(buf), "A rel L2 %.3g, B rel L2 %.3g (tol %.3g)", ra, rb, tol.grad_rel_l2);
@@ -278,7 +278,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
         for (int l = 0; l < config.num_layers; l++)
             for (int t = 0; t < kLoraTargets; t++)
                 if (lora.targets_has(t))
-                    std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config.channels) * lora.rank, 0.0f);
+                    std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config) * lora.rank, 0.0f);
         model.adapters->set_parameters(adapter_values);
         GPT2<floatX> base(config, single, mesh, 0, stream);
         base.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
