@@ -5,9 +5,10 @@
 # --deterministic 1) and its run id kept; a LoRA run resumed with --resume 1 (adapters, their Adam moments, step, data
 # position, schedule) bitwise the uninterrupted LoRA run, and a LoRA run stopped by SIGTERM exits 75 with a committed
 # checkpoint; a stop without --output-dir exits 76; a fresh run over a folder of checkpoints is refused and
-# --overwrite-output 1 moves them aside. The quick tier (TEST_TIER=quick) kills at two fault points of the second
+# --overwrite-output 1 moves them aside; a Llama-family model killed inside a save, resumed, and its LoRA run resumed,
+# each bitwise the uninterrupted run. The quick tier (TEST_TIER=quick) kills at two fault points of the second
 # save (inside the model file's seal, before the commit; and the manifest's last, after it); the full tier at each of
-# the save's 13.
+# the save's 13, and runs the Llama family's checks.
 # Model files are compared past their 1024-byte header (`cmp -i 1024`): the header holds the run id, which differs
 # between two runs.
 set -u
@@ -46,6 +47,49 @@ for at in $kills; do
         diff <(losses "$W/ref") <(losses "$W/$name") | head -4
     fi
 done
+
+# The Llama family (full tier; 1 key/value head for 2 heads of 64, an untied head): killed at the quick tier's
+# first fault point (inside the step-8 save's model-file seal) and resumed, as above; the step-4 checkpoint resumed in
+# a fresh folder; a LoRA run on every target (q/k/v, the attention's projection, the [gate | up] product and the
+# MLP's projection) resumed from its step-4 checkpoint: each bitwise the uninterrupted run
+if [ "$TIER" = full ]; then
+    LLAMA=("${SMALL[@]}" --model d2 --arch llama --kv-heads 1 --tied-head 0)
+    ./train_gpt "${LLAMA[@]}" -o "$W/llama" > "$W/llama.out" 2>&1
+    if ! grep -q "^model: Llama family, 2 layers, 2 heads (1 key/value), 128 channels, .*untied head" "$W/llama.out" || [ ! -f "$W/llama/model_00000012.bin" ]; then
+        echo "FAIL checkpoint_resume llama: the uninterrupted run: $(grep -m1 -E '^model:|error' "$W/llama.out")"
+    else
+        at=$((points + 7))
+        TRAIN_GPT_KILL_AT=$at ./train_gpt "${LLAMA[@]}" -o "$W/llama-kill" > "$W/llama-kill.out" 2>&1; rc=$?
+        ./train_gpt "${LLAMA[@]}" -o "$W/llama-kill" --resume 1 > "$W/llama-kill-resume.out" 2>&1; rrc=$?
+        if [ $rc -eq 137 ] && [ $rrc -eq 0 ] && grep -q "^resumed from $W/llama-kill/manifest_00000004.txt" "$W/llama-kill-resume.out" &&
+            [ "$(losses "$W/llama")" == "$(losses "$W/llama-kill")" ] && cmp -s -i 1024 "$W/llama/model_00000012.bin" "$W/llama-kill/model_00000012.bin"; then
+            echo "PASS checkpoint_resume llama killed at fault point $at (inside the step-8 save), resumed from step 4: losses and final model bitwise the uninterrupted run's"
+        else
+            echo "FAIL checkpoint_resume llama killed at fault point $at: exit $rc, resume exit $rrc: $(tail -n 1 "$W/llama-kill-resume.out")"
+        fi
+        mkdir -p "$W/llama-r"; cp "$W/llama"/*_00000004* "$W/llama-r/"
+        ./train_gpt "${LLAMA[@]}" -o "$W/llama-r" --resume 1 > "$W/llama-r.out" 2>&1; rc=$?
+        if [ $rc -eq 0 ] && grep -q "^resumed from $W/llama-r/manifest_00000004.txt at step 4" "$W/llama-r.out" &&
+            [ "$(losses "$W/llama" | awk '$1 >= 4')" == "$(losses "$W/llama-r")" ] && cmp -s -i 1024 "$W/llama/model_00000012.bin" "$W/llama-r/model_00000012.bin"; then
+            echo "PASS checkpoint_resume llama --resume 1 from step 4 in a fresh folder: steps 4-11 and the final model bitwise the uninterrupted run's"
+        else
+            echo "FAIL checkpoint_resume llama --resume 1 from step 4: exit $rc: $(tail -n 1 "$W/llama-r.out")"
+            diff <(losses "$W/llama" | awk '$1 >= 4') <(losses "$W/llama-r") | head -4
+        fi
+    fi
+    LLAMA_LORA=("${LLAMA[@]}" --lora-rank 4 --lora-targets qkv,attn-proj,fc,fc-proj --lr 1e-2)
+    ./train_gpt "${LLAMA_LORA[@]}" -o "$W/llama-lora" --lora-save "$W/llama-lora.bin" > "$W/llama-lora.out" 2>&1
+    mkdir -p "$W/llama-lora-r"; cp "$W/llama-lora"/*_00000004* "$W/llama-lora-r/"
+    ./train_gpt "${LLAMA_LORA[@]}" -o "$W/llama-lora-r" --resume 1 --lora-save "$W/llama-lora-r.bin" > "$W/llama-lora-r.out" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q "trainable parameters" "$W/llama-lora.out" && grep -q "resumed from $W/llama-lora-r/manifest_00000004.txt at step 4" "$W/llama-lora-r.out" &&
+        [ "$(losses "$W/llama-lora" | wc -l)" -eq 12 ] && [ "$(losses "$W/llama-lora" | awk '$1 >= 4')" == "$(losses "$W/llama-lora-r")" ] &&
+        cmp -s -i 1024 "$W/llama-lora.bin" "$W/llama-lora-r.bin"; then
+        echo "PASS checkpoint_resume llama LoRA (all four targets) --resume 1 from step 4: steps 4-11 and the final adapters bitwise the uninterrupted LoRA run's"
+    else
+        echo "FAIL checkpoint_resume llama LoRA --resume 1: exit $rc: $(grep -m1 error "$W/llama-lora.out" "$W/llama-lora-r.out")"
+        diff <(losses "$W/llama-lora" | awk '$1 >= 4') <(losses "$W/llama-lora-r") | head -4
+    fi
+fi
 
 # LoRA: 12 steps with checkpoints every 4 against a resume from step 4's checkpoint in a fresh folder
 LORA=("${SMALL[@]}" --lora-rank 4 --lora-targets qkv,fc --lr 1e-2)

@@ -154,6 +154,20 @@ expect_error "keep-checkpoints negative" "--keep-checkpoints must be in [0, 2147
 expect_error "model depth overflows" "--model d33554432: dN takes N (the number of layers) in 1..1024" --model d33554432
 expect_error "model too wide" "model d300: channels (19200) must be at most 16384" --model d300
 expect_error "model is a directory" "--model $W: is a directory; expected dN (e.g. d12) or an llm.c model file" --model "$W"
+# the Llama family's flags and shapes (docs/errors.md): each flag's range, and the combinations refused
+expect_error "bad arch" "--arch must be one of gpt2, llama, got 'opt'" --arch opt
+expect_error "kv-heads 0" "--kv-heads must be -1 or in [1, 256], got 0" --kv-heads 0
+expect_error "ffn below 8" "--ffn must be -1 or in [8, 65536], got 4" --ffn 4
+expect_error "vocab 1" "--vocab must be -1 or in [2, 1048576], got 1" --vocab 1
+expect_error "bad qkv-bias" "--qkv-bias must be one of -1, 0, 1, got 2" --qkv-bias 2
+expect_error "bad tied-head" "--tied-head must be one of -1, 0, 1, got 2" --tied-head 2
+expect_error "norm-eps 0" "--norm-eps must be -1 or in (0, 1), got 0" --norm-eps 0
+expect_error "rope-theta 1" "--rope-theta must be -1 or a finite number > 1, got 1" --rope-theta 1
+expect_error "Llama shape flag on a GPT-2 model" "--kv-heads/--ffn/--vocab/--qkv-bias/--tied-head/--norm-eps/--rope-theta/--rope-scaling shape a Llama-family model: add --arch llama or use a preset (llama3-1b, llama3-3b, llama3-8b, smollm2-135m, smollm2-360m, qwen2.5-0.5b, qwen2.5-7b)" --kv-heads 2
+expect_error "preset with arch gpt2" "--arch gpt2: --model llama3-1b is a Llama-family preset" --model llama3-1b --arch gpt2
+expect_error "bad rope scaling" "--rope-scaling 8: expected off or FACTOR,LOW,HIGH,POSITIONS (Llama 3.1: 8,1,4,8192)" --model d2 --arch llama --rope-scaling 8
+expect_error "fp8 refuses the Llama family" "--precision fp8: FP8 products run in GPT-2 models; train a Llama-family model in bf16" --model llama3-1b --precision fp8
+expect_error "kv heads that do not divide the heads" "model d2: key/value heads (3) must divide the 4 attention heads" --model d2 --arch llama --channels 256 --heads 4 --kv-heads 3
 expect_error "micro-batch tokens above int" "--batch-size x --seq-len = 68719476736 tokens per micro-batch must be at most 2147483647" $SMALL --batch-size 1073741824 --seq-len 64 --train-data "$W/nothing_*.bin"
 # checkpoint retention flags
 expect_error "keep-every without keep-checkpoints" "--keep-every 5 needs --keep-checkpoints K" $SMALL --keep-every 5 -o "$W/ck"
@@ -222,6 +236,9 @@ count = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 with open(f"{d}/damaged_model.bin", "wb") as f:
     f.write(struct.pack("<256i", *([20240326, 3, T, 50257, L, 1, C, Vp] + [0] * 246 + [0x43524343, 0])))
     f.write(b"\0" * (4 * count))
+with open(f"{d}/plain_model.bin", "wb") as f:  # a GPT-2 model file without a checksum (as llm.c writes them), all zeros
+    f.write(struct.pack("<256i", *([20240326, 3, T, 50257, L, 1, C, Vp] + [0] * 248)))
+    f.truncate(1024 + 4 * count)
 PY
 out=$(CUDA_VISIBLE_DEVICES= $BIN $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged" 2> "$W/ck_damaged.err"); rc=$?
 err=$(cat "$W/ck_damaged.err")
@@ -234,6 +251,8 @@ else
     echo "FAIL cli resume with every checkpoint damaged: rc=$rc, stderr: $err, stdout: $out"
 fi
 expect_error "damaged model file" "--model $W/damaged_model.bin: checksum mismatch" --model "$W/damaged_model.bin"
+expect_error "model file with --arch" "--layers/--heads/--channels/--max-seq-len/--arch and the Llama shape flags apply to a dN model or a preset, not to a model file ($W/plain_model.bin)" \
+    --model "$W/plain_model.bin" --arch llama
 out=$($BIN --verify-checkpoints "$W/ck_verify" 2>&1); rc=$?
 if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$out" | grep -c ': damaged: .*checksum mismatch')" -eq 2 ] && [ -f "$W/ck_verify/manifest_00000010.txt" ]; then
     echo "PASS cli --verify-checkpoints: a line a checkpoint, exit 1 when the newest is damaged, nothing changed"
@@ -288,6 +307,7 @@ expect_error "total batch vs GPUs" "--total-batch-tokens 64 is not a multiple of
 expect_error "tensor parallel does not divide the ranks" "--tensor-parallel 3 x --pipeline-parallel 1 = 3 does not divide the 2 ranks" $SMALL --tensor-parallel 3
 expect_error "tensor parallel below 1" "--tensor-parallel must be in [1, 2147483647], got 0" $SMALL --tensor-parallel 0
 expect_error "tensor parallel splits whole heads" "--tensor-parallel 2: the 3 attention heads do not split into 2 equal groups" --model d3 --tensor-parallel 2
+expect_error "tensor parallel splits whole key/value heads" "--tensor-parallel 2: the 1 key/value heads do not split into 2 equal groups (a degree above the key/value heads would need them replicated, which tensor parallelism here does not do)" --model d2 --arch llama --channels 256 --heads 4 --kv-heads 1 --tensor-parallel 2
 expect_error "sequence parallel splits the sequence evenly" "--sequence-parallel 1: --seq-len 33 must be a multiple of --tensor-parallel 2" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --sequence-parallel 1 --seq-len 33
 expect_error "tensor parallel refuses LoRA" "LoRA runs with --tensor-parallel 1 (got 2)" $SMALL --heads 2 --channels 128 --tensor-parallel 2 --lora-rank 4
 expect_error "pipeline parallel does not divide the ranks" "--tensor-parallel 1 x --pipeline-parallel 4 = 4 does not divide the 2 ranks" $SMALL --pipeline-parallel 4

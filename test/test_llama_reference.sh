@@ -7,8 +7,8 @@
 #  3. --check-transformers: logits, loss and every gradient equal transformers' LlamaForCausalLM (Qwen2ForCausalLM
 #     with q/k/v biases) in fp32 for head sizes 64 and 128, 1, 2, 3 and 8 key/value heads, tied and untied heads,
 #     Qwen's biases, Llama 3's rope scaling on and off, three presets cut to 1-2 layers; skipped without transformers
-# The quick tier (TEST_TIER=quick) runs three of the transformers shapes (each process takes seconds to import
-# transformers); 1 and 2 run in both tiers. Python: the first of $PYTHON, python3, /usr/bin/python3 that has
+# The quick tier (TEST_TIER=quick) runs 1 and the first of the transformers shapes (each Python process takes seconds to
+# import torch and transformers); 2 and the other shapes run in the full tier. Python: the first of $PYTHON, python3, /usr/bin/python3 that has
 # torch and numpy (and, for 3, transformers).
 # Prints one PASS/FAIL/SKIP line per check.
 set -u
@@ -38,7 +38,8 @@ if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$W/self_test.out"; then
     echo "FAIL llama_reference self-test: exited $rc: $(tail -n 1 "$W/self_test.out")"
 fi
 
-# ---- 2. debug states, and bad flags
+# ---- 2. debug states, and bad flags (full tier)
+if [ "$TIER" = full ]; then
 SMALL=(--layers 2 --channels 128 --heads 2 --kv-heads 1 --ffn 256 --vocab-size 500 --rope-theta 500000
        --rope-scaling 8/1/4/32 --tied-head 0 --init-perturb 0.1 --batch-size 2 --seq-len 32 --steps 3 --device cpu)
 sizes=""
@@ -79,15 +80,16 @@ bad "shape missing" "error: --arch llama needs --channels, --heads (or --arch wi
 bad "flag value" "error: argument --tied-head: expected 0 or 1, not '2' (see --help)" --layers 1 --channels 128 --heads 2 --tied-head 2
 bad "shape with --init-from" "error: --layers does not apply with --init-from (the shape comes from $W/model_fp32.bin)" \
     --init-from "$W/model_fp32.bin" --layers 2
+fi
 
 # ---- 3. against transformers
 # NAME|ARGS (each with --init-perturb: norm weights and biases away from 1 and 0)
 CASES=(
     "D=64 2 kv heads, llama3 scaling 8/1/4/64, untied|--layers 2 --channels 256 --heads 4 --kv-heads 2 --ffn 512 --vocab-size 1000 --rope-theta 500000 --rope-scaling 8/1/4/64 --tied-head 0"
-    "D=64 Qwen biases, 2 kv heads, tied, eps 1e-6|--layers 2 --channels 256 --heads 4 --kv-heads 2 --ffn 384 --vocab-size 1000 --rope-theta 1000000 --norm-eps 1e-6 --qkv-bias 1"
-    "D=128 1 kv head, tied, no scaling|--layers 2 --channels 256 --heads 2 --kv-heads 1 --ffn 512 --vocab-size 1000 --rope-theta 10000"
 )
 [ "$TIER" = full ] && CASES+=(
+    "D=64 Qwen biases, 2 kv heads, tied, eps 1e-6|--layers 2 --channels 256 --heads 4 --kv-heads 2 --ffn 384 --vocab-size 1000 --rope-theta 1000000 --norm-eps 1e-6 --qkv-bias 1"
+    "D=128 1 kv head, tied, no scaling|--layers 2 --channels 256 --heads 2 --kv-heads 1 --ffn 512 --vocab-size 1000 --rope-theta 10000"
     "D=128 8 kv heads (MHA), llama3 scaling 32/1/4/8192, untied|--layers 2 --channels 1024 --heads 8 --kv-heads 8 --ffn 1024 --vocab-size 1000 --rope-theta 500000 --rope-scaling 32/1/4/8192 --tied-head 0"
     "D=64 8 kv heads of 16, tied|--layers 2 --channels 1024 --heads 16 --kv-heads 8 --ffn 1024 --vocab-size 1000 --rope-theta 100000"
     "D=128 Qwen biases, 2 kv heads, untied|--layers 2 --channels 512 --heads 4 --kv-heads 2 --ffn 768 --vocab-size 1000 --rope-theta 1000000 --norm-eps 1e-6 --qkv-bias 1 --tied-head 0"

@@ -16,7 +16,9 @@
 #   - checkpoints resume across pipeline sizes (2 -> 1, 1 -> 4, 4 -> interleaved 2 x tp 2); the exported model file
 #     equals the whole model the pp 2 run loaded; the evaluation and a sample go through all stages;
 #   - the step log shows the measured bubble next to the schedule's theory and its simulation with the LM head's
-#     work; the memory plan shows each stage; every stage reports its timing at the end.
+#     work; the memory plan shows each stage; every stage reports its timing at the end;
+#   - the Llama family (grouped-query attention; an untied head, and a tied one): 1f1b, interleaved and zb1 on 2 stages,
+#     tp 2 x pp 2 with zb1, and a pp 2 checkpoint resumed on one rank, against one rank.
 # fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
 # FP32_TOL = 2e-5 is about 20 fp32 ulps of a loss near 9: reordered sums move a loss by a few ulps, and AdamW's
 # normalisation magnifies rounding noise in gradients near zero. On an H200 the 6-layer run on 4 stages has
@@ -31,7 +33,8 @@
 # exact check is the bitwise one against 1f1b).
 # The quick tier (TEST_TIER=quick) runs fp32 1F1B and zb1 on 4 stages (losses, tied wte, the log, the final model),
 # the resume 4 -> interleaved 2 x tp 2, and the evaluation and sample through 2 stages; the rest (pp 2, bf16, fp16,
-# the other schedules and splits, 3D, the other resumes, 1f1b -> zb1 among them, the export) only in the full tier.
+# the other schedules and splits, 3D, the other resumes, 1f1b -> zb1 among them, the export, the Llama runs) only in
+# the full tier.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/pipeline
@@ -215,3 +218,35 @@ if [ -f "$W/export/model_00000001.bin" ] && cmp -s -i 1024 "$W/export/model_0000
 else
     echo "FAIL pipeline pp 2 export differs from the model it loaded: $(grep -m1 -iE 'error|abort' "$W/export.out")"
 fi
+
+# The Llama family (8 layers, 2 key/value heads for 4 heads of 64, fp32) against one rank: with an untied head (the
+# LM head a tensor of the last stage alone) 1f1b, interleaved (2 chunks per stage) and zb1 on 2 stages, zb1's final
+# model file bitwise 1f1b's, tp 2 x pp 2 with zb1 (a key/value head per tensor-parallel rank), and the pp 2
+# checkpoint resumed on one rank; with a tied head (wte's copy on the last stage, no wpe) 1f1b on 2 stages, the two
+# copies bitwise identical.
+LLAMA=(--model d8 --arch llama --channels 256 --heads 4 --kv-heads 2 --max-seq-len 64 --precision fp32)
+run llama_single 1 "${LLAMA[@]}" --tied-head 0 --checkpoint-every 5
+if grep -q "^model: Llama family, 8 layers, 4 heads (2 key/value), 256 channels, .*untied head" "$W/llama_single.out"; then
+    run llama_pp2 2 "${LLAMA[@]}" --tied-head 0 --pipeline-parallel 2 --checkpoint-every 5
+    compare llama_pp2 llama_single $FP32_TOL 0 10 "llama pp 2 1f1b (untied head) fp32: 10 losses match pp 1"
+    run llama_pp2i 2 "${LLAMA[@]}" --tied-head 0 --pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2
+    compare llama_pp2i llama_single $FP32_TOL 0 10 "llama pp 2 interleaved (2 chunks per stage) fp32: 10 losses match pp 1"
+    run llama_pp2z 2 "${LLAMA[@]}" --tied-head 0 --pipeline-parallel 2 --pipeline-schedule zb1 --checkpoint-every 10
+    compare llama_pp2z llama_single $FP32_TOL 0 10 "llama pp 2 zb1 fp32: 10 losses match pp 1"
+    if [ -f "$W/llama_pp2z/model_00000010.bin" ] && cmp -s -i 1024 "$W/llama_pp2z/model_00000010.bin" "$W/llama_pp2/model_00000010.bin"; then
+        echo "PASS pipeline llama pp 2 zb1 fp32: the final model file equals 1f1b's on 2 stages bit for bit"
+    else
+        echo "FAIL pipeline llama pp 2 zb1 fp32: the final model file differs from 1f1b's on 2 stages $(grep -m1 -iE 'error|abort' "$W/llama_pp2z.out")"
+    fi
+    run llama_tp2pp2_zb1 4 "${LLAMA[@]}" --tied-head 0 --tensor-parallel 2 --pipeline-parallel 2 --pipeline-schedule zb1
+    compare llama_tp2pp2_zb1 llama_single $FP32_TOL 0 10 "llama tp 2 x pp 2 zb1 fp32: 10 losses match one rank"
+    mkdir -p "$W/llama_pp2_to_1"; cp "$W/llama_pp2"/*_00000005* "$W/llama_pp2_to_1/"
+    run llama_pp2_to_1 1 "${LLAMA[@]}" --tied-head 0 --resume 1
+    compare llama_pp2_to_1 llama_pp2 $FP32_TOL 5 5 "llama resume of the pp 2 checkpoint on 1 rank: steps 5-9"
+else
+    echo "FAIL pipeline llama one-rank baseline: not a Llama-family run: $(grep -m1 -E '^model:|error' "$W/llama_single.out")"
+fi
+run llama_tied_single 1 "${LLAMA[@]}" --tied-head 1
+run llama_tied_pp2 2 "${LLAMA[@]}" --tied-head 1 --pipeline-parallel 2
+compare llama_tied_pp2 llama_tied_single $FP32_TOL 0 10 "llama pp 2 1f1b (tied head) fp32: 10 losses match pp 1"
+tied_identical llama_tied_pp2 "llama pp 2 1f1b (tied head)"

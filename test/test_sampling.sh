@@ -8,7 +8,10 @@
 #     parallelism (pp 2, interleaved, on d4), ranks sharing one GPU
 #  3. with transformers at hand: the fp32 model exported to Hugging Face (scripts/hf/export_hf.py) continues
 #     <|endoftext|> with generate(do_sample=False) into the same 40 tokens as train_gpt --generate 40 --temperature 0
-# The quick tier (TEST_TIER=quick) runs 1 in fp32 and 2 under tp 2 with sequence parallelism. 2 runs beside 1.
+# 1 and 2 also for Llama-family models (rotary positions, grouped-query attention, an untied head; 1 with Llama 3's
+# rope scaling; 2 under tp 2 with a key/value head per rank and pp 2 interleaved).
+# The quick tier (TEST_TIER=quick) runs 1 in fp32 and 2 under tp 2 with sequence parallelism, for GPT-2 only. 2 runs
+# beside 1.
 # Greedy tokens are compared exactly: the cached and uncached attentions differ only in the order of their fp32
 # sums, far below the gaps between the largest logits of a trained model.
 set -u
@@ -45,6 +48,8 @@ parallel_samples() {
 tp2 2 full --tensor-parallel 2
 tp2_sequence_parallel 2 quick,full --tensor-parallel 2 --sequence-parallel 1
 pp2_interleaved 2 full --model d4 --max-seq-len 64 --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 512
+llama_tp2 2 full --model d2 --arch llama --channels 256 --heads 4 --kv-heads 2 --tied-head 0 --max-seq-len 64 --tensor-parallel 2
+llama_pp2_interleaved 2 full --model d4 --arch llama --channels 256 --heads 4 --kv-heads 2 --max-seq-len 64 --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 512
 EOF
 }
 parallel_samples > "$W/parallel_samples.checks" 2>&1 & parallel_samples_run=$!
@@ -61,6 +66,27 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
         echo "PASS sampling $p greedy --generate 100 (T 64): the same text with the KV cache ($(speed_of "$W/generate_${p}_1.out")) and without ($(speed_of "$W/generate_${p}_0.out"))"
     else
         echo "FAIL sampling $p greedy --generate 100: the KV cache's text differs from the uncached one (diff $W/generate_${p}_1.out $W/generate_${p}_0.out)"
+    fi
+done
+
+# the same for the Llama family (full tier): rotary positions at the cache's offset, the decode kernel's grouped-query
+# attention (1 key/value head for 2 heads of 64), Llama 3's rope scaling, an untied head
+LLAMA=(--model d2 --arch llama --channels 128 --heads 2 --kv-heads 1 --tied-head 0 --max-seq-len 64 --rope-scaling 8,1,4,32)
+for p in $([ "$TIER" = full ] && echo fp32 bf16); do
+    run "llama_train_$p" 1 "${LLAMA[@]}" --precision $p --steps 20 --sample-every 0 --checkpoint-every 20
+    if ! grep -q "^model: Llama family, 2 layers, 2 heads (1 key/value), 128 channels, .*untied head" "$W/llama_train_$p.out" ||
+        [ ! -f "$W/llama_train_$p/model_00000020.bin" ]; then
+        echo "FAIL sampling llama $p training: $(grep -m1 -E '^model:|error' "$W/llama_train_$p.out")"; continue
+    fi
+    for kv in 1 0; do
+        ./train_gpt --model "$W/llama_train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 --kv-cache $kv \
+            > "$W/llama_generate_${p}_$kv.out" 2>&1 || echo "FAIL sampling llama $p --generate --kv-cache $kv: $(tail -n 1 "$W/llama_generate_${p}_$kv.out")"
+    done
+    a="$W/llama_generate_${p}_1.out" b="$W/llama_generate_${p}_0.out"
+    if grep -q '^generated 100 tokens' "$a" && grep -q '^generated 100 tokens' "$b" && cmp -s <(text_of "$a") <(text_of "$b"); then
+        echo "PASS sampling llama $p greedy --generate 100 (T 64): the same text with the KV cache ($(speed_of "$a")) and without ($(speed_of "$b"))"
+    else
+        echo "FAIL sampling llama $p greedy --generate 100: the KV cache's text differs from the uncached one (diff $a $b)"
     fi
 done
 

@@ -9,11 +9,13 @@
 #   - checkpoints resume across tensor- and data-parallel sizes (2 -> 1, 1 -> 2, 2 -> 2 x dp 2, 2 -> 4);
 #   - the model file a tp 2 run exports equals the whole model it started from (one step at learning rate 0);
 #   - sequence parallelism on gives the losses of off (also with accumulation, recompute and ZeRO-3) and shows
-#     its activation saving in the memory plan.
+#     its activation saving in the memory plan;
+#   - the Llama family: key/value heads split over the ranks (with an untied head, sequence parallelism, ZeRO-3 over
+#     dp 2, q/k/v biases, a resume 2 -> 1) give the losses of tp 1; fewer key/value heads than ranks are refused.
 # fp32 differences between tp sizes come from the order of the sums (the all-reduces add partial products).
-# The quick tier (TEST_TIER=quick) runs tp 2 in fp32, tp 2 x dp 2 with sequence parallelism and ZeRO-3, and the
-# resume 2 -> 1; the rest (tp 4, bf16 and fp16, the other sequence-parallel runs and the plan, the samples, ZeRO-1,
-# the other resumes, the export) only in the full tier (test_fp8_model's quick tier runs tp 2 x pp 2 on bf16 weights).
+# The quick tier (TEST_TIER=quick) runs tp 2 in fp32, tp 2 x dp 2 with sequence parallelism and ZeRO-3, the
+# resume 2 -> 1 and the Llama refusal; the rest (tp 4, bf16 and fp16, the other sequence-parallel runs and the plan,
+# the samples, ZeRO-1, the other resumes, the export, the Llama runs) only in the full tier (test_fp8_model's quick tier runs tp 2 x pp 2 on bf16 weights).
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/tensor_parallel
@@ -68,6 +70,16 @@ resume() {
     compare "$name" "$from" 1e-5 5 5 "resume of $from on $ranks ranks ($*): steps 5-9"
 }
 resume tp2_fp32 tp2_to_1 1 --batch-size 4
+# the Llama family: a degree above the key/value heads is refused on every rank before any GPU work, in one line
+# (tensor_parallel_problem, model/config.h)
+run llama_kv_refused 2 --model d2 --arch llama --channels 256 --heads 4 --kv-heads 1 --max-seq-len 64 --precision fp32 --batch-size 4 \
+    --tensor-parallel 2; rc=$?
+refusal="error: --tensor-parallel 2: the 1 key/value heads do not split into 2 equal groups (a degree above the key/value heads would need them replicated"
+if [ $rc -ne 0 ] && grep -qF "$refusal" "$W/llama_kv_refused.out" && ! grep -q '^step ' "$W/llama_kv_refused.out"; then
+    echo "PASS tensor_parallel llama: 1 key/value head at tp 2 refused before any step: $(grep -m1 -F "$refusal" "$W/llama_kv_refused.out" | cut -c1-80)..."
+else
+    echo "FAIL tensor_parallel llama: 1 key/value head at tp 2 not refused as expected: exit $rc: $(grep -m1 error "$W/llama_kv_refused.out")"
+fi
 [ "$TIER" = full ] || exit 0  # the quick tier ends here
 
 # sequence parallelism: the same losses as without it, also with gradient accumulation (the LayerNorm gradients
@@ -124,3 +136,29 @@ if [ -f "$W/export/model_00000001.bin" ] && cmp -s -i 1024 "$W/export/model_0000
 else
     echo "FAIL tensor_parallel tp 2 export differs from the model it loaded: $(grep -m1 -i error "$W/export.out")"
 fi
+
+# The Llama family, fp32 against one rank with the same 4 rows: grouped-query attention (2 key/value heads for 4 heads
+# of 64: one of each per rank at tp 2) with an untied head (split by vocabulary rows like wte) at tp 2, with sequence
+# parallelism (RMSNorm along the sequence) and at tp 2 x dp 2 with ZeRO-3; Qwen's q/k/v biases (split with their
+# heads) and a tied head at tp 2 with sequence parallelism; the tp 2 run's step-5 checkpoint continued on one rank.
+LLAMA=(--model d2 --arch llama --channels 256 --heads 4 --kv-heads 2 --max-seq-len 64 --precision fp32)
+run llama_single 1 "${LLAMA[@]}" --tied-head 0 --batch-size 4 --checkpoint-every 5
+if grep -q "^model: Llama family, 2 layers, 4 heads (2 key/value), 256 channels, .*untied head" "$W/llama_single.out"; then
+    run llama_tp2 2 "${LLAMA[@]}" --tied-head 0 --batch-size 4 --tensor-parallel 2 --checkpoint-every 5
+    compare llama_tp2 llama_single 1e-5 0 10 "llama tp 2 (2 key/value heads, untied head) fp32: 10 losses match tp 1"
+    replicated_identical llama_tp2 2 "llama tp 2"
+    run llama_sp2 2 "${LLAMA[@]}" --tied-head 0 --batch-size 4 --tensor-parallel 2 --sequence-parallel 1
+    compare llama_sp2 llama_single 1e-5 0 10 "llama tp 2 sequence parallel fp32: 10 losses match tp 1"
+    run llama_tp2dp2_s3 4 "${LLAMA[@]}" --tied-head 0 --batch-size 2 --tensor-parallel 2 --zero-stage 3
+    compare llama_tp2dp2_s3 llama_single 1e-5 0 10 "llama tp 2 x dp 2 ZeRO-3 fp32: 10 losses match one rank"
+    replicated_identical llama_tp2dp2_s3 4 "llama tp 2 x dp 2 ZeRO-3"
+    mkdir -p "$W/llama_tp2_to_1"; cp "$W/llama_tp2"/*_00000005* "$W/llama_tp2_to_1/"
+    run llama_tp2_to_1 1 "${LLAMA[@]}" --tied-head 0 --batch-size 4 --resume 1
+    compare llama_tp2_to_1 llama_tp2 1e-5 5 5 "llama resume of the tp 2 checkpoint on 1 rank: steps 5-9"
+else
+    echo "FAIL tensor_parallel llama one-rank baseline: not a Llama-family run: $(grep -m1 -E '^model:|error' "$W/llama_single.out")"
+fi
+run llama_qwen_single 1 "${LLAMA[@]}" --qkv-bias 1 --tied-head 1 --batch-size 4
+run llama_qwen_sp2 2 "${LLAMA[@]}" --qkv-bias 1 --tied-head 1 --batch-size 4 --tensor-parallel 2 --sequence-parallel 1
+compare llama_qwen_sp2 llama_qwen_single 1e-5 0 10 "llama with q/k/v biases and a tied head, tp 2 sequence parallel fp32: 10 losses match tp 1"
+replicated_identical llama_qwen_sp2 2 "llama with q/k/v biases, tp 2 sequence parallel"

@@ -14,7 +14,7 @@
 # the stops for a signal (the quick tier's stop is test_zero's SIGTERM to one rank of 2), --recompute 1 and 2, the
 # activation sizes of d12, offload against the resident run in fp32, bf16 and fp16 with its resume chain and
 # non-finite steps, --offload-dir in fp32 and bf16 with its resume chain, the delayed update resumed, in bf16 and
-# twice, and the curve parity.
+# twice, a Llama-family model's resume, same-seed rerun, recompute levels and offload, and the curve parity.
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
@@ -410,8 +410,54 @@ expect_plan_refusal "model states past the GPU" "the model states and scratch al
 expect_plan_refusal "offloaded state past the host budget" "GiB of pinned host memory on this machine (1 rank x .* GiB) but the budget is .* GiB (--host-memory-gib)" \
     --layers 4 --heads 4 --channels 256 --batch-size 1 --offload optimizer --host-memory-gib 0.01
 
+[ "$TIER" = full ] || exit 0  # the quick tier ends here
+
+# The Llama family (RMSNorm, rotary positions, a SwiGLU MLP, grouped-query attention: 1 key/value head for 2 heads of
+# 64, an untied head; GPT-2's vocabulary, so the tinyshakespeare shards serve): in fp32, bf16 and fp16 the resume at
+# step 10 bitwise the uninterrupted run (steps 10-19 and the final model file); in bf16 the same seed twice,
+# --recompute 1, 2 and 3, and --offload optimizer, each bitwise the default run (the SwiGLU has no product epilogue to
+# fuse, so the reference of every recompute level is the default run).
+LLAMA=(--model d2 --arch llama --channels 128 --heads 2 --kv-heads 1 --tied-head 0 --max-seq-len 128 --seq-len 128 --batch-size 8
+       --train-data "$TRAIN" --val-every 10 --val-batches 2 --sample-every 0 --lr 1e-3 --warmup-steps 5 --seed 7 --shuffle 1
+       --deterministic 1 --steps 20 --checkpoint-every 10)
+LLAMA_MODEL_LINE="^model: Llama family, 2 layers, 2 heads (1 key/value), 128 channels, 512 hidden units, .*untied head"
+for p in fp32 bf16 fp16; do
+    ./train_gpt "${LLAMA[@]}" --precision $p -o "$W/llama-$p" > "$W/llama-$p.out" 2>&1
+    if ! grep -q "$LLAMA_MODEL_LINE" "$W/llama-$p.out" || [ "$(train_log_lines "$W/llama-$p" | wc -l)" -ne 20 ]; then
+        echo "FAIL training llama $p: not a Llama-family run of 20 steps: $(grep -m1 -E '^model:|error' "$W/llama-$p.out")"; continue
+    fi
+    mkdir -p "$W/llama-$p-r"
+    cp "$W/llama-$p"/*_00000010* "$W/llama-$p-r/"
+    ./train_gpt "${LLAMA[@]}" --precision $p -o "$W/llama-$p-r" --resume 1 > "$W/llama-$p-r.out" 2>&1
+    if grep -q "resumed from" "$W/llama-$p-r.out" && [ "$(train_log_lines "$W/llama-$p" | awk '$1 >= 10')" == "$(train_log_lines "$W/llama-$p-r")" ] &&
+        [ "$(train_log_lines "$W/llama-$p-r" | wc -l)" -eq 10 ] && cmp -s -i 1024 "$W/llama-$p/model_00000020.bin" "$W/llama-$p-r/model_00000020.bin"; then
+        echo "PASS training llama $p resume at step 10: steps 10-19 and the final model file bitwise the uninterrupted run's"
+    else
+        echo "FAIL training llama $p resume at step 10: $(grep -m1 error "$W/llama-$p-r.out")"
+        diff <(train_log_lines "$W/llama-$p" | awk '$1 >= 10') <(train_log_lines "$W/llama-$p-r") | head -4
+    fi
+done
+# bitwise_llama NAME WHAT FLAGS...: the bf16 Llama run with FLAGS equals the default one (20 losses, the final model file)
+bitwise_llama() {
+    local name=$1 what=$2; shift 2
+    ./train_gpt "${LLAMA[@]}" --precision bf16 "$@" -o "$W/$name" > "$W/$name.out" 2>&1
+    if [ "$(train_log_lines "$W/$name" | wc -l)" -eq 20 ] && [ "$(train_log_lines "$W/llama-bf16")" == "$(train_log_lines "$W/$name")" ] &&
+        cmp -s -i 1024 "$W/llama-bf16/model_00000020.bin" "$W/$name/model_00000020.bin"; then
+        echo "PASS training llama bf16 $what: 20 losses and the final model file bitwise the default run's"
+    else
+        echo "FAIL training llama bf16 $what: $(grep -m1 error "$W/$name.out")"; diff <(train_log_lines "$W/llama-bf16") <(train_log_lines "$W/$name") | head -4
+    fi
+}
+bitwise_llama llama-again "same seed twice"
+for r in 1 2 3; do bitwise_llama llama-recompute$r "--recompute $r" --recompute $r; done
+bitwise_llama llama-offload "--offload optimizer" --offload optimizer
+if cmp -s -i 1024 "$W/llama-bf16/state_00000020_00000.bin" "$W/llama-offload/state_00000020_00000.bin"; then
+    echo "PASS training llama bf16 --offload optimizer: the optimizer state bitwise the GPU-resident run's"
+else
+    echo "FAIL training llama bf16 --offload optimizer: the optimizer state differs from the GPU-resident run's"
+fi
+
 # curve parity (full tier): same initial model file, same batches, same schedule
-[ "$TIER" = full ] || exit 0
 PARITY_MODEL=${PARITY_MODEL:---layers 12 --heads 12 --channels 768}
 $PY scripts/reference/gpt2_reference.py debug-state --device cuda --steps 1 --batch-size 1 --seq-len 8 --seed 11 \
     $PARITY_MODEL --max-seq-len 1024 --model-out "$W/d12_init.bin" --state-out "$W/unused.bin" > /dev/null

@@ -8,12 +8,14 @@
 # 2 and 3 (at 3 also with the parameter shards on the host): bitwise the GPU-resident run at the same stage, and its
 # checkpoints resumed across offload and data-parallel sizes; at stage 2 its one-step delayed update (against the
 # non-delayed run, twice, resumed) and its NVMe tier (--offload-dir, bitwise the in-memory offload run). A stop signal to one rank stops both after the same step, and the resumed run
-# equals the uninterrupted one.
+# equals the uninterrupted one. A Llama-family model (grouped-query attention, an untied head) at stages 0-3, with
+# offload at stages 2 and 3, and its stage-3 checkpoint resumed on one rank.
 # On a machine with fewer GPUs than ranks, the ranks share GPU 0 (scripts/launch.sh --one-gpu) and the checks that
 # need a GPU per rank (memory per GPU, the killed rank, mpirun) are skipped. The quick tier (TEST_TIER=quick) runs
 # stage 3 in fp32 (losses, identical parameters), its step-5 checkpoint resumed on one rank (fp32, within 1e-5), and
 # the stop signal to one rank (whose resume is the same-ranks one, bitwise, at stage 0); the bf16 stage-1 and stage-3
-# checkpoints resumed on the same ranks and the stage-3 one on one rank are full-tier checks, as is the rest.
+# checkpoints resumed on the same ranks and the stage-3 one on one rank are full-tier checks, as is the rest (the
+# Llama family's runs among them).
 set -u
 cd "$(dirname "$0")/.."
 N=${1:-$(scripts/visible_gpus.sh)}
@@ -264,6 +266,53 @@ if [ "$(losses "$W/offload_on_one" | wc -l)" -eq 15 ] && [ "$(losses "$W/offload
 else
     echo "FAIL zero resume across offload and data-parallel sizes: diffs $d1 $d2 $(grep -m1 error "$W/offload_on_one.out" "$W/offload_back.out")"
 fi
+# The Llama family (1 key/value head for 2 heads of 64, an untied head: the LM head a unit of its own; no wpe), fp32,
+# --deterministic 1, 10 steps: at stages 0-3 on N ranks the losses within 1e-5 of one GPU's and the parameters bitwise
+# identical on every rank; --offload optimizer at stage 2 and optimizer,parameters at stage 3 bitwise the GPU-resident
+# run at the same stage (losses, the model file, every rank's state file); the stage-3 run's step-5 checkpoint
+# continued on one GPU within 1e-5 of it.
+LLAMA=(--model d2 --arch llama --channels 128 --heads 2 --kv-heads 1 --tied-head 0 --max-seq-len 128 --seq-len 128 --train-data "$TRAIN"
+       --val-every 0 --sample-every 0 --lr 1e-3 --warmup-steps 2 --seed 5 --shuffle 0 --parameter-checksums 1 --precision fp32
+       --deterministic 1 --steps 10)
+./train_gpt "${LLAMA[@]}" --batch-size 8 -o "$W/llama_single" > "$W/llama_single.out" 2>&1
+grep -q "^model: Llama family, 2 layers, 2 heads (1 key/value), 128 channels, .*untied head" "$W/llama_single.out" ||
+    echo "FAIL zero llama single-GPU baseline: not a Llama-family run: $(grep -m1 -E '^model:|error' "$W/llama_single.out")"
+for stage in 0 1 2 3; do
+    name="$WHERE llama stage $stage fp32"
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${LLAMA[@]}" --batch-size $BG --zero-stage $stage --checkpoint-every 5 \
+        -o "$W/llama_s$stage" > "$W/llama_s$stage.out" 2>&1
+    d=$(maxdiff "$W/llama_single" "$W/llama_s$stage")
+    sums=$(grep -o 'parameter checksum [0-9a-f]*' "$W/llama_s$stage.out" | sort -u | wc -l)
+    ranks=$(grep -c 'parameter checksum' "$W/llama_s$stage.out")
+    if [ "$(losses "$W/llama_s$stage" | wc -l)" -eq 10 ] && within "$d" 1e-5 && [ "$ranks" -eq "$N" ] && [ "$sums" -eq 1 ]; then
+        echo "PASS zero $name: 10 losses match one GPU (max diff $d, tol 1e-5), parameters bitwise identical on all $N ranks"
+    else
+        echo "FAIL zero $name: max loss diff $d (tol 1e-5), $ranks ranks reported $sums distinct checksums $(grep -m1 error "$W/llama_s$stage.out")"
+    fi
+done
+for run in "2 optimizer" "3 optimizer,parameters"; do
+    read -r stage mode <<< "$run"
+    a="$W/llama_s$stage" b="$W/llama_offload_s$stage"
+    scripts/launch.sh $ONE_GPU $N ./train_gpt "${LLAMA[@]}" --batch-size $BG --zero-stage $stage --offload $mode --checkpoint-every 5 \
+        -o "$b" > "$b.out" 2>&1
+    states=0
+    for r in $(seq 0 $((N - 1))); do cmp -s -i 1024 "$a/state_00000010_$(printf %05d $r).bin" "$b/state_00000010_$(printf %05d $r).bin" && states=$((states + 1)); done
+    if [ "$(losses "$b" | wc -l)" -eq 10 ] && [ "$(losses "$a")" == "$(losses "$b")" ] && cmp -s -i 1024 "$a/model_00000010.bin" "$b/model_00000010.bin" &&
+        [ $states -eq $N ]; then
+        echo "PASS zero $WHERE llama stage $stage fp32 offload $mode: 10 losses, the model file and all $N state files bitwise equal to the GPU-resident run"
+    else
+        echo "FAIL zero $WHERE llama stage $stage fp32 offload $mode: $states of $N state files equal $(grep -m1 error "$b.out")"
+    fi
+done
+mkdir -p "$W/llama_resume_one"; cp "$W/llama_s3"/*_00000005* "$W/llama_resume_one/"
+./train_gpt "${LLAMA[@]}" --batch-size 8 -o "$W/llama_resume_one" --resume 1 > "$W/llama_resume_one.out" 2>&1
+d=$(maxdiff "$W/llama_s3" "$W/llama_resume_one" 5)
+if grep -q "resumed from" "$W/llama_resume_one.out" && [ "$(losses "$W/llama_resume_one" | wc -l)" -eq 5 ] && within "$d" 1e-5; then
+    echo "PASS zero llama: a $N-rank stage-3 checkpoint resumed on 1 rank: steps 5-9 within $d (fp32 tol 1e-5)"
+else
+    echo "FAIL zero llama: a $N-rank stage-3 checkpoint resumed on 1 rank: diff $d $(grep -m1 error "$W/llama_resume_one.out")"
+fi
+
 if [ -n "$ONE_GPU" ]; then
     echo "SKIP zero memory per GPU, killed rank, mpirun: $N ranks share one GPU ($VISIBLE_GPUS GPU(s))"
     exit 0
