@@ -37,14 +37,21 @@ for at in $kills; do
     TRAIN_GPT_KILL_AT=$at ./train_gpt "${SMALL[@]}" -o "$W/$name" > "$W/$name.out" 2>&1; rc=$?
     ./train_gpt "${SMALL[@]}" -o "$W/$name" --resume 1 > "$W/$name-resume.out" 2>&1; rrc=$?
     from=$(sed -n 's|^resumed from .*/manifest_\([0-9]*\)\.txt at step.*|\1|p' "$W/$name-resume.out")
-    if [ $rc -eq 137 ] && [ $rrc -eq 0 ] && [ -n "$from" ] && [ "$(losses "$W/ref")" == "$(losses "$W/$name")" ] &&
-        cmp -s -i 1024 "$W/ref/model_00000012.bin" "$W/$name/model_00000012.bin" &&
-        [ "$(run_id "$W/$name/manifest_00000004.txt")" = "$(run_id "$W/$name/manifest_00000012.txt")" ] &&
-        [ -z "$(ls "$W/$name" | grep -E '\.tmp$|\.damaged$')" ]; then
+    # each condition that fails is named
+    wrong=""
+    [ $rc -eq 137 ] || wrong="$wrong; the killed run exited $rc, not 137"
+    [ $rrc -eq 0 ] && [ -n "$from" ] || wrong="$wrong; the resume exited $rrc from '$from': $(tail -n 1 "$W/$name-resume.out")"
+    [ "$(losses "$W/ref")" == "$(losses "$W/$name")" ] || wrong="$wrong; losses differ: $(diff <(losses "$W/ref") <(losses "$W/$name") | head -3 | tr '\n' ' ')"
+    cmp -s -i 1024 "$W/ref/model_00000012.bin" "$W/$name/model_00000012.bin" ||
+        wrong="$wrong; the step-12 model files differ: $(cmp -i 1024 "$W/ref/model_00000012.bin" "$W/$name/model_00000012.bin" 2>&1 | head -n 1)"
+    [ "$(run_id "$W/$name/manifest_00000004.txt")" = "$(run_id "$W/$name/manifest_00000012.txt")" ] ||
+        wrong="$wrong; run ids '$(run_id "$W/$name/manifest_00000004.txt")' at step 4, '$(run_id "$W/$name/manifest_00000012.txt")' at step 12"
+    left=$(ls "$W/$name" | grep -E '\.tmp$|\.damaged$' | tr '\n' ' ')
+    [ -z "$left" ] || wrong="$wrong; left over: $left"
+    if [ -z "$wrong" ]; then
         echo "PASS checkpoint_resume killed at fault point $at (inside the step-8 save), resumed from step $((10#$from)): losses and final model bitwise the uninterrupted run's, the run id kept, nothing left over"
     else
-        echo "FAIL checkpoint_resume killed at fault point $at: exit $rc, resume exit $rrc from '$from': $(tail -n 1 "$W/$name-resume.out")"
-        diff <(losses "$W/ref") <(losses "$W/$name") | head -4
+        echo "FAIL checkpoint_resume killed at fault point $at${wrong}"
     fi
 done
 
