@@ -32,7 +32,7 @@ endif
 BUILD = build
 
 KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distributed/*.cuh) distributed/process_group.h distributed/mesh.h distributed/pipeline_schedule.h \
-          distributed/heartbeat.h distributed/stop_signals.h distributed/optimizer_file.h \
+          distributed/heartbeat.h distributed/stop_signals.h distributed/optimizer_file.h distributed/shard_plan.h \
           $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp distributed/heartbeat.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \

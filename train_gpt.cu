@@ -35,7 +35,7 @@
 #include "model/config.h"                 // defines: ModelConfig, config_problem, StageModel, pipeline_stage_model, ParameterLayout
 #include "model/lora.h"                   // defines: LoraSpec, AdapterLayout, read_adapter_file, write_adapter_file, merge_adapters
 #include "model/model_file.h"             // defines: read_model_header, read_model_config, read_model_part, write_model_file (llm.c model files)
-#include "model/gpt2.cuh"                 // defines: GPT2 (allocation, initialisation, forward, backward), MemoryPlan
+#include "model/transformer.cuh"          // defines: Transformer (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/memory_plan.h"            // defines: StagePlans, report_memory_plan, zero_states_formula, gib, device_memory_in_use
 #include "model/initialization.cuh"         // defines: init_parameters (GPT-2's initialisation, on the device)
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories, save_lora_outputs
@@ -126,7 +126,7 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
     cudaCheck(cudaStreamCreate(&stream));
     {
         const ProcessMesh single;  // one rank: no communicators
-        GPT2<floatX> model(config, pg, single, 0, stream);
+        Transformer<floatX> model(config, pg, single, 0, stream);
         model.allocate(1, config.max_seq_len);
         if (!model_file.empty()) model.load_parameters(model_file);
         else init_parameters(model, (uint64_t)o.seed);
@@ -151,7 +151,7 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
 // of the work of padding every row to T.
 
 template <typename floatX>
-HellaSwagScore evaluate_hellaswag(GPT2<floatX>& model, const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tokenizer) {
+HellaSwagScore evaluate_hellaswag(Transformer<floatX>& model, const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tokenizer) {
     const int B = model.B, T = model.T;
     const int longest = HellaSwagBatcher(items, tokenizer, 4, T).max_length();
     const int multiple = 8 * model.sequence_split();  // sequence parallelism: rows split evenly (T is a multiple of the split)
@@ -475,7 +475,7 @@ StagePlans<floatX> stage_plans(const Options& o, const RunShape& run, const Pipe
 // the model's allocation and the memory it took. Returns the memory in use before the allocation (the CUDA context
 // and whatever else holds the GPU), from which the peak is measured.
 template <typename floatX>
-size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<PipelineParallel<GPT2<floatX>>>& pipeline, const Options& o,
+size_t plan_and_allocate(FILE* out, Transformer<floatX>& model, std::unique_ptr<PipelineParallel<Transformer<floatX>>>& pipeline, const Options& o,
                          const ProcessGroup& pg, const RunShape& run, const PipelineStages& stages, const StepShape& batch, int steps,
                          uint64_t run_id) {
     const MeshShape& shape = run.shape;
@@ -516,13 +516,13 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
     // the Hopper attention backward's ordered dQ sum is also its faster one (124M B=64 step, one H200: 0.45%
     // faster than with atomic sums), so it is taken there either way
     model.deterministic_attention = o.deterministic != 0 || flash::hopper::available();
-    model.gelu_fusion = o.gelu_fusion != 0;
+    model.linear.gelu_fusion = o.gelu_fusion != 0;
     model.sequence_parallel = split > 1;
-    model.fp8 = plans.fp8;
-    model.fp8_options = plans.fp8_options;
+    model.linear.fp8 = plans.fp8;
+    model.linear.fp8_options = plans.fp8_options;
     model.allocate(batch.B, batch.T, o.recompute, stages.schedule ? stages.slots(my_stage) : std::vector<int>(), stages.grad_slots(my_stage));
     if (stages.schedule) {
-        pipeline.reset(new PipelineParallel<GPT2<floatX>>(*stages.schedule, model.mesh.pipeline));
+        pipeline.reset(new PipelineParallel<Transformer<floatX>>(*stages.schedule, model.mesh.pipeline));
         pipeline->allocate();
     }
     fprintf(out, "device memory in use after allocation: %.2f GiB (plan %.2f GiB + %.2f GiB CUDA context)\n",
@@ -542,7 +542,7 @@ size_t plan_and_allocate(FILE* out, GPT2<floatX>& model, std::unique_ptr<Pipelin
 // --model or the initialisation first), a model file's, or the GPT-2 initialisation from --seed; LoRA's adapters from
 // the checkpoint, --lora-load or drawn. Returns the first step to train.
 template <typename floatX>
-int start_parameters(FILE* out, GPT2<floatX>& model, DataLoader& train_data, const Options& o, const RunShape& run, int resume_step) {
+int start_parameters(FILE* out, Transformer<floatX>& model, DataLoader& train_data, const Options& o, const RunShape& run, int resume_step) {
     if (resume_step < 0 || run.lora.enabled()) {
         if (!run.initial_model.empty()) model.load_parameters(run.initial_model);
         else init_parameters(model, (uint64_t)o.seed);
@@ -564,7 +564,7 @@ int start_parameters(FILE* out, GPT2<floatX>& model, DataLoader& train_data, con
 // stages, which takes all of them at once), then the optimizer, with one wait for the GPU. A stop signal received by
 // then is this rank's vote to stop after the step; the report says whether any rank voted.
 template <typename floatX>
-StepReport train_step(GPT2<floatX>& model, PipelineParallel<GPT2<floatX>>* pipeline, DataLoader& data, const Options& o,
+StepReport train_step(Transformer<floatX>& model, PipelineParallel<Transformer<floatX>>* pipeline, DataLoader& data, const Options& o,
                       const StepShape& batch, int step, const AdamWHyper& h, double* data_seconds) {
     const int m = batch.micro_batches;
     auto next_batch = [&] {
@@ -607,9 +607,9 @@ struct StepLog {
     int steps = 0;
     size_t in_use_before = 0, peak_memory = 0;  // the peak is ours: without the CUDA context and the other processes
     std::vector<double> step_ms;
-    std::vector<typename PipelineParallel<GPT2<floatX>>::StageTiming> stage_timings;  // this rank's stage, per step
+    std::vector<typename PipelineParallel<Transformer<floatX>>::StageTiming> stage_timings;  // this rank's stage, per step
 
-    StepLog(FILE* stdout_or_null, const Options& o, bool main_rank, int start_step, const GPT2<floatX>& model, const GpuInfo& gpu, int world,
+    StepLog(FILE* stdout_or_null, const Options& o, bool main_rank, int start_step, const Transformer<floatX>& model, const GpuInfo& gpu, int world,
             const StepShape& batch, int total_steps, size_t memory_before)
         : out(stdout_or_null), tokens_per_step(batch.tokens), steps(total_steps), in_use_before(memory_before) {
         if (!o.output_dir.empty() && main_rank) {
@@ -644,7 +644,7 @@ struct StepLog {
         if (peak_flops > 0) snprintf(text, sizeof(text), "%.1f%%", 100.0 * flops_per_token * tokens_per_second / peak_flops);
         return text;
     }
-    void step(int step, const StepReport& r, float lr, double seconds, double data_seconds, PipelineParallel<GPT2<floatX>>* pipeline,
+    void step(int step, const StepReport& r, float lr, double seconds, double data_seconds, PipelineParallel<Transformer<floatX>>* pipeline,
               const PipelineForecast& forecast) {
         const double tokens_per_second = tokens_per_step / seconds;
         fprintf(out, "step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s | data %.2f ms | mem %.1f GiB",
@@ -665,14 +665,14 @@ struct StepLog {
     }
     // The median step after the first 3 (cuBLAS heuristics, warm-up): tokens/s, ms, peak memory and MFU; then, under
     // pipeline parallelism, every stage's timing (on the first replica's first tensor-parallel rank of each stage).
-    void summary(PipelineParallel<GPT2<floatX>>* pipeline, const GPT2<floatX>& model, const PipelineForecast& forecast, bool reports_stage) {
+    void summary(PipelineParallel<Transformer<floatX>>* pipeline, const Transformer<floatX>& model, const PipelineForecast& forecast, bool reports_stage) {
         if (step_ms.size() <= 3) return;
         const double ms = median_of(std::vector<double>(step_ms.begin() + 3, step_ms.end()));
         std::string mfu = mfu_text(tokens_per_step / (ms * 1e-3));
         if (mfu.back() == '%') mfu.pop_back();
         fprintf(out, "RESULT tokens_per_s=%.0f ms_per_step=%.2f peak_mem_gib=%.2f mfu=%s\n", tokens_per_step / ms * 1e3, ms, gib(peak_memory), mfu.c_str());
         if (pipeline && reports_stage)
-            pipeline->report_timings(model, std::vector<typename PipelineParallel<GPT2<floatX>>::StageTiming>(stage_timings.begin() + 3, stage_timings.end()),
+            pipeline->report_timings(model, std::vector<typename PipelineParallel<Transformer<floatX>>::StageTiming>(stage_timings.begin() + 3, stage_timings.end()),
                                      forecast);
     }
 };
@@ -692,7 +692,7 @@ static void report_optimizer_file(FILE* out, const OptimizerFile& file, int step
 // The checkpoint of step `step` committed as one unit (every rank takes part), then, on rank 0, the old ones that
 // --keep-checkpoints no longer keeps. Returns whether it committed (on every rank alike).
 template <typename floatX>
-bool save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, const CheckpointIdentity& identity,
+bool save_and_prune(FILE* out, Transformer<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg, const CheckpointIdentity& identity,
                     int step) {
     CheckpointManifest manifest;
     manifest.run_id = identity.run_id;
@@ -717,7 +717,7 @@ bool save_and_prune(FILE* out, GPT2<floatX>& model, RunData& data, const Options
 // Between steps, before step `step` (and after the last): HellaSwag and the validation loss every --val-every
 // steps, a sample every --sample-every, a checkpoint every --checkpoint-every (then the old ones pruned).
 template <typename floatX>
-void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
+void evaluate_and_save(FILE* out, FILE* log, Transformer<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
                        const CheckpointIdentity& identity, const SampleText& text, const std::vector<int>& prompt, const std::vector<HellaSwagItem>& hellaswag_items, int step, int start_step, int steps) {
     const bool last = step == steps;
     const bool evaluate = o.val_every > 0 && (step % o.val_every == 0 || last);
@@ -753,7 +753,7 @@ void evaluate_and_save(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data,
             } else {
                 model.upload_batch(batch.inputs, batch.targets);
             }
-            model.forward_all_stages(true);
+            forward_all_stages(model, true);
             model.loss.accumulate(model.layout.part.last ? model.losses : nullptr, (int)tokens, model.stream);
         }
         // the mean over B x T positions a forward, of which the padding's add nothing
@@ -791,7 +791,7 @@ static void stop_after_skipped_steps(const Options& o, const ProcessGroup& pg, b
 // Returns the exit status: kExitStopped once the checkpoint committed (a requeue continues it with --resume 1),
 // kExitStoppedUnsaved when nothing a resume could continue was saved.
 template <typename floatX>
-int stop_for_signal(FILE* out, FILE* log, GPT2<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
+int stop_for_signal(FILE* out, FILE* log, Transformer<floatX>& model, RunData& data, const Options& o, const ProcessGroup& pg,
                     const CheckpointIdentity& identity, int step, int steps) {
     model.trained().finish_update();  // the delayed update of `step` lands: the checkpoint holds it, no host thread outlives the run
     std::string saved;
@@ -837,9 +837,9 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
 
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    GPT2<floatX> model(run.config, pg, mesh, o.zero_stage, stream, run.lora, stages.parts[coord.pp], stages.chunks[coord.pp]);
+    Transformer<floatX> model(run.config, pg, mesh, o.zero_stage, stream, run.lora, stages.parts[coord.pp], stages.chunks[coord.pp]);
     model.stage_parts = stages.parts;
-    std::unique_ptr<PipelineParallel<GPT2<floatX>>> pipeline;
+    std::unique_ptr<PipelineParallel<Transformer<floatX>>> pipeline;
     const size_t in_use_before = plan_and_allocate(out, model, pipeline, o, pg, run, stages, batch, steps, start.run_id);
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
     const int start_step = start_parameters(out, model, *data.train, o, run, start.step);
@@ -851,7 +851,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
         try { hellaswag_items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
     }
-    log.print_peak(gpu, model.fp8);
+    log.print_peak(gpu, model.linear.fp8);
 
     int skipped_in_a_row = 0;  // steps skipped for a non-finite loss or gradient norm, up to this one
     int status = 0;
@@ -870,7 +870,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
         const StepReport r = train_step(model, pipeline.get(), *data.train, o, batch, step, h, &data_seconds);
         log.step(step, r, lr, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), data_seconds, pipeline.get(),
                  stages.forecast);
-        if (o.fp8_stats) fprintf(out, "fp8 step %d: %s\n", step + 1, model.fp8_stats().line().c_str());
+        if (o.fp8_stats) fprintf(out, "fp8 step %d: %s\n", step + 1, model.linear.fp8_stats().line().c_str());
         skipped_in_a_row = r.skipped ? skipped_in_a_row + 1 : 0;
         if (o.max_skipped_steps > 0 && skipped_in_a_row >= o.max_skipped_steps) stop_after_skipped_steps(o, pg, run.lora.enabled(), step, skipped_in_a_row, r);
         if (r.stop_requested && step + 1 < steps) {
@@ -882,7 +882,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     if (status == 0) {
         log.summary(pipeline.get(), model, stages.forecast, coord.tp == 0 && coord.dp == 0);
         if (const OptimizerFile* file = model.trained().optimizer_file()) report_optimizer_file(out, *file, steps - start_step);
-        if (model.fp8) fprintf(out, "fp8 (rank 0's scaling states at the end): %s\n", model.fp8_stats().line().c_str());
+        if (model.linear.fp8) fprintf(out, "fp8 (rank 0's scaling states at the end): %s\n", model.linear.fp8_stats().line().c_str());
         if (run.lora.enabled()) save_lora_outputs(out, model, o.lora_save, o.lora_merge, pg.is_main());
         if (pg.world > 1 && o.parameter_checksums) print_parameter_checksums(model, pg.rank, run.shape, mesh);
     }
@@ -1039,8 +1039,8 @@ int main(int argc, char** argv) {
     const Options o = parse_options(argc, argv);
     if (!o.verify_checkpoints.empty()) return verify_checkpoint_folder(o.verify_checkpoints, stdout);  // no GPU
     const RunShape run = validate_options(o, pg.world);  // every flag and shape error, before a GPU is touched
-    // fp8 is bf16 training whose blocks' linear layers multiply in FP8 (GPT2::fp8): a bf16 model, bf16 checkpoints;
-    // --generate runs every product in bf16
+    // fp8 is bf16 training whose blocks' linear layers multiply in FP8 (LinearLayers::fp8): a bf16 model, bf16
+    // checkpoints; --generate runs every product in bf16
     int rc;
     if (o.dry_run)
         rc = o.precision == "fp32" ? dry_run<float>(o, pg, run) : o.precision == "fp16" ? dry_run<__half>(o, pg, run) : dry_run<__nv_bfloat16>(o, pg, run);

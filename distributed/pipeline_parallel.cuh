@@ -3,9 +3,9 @@
 //
 // The schedule (distributed/pipeline_schedule.h) gives each stage its compute actions (forward or backward of a
 // micro-batch on one of its model chunks, and the activation set that holds it; ZB-H1 splits the backward into
-// its input gradient B and its weight gradients W, model/gpt2.cuh's BackwardPart, and names the gradient slot that
-// holds the output gradients from B to W) and its transfers (activations
-// forward, their gradients backward, sent by the backward or B), each transfer keyed by its simulated send time.
+// its input gradient B and its weight gradients W, model/backward_part.h's BackwardPart, and names the gradient slot
+// that holds the output gradients from B to W) and its transfers (activations forward, their gradients backward,
+// sent by the backward or B), each transfer keyed by its simulated send time.
 // This file runs them:
 //   - compute on the model's stream, in the schedule's order;
 //   - transfers by ncclSend/ncclRecv on a communication stream, in key order, transfers of equal key in one
@@ -25,8 +25,10 @@
 // backward (ZB-H1: its last W, every stage's last action), and the tied token embedding is summed over the
 // embedding group at the end (ZeroOptimizer).
 // Also the pipeline's report: its predicted bubble at start-up (PipelineForecast), the bubble of each step, and at
-// the end every stage's timing with the schedule simulated on the stages' measured work.
-// defines: PipelineForecast, forecast_pipeline, print_pipeline_plan, PipelineParallel
+// the end every stage's timing with the schedule simulated on the stages' measured work. Outside the schedule: the
+// forward of one batch through every stage (evaluation and sampling) and a host gather over the stages.
+// defines: PipelineForecast, forecast_pipeline, print_pipeline_plan, forward_all_stages, gather_over_pipeline,
+//          PipelineParallel
 #pragma once
 #include <cstdio>
 #include <vector>
@@ -37,7 +39,8 @@
 #include "../model/backward_part.h"  // defines: BackwardPart
 #include "process_group.h"
 #include "mesh.h"
-#include "nccl.h"  // defines: nccl_type
+#include "nccl.h"              // defines: nccl_type
+#include "tensor_parallel.cuh"  // defines: TensorParallel (its host gather)
 
 // What a schedule predicts for the bubble: the formula's idle share (ZB-H1's with a layer's forward, B and W work),
 // and the first stage's simulated with each virtual stage's work (forward_work, backward_work, ZB-H1's
@@ -65,6 +68,40 @@ inline void print_pipeline_plan(FILE* out, const PipelineForecast& f) {
     fprintf(out, "pipeline: %d stages, schedule %s with %d model chunk%s per stage, %d micro-batches: bubble %.1f%% by the formula, %.1f%% "
                  "on the first stage simulated with each stage's work (the LM head adds %.1f layer forwards to the last); per stage:\n",
             f.P, pipeline_schedule_name(f.kind), f.v, f.v > 1 ? "s" : "", f.m, 100.0 * f.theory, 100.0 * f.with_work, f.head_work);
+}
+
+// A forward of the batch uploaded to the model (Model::upload_batch) through every stage (evaluation and sampling):
+// the chunks in the order of their virtual stages (chunk k of stage s is virtual stage k x P + s), each stage
+// receiving the residual stream from the one before and sending its chunk's output on, on the compute stream: one
+// micro-batch flows along a chain, which cannot deadlock. The loss (with_loss) and the logits end on the last stage.
+template <typename Model>
+void forward_all_stages(Model& model, bool with_loss) {
+    using floatX = typename Model::Float;
+    const Communicator& stages = model.mesh.pipeline;
+    const int P = stages.size;
+    if (P == 1) {
+        model.forward(with_loss, 0.0f);
+        return;
+    }
+    const size_t n = (size_t)model.region_rows() * model.config.channels;
+    for (int k = 0; k < model.num_chunks(); k++) {
+        auto& set = model.sets[k][0];
+        const int virtual_stage = k * P + stages.rank;
+        if (!model.model_begins(k))
+            ncclCheck(ncclRecv(set.input, n, nccl_type<floatX>(), (virtual_stage - 1) % P, stages.comm, model.stream));
+        model.forward_chunk(k, set);
+        if (model.model_ends(k)) model.head_forward(set, with_loss, 0.0f);
+        else ncclCheck(ncclSend(model.chunk_output(k, set), n, nccl_type<floatX>(), (virtual_stage + 1) % P, stages.comm, model.stream));
+    }
+}
+
+// A host gather of one vector per stage over the pipeline group (model/whole_model.cuh assembles the whole model
+// with it); keep = false: only the main rank gets the vectors.
+template <typename Model>
+std::vector<std::vector<float>> gather_over_pipeline(const Model& model, const std::vector<float>& local, bool keep = true) {
+    TensorParallel<typename Model::Float> over_stages;  // its host gather, on the pipeline group
+    over_stages.group = model.mesh.pipeline;
+    return over_stages.all_gather_host(local, model.stream, model.pg, keep);
 }
 
 template <typename Model>
@@ -205,7 +242,7 @@ public:
                group_.rank, median_of(busy), median_of(forward), model.layout.part.last ? " with the LM head's forward and backward" : "",
                backward_text, median_of(span), 100.0 * median_of(bubble));
         fflush(stdout);
-        const std::vector<std::vector<float>> stage_busy = model.gather_over_pipeline({(float)median_of(busy)});
+        const std::vector<std::vector<float>> stage_busy = gather_over_pipeline(model, {(float)median_of(busy)});
         if (group_.rank != 0) return;
         const int P = f.P, K = P * f.v;
         std::vector<double> chunk_forward(K), chunk_backward(K), chunk_weight(K);

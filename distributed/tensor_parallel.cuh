@@ -1,7 +1,7 @@
 // Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"; Megatron-LM's tensor_parallel/): the collectives
 // that connect the model's split layers, named after the paper's f and g operators, and the vocabulary-parallel
 // cross-entropy. Which slice of each tensor a rank holds is ParameterLayout's (model/config.h); the forward and
-// backward that call these are GPT2's.
+// backward that call these are Transformer's.
 //
 // A transformer block on tp ranks: the LayerNorms and the residual stream are replicated (every rank holds the
 // whole (N, C) activations); qkv and fc are column-parallel (each rank computes its heads / its 4C/tp hidden

@@ -20,112 +20,56 @@
 // forward and backward) and the final LayerNorm are persistent, with full buffers.
 // Gradient accumulation: stages 0 and 1 accumulate full gradients locally and reduce after the last
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
-// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training"; --offload optimizer): at
-// stages 1-3, or on one rank, the shard's master weights and Adam moments live in pinned host memory and the CPU
-// runs AdamW on them (kernels/adamw_cpu.h, bitwise the kernel's update): the reduced gradient shard goes down and the
-// new compute-precision parameters come up tile by tile, overlapped with the CPU's work. The GPU keeps the parameters
-// and gradients of its stage: 4Ψ, 2Ψ + 2Ψ/N, 4Ψ/N in bf16 at stages 1-3; the host 12Ψ/N per rank (8Ψ/N in fp32).
-// --offload optimizer,parameters (stage 3, N >= 2): the parameter shard lives on the host too, where the CPU writes
-// it; each gather copies the rank's slice up into the unit's buffer and all-gathers in place, so the GPU keeps only
-// the gathered working buffers of the parameters (2Ψ/N on the host instead).
-// The one-step delayed update (Ren et al.'s DPU; --offload-delayed-update 1, with --offload optimizer): a host thread
-// runs step N's AdamW while the GPU runs step N+1's forward and backward on the parameters without step N's update;
-// step N+1's step() lands it (its parameters go up, then the all-gather) and sends its own gradient shard down. The
-// gradient shard and the new parameters live in whole-shard pinned host buffers instead of the staging slots: 16Ψ/N
-// on the host in all (bf16 and fp32).
-// The NVMe tier (ZeRO-Infinity's optimizer-state offload; --offload-dir PATH, with --offload and without the delayed
-// update): the master weights and Adam moments live in one file per rank in PATH (distributed/optimizer_file.h), 12Ψ/N
-// bytes (8Ψ/N in fp32), which the host's update reads and writes back tile by tile, one tile ahead and one behind on
-// an I/O thread; the host keeps OptimizerFile::kBuffers tiles of it. Checkpoints read and write the state through the
-// file, in the same format.
+// ZeRO-Offload (--offload: the optimizer state, at stage 3 also the parameter shard, on the host; the one-step delayed
+// update; the NVMe tier) is distributed/zero_offload.cuh's: this class keeps the device side and hands it the host's.
+// defines: ZeroMemory, zero_memory, ZeroOptimizer
 #pragma once
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/adamw.cuh"
-#include "../kernels/adamw_cpu.h"
 #include "../kernels/global_norm.cuh"
 #include "process_group.h"
 #include "mesh.h"
-#include "nccl.h"                    // defines: nccl_type
-#include "optimizer_file.h"          // defines: OptimizerFile, optimizer_file_bytes
+#include "nccl.h"                  // defines: nccl_type
+#include "shard_plan.h"            // defines: ShardPlan, local_slices
+#include "zero_offload.cuh"        // defines: ZeroOffload, Offload, HostMemory (ZeRO-Offload's host and disk tiers)
 #include "../model/config.h"       // defines: UnitKind (each parameter unit's kind, with the layout)
-
-
-// Host arithmetic of the sharding; no GPU needed (tested on the CPU).
-struct ShardPlan {
-    int world = 1, rank = 0;
-    std::vector<size_t> unit_offset, unit_size;  // in the full (padded) layout
-    std::vector<size_t> shard_size;              // unit_size / world
-    std::vector<size_t> local_offset;            // where this rank's slice of unit u starts in its shard storage
-    size_t local_total = 0;
-
-    ShardPlan() = default;
-    ShardPlan(const std::vector<size_t>& offsets, const std::vector<size_t>& sizes, int world_size, int my_rank)
-        : world(world_size), rank(my_rank), unit_offset(offsets), unit_size(sizes) {
-        for (size_t u = 0; u < sizes.size(); u++) {
-            shard_size.push_back(sizes[u] / world);
-            local_offset.push_back(local_total);
-            local_total += shard_size[u];
-        }
-    }
-    int num_units() const { return (int)unit_size.size(); }
-    // Index, in the full layout, of the first element of this rank's slice of unit u.
-    size_t global_begin(int u) const { return unit_offset[u] + rank * shard_size[u]; }
-    // Index, in the full layout, of element i of this rank's storage, which lies in unit u.
-    size_t global_index(int u, size_t i) const { return global_begin(u) + (i - local_offset[u]); }
-    // ZeRO-Offload's tiles of this rank's storage: tile k holds its elements [k tile, (k + 1) tile). visit(u, begin, end)
-    // for each unit u that tile k overlaps, in order, with the overlap [begin, end) in storage order.
-    int num_tiles(size_t tile) const { return (int)((local_total + tile - 1) / tile); }
-    template <typename Visit>
-    void for_each_tile_piece(size_t tile, int k, Visit visit) const {
-        const size_t first = (size_t)k * tile, last = std::min(first + tile, local_total);
-        for (int u = 0; u < num_units(); u++) {
-            const size_t begin = std::max(first, local_offset[u]), end = std::min(last, local_offset[u] + shard_size[u]);
-            if (begin < end) visit(u, begin, end);
-        }
-    }
-};
-
-// This rank's slices of a full (padded-layout) array, back to back.
-inline std::vector<float> local_slices(const ShardPlan& plan, const std::vector<float>& full) {
-    std::vector<float> out(plan.local_total);
-    for (int u = 0; u < plan.num_units(); u++)
-        std::copy(full.begin() + plan.global_begin(u), full.begin() + plan.global_begin(u) + plan.shard_size[u],
-                  out.begin() + plan.local_offset[u]);
-    return out;
-}
-
 
 struct ZeroMemory {
     size_t parameters = 0, gradients = 0, master_weights = 0, adam_state = 0;
     size_t working = 0;  // of the above, full (unsharded) unit buffers beyond the shards (stages 2 and 3)
     size_t total() const { return parameters + gradients + master_weights + adam_state; }
 };
-// ZeRO-Offload's pinned host memory of one rank: the shard's master weights and Adam moments, its compute-precision
-// parameters (--offload optimizer,parameters; under the delayed update the new parameters), its gradients (under the
-// delayed update), and the staging slots that the gradients come down and the new parameters go up through. Under
-// --offload-dir the master weights and Adam moments are the optimizer file's (`disk` bytes, not in total()) and the host
-// holds its tile buffers (`file_tiles`, pageable).
-struct HostMemory {
-    size_t master_weights = 0, adam_state = 0, parameters = 0, gradients = 0, staging = 0, file_tiles = 0;
-    size_t disk = 0;
-    size_t total() const { return master_weights + adam_state + parameters + gradients + staging + file_tiles; }
-};
 
-// What ZeRO-Offload moves to the host (--offload): nothing, the optimizer state, or also the stage-3 parameter shard.
-enum class Offload { kNone, kOptimizer, kOptimizerParameters };
-
-// The CPU AdamW's name for a compute type (the same bits, kernels/adamw_cpu.h).
-template <typename T> struct CpuFloat { using type = float; };
-template <> struct CpuFloat<__nv_bfloat16> { using type = adamw_cpu::Bf16; };
-template <> struct CpuFloat<__half> { using type = adamw_cpu::Fp16; };
+// Bytes per GPU of a ZeroOptimizer for a stage and data-parallel degree `world`, before allocating (the start-up memory
+// plan). Under offload the master weights and Adam moments are the host's (ZeroOffload::host_memory), at stage 3 with
+// its parameters the parameter shard too.
+template <typename floatX>
+ZeroMemory zero_memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
+                       bool trainable = true, Offload offload = Offload::kNone) {
+    if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
+    if (world == 1) stage = 0;
+    const size_t local = total / world;
+    size_t persistent = 0, largest_gathered = 0;
+    for (size_t u = 0; u < unit_sizes.size(); u++)
+        if (kinds[u] == UnitKind::kGathered) largest_gathered = std::max(largest_gathered, unit_sizes[u]);
+        else persistent += unit_sizes[u];
+    const size_t ring = 2 * largest_gathered;
+    ZeroMemory m;
+    const size_t param_shard = offload == Offload::kOptimizerParameters ? 0 : local;
+    m.parameters = (stage == 3 ? param_shard + persistent + ring : total) * sizeof(floatX);
+    m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
+    m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
+    const size_t optimizer_elements = stage >= 1 ? local : total;
+    if (offload != Offload::kNone) return m;
+    m.master_weights = !std::is_same<floatX, float>::value ? optimizer_elements * sizeof(float) : 0;
+    m.adam_state = 2 * optimizer_elements * sizeof(float);
+    return m;
+}
 
 // Parameters, gradients and optimizer state of one rank, and the communication between ranks.
 template <typename floatX>
@@ -171,64 +115,6 @@ public:
         if (has_tied_ && stage_ >= 2) die("internal: tied units (pipeline parallelism) at ZeRO stage 2 or 3");
     }
 
-    // ZeRO-Offload's step moves the gradient shard down and the new parameters up in tiles of this many elements (8 MiB
-    // of bf16 gradients a copy: long enough for the copy engines' full rate, short enough that the first tile's copy
-    // down and the last one's copy up, which nothing overlaps, take well under a millisecond), through kOffloadSlots
-    // pinned slots each way: tile k+1 comes down and tile k-1 goes up while the CPU updates tile k.
-    static constexpr size_t kOffloadTileElements = size_t(1) << 22;
-    static_assert(kOffloadTileElements % 1024 == 0, "the optimizer file's tile records start 4096-aligned");
-    static constexpr int kOffloadSlots = 2;
-    static size_t offload_tile(size_t shard) { return std::min(kOffloadTileElements, shard); }
-
-    // Bytes per GPU for a stage and data-parallel degree `world`, before allocating (the start-up memory plan). Under
-    // offload the master weights and Adam moments are the host's (host_memory), at stage 3 with its parameters the
-    // parameter shard too.
-    static ZeroMemory memory(const std::vector<size_t>& unit_sizes, const std::vector<UnitKind>& kinds, size_t total, int world, int stage,
-                             bool trainable = true, Offload offload = Offload::kNone) {
-        if (!trainable) return {total * sizeof(floatX), 0, 0, 0};
-        if (world == 1) stage = 0;
-        const size_t local = total / world;
-        size_t persistent = 0, largest_gathered = 0;
-        for (size_t u = 0; u < unit_sizes.size(); u++)
-            if (kinds[u] == UnitKind::kGathered) largest_gathered = std::max(largest_gathered, unit_sizes[u]);
-            else persistent += unit_sizes[u];
-        const size_t ring = 2 * largest_gathered;
-        ZeroMemory m;
-        const size_t param_shard = offload == Offload::kOptimizerParameters ? 0 : local;
-        m.parameters = (stage == 3 ? param_shard + persistent + ring : total) * sizeof(floatX);
-        m.gradients = (stage >= 2 ? local + persistent + ring : total) * sizeof(floatX);  // shard + full buffers
-        m.working = ((stage == 3) + (stage >= 2)) * (persistent + ring) * sizeof(floatX);
-        const size_t optimizer_elements = stage >= 1 ? local : total;
-        if (offload != Offload::kNone) return m;
-        m.master_weights = kHasMaster ? optimizer_elements * sizeof(float) : 0;
-        m.adam_state = 2 * optimizer_elements * sizeof(float);
-        return m;
-    }
-    // Pinned host bytes of one rank under `offload`, for `total` elements on `world` data-parallel ranks at `stage` (the
-    // same at stages 1-3: each rank updates its 1/world of the elements; one rank updates all): master weights (none
-    // in fp32) and Adam m and v of what the rank updates, and per staging slot a tile of gradients and one of
-    // parameters; with the parameters (stage 3) the shard's parameters instead of the parameter slots. Under the
-    // delayed update (delayed, with kOptimizer) no slots: the shard's gradients and new parameters, whole. With the
-    // optimizer file (file: --offload-dir) the master weights and Adam moments are on the disk, the host holds its tiles.
-    static HostMemory host_memory(size_t total, int world, int stage, Offload offload, bool delayed = false, bool file = false) {
-        if (offload == Offload::kNone) return {};
-        const bool parameters = offload == Offload::kOptimizerParameters;
-        const size_t shard = stage >= 1 ? total / world : total;
-        HostMemory h;
-        h.master_weights = kHasMaster ? shard * sizeof(float) : 0;
-        h.adam_state = 2 * shard * sizeof(float);
-        h.parameters = parameters || delayed ? shard * sizeof(floatX) : 0;
-        h.gradients = delayed ? shard * sizeof(floatX) : 0;
-        h.staging = delayed ? 0 : kOffloadSlots * offload_tile(shard) * (parameters ? 1 : 2) * sizeof(floatX);
-        if (file) {
-            const int arrays = kHasMaster ? 3 : 2;
-            h.master_weights = h.adam_state = 0;
-            h.file_tiles = OptimizerFile::buffers_bytes(offload_tile(shard), arrays);
-            h.disk = optimizer_file_bytes(shard, arrays);
-        }
-        return h;
-    }
-
     int stage() const { return stage_; }
     const ShardPlan& plan() const { return plan_; }
 
@@ -244,29 +130,25 @@ public:
         const bool parameters = offload == Offload::kOptimizerParameters;
         if (offload == Offload::kNone) return;
         if (!trainable_ || has_tied_ || (stage_ == 0 && data_.size > 1) || (parameters && stage_ != 3) || (parameters && delayed_update) ||
-            (delayed_update && !offload_dir.empty()) || adam_m_ != nullptr || file_ != nullptr)
+            (delayed_update && !offload_dir.empty()) || norm_ != nullptr)  // norm_: allocate() ran
             die("internal: ZeRO-Offload needs trained parameters of one rank or ZeRO stage 1-3 (its parameters: stage 3, without the delayed "
                 "update; the optimizer file: without the delayed update), without pipeline stages, before allocate()");
-        offload_ = true;
-        offload_params_ = parameters;
-        offload_delayed_ = delayed_update;
-        cpu_threads_ = cpu_threads;
-        offload_dir_ = offload_dir;
-        run_id_ = run_id;
+        offload_.reset(new ZeroOffload<floatX>(plan_, decay_, pg_, compute_, stage_, parameters, delayed_update, cpu_threads, offload_dir, run_id));
     }
     // The NVMe tier's optimizer file of this rank, or null (no --offload-dir); its counters say what the disk did.
-    const OptimizerFile* optimizer_file() const { return file_.get(); }
+    const OptimizerFile* optimizer_file() const { return offload_ ? offload_->file() : nullptr; }
     // The delayed update (set_offload): whether the update of the coming step() may still be running on the host when
     // the step after it begins its forward (otherwise it lands within its own step, in finish_step()).
-    void delay_update(bool delay) { delay_update_ = delay; }
+    void delay_update(bool delay) {
+        if (offload_) offload_->delay_update(delay);
+    }
     // Lands the delayed update that is still running, if any: waits for the host, brings its parameters up and
     // shares them (stages 1-2: all-gathered; stage 3: gathered on use). Whatever reads the parameters or the optimizer
     // state between steps (evaluations, samples, checkpoints, the end of the run) calls it first.
     void finish_update() {
-        if (!update_running_) return;
+        if (!offload_ || !offload_->update_running()) return;
         wait_for_parameters();  // the uploads rewrite the slices that the last gathers send
-        cudaCheck(cudaEventRecord(offload_start_, compute_));
-        cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
+        offload_->uploads_after_compute();
         land_update(false);
     }
 
@@ -293,31 +175,18 @@ public:
                 if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
             for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
         };
-        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_, offload_params_);
+        if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_, params_on_host());
         else alloc(&params_, total_);
         if (stage_ >= 2) alloc_sharded(&grad_shards_, persistent_grads_, ring_grads_, false);
         else alloc(&grads_, total_);
         const size_t n = optimizer_elements();
-        if (offload_ && !offload_dir_.empty()) {  // this rank's file, preallocated: zeros (set_unit writes the master weights)
-            file_.reset(new OptimizerFile(offload_dir_, pg_.rank, n, tile_elements(), kHasMaster, run_id_));
-        } else if (offload_) {  // exact sizes: cudaHostAlloc pins what it is asked for
-            if (kHasMaster) cudaCheck(cudaHostAlloc(&master_, n * sizeof(float), cudaHostAllocDefault));
-            cudaCheck(cudaHostAlloc(&adam_m_, n * sizeof(float), cudaHostAllocDefault));
-            cudaCheck(cudaHostAlloc(&adam_v_, n * sizeof(float), cudaHostAllocDefault));
-            zero_host(adam_m_, n);
-            zero_host(adam_v_, n);
-        }
-        if (offload_) {
-            if (offload_delayed_) {  // the whole shard's gradients and new parameters (in fp32 the parameters the update reads)
-                cudaCheck(cudaHostAlloc(&host_shard_grads_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
-                cudaCheck(cudaHostAlloc(&host_shard_params_, plan_.local_total * sizeof(floatX), cudaHostAllocDefault));
+        if (offload_) {  // the host's state, and where on the device its tiles come from and go to
+            std::vector<floatX*> param_slices(U), grad_slices(U);
+            for (int u = 0; u < U; u++) {
+                param_slices[u] = shard_params(u);
+                grad_slices[u] = shard_grads(u);
             }
-            for (int i = 0; i < kOffloadSlots && !offload_delayed_; i++) {
-                cudaCheck(cudaHostAlloc(&host_grads_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
-                if (!offload_params_) cudaCheck(cudaHostAlloc(&host_params_[i], tile_elements() * sizeof(floatX), cudaHostAllocDefault));
-            }
-            cudaCheck(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking));
-            cudaCheck(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
+            offload_->allocate(n, param_slices, grad_slices, params_on_host() ? param_shards_ : nullptr);
         } else {
             if (kHasMaster) cudaCheck(cudaMalloc(&master_, n * sizeof(float)));
             cudaCheck(cudaMalloc(&adam_m_, n * sizeof(float)));
@@ -330,59 +199,35 @@ public:
         cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
         cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
         for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
-                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1], &offload_start_, &norm_ready_, &offload_done_,
-                        &grads_read_, &grads_cleared_})
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
             cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         unit_events_.resize(U);
         gathered_.resize(U);
-        downloaded_.resize(offload_delayed_ ? num_tiles() : kOffloadSlots);  // the delayed update: one per tile of the shard
-        uploaded_.resize(offload_delayed_ ? num_tiles() : kOffloadSlots);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
             for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        if (offload_delayed_) {
-            cudaCheck(cudaGetDevice(&device_));
-            update_thread_ = std::thread([this] { run_host_updates(); });
-        }
     }
 
     ~ZeroOptimizer() {
-        if (update_thread_.joinable()) {  // it finishes the update it runs, if any, first
-            {
-                std::lock_guard<std::mutex> lock(update_mutex_);
-                stop_updates_ = true;
-            }
-            update_cv_.notify_all();
-            update_thread_.join();
-        }
+        if (offload_) offload_->stop_updates();  // first: its host thread finishes the update it runs, if any
         for (void* p : {(void*)params_, (void*)grads_, (void*)grad_shards_, (void*)ring_params_[0], (void*)ring_params_[1],
                         (void*)ring_grads_[0], (void*)ring_grads_[1], (void*)norm_, (void*)norm_scratch_})
             if (p) cudaFree(p);
         if (param_shards_ != nullptr) {
-            if (offload_params_) cudaFreeHost(param_shards_);
+            if (params_on_host()) cudaFreeHost(param_shards_);
             else cudaFree(param_shards_);
         }
-        for (float* p : {master_, adam_m_, adam_v_}) {
-            if (p == nullptr) continue;
-            if (offload_) cudaFreeHost(p);
-            else cudaFree(p);
-        }
+        for (float* p : {master_, adam_m_, adam_v_})
+            if (p) cudaFree(p);
         for (const std::vector<floatX*>* buffers : {&persistent_params_, &persistent_grads_})
             for (floatX* p : *buffers)
                 if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
-        for (int i = 0; i < kOffloadSlots; i++)
-            for (floatX* p : {host_grads_[i], host_params_[i]})
-                if (p) cudaFreeHost(p);
-        for (floatX* p : {host_shard_grads_, host_shard_params_})
-            if (p) cudaFreeHost(p);
-        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_, &downloaded_, &uploaded_})
+        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
             for (cudaEvent_t e : *events) cudaEventDestroy(e);
         for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1], ring_params_free_[0],
-                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1], offload_start_, norm_ready_, offload_done_,
-                              grads_read_, grads_cleared_})
+                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
             if (e) cudaEventDestroy(e);
-        for (cudaStream_t stream : {comm_, download_, upload_})
-            if (stream) cudaStreamDestroy(stream);
+        if (comm_) cudaStreamDestroy(comm_);
     }
 
     // Counts the changes of the parameters (step, set_unit, a landed delayed update): what is derived from them and
@@ -418,16 +263,8 @@ public:
         if (!trainable_) return;
         floatX* grads = stage_ < 2 ? grads_ : grad_shards_;
         const size_t n = stage_ < 2 ? total_ : plan_.local_total;
-        if (!offload_delayed_) {
-            cudaCheck(cudaMemsetAsync(grads, 0, n * sizeof(floatX), compute_));
-            return;
-        }
-        // the delayed update: the last step's gradients may still be going down to the host, so they are cleared
-        // after that on the copy stream, and the backward waits for it (begin_backward), not the forward
-        cudaCheck(cudaEventRecord(grads_read_, compute_));
-        cudaCheck(cudaStreamWaitEvent(download_, grads_read_));
-        cudaCheck(cudaMemsetAsync(grads, 0, n * sizeof(floatX), download_));
-        cudaCheck(cudaEventRecord(grads_cleared_, download_));
+        if (offload_ && offload_->delayed()) offload_->clear_gradients_after_download(grads, n);
+        else cudaCheck(cudaMemsetAsync(grads, 0, n * sizeof(floatX), compute_));
     }
 
     void begin_forward() {
@@ -459,7 +296,7 @@ public:
     void begin_backward(bool last_micro_step) {
         if (!trainable_) return;
         last_micro_step_ = last_micro_step;
-        if (offload_delayed_) cudaCheck(cudaStreamWaitEvent(compute_, grads_cleared_));
+        if (offload_) offload_->before_backward();
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
     }
     void before_unit_backward(int u) {
@@ -535,7 +372,7 @@ public:
     // stop_votes (device: the stop votes of the ranks whose losses this rank gathered, model/loss.h) travels beside
     // the squared norm through its reductions, which cover the tensor-parallel group that the losses' gathering
     // leaves out: every rank of the mesh ends with the same verdict, at no extra collective.
-    // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (update_on_host), then
+    // Under ZeRO-Offload the host runs the update: it waits for the norm inside the step (ZeroOffload::update), then
     // decides clipping and the skip from it with the kernel's own formula (adamw_cpu::make_step). Under the delayed
     // update the step enqueues the norm and the gradients' copies down, then lands the last step's update if it is
     // still running (land_update); finish_step() starts this step's update on the host thread.
@@ -546,7 +383,7 @@ public:
         const int U = plan_.num_units();
         wait_for_parameters();  // AdamW rewrites the slices that the last step's gathers send
         parameters_version_++;
-        if (offload_) start_offload_copies();
+        if (offload_) offload_->start_copies();
         const LayoutMask* counted = count_split_only_ ? &split_ : nullptr;
         if (stage_ == 0 && !has_tied_copy_) {
             global_norm_squared(norm_, grads_, (long)total_, norm_scratch_, compute_, false, counted);
@@ -577,12 +414,12 @@ public:
         cudaCheck(cudaMemcpyAsync(norm_host_, norm_, 2 * sizeof(float), cudaMemcpyDeviceToHost, compute_));
         h.loss_scale = scaler.scale;
         step_hyper_ = h;
-        if (offload_delayed_) {  // each gradient tile goes down once the last update has read its host tile
-            if (update_running_) land_update(true);
-            else for (int k = 0; k < num_tiles(); k++) download_tile(k);
+        if (offload_ && offload_->delayed()) {  // each gradient tile goes down once the last update has read its host tile
+            if (offload_->update_running()) land_update(true);
+            else offload_->download_all();
             return;
         }
-        if (offload_) update_on_host(h);
+        if (offload_) offload_->update(h, norm_host_);
         else if (stage_ == 0) adamw_update(params_, master_, grads_, adam_m_, adam_v_, (long)total_, 0, h, norm_, decay_, compute_);
         for (int u = 0; u < U && stage_ >= 1; u++) {
             const size_t local = plan_.local_offset[u];
@@ -615,9 +452,9 @@ public:
             scaler.scale *= 2.0f;
             scaler.clean_steps = 0;
         }
-        if (offload_delayed_ && !skipped) {
-            start_host_update(adamw_cpu::make_step(step_hyper_, norm_host_[0]));
-            if (!delay_update_) finish_update();
+        if (offload_ && offload_->delayed() && !skipped) {
+            offload_->start_update(adamw_cpu::make_step(step_hyper_, norm_host_[0]));
+            if (!offload_->update_may_run_on()) finish_update();
         }
         return {norm, skipped, stop};
     }
@@ -646,20 +483,15 @@ public:
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
         if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
         else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
-        // the fp32 values the update starts from: the master weights, or in fp32 under the delayed update the host's
-        // parameters (their own master weights)
-        float* master = kHasMaster ? master_ : offload_delayed_ ? reinterpret_cast<float*>(host_shard_params_) : nullptr;
-        if (file_ != nullptr && kHasMaster) {  // into the optimizer file, through the host (this rank's slice: stages 1-3 or one rank)
-            std::vector<float> slice(shard);
-            cudaCheck(cudaMemcpyAsync(slice.data(), values + mine, shard * sizeof(float), cudaMemcpyDeviceToHost, compute_));
-            pg_.synchronize(compute_);
-            file_->write_range(OptimizerFile::kMaster, plan_.local_offset[u], slice.data(), shard);
-        } else if (master != nullptr && trainable_) {  // under offload into pinned host memory: the host reads it after waiting for compute_
-            const cudaMemcpyKind kind = offload_ ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+        // the fp32 values the update starts from: the master weights (under offload the host's)
+        if (offload_) {
+            offload_->set_master_weights(u, values);
+        } else if (master_ != nullptr && trainable_) {
             if (stage_ >= 1)
-                cudaCheck(cudaMemcpyAsync(master + plan_.local_offset[u], values + mine, shard * sizeof(float), kind, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.local_offset[u], values + mine, shard * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
             else
-                cudaCheck(cudaMemcpyAsync(master + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), kind, compute_));
+                cudaCheck(cudaMemcpyAsync(master_ + plan_.unit_offset[u], values, plan_.unit_size[u] * sizeof(float), cudaMemcpyDeviceToDevice,
+                                          compute_));
         }
         persistent_gathered_ = false;
         ring_unit_[0] = ring_unit_[1] = -1;
@@ -716,9 +548,8 @@ public:
         return host_floats(raw);
     }
 
-    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats. Under
-    // ZeRO-Offload read and written in host memory directly, once set_unit's copies there are done; with the optimizer
-    // file, through it (the same arrays: a checkpoint is the same whether or not the run had --offload-dir).
+    // Optimizer state of this rank (master weights if any, Adam m, v), each optimizer_elements() floats; under
+    // ZeRO-Offload the host's (ZeroOffload::state_to_host).
     size_t optimizer_elements() const { return stage_ >= 1 ? plan_.local_total : total_; }
     void optimizer_state_to_host(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) const {
         const size_t n = optimizer_elements();
@@ -726,12 +557,8 @@ public:
         m.resize(n);
         v.resize(n);
         require_landed("reading the optimizer state");
-        if (offload_) pg_.synchronize(compute_);
-        if (file_ != nullptr) return file_->read_all(kHasMaster ? master.data() : nullptr, m.data(), v.data());
-        auto get = [&](std::vector<float>& to, const float* from) {
-            if (offload_) std::copy(from, from + n, to.begin());
-            else cudaCheck(cudaMemcpy(to.data(), from, n * sizeof(float), cudaMemcpyDeviceToHost));
-        };
+        if (offload_) return offload_->state_to_host(master, m, v);
+        auto get = [&](std::vector<float>& to, const float* from) { cudaCheck(cudaMemcpy(to.data(), from, n * sizeof(float), cudaMemcpyDeviceToHost)); };
         if (kHasMaster) get(master, master_);
         get(m, adam_m_);
         get(v, adam_v_);
@@ -739,12 +566,8 @@ public:
     void optimizer_state_from_host(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v) {
         const size_t n = optimizer_elements();
         require_landed("setting the optimizer state");
-        if (offload_) pg_.synchronize(compute_);
-        if (file_ != nullptr) return file_->write_all(kHasMaster && !master.empty() ? master.data() : nullptr, m.data(), v.data());
-        auto put = [&](float* to, const std::vector<float>& from) {
-            if (offload_) std::copy(from.begin(), from.begin() + n, to);
-            else cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        };
+        if (offload_) return offload_->state_from_host(master, m, v);
+        auto put = [&](float* to, const std::vector<float>& from) { cudaCheck(cudaMemcpy(to, from.data(), n * sizeof(float), cudaMemcpyHostToDevice)); };
         if (kHasMaster) put(master_, master);
         put(adam_m_, m);
         put(adam_v_, v);
@@ -763,161 +586,14 @@ private:
     floatX* shard_params(int u) const { return stage_ == 3 ? param_shards_ + plan_.local_offset[u] : params_ + plan_.global_begin(u); }
     floatX* shard_grads(int u) const { return stage_ >= 2 ? grad_shards_ + plan_.local_offset[u] : grads_ + plan_.global_begin(u); }
 
-    // ------------------------------------------------------------------------------------------
-    // ZeRO-Offload's step. The host state is in the order of this rank's storage (plan_.local_offset: the rank's
-    // slices, or on one rank the whole layout); its tile k (ShardPlan::for_each_tile_piece) lies in staging slot
-    // k % kOffloadSlots, or under the delayed update at its own place in the whole-shard buffers.
-
-    static void zero_host(float* p, size_t n) {
-#pragma omp parallel for schedule(static)
-        for (long i = 0; i < (long)n; i++) p[i] = 0.0f;
-    }
-    size_t tile_elements() const { return offload_tile(plan_.local_total); }
-    int num_tiles() const { return plan_.num_tiles(tile_elements()); }
-    template <typename Visit>
-    void for_each_piece(int k, Visit visit) const { plan_.for_each_tile_piece(tile_elements(), k, visit); }
-    // Enqueues tile k's gradients (fp32 with the parameters on the GPU: and its parameters, which are their own master
-    // weights) into its slot, on the download stream; downloaded_[slot] marks them there. Under the delayed update the
-    // gradients go to their place in the whole shard and downloaded_[k] marks them (the host keeps the fp32 parameters).
-    void download_tile(int k) {
-        const int slot = k % kOffloadSlots, event = offload_delayed_ ? k : slot;
-        const size_t first = (size_t)k * tile_elements();
-        const bool parameters = !kHasMaster && !offload_params_ && !offload_delayed_;
-        if (parameters) cudaCheck(cudaStreamWaitEvent(download_, uploaded_[slot]));  // the slot's last parameters have gone up
-        for_each_piece(k, [&](int u, size_t begin, size_t end) {
-            const size_t in_unit = begin - plan_.local_offset[u], bytes = (end - begin) * sizeof(floatX);
-            floatX* grads = offload_delayed_ ? host_shard_grads_ + begin : host_grads_[slot] + (begin - first);
-            cudaCheck(cudaMemcpyAsync(grads, shard_grads(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
-            if (parameters)
-                cudaCheck(cudaMemcpyAsync(host_params_[slot] + (begin - first), shard_params(u) + in_unit, bytes, cudaMemcpyDeviceToHost, download_));
-        });
-        cudaCheck(cudaEventRecord(downloaded_[event], download_));
-    }
-    // At the start of step(): the copy streams wait until the gradients are reduced and the last step's gathers are
-    // done (wait_for_parameters), and the first tiles come down while the GPU computes the norm (under the delayed
-    // update step() enqueues every tile's copy after the norm).
-    void start_offload_copies() {
-        cudaCheck(cudaEventRecord(offload_start_, compute_));
-        cudaCheck(cudaStreamWaitEvent(download_, offload_start_));
-        cudaCheck(cudaStreamWaitEvent(upload_, offload_start_));
-        for (int k = 0; k < kOffloadSlots && k < num_tiles() && !offload_delayed_; k++) download_tile(k);
-    }
-    // Once the squared norm's copy to norm_host_ is enqueued: waits for it, then for each tile waits for its download,
-    // runs AdamW on the CPU into its parameter slot, enqueues the slot's copy up to the GPU and the download of the
-    // tile kOffloadSlots ahead into the freed gradient slot; the compute stream then waits for the last upload, before
-    // the gathers (stages 1-2) and the next forward read the parameters. With the parameter shard on the host the CPU
-    // writes it in place and nothing goes up: the next forward's gathers, enqueued after this returns, copy it up (the
-    // last step's gathers, which read it too, were done before the norm). A skipped step (adamw_grad_scale 0: a
-    // non-finite norm) changes nothing, as on the GPU; its downloads go unread. Every wait is bounded by
-    // --nccl-timeout (pg_.wait_event), so a peer that fails inside the norm's all-reduce ends the job. With the optimizer
-    // file the tiles' master weights and moments come from its pass (read one tile ahead, written one behind), in the
-    // same order.
-    void update_on_host(const AdamWHyper& h) {
-        cudaCheck(cudaEventRecord(norm_ready_, compute_));
-        pg_.wait_event(norm_ready_);
-        const adamw_cpu::Step step = adamw_cpu::make_step(h, *norm_host_);
-        if (step.grad_scale == 0.0f) return;
-        using Cpu = typename CpuFloat<floatX>::type;
-        const int tiles = num_tiles();
-        // tile k, its master weights and moments from its first element on (in the whole-shard arrays or the file's tile)
-        auto update_tile = [&](int k, float* master, float* m, float* v) {
-            const int slot = k % kOffloadSlots;
-            const size_t first = (size_t)k * tile_elements();
-            pg_.wait_event(downloaded_[slot]);
-            pg_.wait_event(uploaded_[slot]);  // the parameter slot's last copy up is done
-            // where element i of the shard's parameters is updated: in the host's shard, or at its place in the tile's slot
-            auto params = [&](size_t i) { return reinterpret_cast<Cpu*>(offload_params_ ? param_shards_ + i : host_params_[slot] + (i - first)); };
-            const Cpu* grads = reinterpret_cast<const Cpu*>(host_grads_[slot]);
-            for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                const size_t i = begin - first;
-                adamw_cpu::update(params(begin), kHasMaster ? master + i : nullptr, grads + i, m + i, v + i, 0, (long)(end - begin),
-                                  (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
-            });
-            if (!offload_params_)
-                for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                    cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_params_[slot] + (begin - first),
-                                              (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
-                });
-            cudaCheck(cudaEventRecord(uploaded_[slot], upload_));
-            if (k + kOffloadSlots < tiles) download_tile(k + kOffloadSlots);
-        };
-        if (file_ != nullptr) {
-            file_->pass(0, tiles, OptimizerFile::Pass::kReadWrite, [&](const OptimizerFile::Tile& t) { update_tile(t.index, t.master, t.m, t.v); });
-        } else {
-            for (int k = 0; k < tiles; k++) {
-                const size_t first = (size_t)k * tile_elements();
-                update_tile(k, kHasMaster ? master_ + first : nullptr, adam_m_ + first, adam_v_ + first);
-            }
-        }
-        cudaCheck(cudaEventRecord(offload_done_, upload_));
-        cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
-    }
-    // ------------------------------------------------------------------------------------------
-    // The delayed update. One host thread (run_host_updates) runs the updates, one at a time: for each tile it waits
-    // until the tile's gradients are down and its last parameters have gone up (it rewrites them in place), runs
-    // AdamW on it, and reports the tile done (update_tiles_done_). The main thread lands the update (land_update) in
-    // the next step() or at finish_update(), tile by tile as the host finishes them.
-
-    // From finish_step(), once the stream is done: the step's update (its scalars from the step's own norm) starts.
-    void start_host_update(const adamw_cpu::Step& step) {
-        std::lock_guard<std::mutex> lock(update_mutex_);
-        update_step_ = step;
-        update_tiles_done_ = 0;
-        update_requested_ = true;
-        update_running_ = true;
-        update_cv_.notify_all();
-    }
-    void run_host_updates() {
-        cudaCheck(cudaSetDevice(device_));  // the events it waits for are this rank's GPU's
-        std::unique_lock<std::mutex> lock(update_mutex_);
-        for (;;) {
-            update_cv_.wait(lock, [this] { return update_requested_ || stop_updates_; });
-            if (stop_updates_) return;
-            update_requested_ = false;
-            const adamw_cpu::Step step = update_step_;
-            lock.unlock();
-            update_host_tiles(step);
-            lock.lock();
-        }
-    }
-    // On the host thread. Its waits are bounded by --nccl-timeout (pg_.wait_event), as update_on_host's.
-    void update_host_tiles(const adamw_cpu::Step& step) {
-        using Cpu = typename CpuFloat<floatX>::type;
-        for (int k = 0; k < num_tiles(); k++) {
-            pg_.wait_event(downloaded_[k]);
-            pg_.wait_event(uploaded_[k]);
-            for_each_piece(k, [&](int u, size_t begin, size_t end) {  // fp32: the host's parameters are their own master weights
-                adamw_cpu::update(reinterpret_cast<Cpu*>(host_shard_params_ + begin), kHasMaster ? master_ + begin : nullptr,
-                                  reinterpret_cast<const Cpu*>(host_shard_grads_ + begin), adam_m_ + begin, adam_v_ + begin, 0,
-                                  (long)(end - begin), (long)plan_.global_index(u, begin), step, decay_, cpu_threads_);
-            });
-            std::lock_guard<std::mutex> lock(update_mutex_);
-            update_tiles_done_ = k + 1;
-            update_cv_.notify_all();
-        }
-    }
-    // Lands the running update, its copy streams already behind the compute stream's last read of the parameters
-    // (offload_start_): as the host finishes each tile, the tile's new parameters go up into this rank's slices (with
-    // download_gradients, the new step's gradient tile comes down into the host tile just read); the compute stream
-    // waits for the last upload, and the parameters are shared as after any update (stages 1-2: all-gathered; stage 3:
-    // gathered on use).
+    // The parameter shard lives on the host (--offload optimizer,parameters).
+    bool params_on_host() const { return offload_ && offload_->parameters_on_host(); }
+    // Lands the delayed update that runs on the host (ZeroOffload::land), its copy streams already behind the compute
+    // stream's last read of the parameters; the parameters are then shared as after any update (stages 1-2:
+    // all-gathered; stage 3: gathered on use).
     void land_update(bool download_gradients) {
-        for (int k = 0; k < num_tiles(); k++) {
-            {
-                std::unique_lock<std::mutex> lock(update_mutex_);
-                update_cv_.wait(lock, [&] { return update_tiles_done_ > k; });
-            }
-            for_each_piece(k, [&](int u, size_t begin, size_t end) {
-                cudaCheck(cudaMemcpyAsync(shard_params(u) + (begin - plan_.local_offset[u]), host_shard_params_ + begin,
-                                          (end - begin) * sizeof(floatX), cudaMemcpyHostToDevice, upload_));
-            });
-            cudaCheck(cudaEventRecord(uploaded_[k], upload_));
-            if (download_gradients) download_tile(k);
-        }
-        update_running_ = false;
+        offload_->land(download_gradients);
         parameters_version_++;
-        cudaCheck(cudaEventRecord(offload_done_, upload_));
-        cudaCheck(cudaStreamWaitEvent(compute_, offload_done_));
         for (int u = 0; u < plan_.num_units() && (stage_ == 1 || stage_ == 2); u++) gather_updated_unit(u);
         if (stage_ == 3) {
             persistent_gathered_ = false;
@@ -926,7 +602,7 @@ private:
     }
     // Whatever reads or writes the parameters or the optimizer state outside the step: no delayed update may be running.
     void require_landed(const char* what) const {
-        if (update_running_) die(std::string("internal: ") + what + " while a delayed update runs (finish_update() first)");
+        if (offload_ && offload_->update_running()) die(std::string("internal: ") + what + " while a delayed update runs (finish_update() first)");
     }
     // Stages 1/2: unit u's updated slice goes to every rank, all-gathered in place on the communication stream once the
     // compute stream has come here; gathered_[u] marks it for the next forward.
@@ -942,7 +618,7 @@ private:
     void gather(int u, floatX* dst, cudaStream_t stream) {
         const size_t shard = plan_.shard_size[u];
         const floatX* mine = param_shards_ + plan_.local_offset[u];
-        if (offload_params_) {
+        if (params_on_host()) {
             cudaCheck(cudaMemcpyAsync(dst + data_.rank * shard, mine, shard * sizeof(floatX), cudaMemcpyHostToDevice, stream));
             mine = dst + data_.rank * shard;
         }
@@ -985,7 +661,7 @@ private:
     floatX *param_shards_ = nullptr, *grad_shards_ = nullptr;
     std::vector<floatX*> persistent_params_, persistent_grads_;  // stage 3 / stages 2-3: full buffers of the persistent units
     floatX *ring_params_[2] = {}, *ring_grads_[2] = {};          // and the two slots of the gathered ones
-    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;  // on the device, or under offload pinned on the host
+    float *master_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;  // on the device (null under offload: the host's)
     float *norm_ = nullptr, *norm_scratch_ = nullptr;  // norm_: the squared gradient norm, then the stop votes
     float* norm_host_ = nullptr;  // pinned: norm_'s copy
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
@@ -993,30 +669,6 @@ private:
     cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
     std::vector<cudaEvent_t> unit_events_;
     std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
-    // ZeRO-Offload: the CPU's threads, the pinned staging slots (no parameter slots when the parameter shard is the
-    // host's), the copy streams each way and their events (a slot's tile is down, a slot's parameters are up; the
-    // step's start, the norm on the host, the last upload)
-    bool offload_ = false, offload_params_ = false;
-    int cpu_threads_ = 0;
-    std::string offload_dir_;             // --offload-dir: the optimizer file's folder, or empty
-    uint64_t run_id_ = 0;                 // the run's id, which the optimizer file carries
-    std::unique_ptr<OptimizerFile> file_;  // with it: the master weights and Adam moments (master_, adam_m_, adam_v_ null)
-    floatX *host_grads_[kOffloadSlots] = {}, *host_params_[kOffloadSlots] = {};
-    cudaStream_t download_ = nullptr, upload_ = nullptr;
-    std::vector<cudaEvent_t> downloaded_, uploaded_;
-    cudaEvent_t offload_start_ = nullptr, norm_ready_ = nullptr, offload_done_ = nullptr;
-    // The delayed update: the whole-shard host buffers (no slots), the gradients' clearing after their copy down (the
-    // compute stream's reads are done, the copy stream cleared them), and the host thread with what it shares with the
-    // main thread: the update asked for, its progress in tiles, the stop at destruction (under update_mutex_).
-    bool offload_delayed_ = false, delay_update_ = false;
-    bool update_running_ = false;  // main thread's: started and not yet landed
-    floatX *host_shard_grads_ = nullptr, *host_shard_params_ = nullptr;
-    cudaEvent_t grads_read_ = nullptr, grads_cleared_ = nullptr;
-    int device_ = 0;
-    std::thread update_thread_;
-    std::mutex update_mutex_;
-    std::condition_variable update_cv_;
-    bool update_requested_ = false, stop_updates_ = false;
-    int update_tiles_done_ = 0;
-    adamw_cpu::Step update_step_ = {};
+    // ZeRO-Offload's host and disk tiers (set_offload), or null: the state is the device's
+    std::unique_ptr<ZeroOffload<floatX>> offload_;
 };

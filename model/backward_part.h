@@ -1,4 +1,4 @@
-// What a chunk's backward computes (GPT2::backward_chunk): both gradients in one pass (kBoth), or the halves of
+// What a chunk's backward computes (Transformer::backward_chunk): both gradients in one pass (kBoth), or the halves of
 // ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"; distributed/pipeline_schedule.h): kInputGradient (B),
 // everything on the path to the gradient of the chunk's input, which the previous stage waits for, and later
 // kWeightGradient (W), the gradients that nothing waits for. B keeps the gradients that its own kernels sum at no

@@ -1,8 +1,8 @@
 // What differs between the model families inside a block, chosen in one place (as Megatron's layer spec): the norm
 // (GPT-2: LayerNorm with a bias; Llama: RMSNorm), the position encoding (GPT-2: learned positions that the
 // embeddings add; Llama: rotary embeddings of q and k after the qkv product) and the MLP's activation (GPT-2: GELU of
-// fc; Llama: SwiGLU of [gate | up]). The model (gpt2.cuh) sees the widths (config.h) and these calls; the parallel
-// machinery sees neither.
+// fc; Llama: SwiGLU of [gate | up]). The model (transformer.cuh) sees the widths (config.h) and these calls; the
+// parallel machinery sees neither.
 // defines: BlockSpec
 #pragma once
 #include <vector>

@@ -24,7 +24,7 @@
 #include "lora.h"                          // read_adapter_file, write_adapter_file
 #include "state_file.h"                    // StateHeader, state_path, read_state_header, write_state_file, read_optimizer_state
 #include "checkpoint_store.h"              // CheckpointManifest, RankExchange, save_committed_checkpoint, checkpoint_path
-#include "gpt2.cuh"                        // GPT2
+#include "transformer.cuh"                 // Transformer
 
 // The ranks' exchanges of a save or a resume over the world's NCCL communicator (ProcessGroup::all_gather_host): a
 // record is its size, CRC-32C and whether the rank wrote a file, whose name is the rank's state file of `step`.
@@ -105,7 +105,7 @@ inline std::string resume_problem(const std::string& dir, int step, const ModelC
 // for the model file. Returns true on every rank once committed; a failure on any rank ends the job before the
 // manifest is written.
 template <typename floatX>
-bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest, GPT2<floatX>& model, const DataLoaderState& data_state) {
+bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest, Transformer<floatX>& model, const DataLoaderState& data_state) {
     ZeroOptimizer<floatX>& trained = model.trained();
     const ProcessGroup& pg = model.pg;
     const ProcessMesh& mesh = model.mesh;
@@ -147,7 +147,7 @@ bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
 // precision are the caller's check, resume_problem(), which train() runs before the GPU is touched. A LoRA run's
 // frozen base is its --model, loaded by the caller.
 template <typename floatX>
-DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& model) {
+DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<floatX>& model) {
     ZeroOptimizer<floatX>& trained = model.trained();
     SavedOptimizerState saved;
     if (model.lora.enabled()) {
@@ -171,7 +171,7 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, GPT2<floatX>& 
 // LoRA's outputs at the end of a run: the adapter file (--lora-save) and the base model with the adapters merged
 // in, as a model file (--lora-merge). Every rank takes part in reading the parameters; the main rank writes.
 template <typename floatX>
-void save_lora_outputs(FILE* out, GPT2<floatX>& model, const std::string& adapter_path, const std::string& merged_path, bool main_rank) {
+void save_lora_outputs(FILE* out, Transformer<floatX>& model, const std::string& adapter_path, const std::string& merged_path, bool main_rank) {
     if (adapter_path.empty() && merged_path.empty()) return;
     const std::vector<float> adapter_values = model.adapters->parameters_host();
     const std::vector<float> base_values = model.zero->parameters_host();

@@ -24,7 +24,7 @@
 // Inputs: forward casts the layer's input into the forward's copy, backward_weights casts it again into the
 // transposed copy. Under delayed scaling, once the scales come from the histories, the input's scale is known before
 // the input exists: the kernels that produce the inputs of qkv, fc and the fc projection (the LayerNorms and the
-// GELU, kernels/fp8_fused.cuh) write them in E4M3 themselves (GPT2 decides where), and forward_precast and
+// GELU, kernels/fp8_fused.cuh) write them in E4M3 themselves (Transformer decides where), and forward_precast and
 // backward_weights_precast take those copies. The attention projection's input, the attention's output, is cast here.
 // A value is counted (overflow) once by each cast that saturates it: twice a step where the layer casts its input,
 // once where the producer does.

@@ -9,7 +9,7 @@
 #include "../kernels/common.cuh"
 #include "../kernels/init.cuh"  // defines: fill_normal, fill_constant, CopyRun, copy_runs
 #include "config.h"             // defines: ParameterLayout, BlockTensor
-#include "gpt2.cuh"             // defines: GPT2
+#include "transformer.cuh"      // defines: Transformer
 
 // Tensor-parallel rank `tp_rank`'s runs of `local` (a stage's slices) in `full` (the whole model, tp = 1), by
 // local unit: runs[u] are relative to local unit u and to the one full unit they all come from, source[u]. What
@@ -43,7 +43,7 @@ inline UnitRuns unit_runs(const ParameterLayout& local, const ParameterLayout& f
 // Units of the whole model (full_layout): a tensor-parallel rank then keeps its slices, so that every tp makes
 // the same model.
 template <typename floatX>
-void init_unit(const GPT2<floatX>& model, uint64_t seed, int u, float* unit_device) {
+void init_unit(const Transformer<floatX>& model, uint64_t seed, int u, float* unit_device) {
     const ParameterLayout& layout = model.full_layout;
     const ModelConfig& config = model.config;
     const cudaStream_t stream = model.stream;
@@ -78,7 +78,7 @@ void init_unit(const GPT2<floatX>& model, uint64_t seed, int u, float* unit_devi
 // ZeRO stores them. Nothing passes through the host: a rank neither holds nor draws more than its own
 // stage's units (the whole model in host memory on every rank ran a 4-rank 30B GPT out of host memory).
 template <typename floatX>
-void init_parameters(GPT2<floatX>& model, uint64_t seed) {
+void init_parameters(Transformer<floatX>& model, uint64_t seed) {
     const ParameterLayout &layout = model.layout, &full_layout = model.full_layout;
     const cudaStream_t stream = model.stream;
     const UnitRuns r = unit_runs(layout, full_layout, model.mesh.tensor.rank);

@@ -1,7 +1,7 @@
 // LoRA in the model's forward and backward (Hu et al. 2021): after the base product of each targeted linear layer,
 // out += s B A dropout(x); in the backward dA, dB and the adapter's share of dx. The adapters' parameters and
 // gradients are an optimizer of their own (ZeroOptimizer, the base model frozen); their layout, files and merge
-// are lora.h's; where the hooks are called is the model's (gpt2.cuh).
+// are lora.h's; where the hooks are called is the model's (transformer.cuh).
 // defines: LoraHooks
 #pragma once
 #include <algorithm>
@@ -25,6 +25,14 @@ struct LoraHooks {
     floatX* dropped = nullptr;  // dropout(x), (N, the widest input) scratch, only with dropout
     uint64_t step_seed = 0;     // set per micro-step; the backward regenerates the same masks from it
 
+    // The adapters of `lora_spec` on a model of shape c: their layout and their parameters (null without LoRA).
+    void attach(const ModelConfig& c, const LoraSpec& lora_spec, const AdapterLayout* adapter_layout, ZeroOptimizer<floatX>* optimizer) {
+        spec = lora_spec;
+        layout = adapter_layout;
+        adapters = optimizer;
+        config = c;
+        layers = c.num_layers;
+    }
     bool active(int t) const { return spec.enabled() && spec.targets_has(t); }
     // Buffers for micro-batches of N rows.
     void allocate(size_t N) {

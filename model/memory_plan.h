@@ -1,10 +1,10 @@
 // The memory plan: every device buffer a rank allocates, counted before anything is allocated, so that a run that
 // does not fit is refused with the figures and what to change instead of failing at an allocation. The model
-// (gpt2.cuh) allocates from the same counts (activation_counts), so plan and allocation cannot drift apart (its
-// allocate() checks that they agree). The start-up report prints the plan next to the GPU's free memory; the
-// ZeRO formula and the measured model states are compared after allocation. Under ZeRO-Offload the plan also counts
-// the pinned host memory of each rank, reported against the machine's budget (MemTotal or --host-memory-gib) for all
-// the ranks that share it. Allocating is the model's.
+// (transformer.cuh, activations.cuh) allocates from the same counts (activation_counts), so plan and allocation
+// cannot drift apart (its allocate() checks that they agree). The start-up report prints the plan next to the GPU's
+// free memory; the ZeRO formula and the measured model states are compared after allocation. Under ZeRO-Offload the
+// plan also counts the pinned host memory of each rank, reported against the machine's budget (MemTotal or
+// --host-memory-gib) for all the ranks that share it. Allocating is the model's.
 // defines: ActivationPlan, MemoryPlan, Recompute, activation_counts, plan_memory, gib, device_memory_in_use,
 //          StagePlans, report_memory_plan, zero_states_formula, HostBudget, host_memory_budget, report_host_memory_plan
 #pragma once
@@ -20,15 +20,15 @@
 #include "../kernels/matmul.cuh"               // defines: matmul_context, bias_backward_scratch_floats
 #include "../kernels/flash_attention.cuh"      // defines: flash_attention_backward_scratch_bytes
 #include "../kernels/global_norm.cuh"          // defines: global_norm_scratch_floats
-#include "../distributed/zero.cuh"             // defines: ZeroOptimizer::memory, ZeroOptimizer::host_memory, ZeroMemory, HostMemory
+#include "../distributed/zero.cuh"             // defines: zero_memory, ZeroOffload::host_memory, ZeroMemory, HostMemory
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 #include "fp8_linear.cuh"                      // defines: fp8_scratch_bytes
 
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
 // flight), whether the stage ends the model (final LayerNorm, LM head, loss), and the gradient slots per chunk, each
-// its blocks' output gradients for one micro-batch from B to W (ZB-H1's split backward, model/gpt2.cuh's
-// LayerOutputGrads; empty or all 0: none, the backward unsplit).
+// its blocks' output gradients for one micro-batch from B to W (ZB-H1's split backward, model/gradient_slots.cuh;
+// empty or all 0: none, the backward unsplit).
 struct ActivationPlan {
     std::vector<int> chunk_blocks;
     std::vector<int> slots;
@@ -96,8 +96,8 @@ inline bool activation_shared(int recompute, int buffer) {
 
 // Elements of one row (token) of a block's output gradients kept from B to W in a gradient slot: the attention
 // projection's (C) and the fc projection's (C), and the qkv product's and fc's (their widths per rank) unless they
-// take the place of the activation set's own qkv and fch buffers (with one spare of each, gpt2.cuh's
-// LayerOutputGrads). Those are dead after B wherever W reads them nowhere: qkv unless --recompute 3 refills it
+// take the place of the activation set's own qkv and fch buffers (with one spare of each, gradient_slots.cuh's
+// GradientSlots). Those are dead after B wherever W reads them nowhere: qkv unless --recompute 3 refills it
 // (shared then), fch unless --recompute 1-3 refills the GELU's output from it.
 inline bool qkv_grad_in_set(int recompute) { return !activation_shared(recompute, 1); }
 inline bool fc_grad_in_set(int recompute) { return recompute == kKeepAll; }
@@ -151,8 +151,8 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     MemoryPlan p;
     if (ap.slots.empty()) ap = ActivationPlan::whole(c);
     const ParameterLayout l(c, 8 * dp, tp, part);  // ZeRO shards over the data-parallel group
-    const ZeroMemory z = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
-    p.host = ZeroOptimizer<floatX>::host_memory(l.total, dp, zero_stage, offload, delayed_update, offload_file);
+    const ZeroMemory z = zero_memory<floatX>(l.unit_sizes, l.unit_kinds, l.total, dp, zero_stage, !lora.enabled(), offload);
+    p.host = ZeroOffload<floatX>::host_memory(l.total, dp, zero_stage, offload, delayed_update, offload_file);
     p.parameters = z.parameters;
     p.gradients = z.gradients;
     p.master_weights = z.master_weights;
@@ -160,7 +160,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     p.working = z.working;
     if (lora.enabled()) {
         const AdapterLayout a(c, lora, 8 * dp);
-        const ZeroMemory za = ZeroOptimizer<floatX>::memory(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
+        const ZeroMemory za = zero_memory<floatX>(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
         p.parameters += za.parameters;
         p.gradients += za.gradients;
         p.master_weights += za.master_weights;

@@ -1,18 +1,20 @@
 // Sampling: continues a sequence of tokens with the model, one token at a time, on every rank of the run (each rank
 // draws the same token). With the KV cache (the default) the prompt goes through the model once and every later
 // token is one new position: each block keeps the keys and values of the positions before in its qkv buffer
-// (GPT2::kv_position, kernels/attention_decode.cuh). Once the sequence is longer than the model's T, each token
+// (Transformer::kv_position, kernels/attention_decode.cuh). Once the sequence is longer than the model's T, each token
 // re-runs a window of the last T tokens from position 0, as without the cache (GPT-2's positions end at T).
 // Under --recompute 3 the blocks share one qkv buffer, so there is no cache to keep: each token re-runs the window.
-// What it leaves to others: the forward (gpt2.cuh), the prompt's tokens and the text (train_gpt.cu's SampleText).
+// What it leaves to others: the forward (transformer.cuh; through every stage, distributed/pipeline_parallel.cuh),
+// the prompt's tokens and the text (train_gpt.cu's SampleText).
 // defines: SamplingRule, choose_token, generate
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <vector>
 #include "../kernels/common.cuh"
-#include "../kernels/matmul.cuh"  // defines: matmul_context (autotuning, switched off while sampling)
-#include "gpt2.cuh"
+#include "../kernels/matmul.cuh"                  // defines: matmul_context (autotuning, switched off while sampling)
+#include "../distributed/pipeline_parallel.cuh"  // defines: forward_all_stages
+#include "transformer.cuh"
 
 struct SamplingRule {
     float temperature = 1.0f;  // 0: the most likely token (the first of equals)
@@ -64,11 +66,11 @@ inline int choose_token(const std::vector<float>& logits, const SamplingRule& ru
 
 // Whether a KV cache can be kept: each block needs its own qkv buffer (not under --recompute 3).
 template <typename floatX>
-bool can_keep_kv_cache(const GPT2<floatX>& model) { return model.recompute < kRecomputeBlock; }
+bool can_keep_kv_cache(const Transformer<floatX>& model) { return model.recompute < kRecomputeBlock; }
 
 // Appends `count` tokens to `tokens` (which holds at least one); B = 1 while sampling, the model's T the window.
 template <typename floatX>
-std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int count, const SamplingRule& rule) {
+std::vector<int> generate(Transformer<floatX>& model, std::vector<int> tokens, int count, const SamplingRule& rule) {
     const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
     const int Vl = model.layout.vocab_rows();
     const bool kv_cache = rule.kv_cache && can_keep_kv_cache(model);
@@ -97,14 +99,14 @@ std::vector<int> generate(GPT2<floatX>& model, std::vector<int> tokens, int coun
         model.T = (int)rows.size();
         model.kv_position = decode ? cached : 0;
         model.upload_batch(rows.data(), nullptr);
-        model.forward_all_stages(false);
+        forward_all_stages(model, false);
         cached = first == 0 || decode ? n : 0;
         // the logits are on the last pipeline stage, which sends the row to the others: every rank draws the same token
         if (model.layout.part.last) model.tensor_parallel.all_gather(model.logits + (size_t)(t - 1) * Vl, row, Vl, model.stream);
         const Communicator& stages = model.mesh.pipeline;
         if (stages.size > 1) ncclCheck(ncclBroadcast(row, row, Vp, nccl_type<floatX>(), stages.size - 1, stages.comm, model.stream));
         model.pg.synchronize(model.stream);
-        logits = GPT2<floatX>::to_host(row, V);
+        logits = Transformer<floatX>::to_host(row, V);
         tokens.push_back(choose_token(logits, rule, i, candidates, weights));
     }
     cudaCheck(cudaFree(row));

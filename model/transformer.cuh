@@ -1,13 +1,14 @@
-// The model: GPT-2 on one rank -- its parameters (sharded by ZeRO, split by tensor parallelism, a pipeline
-// stage's part), its activation sets, and the forward and backward over a chunk of blocks and the head, one kernel
-// call per operation. What it leaves to others: the memory plan (memory_plan.h, whose counts allocate() uses),
-// the initial values (initialization.cuh, whole_model.cuh), LoRA's products (lora_hooks.cuh), the loss
-// bookkeeping (loss.h), the tensor-parallel collectives (distributed/tensor_parallel.cuh), the optimizer and its
-// sharding (distributed/zero.cuh), the pipeline's schedule (distributed/pipeline_parallel.cuh).
-// defines: LayerActivations, LayerOutputGrads, ActivationSet, StepReport, GPT2
+// The model: a transformer of either family (GPT-2, Llama) on one rank -- its parameters (sharded by ZeRO, split by
+// tensor parallelism, a pipeline stage's part), its activation sets, and the forward and backward over a chunk of
+// blocks and the head, one kernel call per operation. What it leaves to others: the memory plan (memory_plan.h,
+// whose counts allocate() uses) and the activations' carving (activations.cuh), the family's choices inside a block
+// (block_spec.cuh), the linear layers' products and their FP8 bookkeeping (linear_layers.cuh), ZB-H1's gradient
+// slots (gradient_slots.cuh), the initial values (initialization.cuh, whole_model.cuh), LoRA's products
+// (lora_hooks.cuh), the loss bookkeeping (loss.h), the tensor-parallel collectives (distributed/tensor_parallel.cuh),
+// the optimizer and its sharding (distributed/zero.cuh), the pipeline's schedule (distributed/pipeline_parallel.cuh).
+// defines: StepReport, Transformer
 #pragma once
 #include <algorithm>
-#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,10 +30,11 @@
 #include "batch_staging.h"                     // defines: BatchStaging
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
+#include "activations.cuh"                     // defines: LayerActivations, ActivationSet, ActivationMemory
 #include "backward_part.h"                     // defines: BackwardPart
-#include "block_spec.cuh"                        // defines: BlockSpec (the family's norm, position encoding and MLP activation)
-#include "fp8_linear.cuh"                      // defines: Fp8Linear (--precision fp8's products of the four linear layers), Fp8Layer, Fp8Stats
-#include "../kernels/fp8_fused.cuh"            // defines: layernorm_forward_fp8, residual_layernorm_forward_fp8, fp8_gelu_cast
+#include "block_spec.cuh"                      // defines: BlockSpec (the family's norm, position encoding and MLP activation)
+#include "linear_layers.cuh"                   // defines: LinearLayers (the four linear layers' products, bf16 or FP8), Fp8Copies
+#include "gradient_slots.cuh"                  // defines: LayerOutputGrads, GradientSlots (ZB-H1's output gradients from B to W)
 
 // every width --channels accepts has a LayerNorm backward
 static_assert(kMaxChannels <= kLayerNormWideMaxC, "layernorm_backward holds rows up to kLayerNormWideMaxC wide");
@@ -44,44 +46,9 @@ static_assert((int)kFp8Qkv == (int)kLoraQkv && (int)kFp8AttnProj == (int)kLoraAt
 // ---------------------------------------------------------------------------------------------
 // The model
 
-template <typename floatX>
-struct LayerActivations {
-    floatX *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-    float* lse;  // attention's log-sum-exp per (b, head, t): all the backward needs besides q, k, v and the output
-};
-
-// ZB-H1's split backward (BackwardPart): the output gradients of a block's four products, which the input-gradient
-// pass (B) computes and the weight-gradient pass (W) multiplies with the products' inputs later. N rows each, of
-// 3 Cs (this rank's heads' q, k, v), C, 4 Cs (this rank's hidden units) and C columns (whole rows: under sequence
-// parallelism the gathered gradient that the product reads). A micro-batch holds a chunk's (one per block) in a
-// gradient slot from its B to its W: the schedule's grad_slots, no more than the activation sets. Where W does not
-// read the activation set's qkv and fch buffers after B (qkv_grad_in_set, fc_grad_in_set), qkv's and fc's output
-// gradients take their place instead of memory of the slot's own: B writes them into a spare buffer of the same
-// size (GPT2::spare_qkv, spare_fch), which the slot keeps, and the set's buffer, which B has read for the last time,
-// becomes the spare; W hands the slot's buffer back to the set. The buffers rotate, no copies.
-template <typename floatX>
-struct LayerOutputGrads {
-    floatX *qkv, *attproj, *fc, *fcproj;
-};
-
-// One micro-batch's activations on one chunk of blocks (all of them, without pipeline parallelism): what its
-// backward needs, kept from its forward. A pipeline stage has one set per micro-batch in flight on each chunk.
-template <typename floatX>
-struct ActivationSet {
-    std::vector<LayerActivations<floatX>> layers;  // the chunk's blocks
-    floatX* input = nullptr;      // the residual stream entering the chunk: the embeddings' output, or received
-    floatX* dresidual = nullptr;  // d(loss)/d(residual stream), from the chunk's end back to its input
-    int* tokens = nullptr;        // the micro-batch's inputs, targets and encoder buckets (device)
-    int num_buckets = 0;
-    // the last forward was one for a backward with the FP8 inputs cast by their producers (GPT2::fp8_inputs_from_producers):
-    // the buffers of ln1, ln2 and fch_gelu hold FP8 copies, not bf16 values
-    bool fp8_producer_copies = false;
-};
-
-// What a training step reports (GPT2::step): the mean loss over all ranks' rows, the gradient norm before clipping,
-// the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped so far;
-// whether any rank asked to stop after this step (the same on every rank).
+// What a training step reports (Transformer::step): the mean loss over all ranks' rows, the gradient norm before
+// clipping, the loss scale (fp16; 1 otherwise), whether the update was skipped, and how many steps have been skipped
+// so far; whether any rank asked to stop after this step (the same on every rank).
 struct StepReport {
     float loss = 0, grad_norm = 0, loss_scale = 1;
     bool skipped = false;
@@ -90,7 +57,7 @@ struct StepReport {
 };
 
 template <typename floatX>
-struct GPT2 {
+struct Transformer {
     using Float = floatX;
     ModelConfig config;
     ParameterLayout layout;       // this rank's parameters (its tensor-parallel slices)
@@ -108,16 +75,14 @@ struct GPT2 {
     std::unique_ptr<ZeroOptimizer<floatX>> adapters;
     LoraHooks<floatX> lora_hooks;  // the adapters' products in the forward and backward
     BlockSpec<floatX> spec;        // what the family chooses inside a block
-    bool training = false;         // LoRA dropout only while training, not in evaluation or sampling
+    // LoRA dropout and the FP8 producers' transposed copies only while training (a backward follows the forward),
+    // not in evaluation or sampling
+    bool training = false;
 
     // activations: sets[k][slot] holds one micro-batch's on chunk k (one set without pipeline parallelism)
-    floatX* activation_memory = nullptr;
-    float* statistics_memory = nullptr;
+    ActivationMemory<floatX> activation_memory;
     std::vector<std::vector<ActivationSet<floatX>>> sets;
-    // ZB-H1: output_grads[k][g] holds chunk k's blocks' output gradients (one per block) in gradient slot g; the
-    // spares that the sets' qkv and fch buffers rotate through (LayerOutputGrads), where those buffers take them
-    std::vector<std::vector<std::vector<LayerOutputGrads<floatX>>>> output_grads;
-    floatX *spare_qkv = nullptr, *spare_fch = nullptr;
+    GradientSlots<floatX> gradient_slots;  // ZB-H1's output gradients from a micro-batch's B to its W
     // the model's end (last stage): the final LayerNorm's output, the logits (or their gradient), per-row losses
     floatX *lnf = nullptr, *logits = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -136,31 +101,17 @@ struct GPT2 {
     void* attention_scratch = nullptr;  // flash attention backward (dQ accumulation)
     bool deterministic_attention = true;
     int recompute = 0;  // Recompute level
-    // The MLP's GELU runs in cuBLASLt epilogues (matmul_forward_gelu; matmul_backward's gelu_inp) where
-    // matmul_gelu_epilogues allows it and no LoRA adapter adds to the product before the GELU (fc in the forward,
-    // fc-proj in the backward). false: separate GELU kernels everywhere (test_model's base model, which must
-    // match a model with an fc adapter bit for bit).
-    bool gelu_fusion = true;
-    // --precision fp8 (bf16 models only; set before allocate()): the four linear layers of every block multiply in
-    // FP8 (fp8_linear.cuh), each rank on its own slices of them; LoRA is refused by the flags' checks
-    bool fp8 = false;
-    Fp8Options fp8_options;  // --fp8-scaling, --fp8-amax-history
-    // With delayed scaling, the LayerNorms and the GELU cast the FP8 layers' inputs as they produce them
-    // (fp8_inputs_from_producers); false: the layers cast them (test_fp8_model checks that both train alike)
-    bool fp8_producer_casts = true;
-    Fp8Linear fp8_linear;
+    LinearLayers<floatX> linear{kv_position, training};  // the blocks' four linear layers: bf16, or --precision fp8
     size_t model_state_bytes = 0;  // device memory that allocate() took for parameters, gradients and optimizer state
     float* reduce_scratch = nullptr;  // partial sums of the deterministic reductions
-    float* device_scalar = nullptr;   // one float, zero: barrier()'s all-reduce
     LossSums loss;  // per-row losses summed by accumulate_loss() until take_mean_loss()
-    int* tokens_memory = nullptr;  // every set's tokens, uploaded through `staging`
-    BatchStaging staging;
+    BatchStaging staging;  // a batch's tokens into a set's, through pinned buffers
     size_t tokens_buffer_ints() const { return BatchStaging::ints((size_t)B * T); }
 
     // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
     // `part`: what this pipeline stage holds (the whole model by default), in chunks of `chunk_blocks` blocks.
-    GPT2(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
-         const LoraSpec& lora_spec = LoraSpec(), const StageModel& part = StageModel(), std::vector<int> chunk_blocks = {})
+    Transformer(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
+                const LoraSpec& lora_spec = LoraSpec(), const StageModel& part = StageModel(), std::vector<int> chunk_blocks = {})
         : config(c), layout(c, 8 * process_mesh.data.size, process_mesh.tensor.size, part), full_layout(c, 8 * process_mesh.data.size),
           pg(process_group), mesh(process_mesh), stream(s),
           zero(new ZeroOptimizer<floatX>(layout.unit_offsets, layout.unit_sizes, layout.unit_kinds, layout.total, layout.decay_mask(),
@@ -177,11 +128,7 @@ struct GPT2 {
                                                      adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
                                                      zero_stage, s));
         }
-        lora_hooks.spec = lora;
-        lora_hooks.layout = adapter_layout.get();
-        lora_hooks.adapters = adapters.get();
-        lora_hooks.config = c;
-        lora_hooks.layers = c.num_layers;
+        lora_hooks.attach(c, lora, adapter_layout.get(), adapters.get());
         spec.allocate(c);
     }
     // Chunks of blocks (pipeline parallelism's model chunks; one without it): chunk k holds the local blocks
@@ -191,20 +138,11 @@ struct GPT2 {
     int num_chunks() const { return (int)chunk_begin.size() - 1; }
     bool model_begins(int k) const { return layout.part.first && k == 0; }
     bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
-    ActivationPlan activation_plan(std::vector<int> slots = {}, std::vector<int> grad_slots = {}) const {
-        ActivationPlan p;
-        for (int k = 0; k < num_chunks(); k++) p.chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
-        p.slots = slots.empty() ? std::vector<int>(num_chunks(), 1) : slots;
-        p.head = layout.part.last;
-        p.grad_slots = grad_slots;
-        return p;
-    }
     // The optimizer of what trains: the adapters under LoRA, else the model.
     ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
     size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : full_layout.count; }
 
     size_t num_parameters() const { return full_layout.count; }  // of the whole model
-
 
     // `slots`: activation sets per chunk (pipeline parallelism: one per micro-batch in flight); one by default.
     // `grad_slots`: ZB-H1's gradient slots per chunk (one per micro-batch between its B and its W); none by default.
@@ -219,56 +157,18 @@ struct GPT2 {
         model_state_bytes = device_memory_in_use() - in_use_before_states;
         lora_hooks.allocate((size_t)B * T);
 
-        const ActivationPlan ap = activation_plan(slots, grad_slots);
+        std::vector<int> chunk_blocks;
+        for (int k = 0; k < num_chunks(); k++) chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
+        const ActivationPlan ap{chunk_blocks, slots.empty() ? std::vector<int>(num_chunks(), 1) : slots, layout.part.last, grad_slots};
         size_t x_elements, stat_elements;
         activation_counts(config, B, T, layout.tp, sequence_split(), recompute, ap, &x_elements, &stat_elements);
-        cudaCheck(cudaMalloc(&activation_memory, x_elements * sizeof(floatX)));
-        cudaCheck(cudaMalloc(&statistics_memory, stat_elements * sizeof(float)));
+        activation_memory.allocate(x_elements, stat_elements, tokens_buffer_ints() * ap.sets());
+        sets = activation_memory.sets(config, B, T, layout.tp, sequence_split(), recompute, ap, tokens_buffer_ints());
         const size_t N = (size_t)B * T, C = config.channels, NH = config.num_heads / layout.tp;  // this rank's heads
         const size_t Nr = N / sequence_split();  // rows of the LayerNorm and residual regions on this rank
-        floatX* x = activation_memory;
-        auto take = [&](size_t n) { floatX* p = x; x += n; return p; };
-        float* f = statistics_memory;
-        auto take_f = [&](size_t n) { float* p = f; f += n; return p; };
-        // recomputed activations: one buffer for all layers, which the backward refills layer by layer
-        const std::array<size_t, 8> width = activation_width(config, layout.tp, sequence_split());
-        floatX* shared[8] = {};
-        for (int i = 0; i < 8; i++)
-            if (activation_shared(recompute, i)) shared[i] = take(N * width[i]);
-        float* shared_lse = recompute >= kRecomputeBlock ? take_f((size_t)B * NH * T) : nullptr;
-        cudaCheck(cudaMalloc(&tokens_memory, tokens_buffer_ints() * ap.sets() * sizeof(int)));
-        sets.assign(num_chunks(), {});
-        int* tokens = tokens_memory;
-        for (int k = 0; k < num_chunks(); k++) {
-            sets[k].resize(ap.slots[k]);
-            for (ActivationSet<floatX>& set : sets[k]) {
-                set.layers.resize(ap.chunk_blocks[k]);
-                for (auto& a : set.layers) {
-                    floatX** buffers[8] = {&a.ln1, &a.qkv, &a.atty, &a.residual2, &a.ln2, &a.fch, &a.fch_gelu, &a.residual3};
-                    for (int i = 0; i < 8; i++) *buffers[i] = shared[i] ? shared[i] : take(N * width[i]);
-                    a.ln1_mean = take_f(Nr); a.ln1_rstd = take_f(Nr); a.ln2_mean = take_f(Nr); a.ln2_rstd = take_f(Nr);
-                    a.lse = shared_lse ? shared_lse : take_f((size_t)B * NH * T);
-                }
-                set.input = take(Nr * C);
-                set.dresidual = take(Nr * C);
-                set.tokens = tokens;
-                tokens += tokens_buffer_ints();
-            }
-        }
-        output_grads.assign(num_chunks(), {});
-        for (size_t k = 0; k < ap.grad_slots.size(); k++) {
-            output_grads[k].assign(ap.grad_slots[k], std::vector<LayerOutputGrads<floatX>>(ap.chunk_blocks[k]));
-            for (std::vector<LayerOutputGrads<floatX>>& slot : output_grads[k])
-                for (LayerOutputGrads<floatX>& d : slot) {
-                    d.qkv = qkv_grad_in_set(recompute) ? nullptr : take(N * qkv_width(config, layout.tp));  // else a buffer that B hands it
-                    d.attproj = take(N * C);
-                    d.fc = fc_grad_in_set(recompute) ? nullptr : take(N * fc_width(config, layout.tp));  // else a buffer that B hands it
-                    d.fcproj = take(N * C);
-                }
-        }
-        const bool split_backward = ap.splits_backward();
-        spare_qkv = split_backward && qkv_grad_in_set(recompute) ? take(N * qkv_width(config, layout.tp)) : nullptr;
-        spare_fch = split_backward && fc_grad_in_set(recompute) ? take(N * fc_width(config, layout.tp)) : nullptr;
+        auto take = [&](size_t n) { return activation_memory.take(n); };
+        auto take_f = [&](size_t n) { return activation_memory.take_floats(n); };
+        gradient_slots.allocate(take, ap, N, config, layout.tp, recompute);
         if (ap.head) {
             lnf = take(N * C);
             logits = take(N * layout.vocab_rows());
@@ -278,42 +178,27 @@ struct GPT2 {
         if (sequence_split() > 1) gathered = take(N * C);
         if (ap.head) { lnf_mean = take_f(Nr); lnf_rstd = take_f(Nr); }
         losses = take_f(N);
-        if (x != activation_memory + x_elements || f != statistics_memory + stat_elements)
-            die("internal: activation plan and allocation disagree");
+        if (!activation_memory.all_taken()) die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats<floatX>(config) * sizeof(float)));
-        cudaCheck(cudaMalloc(&device_scalar, sizeof(float)));
-        cudaCheck(cudaMemset(device_scalar, 0, sizeof(float)));
         cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, kv_heads(), head_size())));
-        if (fp8) {
-            if (!std::is_same<floatX, __nv_bfloat16>::value || lora.enabled())
-                die("internal: FP8 products run in a bf16 model without LoRA");
-            // the weights' copies kept between parameter changes, except under ZeRO-3 (fp8_linear.cuh says why)
-            fp8_linear.allocate(config, N, layout.num_blocks(), fp8_options, zero->stage() < 3, layout.tp);
-            fp8_linear.interleaved_micro_batches = ap.sets() > num_chunks();  // a chunk with more than one set
-        }
+        if (linear.fp8 && (!std::is_same<floatX, __nv_bfloat16>::value || lora.enabled()))
+            die("internal: FP8 products run in a bf16 model without LoRA");
+        linear.allocate(config, layout, N, recompute, sequence_split() > 1, ap.sets() > num_chunks(), *zero, reduce_scratch, stream);
         loss.allocate(N, mesh);
         tensor_parallel.allocate(N);
         staging.allocate(N);
     }
 
-    ~GPT2() {
-        for (void* p : {(void*)activation_memory,
-                        (void*)statistics_memory, (void*)reduce_scratch, (void*)device_scalar, (void*)tokens_memory, attention_scratch})
+    ~Transformer() {
+        for (void* p : {(void*)reduce_scratch, attention_scratch})
             if (p != nullptr) cudaFree(p);
     }
 
-
     // This rank's part of an llm.c model file of this model's shape (only that part is read).
     void load_parameters(const std::string& path) { zero->set_parameters(read_model_part(path, layout, mesh.tensor.rank)); }
-    // Every stage's part of the model (set by the pipeline; the whole model by default), and a host gather of one
-    // vector per stage over the pipeline group (model/whole_model.cuh assembles the whole model with it).
+    // Every stage's part of the model (set by the pipeline; the whole model by default): model/whole_model.cuh
+    // assembles the whole model from them.
     std::vector<StageModel> stage_parts = {StageModel()};
-    std::vector<std::vector<float>> gather_over_pipeline(const std::vector<float>& local, bool keep = true) const {
-        TensorParallel<floatX> over_stages;  // its host gather, on the pipeline group
-        over_stages.group = mesh.pipeline;
-        return over_stages.all_gather_host(local, stream, pg, keep);
-    }
-
 
     // Copies a device buffer of `count` elements to fp32 on the host.
     template <typename T> static std::vector<float> to_host(const T* device, size_t count) {
@@ -341,7 +226,8 @@ struct GPT2 {
     // Uploads a batch (host int32, B*T each; targets may be null) and the encoder's token grouping into the
     // tokens of activation set `slot` of chunk k (the only one without pipeline parallelism).
     // Does not wait for the GPU (BatchStaging).
-    // k = -1: the sets that forward_all_stages reads tokens from (set 0 of the first and of the last chunk).
+    // k = -1: the sets that forward_all_stages (distributed/pipeline_parallel.cuh) reads tokens from (set 0 of the
+    // first and of the last chunk).
     void upload_batch(const int* inputs, const int* targets, int k = -1, int slot = 0) {
         if (k < 0) {
             upload_batch(inputs, targets, 0, 0);
@@ -358,16 +244,10 @@ struct GPT2 {
         lora_hooks.backward(l, t, dx, dout, x, N(), training, stream);
     }
 
-    // --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in the last bit
-    // from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as separate
-    // kernels both ways, so they equal --gelu-fusion 0 bit for bit
-    // FP8 products have no GELU epilogue here: the GELU kernels run beside them.
-    bool fused_gelu_without_adapter(int t) const {
-        return gelu_fusion && !config.llama() && !fp8 && matmul_gelu_epilogues<floatX>() && !(lora.enabled() && lora.targets_has(t)) &&
-               (recompute == kKeepAll || recompute >= kRecomputeBlock);
-    }
-    bool fc_gelu_fused() const { return fused_gelu_without_adapter(kLoraFc); }
-    bool fcproj_dgelu_fused() const { return fused_gelu_without_adapter(kLoraFcProj); }
+    // GPT-2's GELU in the epilogue of fc's product (forward) and of the fc projection's (backward), where
+    // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
+    bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.active(kLoraFc)); }
+    bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.active(kLoraFcProj)); }
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }
@@ -402,124 +282,30 @@ struct GPT2 {
     const floatX* column_parallel_backward(floatX* dweight, floatX* dbias, const floatX* weight, const floatX* dy, const floatX* x,
                                            int out_features, int l, int target) {
         const int N = B * T, C = config.channels;
-        const bool fp8_layer = target >= 0 && fp8_products();  // no adapter then (fp8 runs without LoRA)
-        if (fp8_layer) fp8_backward_input(dbtc, dy, weight, C, out_features, l, (Fp8Layer)target);
+        // a block's layer in its precision (FP8: no adapter then, as fp8 runs without LoRA); the LM head's in bf16
+        if (target >= 0) linear.backward_input(dbtc, dy, weight, N, C, out_features, l, (Fp8Layer)target);
         else matmul_backward_input(dbtc, dy, weight, N, C, out_features, stream);
         if (target >= 0) adapt_backward(l, target, dbtc, dy, x);
         const bool scatter = sequence_split() > 1;
         const floatX* dx = tensor_parallel.begin_f_backward(dbtc, (size_t)(scatter ? region_rows() : N) * C, scatter, stream);
-        if (fp8_layer) fp8_backward_weights(dweight, dbias, dy, x, C, out_features, l, (Fp8Layer)target);
+        if (target >= 0) linear.backward_weights(dweight, dbias, dy, x, N, C, out_features, l, (Fp8Layer)target);
         else matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N, C, out_features, stream);
         tensor_parallel.end_f_backward(stream);
         return dx;
     }
-    // Whether the four linear layers' products run in FP8 now: under --precision fp8, except in sampling's forwards of
-    // one new position at a time (kv_position > 0), which keep the bf16 small-row products (a few microseconds of
-    // GPU work, where FP8's casts would add more than they save).
-    bool fp8_products() const { return fp8 && kv_position == 0; }
-    // out[N,OC] = x[N,C] weight^T + bias of layer `layer` in local block l: in FP8 where fp8_products(), else bf16.
-    // Under fp8_input_from_producer(layer), x's producer has cast it already: x is not read.
-    void linear_forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int C, int OC, int l, Fp8Layer layer) {
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (fp8_input_from_producer(layer)) {
-                fp8_linear.forward_precast(out, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
-                return;
-            }
-            if (fp8_products()) {
-                fp8_linear.forward(out, x, weight, bias, N(), C, OC, l, layer, zero->parameters_version(), stream);
-                return;
-            }
-        }
-        matmul_forward(out, x, weight, bias, N(), C, OC, stream);
-    }
-    // Its backward (matmul_backward's): dx = dy weight (through the GELU's backward in the epilogue with gelu_inp,
-    // bf16 only), dweight += dy^T x, dbias += column sums of dy. Under fp8_input_from_producer(layer), x's buffer holds
-    // the transposed E4M3 copy that its producer wrote.
-    void linear_backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int C, int OC,
-                         int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
-        if (fp8_products()) {
-            if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
-            fp8_backward_input(dx, dy, weight, C, OC, l, layer);
-            fp8_backward_weights(dweight, dbias, dy, x, C, OC, l, layer);
-            return;
-        }
-        matmul_backward(dx, dweight, dbias, reduce_scratch, dy, x, weight, N(), C, OC, stream, gelu_inp);
-    }
-    // linear_backward's two halves in FP8 (fp8_products()): dx = dy weight, which casts dy (E5M2) with its transposed
-    // copy; then dweight += dy^T x from that copy and x's transposed copy (its producer's, or cast here), dbias.
-    void fp8_backward_input(floatX* dx, const floatX* dy, const floatX* weight, int C, int OC, int l, Fp8Layer layer) {
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value)
-            fp8_linear.backward_input(dx, dy, weight, N(), C, OC, l, layer, zero->parameters_version(), stream);
-    }
-    void fp8_backward_weights(floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, int C, int OC, int l, Fp8Layer layer,
-                              bool recast_dy = false) {
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (recast_dy) fp8_linear.recast_output_grad(dy, N(), OC, l, layer, stream);
-            if (fp8_input_from_producer(layer))
-                fp8_linear.backward_weights_precast(dweight, dbias, reduce_scratch, dy, reinterpret_cast<const __nv_fp8_e4m3*>(x), N(), C, OC, l,
-                                                    layer, stream);
-            else fp8_linear.backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, l, layer, stream);
-        }
-    }
-    // --precision fp8: the scaling states' counts and ranges over every layer (waits for the stream).
-    Fp8Stats fp8_stats() const { return fp8_linear.stats(stream); }
-
-    // --precision fp8 with delayed scaling, once the scales come from the amax histories (Fp8Linear::delayed_scales):
-    // an input's scale is known before the input exists, so the kernels that produce the inputs of qkv, fc and the fc
-    // projection (ln1, ln2, fch_gelu) write them in E4M3 instead of bf16 (kernels/fp8_fused.cuh): the row-major copy
-    // into Fp8Linear's input scratch, which the product that follows reads, and the transposed copy for the weight
-    // gradient into the activation's own buffer (N x width codes in the first half of its bf16 room), which the
-    // backward reads. Nothing else reads those activations under fp8 (no LoRA; sampling's one-position forwards run
-    // bf16 products and produce them in bf16). The attention projection's input comes from the attention: its layer
-    // casts it.
-    // Under sequence parallelism the LayerNorms hold 1/tp of the rows that qkv and fc multiply (gathered in bf16 first):
-    // there the layers cast their inputs.
-    bool fp8_inputs_from_producers() const {
-        return fp8_products() && fp8_producer_casts && fp8_linear.delayed_scales() && sequence_split() == 1 && !config.llama();
-    }
-    bool fp8_input_from_producer(Fp8Layer layer) const { return layer != kFp8AttnProj && fp8_inputs_from_producers(); }
-    // Which E4M3 copies a producer writes: the row-major one for the product that follows it, the transposed one for
-    // the backward.
-    struct Fp8Copies {
-        bool rows, transposed;
-    };
-    // The buffers of the producers' outputs, in activation_width's order (memory_plan.h).
-    static constexpr int kLn1Buffer = 0, kLn2Buffer = 4, kFchGeluBuffer = 6;
-    // The copies of a producer's output: the row-major one when the product follows; the transposed one when the
-    // backward recomputes the output, or in a forward that a backward follows (training) when the output's buffer is
-    // the block's own (not one that --recompute shares and refills).
-    Fp8Copies input_copies(int buffer, bool recomputing, bool product_follows) const {
-        return {product_follows, recomputing || (training && !activation_shared(recompute, buffer))};
-    }
     // out = norm(x), or residual = x + y, then out = norm(residual) when y is given: block l's ln1 or ln2, the input
-    // of its layer `layer`; in bf16, or under fp8_inputs_from_producers() (GPT-2's LayerNorms) as the E4M3 `copies`
-    // (out's buffer taking the transposed one).
+    // of its layer `layer`; in bf16, or under fp8_inputs_from_producers() (GPT-2's LayerNorms) as the E4M3 `copies`.
     void block_layernorm(floatX* out, float* mean, float* rstd, floatX* residual, const floatX* x, const floatX* y, const floatX* weight,
                          const floatX* bias, int l, Fp8Layer layer, Fp8Copies copies) {
-        const int C = config.channels, Nr = region_rows();
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (fp8_inputs_from_producers()) {
-                __nv_fp8_e4m3* rows = copies.rows ? fp8_linear.input : nullptr;
-                __nv_fp8_e4m3* transposed = copies.transposed ? reinterpret_cast<__nv_fp8_e4m3*>(out) : nullptr;
-                Fp8Scaling* s = fp8_linear.input_scaling(l, layer);
-                if (y != nullptr) residual_layernorm_forward_fp8(residual, rows, transposed, mean, rstd, x, y, weight, bias, Nr, C, s, stream);
-                else layernorm_forward_fp8(rows, transposed, mean, rstd, x, weight, bias, Nr, C, s, stream);
-                return;
-            }
-        }
-        spec.norm_forward(residual, out, mean, rstd, x, y, weight, bias, Nr, stream);
+        if (linear.fp8_inputs_from_producers())
+            linear.layernorm_fp8(out, mean, rstd, residual, x, y, weight, bias, region_rows(), config.channels, l, layer, copies);
+        else spec.norm_forward(residual, out, mean, rstd, x, y, weight, bias, region_rows(), stream);
     }
     // fch_gelu = the MLP's activation of fch (GELU, or SwiGLU of [gate | up]) of local block l: in bf16, or under
-    // fp8_inputs_from_producers() (GPT-2's GELU) as the E4M3 `copies` (fch_gelu's buffer taking the transposed one).
+    // fp8_inputs_from_producers() (GPT-2's GELU) as the E4M3 `copies`.
     void block_gelu(int l, LayerActivations<floatX>& a, Fp8Copies copies) {
-        if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (fp8_inputs_from_producers()) {
-                fp8_gelu_cast(copies.rows ? fp8_linear.input : nullptr, copies.transposed ? reinterpret_cast<__nv_fp8_e4m3*>(a.fch_gelu) : nullptr,
-                              a.fch, N(), hidden(), fp8_linear.input_scaling(l, kFp8FcProj), stream);
-                return;
-            }
-        }
-        spec.activation_forward(a.fch_gelu, a.fch, N(), hidden(), stream);
+        if (linear.fp8_inputs_from_producers()) linear.gelu_fp8(a.fch_gelu, a.fch, N(), hidden(), l, copies);
+        else spec.activation_forward(a.fch_gelu, a.fch, N(), hidden(), stream);
     }
 
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
@@ -537,9 +323,9 @@ struct GPT2 {
             matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), bias(l, FCB), N, C, hidden(), stream);
             return;
         }
-        linear_forward(a.fch, x, param(l, FCW), bias(l, FCB), C, fc_columns(), l, kFp8Fc);
+        linear.forward(a.fch, x, param(l, FCW), bias(l, FCB), N, C, fc_columns(), l, kFp8Fc);
         adapt_forward(l, kLoraFc, a.fch, x);
-        block_gelu(l, a, input_copies(kFchGeluBuffer, recomputing, !recomputing));
+        block_gelu(l, a, linear.input_copies(kFp8FcProj, recomputing, !recomputing));
     }
     // Block l from its normalised input ln1 to the MLP's hidden activations: attention (qkv column-parallel,
     // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU; recomputing: in the
@@ -548,15 +334,15 @@ struct GPT2 {
         const int C = config.channels, Cs = heads() * head_size();
         const floatX* x = column_input(a.ln1);
         floatX* qkv = a.qkv + (size_t)kv_position * qkv_columns();  // the KV cache's new rows
-        linear_forward(qkv, x, param(l, QKVW), bias(l, QKVB), C, qkv_columns(), l, kFp8Qkv);
+        linear.forward(qkv, x, param(l, QKVW), bias(l, QKVB), N(), C, qkv_columns(), l, kFp8Qkv);
         adapt_forward(l, kLoraQkv, qkv, x);
         spec.position_forward(qkv, B, T, heads(), kv_heads(), kv_position, stream);  // T new rows at kv_position
         if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), kv_heads(), head_size(), stream);
         else attention_decode(a.atty, a.qkv, kv_position, T, heads(), kv_heads(), head_size(), stream);
-        linear_forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), Cs, C, l, kFp8AttnProj);
+        linear.forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N(), Cs, C, l, kFp8AttnProj);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
         block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in, row_output(proj_out), param(l, LN2W), bias(l, LN2B), l, kFp8Fc,
-                        input_copies(kLn2Buffer, recomputing, true));
+                        linear.input_copies(kFp8Fc, recomputing, true));
         fc_gelu_forward(l, a, recomputing);
     }
 
@@ -587,7 +373,7 @@ struct GPT2 {
         }
         // the final LayerNorm's rows: under sequence parallelism this rank's part of lnf, gathered before the LM head
         floatX* lnf_rows = lnf + (sequence_split() > 1 ? (size_t)tensor_parallel.rank() * Nr * C : 0);
-        set.fp8_producer_copies = fp8_inputs_from_producers() && training;
+        set.fp8_producer_copies = linear.fp8_inputs_from_producers() && training;
         for (int l = begin; l < end; l++) {
             LayerActivations<floatX>& a = set.layers[l - begin];
             zero->before_unit_forward(layout.block_unit(l));
@@ -595,10 +381,10 @@ struct GPT2 {
             // the chunk's first block
             if (l == begin)
                 block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, set.input, nullptr, param(l, LN1W), bias(l, LN1B), l, kFp8Qkv,
-                                input_copies(kLn1Buffer, false, true));
+                                linear.input_copies(kFp8Qkv, false, true));
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             attention_and_fc_forward(l, a, residual_in);
-            linear_forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), hidden(), C, l, kFp8FcProj);
+            linear.forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), hidden(), C, l, kFp8FcProj);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
             // residual3 = residual2 + mlp, normalised by the next block's first LayerNorm (or the final one); under
             // ZeRO-3 the next block's LayerNorm parameters are its gathered copy. At the end of a chunk that does
@@ -608,7 +394,7 @@ struct GPT2 {
                 zero->before_unit_forward(layout.block_unit(l + 1));
                 LayerActivations<floatX>& next = set.layers[l + 1 - begin];
                 block_layernorm(next.ln1, next.ln1_mean, next.ln1_rstd, a.residual3, a.residual2, mlp, param(l + 1, LN1W), bias(l + 1, LN1B),
-                                l + 1, kFp8Qkv, input_copies(kLn1Buffer, false, true));
+                                l + 1, kFp8Qkv, linear.input_copies(kFp8Qkv, false, true));
             } else if (model_ends(k)) {
                 zero->before_unit_forward(layout.lnf_unit);
                 spec.norm_forward(a.residual3, lnf_rows, lnf_mean, lnf_rstd, a.residual2, mlp, final_norm_params(),
@@ -617,27 +403,6 @@ struct GPT2 {
                 residual_forward(a.residual3, a.residual2, mlp, (long)Nr * C, stream);
             }
             zero->after_unit_forward(layout.block_unit(l));
-        }
-    }
-    // A forward of the uploaded batch through every stage (evaluation and sampling): the chunks in the order of
-    // their virtual stages (chunk k of stage s is virtual stage k x P + s), each stage receiving the residual
-    // stream from the one before and sending its chunk's output on, on the compute stream: one micro-batch flows
-    // along a chain, which cannot deadlock. The loss (with_loss) and the logits end on the last stage.
-    void forward_all_stages(bool with_loss) {
-        const int P = mesh.pipeline.size, stage = mesh.pipeline.rank;
-        if (P == 1) {
-            forward(with_loss, 0.0f);
-            return;
-        }
-        const size_t n = (size_t)region_rows() * config.channels;
-        for (int k = 0; k < num_chunks(); k++) {
-            ActivationSet<floatX>& set = sets[k][0];
-            const int virtual_stage = k * P + stage;
-            if (!model_begins(k))
-                ncclCheck(ncclRecv(set.input, n, nccl_type<floatX>(), (virtual_stage - 1) % P, mesh.pipeline.comm, stream));
-            forward_chunk(k, set);
-            if (model_ends(k)) head_forward(set, with_loss, 0.0f);
-            else ncclCheck(ncclSend(chunk_output(k, set), n, nccl_type<floatX>(), (virtual_stage + 1) % P, mesh.pipeline.comm, stream));
         }
     }
     // The chunk's output: the residual stream that the next chunk (on the next stage) receives.
@@ -660,15 +425,15 @@ struct GPT2 {
         if (recompute == kKeepAll) return;
         if (recompute >= kRecomputeGeluLayerNorm)
             block_layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, nullptr, residual_in, nullptr, param(l, LN1W), bias(l, LN1B), l, kFp8Qkv,
-                            input_copies(kLn1Buffer, true, recompute >= kRecomputeBlock));
+                            linear.input_copies(kFp8Qkv, true, recompute >= kRecomputeBlock));
         if (recompute >= kRecomputeBlock) {
             attention_and_fc_forward(l, a, residual_in, true);
             return;
         }
         if (recompute >= kRecomputeGeluLayerNorm)
             block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, nullptr, a.residual2, nullptr, param(l, LN2W), bias(l, LN2B), l, kFp8Fc,
-                            input_copies(kLn2Buffer, true, false));
-        block_gelu(l, a, input_copies(kFchGeluBuffer, true, false));  // the forward's own kernel (see fc_gelu_fused)
+                            linear.input_copies(kFp8Fc, true, false));
+        block_gelu(l, a, linear.input_copies(kFp8FcProj, true, false));  // the forward's own kernel (see fc_gelu_fused)
     }
 
     // The loss bookkeeping (LossSums) of this model's rows: the last forward's per-row losses added to the sums;
@@ -711,7 +476,7 @@ struct GPT2 {
     // (head_backward), or received from the next stage. Leaves d(loss)/d(the chunk's input) in set.dresidual
     // (sent to the previous stage) or, when the chunk begins the model, adds it into the embeddings' gradients.
     // `part` (BackwardPart): kInputGradient leaves the products' output gradients in gradient slot `grad_slot` of
-    // the chunk (output_grads[k][grad_slot]) and their weight gradients, and the embeddings', to kWeightGradient
+    // the chunk (gradient_slots.slot(k, grad_slot)) and their weight gradients, and the embeddings', to kWeightGradient
     // (weight_gradient_chunk), which reads them from the same slot.
     void backward_chunk(int k, ActivationSet<floatX>& set, BackwardPart part = BackwardPart::kBoth, int grad_slot = -1) {
         if (part == BackwardPart::kWeightGradient) {
@@ -719,11 +484,11 @@ struct GPT2 {
             return;
         }
         const bool input_only = part == BackwardPart::kInputGradient;
-        std::vector<LayerOutputGrads<floatX>>* kept_grads = input_only ? &gradient_slot(k, grad_slot) : nullptr;
+        std::vector<LayerOutputGrads<floatX>>* kept_grads = input_only ? &gradient_slots.slot(k, grad_slot) : nullptr;
         const int N = B * T, C = config.channels, Nr = region_rows();
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
-        if (set.fp8_producer_copies != fp8_inputs_from_producers())
+        if (set.fp8_producer_copies != linear.fp8_inputs_from_producers())
             die("internal: the backward reads the FP8 inputs' copies from their producers when, and only when, its forward (with training set) wrote them");
         floatX* dresidual = set.dresidual;
         for (int l = end - 1; l >= begin; l--) {
@@ -741,32 +506,27 @@ struct GPT2 {
             auto product_input = [&](const floatX* x) { return input_only ? x : column_input(x); };
             // B's output gradients of fc and qkv go to the slot's own memory, or to the spares, which the slot keeps
             // once the set's fch and qkv buffers have been read for the last time and become the spares
-            const bool qkv_to_spare = kept && qkv_grad_in_set(recompute), fc_to_spare = kept && fc_grad_in_set(recompute);
-            floatX* dfch = fc_to_spare ? spare_fch : kept ? kept->fc : dbig;
-            floatX* dqkv = qkv_to_spare ? spare_qkv : kept ? kept->qkv : dbig;
+            floatX* dfch = kept ? gradient_slots.fc_grad(*kept) : dbig;
+            floatX* dqkv = kept ? gradient_slots.qkv_grad(*kept) : dbig;
             // dresidual is d(loss)/d(residual3); it passes unchanged to residual2 and into the MLP, where dfch
             // becomes d(loss)/d(fch): the GELU's backward in the product's epilogue, unless fc-proj's adapter
             // must add its share before it. SwiGLU's input is twice as wide as its output: d(loss)/d(fch_gelu) goes to
             // dhidden first.
             const bool dgelu_fused = fcproj_dgelu_fused();
             const floatX* dmlp = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->fcproj, dmlp);
+            if (kept) gradient_slots.keep(kept->fcproj, dmlp, (size_t)N * C, stream);
             // The row-parallel projections' bias gradients are dresidual's column sums: the next LayerNorm backward,
             // which reads dresidual anyway, adds them (its dinp_colsum) instead of a bias_backward pass, unless
             // sequence parallelism leaves this rank only its rows of dresidual.
             const bool bias_in_layernorm = sequence_split() == 1;
             floatX* dact = config.llama() ? dhidden : dfch;
-            linear_backward(dact, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_bias_grad(FCPROJB), dmlp, a.fch_gelu,
-                            param(l, FCPROJW), hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
+            linear.backward(dact, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_bias_grad(FCPROJB), dmlp, a.fch_gelu,
+                            param(l, FCPROJW), N, hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
                 adapt_backward(l, kLoraFcProj, dact, dmlp, a.fch_gelu);
                 spec.activation_backward(dfch, dact, a.fch, N, hidden(), stream);
             }
-            if (fc_to_spare) {  // fch's last read was the activation's backward
-                kept->fc = dfch;
-                spare_fch = a.fch;
-                a.fch = nullptr;  // until W hands the set a buffer back
-            }
+            if (kept) gradient_slots.fch_read(*kept, a.fch);  // fch's last read was the activation's backward
             // ln2 re-gathered under sequence parallelism
             const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_bias_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
                                                           fc_columns(), l, kLoraFc);
@@ -775,18 +535,14 @@ struct GPT2 {
                                bias_in_layernorm ? bias_grad(l, FCPROJB) : nullptr);
             // now d(loss)/d(residual2), which passes to residual_in and into the attention
             const floatX* dattention = row_output_grad(dresidual);
-            if (kept) keep_output_grad(kept->attproj, dattention);
-            linear_backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_bias_grad(ATTPROJB), dattention, a.atty,
-                            param(l, ATTPROJW), Cs, C, l, kFp8AttnProj);
+            if (kept) gradient_slots.keep(kept->attproj, dattention, (size_t)N * C, stream);
+            linear.backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_bias_grad(ATTPROJB), dattention, a.atty,
+                            param(l, ATTPROJW), N, Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
             flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), kv_heads(), head_size(),
                                      deterministic_attention, stream);
             spec.position_backward(dqkv, B, T, heads(), kv_heads(), stream);
-            if (qkv_to_spare) {  // qkv's last read was the attention's backward
-                kept->qkv = dqkv;
-                spare_qkv = a.qkv;
-                a.qkv = nullptr;
-            }
+            if (kept) gradient_slots.qkv_read(*kept, a.qkv);  // qkv's last read was the attention's backward
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
             // value part is dO's column sums (each query's attention weights sum to 1). dO = dattention ATTPROJW, so
@@ -824,7 +580,7 @@ struct GPT2 {
     // weight gradients (their inputs refilled again where --recompute dropped them) and the biases summed from the
     // output gradients (backward_chunk's, less those B took), then the embeddings' when the chunk begins the model.
     void weight_gradient_chunk(int k, ActivationSet<floatX>& set, int grad_slot) {
-        const std::vector<LayerOutputGrads<floatX>>& kept_grads = gradient_slot(k, grad_slot);
+        const std::vector<LayerOutputGrads<floatX>>& kept_grads = gradient_slots.slot(k, grad_slot);
         const int N = B * T, C = config.channels;
         const int Cs = heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
@@ -836,35 +592,18 @@ struct GPT2 {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : bias_grad(l, FCPROJB), d.fcproj, a.fch_gelu, hidden(), C, l, kFp8FcProj);
-            weight_gradient(grad(l, FCW), bias_grad(l, FCB), d.fc, column_input(a.ln2), C, fc_columns(), l, kFp8Fc);
-            weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : bias_grad(l, ATTPROJB), d.attproj, a.atty, Cs, C, l, kFp8AttnProj);
+            linear.weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : bias_grad(l, FCPROJB), d.fcproj, a.fch_gelu, N, hidden(), C, l,
+                                   kFp8FcProj);
+            linear.weight_gradient(grad(l, FCW), bias_grad(l, FCB), d.fc, column_input(a.ln2), N, C, fc_columns(), l, kFp8Fc);
+            linear.weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : bias_grad(l, ATTPROJB), d.attproj, a.atty, N, Cs, C, l,
+                                   kFp8AttnProj);
             if (bias_grad(l, QKVB) != nullptr)  // B's part (backward_chunk)
                 bias_backward(bias_grad(l, QKVB), reduce_scratch, d.qkv, N, qkv_bias_columns(), stream, qkv_columns());
-            weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), C, qkv_columns(), l, kFp8Qkv);
-            // the set's qkv and fch buffers back from the slot (the output gradients' last read is above)
-            if (qkv_grad_in_set(recompute)) a.qkv = d.qkv;
-            if (fc_grad_in_set(recompute)) a.fch = d.fc;
+            linear.weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), N, C, qkv_columns(), l, kFp8Qkv);
+            gradient_slots.hand_back(d, a.qkv, a.fch);  // the output gradients' last read is above
             block_gradients_done(l);
         }
         if (model_begins(k)) embeddings_backward(set);
-    }
-    // W's product of one layer: dweight += dy^T x, dbias += column sums of dy. In FP8 the output gradient is cast
-    // again (B's casts of the later micro-batches took its scratch), with the scale B took (fp8_linear.cuh).
-    void weight_gradient(floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, int C, int OC, int l, Fp8Layer layer) {
-        if (fp8_products()) fp8_backward_weights(dweight, dbias, dy, x, C, OC, l, layer, true);
-        else matmul_backward_weights(dweight, dbias, reduce_scratch, dy, x, N(), C, OC, stream);
-    }
-    // Gradient slot g of chunk k (allocate()'s grad_slots).
-    std::vector<LayerOutputGrads<floatX>>& gradient_slot(int k, int g) {
-        if (g < 0 || g >= (int)output_grads[k].size())
-            die("internal: gradient slot " + std::to_string(g) + " asked for, but chunk " + std::to_string(k) + " has " +
-                std::to_string(output_grads[k].size()));
-        return output_grads[k][g];
-    }
-    // B's copy of a projection's output gradient (N x C: whole rows), which dresidual's next change would overwrite.
-    void keep_output_grad(floatX* kept, const floatX* grad) {
-        cudaCheck(cudaMemcpyAsync(kept, grad, (size_t)B * T * config.channels * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
     }
     // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
     void block_gradients_done(int l) {
@@ -895,19 +634,13 @@ struct GPT2 {
     // vote_stop: this rank asks to stop after the step; the votes travel with the losses and the norm, so every rank
     // reports the same stop_requested.
     StepReport step(const AdamWHyper& h, bool vote_stop = false) {
-        if (fp8) fp8_linear.end_step(stream);  // delayed scaling: the scales from this step's amaxes
+        linear.end_step();
         if (vote_stop) loss.vote_stop((size_t)B * T, stream);
         request_losses();
         trained().step(h, loss.nonfinite, loss.stop_votes);
         const float loss = take_mean_loss();
         const typename ZeroOptimizer<floatX>::StepResult r = trained().finish_step();
         return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps, r.stop_requested};
-    }
-
-    // Returns once every rank has called it: a one-float all-reduce, waited for within --nccl-timeout.
-    void barrier() {
-        pg.all_reduce_sum(device_scalar, stream);
-        pg.synchronize(stream);
     }
 
     // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).

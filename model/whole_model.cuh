@@ -7,18 +7,19 @@
 #pragma once
 #include <algorithm>
 #include <vector>
-#include "config.h"   // defines: ParameterLayout, StageModel
-#include "gpt2.cuh"   // defines: GPT2
+#include "../distributed/pipeline_parallel.cuh"  // defines: gather_over_pipeline
+#include "config.h"                              // defines: ParameterLayout, StageModel
+#include "transformer.cuh"                       // defines: Transformer
 
 // Whether this rank's layout is the whole model's (one rank per layer): no cutting or gathering needed.
 template <typename floatX>
-bool holds_whole_model(const GPT2<floatX>& model) {
+bool holds_whole_model(const Transformer<floatX>& model) {
     return model.layout.tp == 1 && model.layout.part.first && model.layout.part.last;
 }
 
 // This rank's part (layout: its pipeline stage's tensor-parallel slices) of a whole-model array (full_layout).
 template <typename floatX>
-std::vector<float> local_part(const GPT2<floatX>& model, const std::vector<float>& full) {
+std::vector<float> local_part(const Transformer<floatX>& model, const std::vector<float>& full) {
     std::vector<float> local(model.layout.total, 0.0f);
     model.layout.for_each_full_run(model.full_layout, model.mesh.tensor.rank, [&](size_t from, size_t to, size_t n) {
         std::copy(full.begin() + from, full.begin() + from + n, local.begin() + to);
@@ -29,7 +30,7 @@ std::vector<float> local_part(const GPT2<floatX>& model, const std::vector<float
 // values: the whole model in full_layout (as read_model_file gives it); this rank keeps its part. With one rank per
 // layer the layouts are the same and `values` goes on as it is (no copy of the whole model).
 template <typename floatX>
-void set_parameters(GPT2<floatX>& model, const std::vector<float>& values) {
+void set_parameters(Transformer<floatX>& model, const std::vector<float>& values) {
     if (holds_whole_model(model)) model.zero->set_parameters(values);
     else model.zero->set_parameters(local_part(model, values));
 }
@@ -40,7 +41,7 @@ void set_parameters(GPT2<floatX>& model, const std::vector<float>& values) {
 // `stage_parts` (every stage's StageModel). everywhere = false: only the main rank gets the whole model, the other
 // ranks (that do not hold it anyway) an empty vector, so that their hosts hold no more than their part.
 template <typename floatX>
-std::vector<float> assemble_whole_model(const GPT2<floatX>& model, std::vector<float> local, const std::vector<StageModel>& stage_parts,
+std::vector<float> assemble_whole_model(const Transformer<floatX>& model, std::vector<float> local, const std::vector<StageModel>& stage_parts,
                                         bool everywhere = true) {
     if (holds_whole_model(model)) return local;
     const ProcessMesh& mesh = model.mesh;
@@ -61,7 +62,7 @@ std::vector<float> assemble_whole_model(const GPT2<floatX>& model, std::vector<f
     size_t longest = 0;
     for (const StageModel& m : stage_parts) longest = std::max(longest, ParameterLayout(model.config, 8 * mesh.data.size, 1, m).total);
     stage.resize(longest, 0.0f);
-    const std::vector<std::vector<float>> parts = model.gather_over_pipeline(stage, keeps_model);
+    const std::vector<std::vector<float>> parts = gather_over_pipeline(model, stage, keeps_model);
     if (!keeps_model) return {};
     std::vector<float> full(model.full_layout.total, 0.0f);
     for (int s = (int)parts.size() - 1; s >= 0; s--) {

@@ -1,16 +1,16 @@
-// --precision fp8 on the whole model: a bf16 model and one whose blocks' linear layers multiply in FP8 (GPT2::fp8,
-// model/fp8_linear.cuh), from the same weights and batch (2 layers, 2 heads, 128 channels, B=4, T=64, GPT-2's
-// vocabulary): the loss of one forward, every gradient, and 10 AdamW steps on the batch; the FP8 scaling states after
-// them (no non-finite amax, every scale set). Current scaling with the weights' copies kept between parameter changes
-// against casts at each use (ZeRO-3's path): bitwise the same losses and gradients (the same codes, the same
-// scales). Delayed scaling (amax history 16) against current: 10 steps' losses within 2e-2 (both are E4M3 roundings
-// of the same tensors with scales from amaxes a step apart; the first step is current scaling in both, so equal),
-// its saturated values counted. The kept weight copies after a step equal a fresh cast of the weights with their
-// scale, bitwise, and so again after the parameters are set anew (as a checkpoint load does).
+// --precision fp8 on the whole model: a bf16 model and one whose blocks' linear layers multiply in FP8
+// (LinearLayers::fp8, model/fp8_linear.cuh), from the same weights and batch (2 layers, 2 heads, 128 channels, B=4,
+// T=64, GPT-2's vocabulary): the loss of one forward, every gradient, and 10 AdamW steps on the batch; the FP8 scaling
+// states after them (no non-finite amax, every scale set). Current scaling with the weights' copies kept between
+// parameter changes against casts at each use (ZeRO-3's path): bitwise the same losses and gradients (the same codes,
+// the same scales). Delayed scaling (amax history 16) against current: 10 steps' losses within 2e-2 (both are E4M3
+// roundings of the same tensors with scales from amaxes a step apart; the first step is current scaling in both, so
+// equal), its saturated values counted. The kept weight copies after a step equal a fresh cast of the weights with
+// their scale, bitwise, and so again after the parameters are set anew (as a checkpoint load does).
 // Delayed scaling's inputs cast by their producers (the LayerNorms and the GELU, kernels/fp8_fused.cuh; steps 1-9,
-// once the scales come from the history) against the layers casting them (GPT2::fp8_producer_casts false): the 10
-// steps' losses and the last step's gradients bitwise equal (the same codes under the same scales, the same amaxes
-// in the history), and so at --recompute 1, 2 and 3 (the backward refilling the copies).
+// once the scales come from the history) against the layers casting them (LinearLayers::fp8_producer_casts false):
+// the 10 steps' losses and the last step's gradients bitwise equal (the same codes under the same scales, the same
+// amaxes in the history), and so at --recompute 1, 2 and 3 (the backward refilling the copies).
 // On a GPU without FP8 the checks are skipped with the reason.
 // Tolerances, from the formats: a value rounded to E4M3 (3 mantissa bits) is off by at most 2^-4 of itself, to E5M2
 // (2 bits) by 2^-3, about 2.5% and 5% RMS over uniformly spread mantissas. A product of K terms with independent
@@ -31,7 +31,7 @@ struct Fp8ModelRun {
     std::vector<float> grads;       // of that forward's backward (all parameters, device layout)
     std::vector<float> last_grads;  // of the last step's backward
     std::vector<float> step_losses; // of the 10 AdamW steps
-    int producer_cast_steps = 0;    // steps whose inputs the LayerNorms and the GELU cast (GPT2::fp8_inputs_from_producers)
+    int producer_cast_steps = 0;    // steps whose inputs the LayerNorms and the GELU cast (LinearLayers::fp8_inputs_from_producers)
     bool any_skipped = false;
     Fp8Stats stats;
     std::string cache_after_step, cache_after_load;  // "" when the kept weight copies equal a fresh cast, else where not
@@ -39,8 +39,8 @@ struct Fp8ModelRun {
 
 // "" when every block's kept weight copies (the weight and its transpose) are those of the parameters now (version)
 // and equal, bitwise, a fresh transposing cast of the weights with the scale they hold; else the first that does not.
-static std::string cache_mismatch(GPT2<__nv_bfloat16>& model, cudaStream_t stream) {
-    Fp8Linear& f = model.fp8_linear;
+static std::string cache_mismatch(Transformer<__nv_bfloat16>& model, cudaStream_t stream) {
+    Fp8Linear& f = model.linear.fp8_linear;
     const int C = model.config.channels;
     const int out_features[kFp8Layers] = {3 * C, C, 4 * C, C}, in_features[kFp8Layers] = {C, C, C, 4 * C};
     const BlockTensor tensors[kFp8Layers] = {QKVW, ATTPROJW, FCW, FCPROJW};
@@ -78,19 +78,19 @@ static Fp8ModelRun run_model(const ModelConfig& config, bool fp8, const std::vec
                              bool cache = true, bool producer_casts = true, int recompute = kKeepAll) {
     ProcessGroup single;
     const ProcessMesh mesh;
-    GPT2<__nv_bfloat16> model(config, single, mesh, 0, stream);
-    model.fp8 = fp8;
-    model.fp8_options = options;
-    model.fp8_producer_casts = producer_casts;
+    Transformer<__nv_bfloat16> model(config, single, mesh, 0, stream);
+    model.linear.fp8 = fp8;
+    model.linear.fp8_options = options;
+    model.linear.fp8_producer_casts = producer_casts;
     model.allocate(B, T, recompute);
-    if (fp8 && !cache) model.fp8_linear.allocate(config, (size_t)B * T, config.num_layers, options, false);  // ZeRO-3's path
+    if (fp8 && !cache) model.linear.fp8_linear.allocate(config, (size_t)B * T, config.num_layers, options, false);  // ZeRO-3's path
     model.zero->set_parameters(parameters);
     model.upload_batch(inputs.data(), targets.data());
     Fp8ModelRun r;
     auto forward_backward = [&] {
         model.zero_grad();
         model.training = true;  // as train_step: a backward follows the forward
-        r.producer_cast_steps += model.fp8_inputs_from_producers();
+        r.producer_cast_steps += model.linear.fp8_inputs_from_producers();
         model.forward(true, model.dloss(1));
         model.accumulate_loss();
         model.backward();
@@ -104,12 +104,12 @@ static Fp8ModelRun run_model(const ModelConfig& config, bool fp8, const std::vec
         r.step_losses.push_back(step > 0 ? forward_backward() : r.loss);  // step 0 takes the gradients above
         if (step == 9) r.last_grads = model.trained().gradients_host();
         h.t = step + 1;
-        if (fp8) model.fp8_linear.end_step(stream);      // as GPT2::step: delayed scaling's update
+        if (fp8) model.linear.fp8_linear.end_step(stream);      // as Transformer::step: delayed scaling's update
         model.trained().step(h, model.loss.nonfinite);  // the optimizer alone: the loss is taken above
         cudaCheck(cudaStreamSynchronize(stream));
         r.any_skipped = model.trained().finish_step().skipped || r.any_skipped;
     }
-    if (fp8) r.stats = model.fp8_stats();
+    if (fp8) r.stats = model.linear.fp8_stats();
     if (fp8 && cache) {
         model.forward(true, 0.0f);  // the first forward after the step casts the copies
         r.cache_after_step = cache_mismatch(model, stream);
@@ -148,7 +148,7 @@ int main() {
     {
         ProcessGroup single;
         const ProcessMesh mesh;
-        GPT2<__nv_bfloat16> init(config, single, mesh, 0, stream);
+        Transformer<__nv_bfloat16> init(config, single, mesh, 0, stream);
         init.allocate(B, T);
         init_parameters(init, 1337);
         parameters = init.zero->parameters_host();  // the bf16 values both models start from

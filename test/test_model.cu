@@ -37,11 +37,11 @@ static Tolerances lora_tolerances_for(Precision p) {
 
 // Logits (B*T, V) of the uploaded batch: a forward only (the classifier would overwrite them with their gradient).
 template <typename floatX>
-static std::vector<float> unpadded_logits(GPT2<floatX>& model) {
+static std::vector<float> unpadded_logits(Transformer<floatX>& model) {
     const int Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
     const size_t rows = (size_t)model.B * model.T;
     model.forward(false, 0.0f);
-    std::vector<float> padded = GPT2<floatX>::to_host(model.logits, rows * Vp);
+    std::vector<float> padded = Transformer<floatX>::to_host(model.logits, rows * Vp);
     std::vector<float> logits(rows * V);
     for (size_t r = 0; r < rows; r++) memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
     return logits;
@@ -56,16 +56,16 @@ static void check_offload(const ModelConfig& config, const std::vector<float>& v
                           Precision precision, cudaStream_t stream) {
     ProcessGroup single;
     const ProcessMesh mesh;
-    GPT2<floatX> resident(config, single, mesh, 0, stream), offloaded(config, single, mesh, 0, stream);
+    Transformer<floatX> resident(config, single, mesh, 0, stream), offloaded(config, single, mesh, 0, stream);
     offloaded.zero->set_offload(Offload::kOptimizer, 0);
     AdamWHyper h{state.lr, state.beta1, state.beta2, state.eps, state.weight_decay, state.grad_clip, 1.0f, 0, 1234};
-    auto forward_backward = [&](GPT2<floatX>& m) {
+    auto forward_backward = [&](Transformer<floatX>& m) {
         m.zero_grad();
         m.forward(true, m.dloss(1));
         m.accumulate_loss();
         m.backward();
     };
-    auto snapshot = [](GPT2<floatX>& m) {
+    auto snapshot = [](Transformer<floatX>& m) {
         std::vector<float> master, adam_m, adam_v;
         m.zero->optimizer_state_to_host(master, adam_m, adam_v);
         std::vector<float> all = m.zero->parameters_host();
@@ -73,9 +73,9 @@ static void check_offload(const ModelConfig& config, const std::vector<float>& v
         return all;
     };
     std::vector<float> reports[2], states[2];
-    GPT2<floatX>* models[2] = {&resident, &offloaded};
+    Transformer<floatX>* models[2] = {&resident, &offloaded};
     for (int i = 0; i < 2; i++) {
-        GPT2<floatX>& m = *models[i];
+        Transformer<floatX>& m = *models[i];
         m.allocate(state.B, state.T);
         set_parameters(m, values);
         if (precision == Precision::FP16) m.enable_loss_scaling(1024.0f, 2000);
@@ -121,7 +121,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     cudaCheck(cudaStreamCreate(&stream));
     ProcessGroup single;  // one process, no communicator
     const ProcessMesh mesh;
-    GPT2<floatX> model(config, single, mesh, 0, stream, lora);
+    Transformer<floatX> model(config, single, mesh, 0, stream, lora);
     model.allocate(B, T);
     set_parameters(model, values);
     if (lora.enabled()) model.adapters->set_parameters(adapter_values);
@@ -167,26 +167,36 @@ static void run(const std::string& model_path, const DebugState& state, const st
                 offset += na + nb;
             }
     } else {
-        // the reference writes gradients in file order: compare tensor by tensor
-        const char* names[16] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-                                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+        // the reference writes gradients in file order: compare tensor by tensor (those the family has)
+        const char* names[17] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w",
+                                 "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lm_head"};
         std::vector<float> file_order(grads.size());
         model.layout.for_each_file_run([&](size_t file_offset, size_t device_offset, size_t count) {
             memcpy(&file_order[file_offset], &grads[device_offset], count * sizeof(float));
         });
         size_t offset = 0;
-        const size_t L = config.num_layers;
-        for (int t = 0; t < 16; t++) {
-            size_t count = t == 0 ? model.layout.wpe : t == 1 ? (size_t)config.max_seq_len * config.channels
-                         : t >= 14 ? (size_t)config.channels : model.layout.block_tensor_size[t - 2] * L;
+        const size_t L = config.num_layers, C = config.channels, vocab_rows = (size_t)config.padded_vocab_size * C;
+        for (int t = 0; t < 17; t++) {
+            const size_t count = t == 0    ? vocab_rows
+                                 : t == 1  ? (config.has_wpe() ? (size_t)config.max_seq_len * C : 0)
+                                 : t == 14 ? C
+                                 : t == 15 ? (config.has_biases() ? C : 0)
+                                 : t == 16 ? (config.tied_head ? 0 : vocab_rows)
+                                           : model.layout.block_tensor_size[t - 2] * L;
+            if (count == 0) continue;
             const double rel = relative_l2(&file_order[offset], &state.grads[offset], count);
             snprintf(buf, sizeof(buf), "rel L2 %.3g (tol %.3g)", rel, tol.grad_rel_l2);
             check(rel <= tol.grad_rel_l2, label + " grad " + names[t], buf);
             offset += count;
         }
-        bool padded_zero = true;
-        for (size_t i = (size_t)V * config.channels; i < model.layout.wpe; i++) padded_zero = padded_zero && file_order[i] == 0.0f;
-        check(padded_zero, label + " padded wte rows get zero gradient", "");
+        check(offset == file_order.size() && offset == state.grads.size(), label + " gradients compared: every tensor of the model file",
+              std::to_string(offset) + " of " + std::to_string(file_order.size()) + " (the reference's " + std::to_string(state.grads.size()) + ")");
+        bool padded_zero = true;  // wte's padded rows, and an untied head's
+        for (size_t i = (size_t)V * C; i < vocab_rows; i++) padded_zero = padded_zero && file_order[i] == 0.0f;
+        if (!config.tied_head)
+            for (size_t i = file_order.size() - vocab_rows + (size_t)V * C; i < file_order.size(); i++)
+                padded_zero = padded_zero && file_order[i] == 0.0f;
+        check(padded_zero, label + " padded vocabulary rows get zero gradient", "");
     }
     const std::vector<float> base_before = model.zero->parameters_host();
 
@@ -280,8 +290,8 @@ static void run(const std::string& model_path, const DebugState& state, const st
                 if (lora.targets_has(t))
                     std::fill_n(adapter_values.begin() + model.adapter_layout->b(l, t), (size_t)lora_out(t, config) * lora.rank, 0.0f);
         model.adapters->set_parameters(adapter_values);
-        GPT2<floatX> base(config, single, mesh, 0, stream);
-        base.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
+        Transformer<floatX> base(config, single, mesh, 0, stream);
+        base.linear.gelu_fusion = model.fc_gelu_fused();  // an fc adapter keeps the GELU out of the product: the same path
         base.allocate(B, T);
         set_parameters(base, values);
         base.upload_batch(state.inputs.data(), state.targets.data());

@@ -322,9 +322,9 @@ static void check_offload_memory(const ModelConfig& d12, const std::string& prec
                                  size_t total) {
     const ParameterLayout l(d12, 8 * dp);
     for (int stage : stages) {
-        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload, delayed);
-        const ZeroMemory offloaded = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, offload);
-        const ZeroMemory resident = ZeroOptimizer<floatX>::memory(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, Offload::kNone);
+        const HostMemory h = ZeroOffload<floatX>::host_memory(l.total, dp, stage, offload, delayed);
+        const ZeroMemory offloaded = zero_memory<floatX>(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, offload);
+        const ZeroMemory resident = zero_memory<floatX>(l.unit_sizes, l.unit_kinds, l.total, dp, stage, true, Offload::kNone);
         const size_t parameters_moved = offload == Offload::kOptimizerParameters ? parameters : 0;
         char text[256];
         snprintf(text, sizeof(text), "%zu elements; host: master %zu, Adam %zu, parameters %zu, gradients %zu, staging %zu, total %zu; GPU optimizer state %zu",
@@ -333,7 +333,7 @@ static void check_offload_memory(const ModelConfig& d12, const std::string& prec
         check(l.total == 124475904 && h.master_weights == master && h.adam_state == adam && h.parameters == parameters && h.gradients == gradients &&
                   h.staging == staging && h.total() == total && offloaded.master_weights == 0 && offloaded.adam_state == 0 &&
                   offloaded.parameters + parameters_moved == resident.parameters && offloaded.gradients == resident.gradients &&
-                  resident.adam_state > 0 && ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, Offload::kNone, delayed).total() == 0,
+                  resident.adam_state > 0 && ZeroOffload<floatX>::host_memory(l.total, dp, stage, Offload::kNone, delayed).total() == 0,
               "offload plan d12 " + precision + (offload == Offload::kOptimizerParameters ? " optimizer,parameters" : " optimizer") +
                   (delayed ? " delayed update" : "") + " dp " + std::to_string(dp) + " stage " + std::to_string(stage) +
                   ": host bytes per rank as computed by hand, the GPU without them",
@@ -350,7 +350,7 @@ static void check_offload_file_memory(const ModelConfig& d12, const std::string&
     const ParameterLayout l(d12, 8 * dp);
     for (int stage : {1, 2, 3}) {
         if (offload == Offload::kOptimizerParameters && stage != 3) continue;
-        const HostMemory h = ZeroOptimizer<floatX>::host_memory(l.total, dp, stage, offload, false, true);
+        const HostMemory h = ZeroOffload<floatX>::host_memory(l.total, dp, stage, offload, false, true);
         const size_t parameters = offload == Offload::kOptimizerParameters ? l.total / dp * sizeof(floatX) : 0;
         char text[200];
         snprintf(text, sizeof(text), "host: master %zu, Adam %zu, staging %zu, file tiles %zu, total %zu; disk %zu", h.master_weights, h.adam_state,

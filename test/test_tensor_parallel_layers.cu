@@ -89,9 +89,9 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     for (int i = 0; i < N; i++) inputs[i] = token(rng), targets[i] = token(rng);
     ProcessGroup single;  // the reference: one process, no communicator
     const ProcessMesh none;
-    GPT2<float> model(config, pg, mesh, 0, stream), reference(config, single, none, 0, stream);
+    Transformer<float> model(config, pg, mesh, 0, stream), reference(config, single, none, 0, stream);
     model.sequence_parallel = sequence_parallel;
-    for (GPT2<float>* m : {&model, &reference}) {
+    for (Transformer<float>* m : {&model, &reference}) {
         m->deterministic_attention = true;
         m->allocate(B, T);
         init_parameters(*m, 77);  // the whole model; a tensor-parallel rank keeps its slices
@@ -102,8 +102,8 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     model.forward(true, 0.0f);
     reference.forward(true, 0.0f);
     pg.synchronize(stream);
-    const std::vector<float> logits = GPT2<float>::to_host(model.logits, (size_t)N * Vl);
-    const std::vector<float> all_columns = GPT2<float>::to_host(reference.logits, (size_t)N * Vp);
+    const std::vector<float> logits = Transformer<float>::to_host(model.logits, (size_t)N * Vl);
+    const std::vector<float> all_columns = Transformer<float>::to_host(reference.logits, (size_t)N * Vp);
     std::vector<float> columns((size_t)N * Vl);
     for (size_t n = 0; n < (size_t)N; n++)
         std::copy_n(all_columns.begin() + n * Vp + (size_t)r * Vl, Vl, columns.begin() + n * Vl);
@@ -111,7 +111,7 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
 
     float loss[2];
     int i = 0;
-    for (GPT2<float>* m : {&model, &reference}) {
+    for (Transformer<float>* m : {&model, &reference}) {
         m->zero_grad();
         m->forward(true, m->dloss(1));
         m->accumulate_loss();
@@ -151,7 +151,7 @@ struct Device {
     }
     Device(const Device&) = delete;
     ~Device() { cudaFree(p); }
-    std::vector<float> host() const { return GPT2<float>::to_host(p, n); }
+    std::vector<float> host() const { return Transformer<float>::to_host(p, n); }
 };
 
 // Rank `rank`'s slice of block 0's tensor t, cut from the dense tensor by for_each_full_run.
