@@ -198,7 +198,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--deterministic", nullptr, Flag::INT, &o.deterministic, kOffOn, "1: bitwise reproducible runs (attention dQ summed in a fixed order, cuBLASLt's first heuristic choice for every product); 0: products autotuned at their first call and, except on Hopper, atomic dQ sums, faster"},
         {"--lora-rank", nullptr, Flag::INT, &o.lora_rank, at_least(0), "LoRA: adapter rank r (0: off, train the whole model)"},
         {"--lora-alpha", nullptr, Flag::FLOAT, &o.lora_alpha, or_minus_one(above(0)), "LoRA: alpha; the adapters are scaled by alpha / r (-1: r)"},
-        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, anything(), "LoRA: comma list of qkv, attn-proj, fc, fc-proj"},
+        {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, anything(), "LoRA: comma list of qkv, attn-proj (o), fc, fc-proj (down), q, k, v, gate, up (q, k, v: slices of qkv's output; gate, up: of the Llama family's fc)"},
         {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, half_open(0, 1), "LoRA: dropout on the adapters' input while training"},
         {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, at_least(0), "LoRA: AdamW weight decay of A and B"},
         {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file (its rank, alpha and targets)"},
@@ -458,7 +458,9 @@ inline RunShape validate_options(const Options& o, int world) {
         lora.rank = o.lora_rank;
         lora.alpha = o.lora_alpha > 0.0f ? o.lora_alpha : (float)o.lora_rank;
         lora.targets = parse_lora_targets(o.lora_targets);
-        if (lora.targets == 0) die("--lora-targets '" + o.lora_targets + "': expected a comma list of qkv, attn-proj, fc, fc-proj");
+        if (lora.targets == 0) die("--lora-targets '" + o.lora_targets + "': expected a comma list of " + kLoraTargetNames);
+        const std::string problem = lora_targets_problem(lora.targets, config);
+        if (!problem.empty()) die("--lora-targets '" + o.lora_targets + "': " + problem);
     } else if (!o.lora_save.empty() || !o.lora_merge.empty()) {
         die("--lora-save and --lora-merge need LoRA (--lora-rank or --lora-load)");
     }
@@ -511,7 +513,9 @@ inline RunShape validate_options(const Options& o, int world) {
     // widths (C, 3C, 4C, and their 1/tp) are multiples of 16 as FP8 needs: C / tp is a multiple of the head size, 64
     // or 128 (config_problem)
     if (o.precision == "fp8") {
-        if (config.llama()) die("--precision fp8: FP8 products run in GPT-2 models; train a Llama-family model in bf16");
+        if (config.hidden_units() / shape.tp % 16 != 0)
+            die("--precision fp8 needs the MLP's hidden units per tensor-parallel rank to be a multiple of 16 (FP8 products' widths), got " +
+                std::to_string(config.hidden_units()) + " / " + std::to_string(shape.tp));
         if (lora.enabled())
             die("--precision fp8 runs without LoRA: the adapters add to the products in bf16; fine-tune in --precision bf16");
         if ((long)o.batch_size * o.seq_len % 16 != 0)

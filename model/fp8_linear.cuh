@@ -61,33 +61,49 @@ struct Fp8LayerScaling {
 };
 static_assert(sizeof(Fp8LayerScaling) == 3 * sizeof(Fp8Scaling), "a layer's scaling states are three back to back");
 
-// A block's weight parameters in units of C^2 / tp (a tensor-parallel rank's slice: C / tp of the 3C, 4C or C
-// rows or columns), per layer (qkv 3C x C, attention projection C x C, fc 4C x C, fc projection C x 4C). The kept
-// copies, for a unit of `square` elements: block after block, in each the layers' two copies (the weight, then its
-// transpose) in layer order.
-constexpr size_t kFp8LayerWeights[kFp8Layers] = {3, 1, 4, 4};
-constexpr size_t kFp8BlockWeights = 12;
-// Where block `block`'s copies of `layer` start among the kept copies.
-inline size_t fp8_weight_copies_offset(int block, Fp8Layer layer, size_t square) {
-    size_t offset = (size_t)block * 2 * kFp8BlockWeights;
-    for (int k = 0; k < layer; k++) offset += 2 * kFp8LayerWeights[k];
-    return offset * square;
+// A block's weight elements per layer on a rank of `tp` tensor-parallel ones (its slices): qkv (its heads' q, k and v
+// rows) x C, the attention projection C x (its heads' columns), fc (its hidden units' fc, or gate and up, rows) x C,
+// the fc projection C x (its hidden units). GPT-2: 3, 1, 4 and 4 times C^2 / tp.
+struct Fp8WeightSizes {
+    size_t layer[kFp8Layers] = {};
+    size_t block() const { return layer[0] + layer[1] + layer[2] + layer[3]; }
+    size_t widest() const { return std::max(std::max(layer[0], layer[1]), std::max(layer[2], layer[3])); }
+};
+inline Fp8WeightSizes fp8_weight_sizes(const ModelConfig& c, int tp) {
+    const size_t C = c.channels;
+    Fp8WeightSizes w;
+    w.layer[kFp8Qkv] = qkv_width(c, tp) * C;
+    w.layer[kFp8AttnProj] = C * (C / tp);
+    w.layer[kFp8Fc] = fc_width(c, tp) * C;
+    w.layer[kFp8FcProj] = C * hidden_width(c, tp);
+    return w;
+}
+// Where block `block`'s copies of `layer` start among the kept copies: block after block, in each the layers' two
+// copies (the weight, then its transpose) in layer order.
+inline size_t fp8_weight_copies_offset(int block, Fp8Layer layer, const Fp8WeightSizes& w) {
+    size_t offset = (size_t)block * 2 * w.block();
+    for (int k = 0; k < layer; k++) offset += 2 * w.layer[k];
+    return offset;
 }
 // The copies' elements (1 byte each): every block's (cache_weights), else one weight or its transpose of the widest
-// layer (4C x C / tp), cast at each use.
-inline size_t fp8_weight_copies_elements(int blocks, size_t square, bool cache_weights) {
-    return cache_weights ? (size_t)blocks * 2 * kFp8BlockWeights * square : 4 * square;
+// layer, cast at each use.
+inline size_t fp8_weight_copies_elements(int blocks, const Fp8WeightSizes& w, bool cache_weights) {
+    return cache_weights ? (size_t)blocks * 2 * w.block() : w.widest();
+}
+// The widest row of a layer's input or output gradient (the whole model's: tp = 1): GPT-2's 4C.
+inline size_t fp8_widest_row(const ModelConfig& c) {
+    return std::max({(size_t)c.channels, (size_t)c.qkv_channels(), fc_width(c, 1), hidden_width(c, 1)});
 }
 
 // Device bytes of the FP8 memory for N rows of a micro-batch on a rank of `tp` tensor-parallel ones: the weights'
 // copies (cache_weights: every block's weight slices and their transposes, 2 bytes a weight parameter; else one
-// weight slice or its transpose of the widest layer, 4C x C / tp), one input (or its transpose) of N rows of 4C,
-// and the output gradient with its transpose (N x 4C each); plus the scaling states of every block and, with
-// delayed scaling, their amax histories.
+// weight slice or its transpose of the widest layer), one input (or its transpose) of N rows of the widest row, and
+// the output gradient with its transpose (as many each); plus the scaling states of every block and, with delayed
+// scaling, their amax histories.
 inline size_t fp8_scratch_bytes(const ModelConfig& c, size_t N, int blocks, const Fp8Options& options, bool cache_weights, int tp = 1) {
-    const size_t C = c.channels, square = C * C / tp, tensors = (size_t)blocks * kFp8Layers * 3;
-    return fp8_weight_copies_elements(blocks, square, cache_weights) + 3 * N * 4 * C + (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) +
-           (options.delayed ? tensors * options.amax_history * sizeof(float) : 0);
+    const size_t tensors = (size_t)blocks * kFp8Layers * 3;
+    return fp8_weight_copies_elements(blocks, fp8_weight_sizes(c, tp), cache_weights) + 3 * N * fp8_widest_row(c) +
+           (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling) + (options.delayed ? tensors * options.amax_history * sizeof(float) : 0);
 }
 
 // What the scaling states say, summed over every layer and block (Fp8Linear::stats): the updates that met a NaN or
@@ -111,7 +127,7 @@ struct Fp8Stats {
 
 struct Fp8Linear {
     int blocks = 0;
-    size_t square = 0;  // C^2 / tp: the unit of a rank's weight slices (kFp8LayerWeights)
+    Fp8WeightSizes weight_sizes;  // a rank's weight slices per layer
     Fp8Options options;
     bool cache_weights = false;
     // other micro-batches' forwards run between a layer's forward and its backward (pipeline stages with more than one
@@ -138,25 +154,25 @@ struct Fp8Linear {
         if (memory != nullptr) cudaCheck(cudaFree(memory));
         history_updates = 0;
         blocks = block_count;
-        square = (size_t)c.channels * c.channels / tp;
+        weight_sizes = fp8_weight_sizes(c, tp);
         options = fp8_options;
         cache_weights = cache;
         if (options.delayed && options.amax_history < 1) die("internal: an FP8 amax history of " + std::to_string(options.amax_history));
-        const size_t C = c.channels, bytes = fp8_scratch_bytes(c, N, blocks, options, cache_weights, tp);
+        const size_t row = fp8_widest_row(c), bytes = fp8_scratch_bytes(c, N, blocks, options, cache_weights, tp);
         cudaCheck(cudaMalloc(&memory, bytes));
         cudaCheck(cudaMemset(memory, 0, bytes));  // the histories start empty
-        // each piece a multiple of 16 bytes (C is), so each starts 16-byte aligned as the casts and products need
+        // each piece a multiple of 16 bytes (the widths are), so each starts 16-byte aligned as the casts and products need
         char* p = (char*)memory;
         scalings = (Fp8LayerScaling*)p;
         p += (size_t)blocks * kFp8Layers * sizeof(Fp8LayerScaling);
         weights = (__nv_fp8_e4m3*)p;
-        p += fp8_weight_copies_elements(blocks, square, cache_weights);
+        p += fp8_weight_copies_elements(blocks, weight_sizes, cache_weights);
         input = (__nv_fp8_e4m3*)p;
-        p += N * 4 * C;
+        p += N * row;
         output_grad = (__nv_fp8_e5m2*)p;
-        p += N * 4 * C;
+        p += N * row;
         output_grad_t = (__nv_fp8_e5m2*)p;
-        p += N * 4 * C;
+        p += N * row;
         if (options.delayed) amax_history = (float*)p;
         const std::vector<Fp8LayerScaling> initial((size_t)blocks * kFp8Layers);  // scale 1, amax 0, no count
         cudaCheck(cudaMemcpy(scalings, initial.data(), initial.size() * sizeof(Fp8LayerScaling), cudaMemcpyHostToDevice));
@@ -190,7 +206,7 @@ struct Fp8Linear {
     };
     WeightCopies cached_weight(const __nv_bfloat16* w, int OC, int C, int block, Fp8Layer layer, unsigned long long version,
                                cudaStream_t stream) {
-        __nv_fp8_e4m3* copy = weights + fp8_weight_copies_offset(block, layer, square);
+        __nv_fp8_e4m3* copy = weights + fp8_weight_copies_offset(block, layer, weight_sizes);
         __nv_fp8_e4m3* transposed = copy + (size_t)OC * C;
         unsigned long long& cached = weights_version[(size_t)block * kFp8Layers + layer];
         if (cached != version) {

@@ -1,11 +1,13 @@
 // LoRA (docs/lora.md): which matrices of each block carry adapters (LoraSpec), the adapters' own flat device
 // buffer (AdapterLayout), adapter files, and the merge of adapters into the base model.
-// defines: LoraTargetIndex, lora_target_name, lora_target_weight, lora_in, lora_out, LoraSpec, parse_lora_targets,
-//          AdapterLayout, kAdapterMagic, write_adapter_file, read_adapter_file, merge_adapters
+// defines: LoraTargetIndex, kLoraProducts, lora_target_name, lora_product, lora_target_weight, lora_in, lora_out,
+//          lora_out_offset, lora_out_stride, lora_stream, LoraSpec, parse_lora_targets, kLoraTargetNames,
+//          lora_targets_problem, AdapterLayout, kAdapterMagic, write_adapter_file, read_adapter_file, merge_adapters
 #pragma once
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -18,23 +20,47 @@
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
 // the adapters of block l form unit l+1 of their own flat buffer (units 0 and L+1 are empty, matching
-// ParameterLayout's unit numbering), each target's A then B in the order qkv, attn-proj, fc, fc-proj: the
-// order of the adapter file.
+// ParameterLayout's unit numbering), each target's A then B in the order of LoraTargetIndex: the order of the
+// adapter file. A target adapts a whole product (qkv, attn-proj, fc, fc-proj) or a slice of its output columns,
+// the rows of its weight (q, k, v of qkv; the Llama family's gate and up of fc): PEFT adapts q_proj, k_proj,
+// v_proj, gate_proj and up_proj separately.
 
-enum LoraTargetIndex { kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj, kLoraTargets };
+enum LoraTargetIndex { kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj, kLoraQ, kLoraK, kLoraV, kLoraGate, kLoraUp, kLoraTargets };
+constexpr int kLoraProducts = 4;  // the block's linear layers: the first four targets
+constexpr unsigned kLoraLlamaOnly = 1u << kLoraGate | 1u << kLoraUp;  // GPT-2's MLP input is one product, fc
 inline const char* lora_target_name(int t) {
-    static const char* names[] = {"qkv", "attn-proj", "fc", "fc-proj"};
+    static const char* names[] = {"qkv", "attn-proj", "fc", "fc-proj", "q", "k", "v", "gate", "up"};
     return names[t];
 }
+// The product whose output target t adds to.
+inline int lora_product(int t) { return t == kLoraQ || t == kLoraK || t == kLoraV ? kLoraQkv : t == kLoraGate || t == kLoraUp ? kLoraFc : t; }
 inline BlockTensor lora_target_weight(int t) {
     static const BlockTensor weights[] = {QKVW, ATTPROJW, FCW, FCPROJW};
-    return weights[t];
+    return weights[lora_product(t)];
 }
 // A target's input and output widths (tp = 1): qkv's output holds the q, k and v heads; fc's the MLP's input products
 // (GPT-2's fc, Llama's gate and up); fc-proj's input the MLP's hidden units.
 inline int lora_in(int t, const ModelConfig& c) { return t == kLoraFcProj ? c.hidden_units() : c.channels; }
 inline int lora_out(int t, const ModelConfig& c) {
-    return t == kLoraQkv ? c.qkv_channels() : t == kLoraFc ? c.mlp_inputs() * c.hidden_units() : c.channels;
+    switch (t) {
+        case kLoraQkv: return c.qkv_channels();
+        case kLoraFc: return c.mlp_inputs() * c.hidden_units();
+        case kLoraQ: return c.channels;
+        case kLoraK: case kLoraV: return c.kv_channels();
+        case kLoraGate: case kLoraUp: return c.hidden_units();
+        default: return c.channels;
+    }
+}
+// Where target t's output columns begin in its product's output ([q | k | v], [gate | up]); the product's output
+// width is its row stride.
+inline int lora_out_offset(int t, const ModelConfig& c) {
+    return t == kLoraK ? c.channels : t == kLoraV ? c.channels + c.kv_channels() : t == kLoraUp ? c.hidden_units() : 0;
+}
+inline int lora_out_stride(int t, const ModelConfig& c) { return lora_out(lora_product(t), c); }
+// The random streams of target t in block l (initialisation, dropout): the four products' as l * 4 + t, the
+// slices' in a range of their own.
+inline uint64_t lora_stream(int l, int t) {
+    return t < kLoraProducts ? (uint64_t)l * kLoraProducts + t : (1ull << 32) + (uint64_t)l * kLoraTargets + t;
 }
 
 struct LoraSpec {
@@ -47,13 +73,15 @@ struct LoraSpec {
     float scale() const { return alpha / (float)rank; }
 };
 
-// "qkv,fc" -> bitmask; 0 on an unknown name.
+// "qkv,fc" -> bitmask; 0 on an unknown name. "o" and "down", PEFT's names of the projections, are attn-proj and fc-proj.
 inline unsigned parse_lora_targets(const std::string& list) {
     unsigned mask = 0;
     size_t start = 0;
     while (start <= list.size()) {
         const size_t end = std::min(list.find(',', start), list.size());
-        const std::string name = list.substr(start, end - start);
+        std::string name = list.substr(start, end - start);
+        if (name == "o") name = lora_target_name(kLoraAttnProj);
+        if (name == "down") name = lora_target_name(kLoraFcProj);
         bool known = false;
         for (int t = 0; t < kLoraTargets; t++)
             if (name == lora_target_name(t)) { mask |= 1u << t; known = true; }
@@ -61,6 +89,13 @@ inline unsigned parse_lora_targets(const std::string& list) {
         start = end + 1;
     }
     return mask;
+}
+constexpr const char* kLoraTargetNames = "qkv, attn-proj (o), fc, fc-proj (down), q, k, v, gate, up";
+// Why `targets` does not fit a model of shape c ("" if they do): gate and up are slices of the Llama family's
+// [gate | up] product.
+inline std::string lora_targets_problem(unsigned targets, const ModelConfig& c) {
+    if ((targets & kLoraLlamaOnly) && !c.llama()) return "gate and up adapt the Llama family's SwiGLU MLP; GPT-2's MLP input is one product, fc";
+    return "";
 }
 
 struct AdapterLayout {
@@ -168,8 +203,11 @@ inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& co
         snprintf(alpha, sizeof(alpha), "%g", spec.alpha);
         die(path + ": adapter alpha " + alpha + " must be finite and positive");
     }
-    if (spec.targets == 0 || spec.targets > 15)
-        die(path + ": bad adapter target bitmask " + std::to_string(header[4]) + " (expected 1..15: 1 qkv, 2 attn-proj, 4 fc, 8 fc-proj)");
+    if (spec.targets == 0 || spec.targets >= 1u << kLoraTargets)
+        die(path + ": bad adapter target bitmask " + std::to_string(header[4]) +
+            " (expected 1..511: 1 qkv, 2 attn-proj, 4 fc, 8 fc-proj, 16 q, 32 k, 64 v, 128 gate, 256 up)");
+    const std::string problem = lora_targets_problem(spec.targets, config);
+    if (!problem.empty()) die(path + ": adapter targets " + std::to_string(header[4]) + ": " + problem);
     if (header[5] != config.num_layers || header[6] != config.channels)
         die(path + ": adapters for " + std::to_string(header[5]) + " layers, " + std::to_string(header[6]) + " channels; the model has " +
             std::to_string(config.num_layers) + " layers, " + std::to_string(config.channels) + " channels");
@@ -190,7 +228,8 @@ inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& co
     return spec;
 }
 
-// The merged model W = W0 + s B A for every adapted matrix (summed in double, rounded once), padded layout.
+// The merged model W = W0 + s B A for every adapted matrix (summed in double, rounded once), padded layout; a slice
+// target's B A covers its rows of the product's weight.
 inline std::vector<float> merge_adapters(const ParameterLayout& base, const std::vector<float>& base_values,
                                          const AdapterLayout& adapters, const std::vector<float>& adapter_values) {
     std::vector<float> merged = base_values;
@@ -202,7 +241,7 @@ inline std::vector<float> merge_adapters(const ParameterLayout& base, const std:
             const int in = lora_in(t, base.config), out = lora_out(t, base.config);
             const float* A = &adapter_values[adapters.a(l, t)];
             const float* Bm = &adapter_values[adapters.b(l, t)];
-            float* W = &merged[base.tensor(l, lora_target_weight(t))];
+            float* W = &merged[base.tensor(l, lora_target_weight(t)) + (size_t)lora_out_offset(t, base.config) * in];
             for (int o = 0; o < out; o++)
                 for (int i = 0; i < in; i++) {
                     double acc = 0.0;

@@ -11,7 +11,7 @@
 #include "../kernels/init.cuh"       // defines: fill_uniform
 #include "../kernels/lora.cuh"       // defines: lora_forward, lora_backward, lora_dropout
 #include "../distributed/zero.cuh"   // defines: ZeroOptimizer
-#include "lora.h"                    // defines: LoraSpec, AdapterLayout, lora_in, lora_out, kLoraTargets
+#include "lora.h"                    // defines: LoraSpec, AdapterLayout, lora_in, lora_out, lora_product, kLoraTargets
 
 template <typename floatX>
 struct LoraHooks {
@@ -34,6 +34,12 @@ struct LoraHooks {
         layers = c.num_layers;
     }
     bool active(int t) const { return spec.enabled() && spec.targets_has(t); }
+    // Whether any adapter adds to product p (kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj): its own or its slices'.
+    bool adapts(int p) const {
+        for (int t = 0; t < kLoraTargets; t++)
+            if (lora_product(t) == p && active(t)) return true;
+        return false;
+    }
     // Buffers for micro-batches of N rows.
     void allocate(size_t N) {
         if (!spec.enabled()) return;
@@ -46,16 +52,25 @@ struct LoraHooks {
             if (p != nullptr) cudaFree(p);
     }
 
-    // out += s B A dropout(x) after the base product of target t in block l, for N rows (no-op without its adapter).
-    void forward(int l, int t, floatX* out, const floatX* x, int N, bool training, cudaStream_t stream) {
-        if (!active(t)) return;
-        const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
-        lora_forward(out, u_buffer(l, t, N), input(l, t, x, N, training, stream), params + layout->a(l, t), params + layout->b(l, t),
-                     spec.scale(), N, lora_in(t, config), lora_out(t, config), spec.rank, stream);
+    // out += s B A dropout(x) after the base product p (kLoraQkv .. kLoraFcProj) of block l, for N rows: the adapters
+    // of p and of its output's slices (none: no-op).
+    void forward(int l, int p, floatX* out, const floatX* x, int N, bool training, cudaStream_t stream) {
+        for (int t = 0; t < kLoraTargets; t++)
+            if (lora_product(t) == p && active(t)) forward_target(l, t, out, x, N, training, stream);
     }
-    // The backward of target t in block l: dA, dB, and the adapter's share of dx (added; masked under dropout).
-    void backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x, int N, bool training, cudaStream_t stream) {
-        if (!active(t)) return;
+    // The backward of product p's adapters in block l: dA, dB, and the adapters' share of dx (added; masked under
+    // dropout). dout is the whole product's output gradient.
+    void backward(int l, int p, floatX* dx, const floatX* dout, const floatX* x, int N, bool training, cudaStream_t stream) {
+        for (int t = 0; t < kLoraTargets; t++)
+            if (lora_product(t) == p && active(t)) backward_target(l, t, dx, dout, x, N, training, stream);
+    }
+    void forward_target(int l, int t, floatX* out, const floatX* x, int N, bool training, cudaStream_t stream) {
+        const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
+        lora_forward(out + lora_out_offset(t, config), u_buffer(l, t, N), input(l, t, x, N, training, stream), params + layout->a(l, t),
+                     params + layout->b(l, t), spec.scale(), N, lora_in(t, config), lora_out(t, config), spec.rank, stream,
+                     lora_out_stride(t, config));
+    }
+    void backward_target(int l, int t, floatX* dx, const floatX* dout, const floatX* x, int N, bool training, cudaStream_t stream) {
         const int in = lora_in(t, config);
         const floatX* x_in = input(l, t, x, N, training, stream);
         const floatX* params = adapters->unit_params(l + 1) - layout->unit_begin(l);
@@ -63,8 +78,9 @@ struct LoraHooks {
         const bool dropout = x_in != x;
         // under dropout the adapter's dx goes through the same mask again (into the dropout buffer, whose
         // input copy the products have read by then), and is added afterwards
-        lora_backward(dropout ? dropped : dx, grads + layout->a(l, t), grads + layout->b(l, t), du, dout, u_buffer(l, t, N), x_in,
-                      params + layout->a(l, t), params + layout->b(l, t), spec.scale(), N, in, lora_out(t, config), spec.rank, !dropout, stream);
+        lora_backward(dropout ? dropped : dx, grads + layout->a(l, t), grads + layout->b(l, t), du, dout + lora_out_offset(t, config),
+                      u_buffer(l, t, N), x_in, params + layout->a(l, t), params + layout->b(l, t), spec.scale(), N, in, lora_out(t, config),
+                      spec.rank, !dropout, stream, lora_out_stride(t, config));
         if (dropout) {
             lora_dropout(dropped, dropped, (long)N * in, spec.dropout, dropout_seed(l, t), stream);
             accumulate_into(dx, dropped, (long)N * in, stream);
@@ -81,7 +97,7 @@ struct LoraHooks {
         for (int k = 0; k < t; k++) index += spec.targets_has(k);
         return u + ((size_t)l * __builtin_popcount(spec.targets) + index) * N * spec.rank;
     }
-    uint64_t dropout_seed(int l, int t) const { return splitmix64(step_seed ^ (uint64_t)(l * kLoraTargets + t + 1)); }
+    uint64_t dropout_seed(int l, int t) const { return splitmix64(step_seed ^ (lora_stream(l, t) + 1)); }
 
     // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
     void init(uint64_t seed, cudaStream_t stream) {
@@ -94,7 +110,7 @@ struct LoraHooks {
                 if (spec.targets_has(t)) {
                     const int in = lora_in(t, config);
                     fill_uniform(staging + layout->a(l, t), (long)spec.rank * in, 1.0f / sqrtf((float)in),
-                                 splitmix64(seed * 1000003ull + l * kLoraTargets + t), stream);
+                                 splitmix64(seed * 1000003ull + lora_stream(l, t)), stream);
                 }
         std::vector<float> values(n);
         cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));

@@ -123,6 +123,8 @@ struct Transformer {
         for (int k : chunk_blocks) chunk_begin.push_back(chunk_begin.back() + k);
         if (chunk_begin.back() != layout.num_blocks()) die("internal: the chunks do not cover the stage's blocks");
         if (lora.enabled()) {
+            const std::string problem = lora_targets_problem(lora.targets, c);
+            if (!problem.empty()) die("LoRA targets: " + problem);
             adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size));
             adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->unit_kinds(),
                                                      adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
@@ -238,16 +240,17 @@ struct Transformer {
         set.num_buckets = staging.upload(inputs, targets, (size_t)B * T, config.vocab_size, set.tokens, pg, stream);
     }
 
-    // LoRA's adapter of target t in block l (no-op without it): out += s B A dropout(x), and its backward.
-    void adapt_forward(int l, int t, floatX* out, const floatX* x) { lora_hooks.forward(l, t, out, x, N(), training, stream); }
-    void adapt_backward(int l, int t, floatX* dx, const floatX* dout, const floatX* x) {
-        lora_hooks.backward(l, t, dx, dout, x, N(), training, stream);
+    // LoRA's adapters on product p (kLoraQkv .. kLoraFcProj) of block l, the product's own and its output slices' (no-op
+    // without them): out += s B A dropout(x), and their backward.
+    void adapt_forward(int l, int p, floatX* out, const floatX* x) { lora_hooks.forward(l, p, out, x, N(), training, stream); }
+    void adapt_backward(int l, int p, floatX* dx, const floatX* dout, const floatX* x) {
+        lora_hooks.backward(l, p, dx, dout, x, N(), training, stream);
     }
 
     // GPT-2's GELU in the epilogue of fc's product (forward) and of the fc projection's (backward), where
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
-    bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.active(kLoraFc)); }
-    bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.active(kLoraFcProj)); }
+    bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
+    bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }

@@ -48,6 +48,9 @@ shard(f"{d}/good.bin", [i % 1000 for i in range(5000)])
 shard(f"{d}/badmagic.bin", list(range(100)), magic=1234)
 shard(f"{d}/truncated.bin", list(range(100)), cut=10)
 open(f"{d}/badmodel.bin", "wb").write(struct.pack("<256i", *([999] + [0] * 255)))
+# an adapter file header (docs/lora.md) of rank 4, alpha 8, target gate (128), 2 layers of 64 channels
+alpha = struct.unpack("<i", struct.pack("<f", 8.0))[0]
+open(f"{d}/gate_adapters.bin", "wb").write(struct.pack("<256i", *([20261127, 1, 4, alpha, 128, 2, 64, 4] + [0] * 248)))
 PY
 SMALL="--layers 2 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data="
 expect_error "unknown flag" "unknown flag '--bogus'" --bogus 1
@@ -70,7 +73,9 @@ expect_error "bad ZeRO stage" "--zero-stage must be one of 0, 1, 2, 3, got 4" $S
 expect_error "bad recompute level" "--recompute must be one of 0, 1, 2, 3, got 5" $SMALL --recompute 5
 expect_error "bad GELU fusion" "--gelu-fusion must be one of 0, 1, got 2" $SMALL --gelu-fusion 2
 expect_error "bad deterministic" "--deterministic must be one of 0, 1, got 3" $SMALL --deterministic 3
-expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj, fc, fc-proj" $SMALL --lora-rank 4 --lora-targets qkv,mlp
+expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list of qkv, attn-proj (o), fc, fc-proj (down), q, k, v, gate, up" $SMALL --lora-rank 4 --lora-targets qkv,mlp
+expect_error "LoRA gate on GPT-2" "--lora-targets 'q,gate': gate and up adapt the Llama family's SwiGLU MLP; GPT-2's MLP input is one product, fc" $SMALL --lora-rank 4 --lora-targets q,gate
+expect_error "adapter file with gate on GPT-2" "gate_adapters.bin: adapter targets 128: gate and up adapt the Llama family's SwiGLU MLP; GPT-2's MLP input is one product, fc" $SMALL --lora-load "$W/gate_adapters.bin"
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
@@ -166,7 +171,7 @@ expect_error "rope-theta 1" "--rope-theta must be -1 or a finite number > 1, got
 expect_error "Llama shape flag on a GPT-2 model" "--kv-heads/--ffn/--vocab/--qkv-bias/--tied-head/--norm-eps/--rope-theta/--rope-scaling shape a Llama-family model: add --arch llama or use a preset (llama3-1b, llama3-3b, llama3-8b, smollm2-135m, smollm2-360m, qwen2.5-0.5b, qwen2.5-7b)" --kv-heads 2
 expect_error "preset with arch gpt2" "--arch gpt2: --model llama3-1b is a Llama-family preset" --model llama3-1b --arch gpt2
 expect_error "bad rope scaling" "--rope-scaling 8: expected off or FACTOR,LOW,HIGH,POSITIONS (Llama 3.1: 8,1,4,8192)" --model d2 --arch llama --rope-scaling 8
-expect_error "fp8 refuses the Llama family" "--precision fp8: FP8 products run in GPT-2 models; train a Llama-family model in bf16" --model llama3-1b --precision fp8
+expect_error "fp8 needs MLP widths of 16" "--precision fp8 needs the MLP's hidden units per tensor-parallel rank to be a multiple of 16 (FP8 products' widths), got 360 / 1" --model d2 --arch llama --ffn 360 --precision fp8
 expect_error "kv heads that do not divide the heads" "model d2: key/value heads (3) must divide the 4 attention heads" --model d2 --arch llama --channels 256 --heads 4 --kv-heads 3
 expect_error "micro-batch tokens above int" "--batch-size x --seq-len = 68719476736 tokens per micro-batch must be at most 2147483647" $SMALL --batch-size 1073741824 --seq-len 64 --train-data "$W/nothing_*.bin"
 # checkpoint retention flags

@@ -1,6 +1,11 @@
 // Checks LoRA in the C++ CPU reference (cpu_reference.h) against the PyTorch reference and on its own.
 //
-// Usage: test_cpu_lora FIXTURE_DIR, a directory written by `test/tools/make_cpu_fixture.sh --lora FIXTURE_DIR`:
+// Usage: test_cpu_lora [FIXTURE_DIR]. Without a fixture: train_gpt's slice targets (model/lora.h: q, k, v of the qkv
+// product's output, gate and up of the Llama family's fc) against a dense reference, an adapter on the whole product
+// whose A stacks the slices' and whose B is block-diagonal, which computes the same: the forward and backward as
+// lora_forward/lora_backward compute them (the slice's rows `stride` apart from its first column), the merge, and
+// the adapter file's round trip. With FIXTURE_DIR, a directory written by
+// `test/tools/make_cpu_fixture.sh --lora FIXTURE_DIR`, also the CPU reference against PyTorch:
 //   model.bin         base model (2 layers, C=128, 2 heads)
 //   lora_init.bin     its initial adapters: r=4, alpha=8, all four targets, B ~ N(0, 0.02) so that the adapters
 //                     matter from step 0
@@ -18,11 +23,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "../model/lora.h"
 #include "check.h"
 #include "cpu_reference.h"
 #include "debug_state.h"
@@ -110,14 +117,225 @@ bool all_tensors_changed(const std::vector<AdapterTensor>& layout, const std::ve
     return true;
 }
 
+
+// ---- Slice targets (model/lora.h) against a dense adapter on the whole product.
+
+// What lora_forward computes, in double: u = x A^T (N, r), out[n, j * ld] += s (u B^T)[n, j] for the adapter's
+// out_w columns, `out` at its first column.
+void slice_forward(double* out, int ld, std::vector<double>& u, const double* x, const double* A, const double* Bm, double s, int N,
+                   int in, int out_w, int r) {
+    u.assign((size_t)N * r, 0.0);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < r; k++)
+            for (int i = 0; i < in; i++) u[(size_t)n * r + k] += x[(size_t)n * in + i] * A[(size_t)k * in + i];
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < out_w; o++) {
+            double acc = 0.0;
+            for (int k = 0; k < r; k++) acc += u[(size_t)n * r + k] * Bm[(size_t)o * r + k];
+            out[(size_t)n * ld + o] += s * acc;
+        }
+}
+// What lora_backward computes, in double, from dout's columns of the adapter (rows ld apart): dB += s dout^T u,
+// du = s dout B, dA += du^T x, dx += du A.
+void slice_backward(double* dx, double* dA, double* dB, const double* dout, int ld, const std::vector<double>& u, const double* x,
+                    const double* A, const double* Bm, double s, int N, int in, int out_w, int r) {
+    std::vector<double> du((size_t)N * r, 0.0);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < out_w; o++) {
+            const double g = dout[(size_t)n * ld + o];
+            for (int k = 0; k < r; k++) {
+                dB[(size_t)o * r + k] += s * g * u[(size_t)n * r + k];
+                du[(size_t)n * r + k] += s * g * Bm[(size_t)o * r + k];
+            }
+        }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < r; k++)
+            for (int i = 0; i < in; i++) {
+                dA[(size_t)k * in + i] += du[(size_t)n * r + k] * x[(size_t)n * in + i];
+                dx[(size_t)n * in + i] += du[(size_t)n * r + k] * A[(size_t)k * in + i];
+            }
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+    double m = a.size() == b.size() ? 0.0 : INFINITY;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); i++) m = std::fmax(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+// Slice targets `slices` of product p (kLoraQkv or kLoraFc) of a model of shape c, rank r: their forward, backward
+// and merge against the dense adapter of rank r x slices on p. The slices must tile the product's output in order.
+void check_slices_against_dense(const std::string& label, const ModelConfig& c, int p, const std::vector<int>& slices, int r) {
+    uint64_t state = 12345;
+    auto uniform = [&]() {  // deterministic values in (-1, 1) without <random>'s distribution differences
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        return (double)(state >> 11) / (double)(1ull << 52) - 1.0;
+    };
+    const int N = 6, in = lora_in(p, c), W = lora_out(p, c), R = r * (int)slices.size();
+    const double s = 2.0 / r;
+    // the slices tile the product's output
+    int column = 0;
+    bool tiles = true;
+    for (int t : slices) {
+        tiles = tiles && lora_product(t) == p && lora_out_offset(t, c) == column && lora_out_stride(t, c) == W && lora_in(t, c) == in;
+        column += lora_out(t, c);
+    }
+    expect(tiles && column == W, label + "_slices_tile_the_product", "offsets, widths and strides do not tile the output");
+    std::vector<double> x((size_t)N * in), dout((size_t)N * W), base((size_t)N * W);
+    for (double& v : x) v = uniform();
+    for (double& v : dout) v = uniform();
+    for (double& v : base) v = uniform();
+    // the slices' adapters, and the dense one: A stacked, B block-diagonal
+    std::vector<std::vector<double>> As, Bs;
+    std::vector<double> A_dense((size_t)R * in, 0.0), B_dense((size_t)W * R, 0.0);
+    for (size_t j = 0; j < slices.size(); j++) {
+        const int w = lora_out(slices[j], c), offset = lora_out_offset(slices[j], c);
+        As.emplace_back((size_t)r * in);
+        Bs.emplace_back((size_t)w * r);
+        for (double& v : As[j]) v = uniform();
+        for (double& v : Bs[j]) v = uniform();
+        std::copy(As[j].begin(), As[j].end(), A_dense.begin() + (size_t)j * r * in);
+        for (int o = 0; o < w; o++)
+            for (int k = 0; k < r; k++) B_dense[(size_t)(offset + o) * R + j * r + k] = Bs[j][(size_t)o * r + k];
+    }
+    // forward and backward
+    std::vector<double> out_slices = base, out_dense = base, u, dx_slices((size_t)N * in, 0.0), dx_dense((size_t)N * in, 0.0);
+    std::vector<double> dA_dense((size_t)R * in, 0.0), dB_dense((size_t)W * R, 0.0), dA_slices((size_t)R * in, 0.0), dB_slices((size_t)W * R, 0.0);
+    slice_forward(out_dense.data(), W, u, x.data(), A_dense.data(), B_dense.data(), s, N, in, W, R);
+    slice_backward(dx_dense.data(), dA_dense.data(), dB_dense.data(), dout.data(), W, u, x.data(), A_dense.data(), B_dense.data(), s, N, in, W, R);
+    for (size_t j = 0; j < slices.size(); j++) {
+        const int t = slices[j], w = lora_out(t, c), offset = lora_out_offset(t, c), ld = lora_out_stride(t, c);
+        std::vector<double> dA((size_t)r * in, 0.0), dB((size_t)w * r, 0.0);
+        slice_forward(out_slices.data() + offset, ld, u, x.data(), As[j].data(), Bs[j].data(), s, N, in, w, r);
+        slice_backward(dx_slices.data(), dA.data(), dB.data(), dout.data() + offset, ld, u, x.data(), As[j].data(), Bs[j].data(), s, N, in, w, r);
+        std::copy(dA.begin(), dA.end(), dA_slices.begin() + (size_t)j * r * in);
+        for (int o = 0; o < w; o++)
+            for (int k = 0; k < r; k++) dB_slices[(size_t)(offset + o) * R + j * r + k] = dB[(size_t)o * r + k];
+    }
+    // the dense adapter's B gradient off its diagonal blocks is what a block-diagonal B never trains: zero it
+    for (size_t j = 0; j < slices.size(); j++) {
+        const int offset = lora_out_offset(slices[j], c), w = lora_out(slices[j], c);
+        for (int o = 0; o < W; o++)
+            if (o < offset || o >= offset + w)
+                for (int k = 0; k < r; k++) dB_dense[(size_t)o * R + j * r + k] = 0.0;
+    }
+    constexpr double kSliceTol = 1e-12;  // double sums of the same terms, the dense ones with exact zeros among them
+    check(max_abs_diff(out_slices, out_dense) <= kSliceTol, label + "_forward_matches_dense", fmt("max abs difference %.3g", max_abs_diff(out_slices, out_dense)));
+    check(max_abs_diff(dx_slices, dx_dense) <= kSliceTol, label + "_dx_matches_dense", fmt("max abs difference %.3g", max_abs_diff(dx_slices, dx_dense)));
+    check(max_abs_diff(dA_slices, dA_dense) <= kSliceTol, label + "_dA_matches_dense", fmt("max abs difference %.3g", max_abs_diff(dA_slices, dA_dense)));
+    check(max_abs_diff(dB_slices, dB_dense) <= kSliceTol, label + "_dB_matches_dense", fmt("max abs difference %.3g", max_abs_diff(dB_slices, dB_dense)));
+
+    // merge_adapters: the slices' adapters and the dense one (alpha scaled with the rank: the same s) give the same
+    // weights, bit for bit (the same double sums but for exact zeros), and only the product's weight changes
+    const ParameterLayout layout(c);
+    std::vector<float> weights(layout.total);
+    for (float& v : weights) v = (float)uniform();
+    LoraSpec slice_spec, dense_spec;
+    slice_spec.rank = r;
+    slice_spec.alpha = 2.0f;
+    for (int t : slices) slice_spec.targets |= 1u << t;
+    dense_spec.rank = R;
+    dense_spec.alpha = 2.0f * (float)slices.size();
+    dense_spec.targets = 1u << p;
+    const AdapterLayout slice_layout(c, slice_spec, 8), dense_layout(c, dense_spec, 8);
+    std::vector<float> slice_values(slice_layout.total, 0.0f), dense_values(dense_layout.total, 0.0f);
+    for (int l = 0; l < c.num_layers; l++)
+        for (size_t j = 0; j < slices.size(); j++) {
+            const int t = slices[j], w = lora_out(t, c), offset = lora_out_offset(t, c);
+            for (size_t i = 0; i < (size_t)r * in; i++) {
+                const float a = (float)uniform();
+                slice_values[slice_layout.a(l, t) + i] = a;
+                dense_values[dense_layout.a(l, p) + j * r * in + i] = a;
+            }
+            for (int o = 0; o < w; o++)
+                for (int k = 0; k < r; k++) {
+                    const float b = (float)uniform();
+                    slice_values[slice_layout.b(l, t) + (size_t)o * r + k] = b;
+                    dense_values[dense_layout.b(l, p) + (size_t)(offset + o) * R + j * r + k] = b;
+                }
+        }
+    const std::vector<float> merged_slices = merge_adapters(layout, weights, slice_layout, slice_values);
+    const std::vector<float> merged_dense = merge_adapters(layout, weights, dense_layout, dense_values);
+    expect(merged_slices == merged_dense, label + "_merge_matches_dense_bitwise", "the merged weights differ");
+    size_t changed_elsewhere = 0;
+    for (int l = 0; l < c.num_layers; l++)
+        for (int b = 0; b < kBlockTensors; b++) {
+            if (b == lora_target_weight(p)) continue;
+            const size_t begin = layout.tensor(l, (BlockTensor)b), size = layout.block_tensor_size[b];
+            for (size_t i = begin; i < begin + size; i++) changed_elsewhere += merged_slices[i] != weights[i];
+        }
+    expect(changed_elsewhere == 0, label + "_merge_changes_only_the_product", std::to_string(changed_elsewhere) + " other weights changed");
+
+    // the adapter file: written and read back, the same values and targets, and the same bytes when rewritten
+    const std::string path = "/tmp/test_cpu_lora_" + label + "_" + std::to_string((long)getpid()) + ".bin";
+    write_adapter_file(path, slice_layout, slice_values);
+    std::vector<float> read_values;
+    const LoraSpec read_spec = read_adapter_file(path, c, 24, read_values);
+    const AdapterLayout read_layout(c, read_spec, 24);
+    bool same = read_spec.rank == r && read_spec.alpha == slice_spec.alpha && read_spec.targets == slice_spec.targets;
+    for (int l = 0; l < c.num_layers; l++)
+        same = same && std::equal(slice_values.begin() + slice_layout.unit_begin(l), slice_values.begin() + slice_layout.unit_begin(l) + slice_layout.layer_size(),
+                                  read_values.begin() + read_layout.unit_begin(l));
+    const std::string rewritten = path + ".again";
+    write_adapter_file(rewritten, read_layout, read_values);
+    expect(same && read_bytes(path) == read_bytes(rewritten) &&
+               (long)read_bytes(path).size() == 1024 + 4 * (long)slice_layout.count,
+           label + "_adapter_file_round_trip", "the file read back differs");
+    std::remove(path.c_str());
+    std::remove(rewritten.c_str());
+}
+
+// Target names (PEFT's o and down are attn-proj and fc-proj) and which family takes which.
+void check_target_names() {
+    expect(parse_lora_targets("q,k,v,o,gate,up,down") ==
+               (1u << kLoraQ | 1u << kLoraK | 1u << kLoraV | 1u << kLoraAttnProj | 1u << kLoraGate | 1u << kLoraUp | 1u << kLoraFcProj),
+           "targets_peft_names", "q,k,v,o,gate,up,down parsed wrong");
+    expect(parse_lora_targets("qkv,attn-proj,fc,fc-proj") == 15u, "targets_gpt2_names", "qkv,attn-proj,fc,fc-proj is not 15");
+    expect(parse_lora_targets("o") == parse_lora_targets("attn-proj") && parse_lora_targets("down") == parse_lora_targets("fc-proj"),
+           "targets_aliases", "o or down is not its product's name");
+    expect(parse_lora_targets("q_proj") == 0 && parse_lora_targets("q,") == 0 && parse_lora_targets("") == 0, "targets_unknown_names",
+           "an unknown or empty name parsed");
+    ModelConfig gpt2, llama;
+    llama.family = ModelFamily::kLlama;
+    expect(!lora_targets_problem(1u << kLoraGate, gpt2).empty() && !lora_targets_problem(1u << kLoraUp, gpt2).empty() &&
+               lora_targets_problem(1u << kLoraGate | 1u << kLoraUp, llama).empty() &&
+               lora_targets_problem(1u << kLoraQ | 1u << kLoraK | 1u << kLoraV | 15u, gpt2).empty(),
+           "targets_per_family", "gate and up must be the Llama family's only, the rest both families'");
+}
+
+void check_slice_targets() {
+    check_target_names();
+    ModelConfig llama;  // grouped-query attention: k and v narrower than q
+    llama.family = ModelFamily::kLlama;
+    llama.num_layers = 2;
+    llama.num_heads = 4;
+    llama.kv_heads = 2;
+    llama.channels = 32;
+    llama.ffn = 48;
+    llama.qkv_bias = false;
+    llama.tied_head = false;
+    llama.vocab_size = llama.padded_vocab_size = 64;
+    llama.max_seq_len = 16;
+    check_slices_against_dense("llama_qkv", llama, kLoraQkv, {kLoraQ, kLoraK, kLoraV}, 3);
+    check_slices_against_dense("llama_gate_up", llama, kLoraFc, {kLoraGate, kLoraUp}, 2);
+    ModelConfig gpt2;
+    gpt2.num_layers = 2;
+    gpt2.num_heads = 2;
+    gpt2.channels = 32;
+    gpt2.vocab_size = gpt2.padded_vocab_size = 64;
+    gpt2.max_seq_len = 16;
+    check_slices_against_dense("gpt2_qkv", gpt2, kLoraQkv, {kLoraQ, kLoraK, kLoraV}, 2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     check_suite("cpu_lora");
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: %s FIXTURE_DIR (from test/tools/make_cpu_fixture.sh --lora)\n", argv[0]);
+    if (argc > 2) {
+        std::fprintf(stderr, "usage: %s [FIXTURE_DIR] (from test/tools/make_cpu_fixture.sh --lora)\n", argv[0]);
         return 1;
     }
+    check_slice_targets();
+    if (argc == 1) return check_failures() ? 1 : 0;
     const std::string dir = argv[1];
     const std::string model_path = dir + "/model.bin", init_path = dir + "/lora_init.bin";
     const std::string state_path = dir + "/lora_state.bin";

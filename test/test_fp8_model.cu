@@ -59,7 +59,7 @@ static std::string cache_mismatch(Transformer<__nv_bfloat16>& model, cudaStream_
             std::vector<uint8_t> expected(2 * n), kept(2 * n);
             cudaCheck(cudaStreamSynchronize(stream));
             cudaCheck(cudaMemcpy(expected.data(), fresh, 2 * n, cudaMemcpyDeviceToHost));
-            const __nv_fp8_e4m3* copies = f.weights + fp8_weight_copies_offset(l, (Fp8Layer)layer, (size_t)C * C);
+            const __nv_fp8_e4m3* copies = f.weights + fp8_weight_copies_offset(l, (Fp8Layer)layer, f.weight_sizes);
             cudaCheck(cudaMemcpy(kept.data(), copies, 2 * n, cudaMemcpyDeviceToHost));
             cudaCheck(cudaFree(state));
             cudaCheck(cudaFree(fresh));
