@@ -6,7 +6,7 @@
 // skip an injected NaN gradient the same way.
 // With a LoRA debug state (version 3, docs/lora.md) and the reference's adapter file: the adapter
 // gradients instead, the base weights bitwise unchanged by the steps, and with B = 0 the base model's
-// logits bitwise.
+// logits bitwise. A Llama-family model in fp32 also checks LoRA on slices of a product (check_lora_slices).
 // Usage: test_model MODEL.bin STATE.bin fp32|bf16|fp16 [label] [ADAPTERS.bin]
 // Prints one line per check ("PASS model ..." or "FAIL model ...") for the test runner; exits 1 on any failure.
 #define TESTING
@@ -301,6 +301,87 @@ static void run(const std::string& model_path, const DebugState& state, const st
     cudaCheck(cudaStreamDestroy(stream));
 }
 
+// LoRA on slices of a product (the Llama family's q, k, v of qkv and gate, up of fc, PEFT's adapters) against the same
+// adapters as whole-product ones (qkv and fc at rank 3r: A the slices' A stacked, B block-diagonal, the third block of
+// fc's zero; alpha 3x, so the scales agree) on the same base and batch, fp32: logits and loss within the summation
+// order's rounding (1e-5 relative: the products differ in shape, not in what they sum), and every slice adapter's dA and
+// dB equal to its block of the whole-product adapter's gradients within 1e-5 relative.
+static void check_lora_slices(const std::string& model_path, const DebugState& state, const std::string& label) {
+    std::vector<float> values;
+    const ModelConfig config = read_model_file(model_path, values);
+    const int r = 2, B = state.B, T = state.T;
+    LoraSpec slices, whole;
+    slices.rank = r;
+    slices.alpha = 4.0f;
+    slices.targets = 1u << kLoraQ | 1u << kLoraK | 1u << kLoraV | 1u << kLoraGate | 1u << kLoraUp;
+    whole.rank = 3 * r;
+    whole.alpha = 3 * slices.alpha;
+    whole.targets = 1u << kLoraQkv | 1u << kLoraFc;
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    ProcessGroup single;
+    const ProcessMesh mesh;
+    Transformer<float> ms(config, single, mesh, 0, stream, slices), mw(config, single, mesh, 0, stream, whole);
+    ms.allocate(B, T);
+    mw.allocate(B, T);
+    set_parameters(ms, values);
+    set_parameters(mw, values);
+    const AdapterLayout &ls = *ms.adapter_layout, &lw = *mw.adapter_layout;
+    std::vector<float> as(ls.total, 0.0f), aw(lw.total, 0.0f);
+    uint64_t seed = 99;
+    auto draw = [&]() { seed = splitmix64(seed); return (float)((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 0.2f; };
+    // slice t of whole product w: its A rows [block r, block r + r) of w's A, its B the (out x r) block at rows
+    // lora_out_offset(t), columns [block r, block r + r) of w's B
+    auto block_of = [](int t) { return t == kLoraQ || t == kLoraGate ? 0 : t == kLoraK || t == kLoraUp ? 1 : 2; };
+    for (int l = 0; l < config.num_layers; l++)
+        for (int t : {kLoraQ, kLoraK, kLoraV, kLoraGate, kLoraUp}) {
+            const int w = lora_product(t), in = lora_in(t, config), out = lora_out(t, config), k = block_of(t), col = lora_out_offset(t, config);
+            for (int i = 0; i < r * in; i++) as[ls.a(l, t) + i] = aw[lw.a(l, w) + (size_t)k * r * in + i] = draw();
+            for (int o = 0; o < out; o++)
+                for (int j = 0; j < r; j++)
+                    as[ls.b(l, t) + (size_t)o * r + j] = aw[lw.b(l, w) + (size_t)(col + o) * 3 * r + k * r + j] = draw();
+        }
+    ms.adapters->set_parameters(as);
+    mw.adapters->set_parameters(aw);
+    ms.upload_batch(state.inputs.data(), state.targets.data());
+    mw.upload_batch(state.inputs.data(), state.targets.data());
+    const std::vector<float> logits_s = unpadded_logits(ms), logits_w = unpadded_logits(mw);
+    const double logits_rel = relative_l2(logits_s.data(), logits_w.data(), logits_s.size());
+    char buf[256];
+    snprintf(buf, sizeof(buf), "rel L2 %.3g (tol 1e-5)", logits_rel);
+    check(logits_rel <= 1e-5, label + " LoRA slices q, k, v, gate, up: logits equal whole-product adapters'", buf);
+    float loss[2];
+    Transformer<float>* models[2] = {&ms, &mw};
+    for (int m = 0; m < 2; m++) {
+        models[m]->zero_grad();
+        models[m]->forward(true, models[m]->dloss(1));
+        models[m]->accumulate_loss();
+        loss[m] = models[m]->take_mean_loss();
+        models[m]->backward();
+    }
+    snprintf(buf, sizeof(buf), "%.7f and %.7f", loss[0], loss[1]);
+    check(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), label + " LoRA slices: loss equal whole-product adapters'", buf);
+    const std::vector<float> gs = ms.adapters->gradients_host(), gw = mw.adapters->gradients_host();
+    std::vector<float> mine, theirs;
+    for (int l = 0; l < config.num_layers; l++)
+        for (int t : {kLoraQ, kLoraK, kLoraV, kLoraGate, kLoraUp}) {
+            const int w = lora_product(t), in = lora_in(t, config), out = lora_out(t, config), k = block_of(t), col = lora_out_offset(t, config);
+            for (int i = 0; i < r * in; i++) {
+                mine.push_back(gs[ls.a(l, t) + i]);
+                theirs.push_back(gw[lw.a(l, w) + (size_t)k * r * in + i]);
+            }
+            for (int o = 0; o < out; o++)
+                for (int j = 0; j < r; j++) {
+                    mine.push_back(gs[ls.b(l, t) + (size_t)o * r + j]);
+                    theirs.push_back(gw[lw.b(l, w) + (size_t)(col + o) * 3 * r + k * r + j]);
+                }
+        }
+    const double grads_rel = relative_l2(mine.data(), theirs.data(), mine.size());
+    snprintf(buf, sizeof(buf), "rel L2 %.3g over %zu values (tol 1e-5)", grads_rel, mine.size());
+    check(grads_rel <= 1e-5, label + " LoRA slices: dA and dB equal their blocks of the whole-product adapters'", buf);
+    cudaCheck(cudaStreamDestroy(stream));
+}
+
 int main(int argc, char** argv) {
     check_suite("model");
     if (argc < 4) {
@@ -313,6 +394,7 @@ int main(int argc, char** argv) {
     DebugState state = read_debug_state(argv[2]);
     matmul_setup(false);
     if (precision == "fp32") run<float>(argv[1], state, label, Precision::FP32, adapters);
+    if (precision == "fp32" && adapters.empty() && read_model_config(argv[1]).llama()) check_lora_slices(argv[1], state, label);
     else if (precision == "bf16") run<__nv_bfloat16>(argv[1], state, label, Precision::BF16, adapters);
     else if (precision == "fp16") run<__half>(argv[1], state, label, Precision::FP16, adapters);
     else die("precision must be fp32, bf16 or fp16, got '" + precision + "'");

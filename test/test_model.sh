@@ -2,7 +2,8 @@
 # Whole model on the GPU against the PyTorch reference (scripts/reference/gpt2_reference.py on the same GPU), in fp32,
 # bf16 and fp16, for a small config and for d12 at B=4, T=64, and for Llama-family models against
 # scripts/reference/llama_reference.py: logits, loss, gradient norm, every gradient tensor, and the losses of 10 AdamW
-# steps (tolerances in test/test_model.cu); the same steps with the optimizer state
+# steps (tolerances in test/test_model.cu), and for the Llama model in fp32 LoRA on slices of a product (q, k, v, gate,
+# up) against the same adapters as whole-product ones; the same steps with the optimizer state
 # on the host (ZeRO-Offload) bitwise equal to the GPU's, and its skip of a NaN gradient. Then LoRA (r=4 on all four
 # targets, non-zero B) in fp32 and bf16: logits, loss, adapter gradients, 10 losses, base weights unchanged,
 # and with B = 0 the base model's logits bitwise. The quick tier (TEST_TIER=quick) runs the small config in each
