@@ -4,7 +4,8 @@
 # A suite has one name X: its label here, its driver test/test_X.sh (if any) and its program build/test_X from
 # test/test_X.cpp|cu (if any). Every check prints one line that starts with its suite's name: "PASS X name",
 # "FAIL X name: why" or "SKIP X name: why" (so `grep '^PASS X '` lists a suite's checks).
-# CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise.
+# CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise. With a GPU the
+# two run side by side (the CPU suites' lines come after the GPU suites').
 # TEST_TIER (exported to every suite): quick (`make test`) runs each GPU suite's reduced set, every component at
 # least once; full (`make test-full`, and the default) runs every check, and the
 # multi-rank suites once more with one rank per GPU on a machine with several. Each driver and program says what
@@ -40,102 +41,120 @@ skip() { selected "$1" || return 0; echo "SKIP $1: $2" | tee -a "$LOG"; }  # a s
 
 gpu_count=$(scripts/visible_gpus.sh)
 
-# ---- CPU tests
-run tokenizer build/test_tokenizer
-run dataloader build/test_dataloader
-run hellaswag build/test_hellaswag
-run mesh build/test_mesh
-run pipeline_schedule build/test_pipeline_schedule
-run layout build/test_layout  # the families' shapes and presets, every split and part of the parameter layout, the masks, a Llama model file
-run options build/test_options  # every flag's default, alias and range pinned; each range and validate_options' checks at their bounds
-run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
-run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
-run checkpoints build/test_checkpoints  # committed checkpoints: manifests, resume's choice, retention, mixed files, the folder's lock
-run checkpoint_crash build/test_checkpoint_crash  # the save killed at every fault point, ranks as processes: no committed checkpoint lost or mixed
-run offload_dir build/test_offload_dir  # ZeRO-Offload's NVMe tier: AdamW through the optimizer file, bitwise; full disk, write errors, no O_DIRECT
-run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
-run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
-run fp8 build/test_fp8  # FP8 rounding (the host reference), scales from amaxes, the shapes the FP8 products take
-run launch bash test/test_launch.sh
-run cli bash test/test_cli.sh
-run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
+# The shards of data/ that suites read: made (and their maker checked, `prepare`) before any suite runs beside another.
 run prepare bash test/test_prepare.sh
-run llama_reference bash test/test_llama_reference.sh  # the Llama-family PyTorch reference: its self-test, and against transformers (skipped without it)
-run commands bash test/test_commands.sh  # every command README and docs/ show: train_gpt's as dry runs, the scripts' as shown
-run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
-run sharding build/test_sharding
-run lora_files build/test_lora_files
-run formats build/test_formats
-run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax, products and the casts fused with LayerNorm and GELU on the GPU (skipped without one; its host checks run)
-fixture_rc=3  # not selected
-selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
-                            echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
-if [ $fixture_rc -eq 3 ]; then :
-elif [ $fixture_rc -eq 0 ]; then
-    run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
-elif [ $fixture_rc -eq 2 ]; then
-    skip "cpu_reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
-else
-    echo "FAIL cpu_reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
-fi
 
-lora_rc=3  # not selected
-# the CPU reference's LoRA: on a GPU machine a full-tier check (the GPU suites' quick tiers train and merge adapters
-# against PyTorch's merge); without a GPU the CPU checks are all there is, so every tier runs it
-{ [ "$TEST_TIER" = full ] || [ "$gpu_count" -eq 0 ]; } && selected cpu_lora && { start=$SECONDS; lora_out=$(bash test/tools/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?
-                                               echo "# cpu_lora fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
-if [ $lora_rc -eq 3 ]; then :
-elif [ $lora_rc -eq 0 ]; then
-    run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
-elif [ $lora_rc -eq 2 ]; then
-    skip "cpu_lora reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
-else
-    echo "FAIL cpu_lora fixture: $(printf '%s' "$lora_out" | tail -n 1)" | tee -a "$LOG"
-fi
+# ---- CPU tests
+cpu_suites() {
+    run tokenizer build/test_tokenizer
+    run dataloader build/test_dataloader
+    run hellaswag build/test_hellaswag
+    run mesh build/test_mesh
+    run pipeline_schedule build/test_pipeline_schedule
+    run layout build/test_layout  # the families' shapes and presets, every split and part of the parameter layout, the masks, a Llama model file
+    run options build/test_options  # every flag's default, alias and range pinned; each range and validate_options' checks at their bounds
+    run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
+    run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
+    run checkpoints build/test_checkpoints  # committed checkpoints: manifests, resume's choice, retention, mixed files, the folder's lock
+    run checkpoint_crash build/test_checkpoint_crash  # the save killed at every fault point, ranks as processes: no committed checkpoint lost or mixed
+    run offload_dir build/test_offload_dir  # ZeRO-Offload's NVMe tier: AdamW through the optimizer file, bitwise; full disk, write errors, no O_DIRECT
+    run stop_signals build/test_stop_signals  # SIGTERM/SIGINT/SIGUSR1 as stop requests, a second SIGINT, no EINTR anywhere
+    run heartbeat build/test_heartbeat  # ranks as processes: a killed, stopped or failing one named and the others ended
+    run fp8 build/test_fp8  # FP8 rounding (the host reference), scales from amaxes, the shapes the FP8 products take
+    run launch bash test/test_launch.sh
+    run cli bash test/test_cli.sh
+    run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
+    run llama_reference bash test/test_llama_reference.sh  # the Llama-family PyTorch reference: its self-test, and against transformers (skipped without it)
+    run commands bash test/test_commands.sh  # every command README and docs/ show: train_gpt's as dry runs, the scripts' as shown
+    run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
+    run sharding build/test_sharding
+    run lora_files build/test_lora_files
+    run formats build/test_formats
+    run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax, products and the casts fused with LayerNorm and GELU on the GPU (skipped without one; its host checks run)
+    fixture_rc=3  # not selected
+    selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
+                                echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
+    if [ $fixture_rc -eq 3 ]; then :
+    elif [ $fixture_rc -eq 0 ]; then
+        run cpu_reference build/test_cpu_reference "$WORK/cpu_fixture/model.bin" "$WORK/cpu_fixture/debug_state.bin"
+    elif [ $fixture_rc -eq 2 ]; then
+        skip "cpu_reference vs PyTorch" "$(printf '%s' "$fixture_out" | tail -n 1)"
+    else
+        echo "FAIL cpu_reference fixture: $(printf '%s' "$fixture_out" | tail -n 1)" | tee -a "$LOG"
+    fi
+
+    lora_rc=3  # not selected
+    # the CPU reference's LoRA: on a GPU machine a full-tier check (the GPU suites' quick tiers train and merge adapters
+    # against PyTorch's merge); without a GPU the CPU checks are all there is, so every tier runs it
+    { [ "$TEST_TIER" = full ] || [ "$gpu_count" -eq 0 ]; } && selected cpu_lora && { start=$SECONDS; lora_out=$(bash test/tools/make_cpu_fixture.sh --lora "$WORK/cpu_lora_fixture" 2>&1); lora_rc=$?
+                                                   echo "# cpu_lora fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
+    if [ $lora_rc -eq 3 ]; then :
+    elif [ $lora_rc -eq 0 ]; then
+        run cpu_lora build/test_cpu_lora "$WORK/cpu_lora_fixture"
+    elif [ $lora_rc -eq 2 ]; then
+        skip "cpu_lora reference vs PyTorch" "$(printf '%s' "$lora_out" | tail -n 1)"
+    else
+        echo "FAIL cpu_lora fixture: $(printf '%s' "$lora_out" | tail -n 1)" | tee -a "$LOG"
+    fi
+
+}
 
 # ---- GPU tests
+gpu_suites() {
+        run kernels build/test_kernels
+        sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
+        if ! selected attention; then :
+        elif python3 test/tools/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
+        else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
+        run attention build/test_attention $sdpa
+        run model bash test/test_model.sh
+        run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
+        run training bash test/test_training.sh
+        run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
+        run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
+        run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
+        run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
+        run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
+        run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (ranks sharing one GPU)
+        run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
+        # ZeRO on 2 ranks: one per GPU, or sharing GPU 0 on a machine with one (which skips the checks that need a GPU
+        # per rank); the full tier also on 4 GPUs
+        run "zero 2 ranks" bash test/test_zero.sh 2
+        if [ "$TEST_TIER" = full ]; then
+            if [ "$gpu_count" -ge 4 ]; then run "zero 4 GPUs" bash test/test_zero.sh 4; else skip "zero stages 0-3 on 4 GPUs" "$gpu_count GPU(s)"; fi
+        fi
+        # the full tier: the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the
+        # others share GPU 0)
+        if [ "$TEST_TIER" = full ] && [ "$gpu_count" -ge 2 ]; then
+            export ONE_RANK_PER_GPU=1
+            for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
+                run "$suite on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) [a-z0-9_]+ /&[one rank per GPU] /"' \
+                    "test/test_$suite.sh"
+            done
+            unset ONE_RANK_PER_GPU
+        elif [ "$TEST_TIER" = full ]; then
+            for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
+        fi
+}
+
+# With a GPU the CPU suites run beside the GPU suites (they share no files; the GPU suites use few cores), their
+# lines printed after the GPU suites' and their log appended to $LOG; without one, alone.
 if [ "$gpu_count" -ge 1 ]; then
-    run kernels build/test_kernels
-    sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
-    if ! selected attention; then :
-    elif python3 test/tools/attention_vs_sdpa.py "$WORK/sdpa_ref.bin" > "$WORK/sdpa.log" 2>&1; then sdpa="$WORK/sdpa_ref.bin"
-    else skip "attention vs PyTorch SDPA" "$(tail -n 1 "$WORK/sdpa.log")"; fi
-    run attention build/test_attention $sdpa
-    run model bash test/test_model.sh
-    run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
-    run training bash test/test_training.sh
-    run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
-    run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
-    run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
-    run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
-    run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
-    run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (ranks sharing one GPU)
-    run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
-    # ZeRO on 2 ranks: one per GPU, or sharing GPU 0 on a machine with one (which skips the checks that need a GPU
-    # per rank); the full tier also on 4 GPUs
-    run "zero 2 ranks" bash test/test_zero.sh 2
-    if [ "$TEST_TIER" = full ]; then
-        if [ "$gpu_count" -ge 4 ]; then run "zero 4 GPUs" bash test/test_zero.sh 4; else skip "zero stages 0-3 on 4 GPUs" "$gpu_count GPU(s)"; fi
-    fi
-    # the full tier: the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the
-    # others share GPU 0)
-    if [ "$TEST_TIER" = full ] && [ "$gpu_count" -ge 2 ]; then
-        export ONE_RANK_PER_GPU=1
-        for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
-            run "$suite on $gpu_count GPUs" bash -c 'set -o pipefail; bash "$0" | sed -E "s/^(PASS|FAIL|SKIP) [a-z0-9_]+ /&[one rank per GPU] /"' \
-                "test/test_$suite.sh"
-        done
-        unset ONE_RANK_PER_GPU
-    elif [ "$TEST_TIER" = full ]; then
-        for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do skip "$suite with one rank per GPU" "$gpu_count GPU(s)"; done
-    fi
+    cpu_out=$WORK/cpu_suites.out
+    (LOG=$WORK/cpu_suites.log; : > "$LOG"; cpu_suites) > "$cpu_out" 2>&1 &
+    cpu_pid=$!
+    gpu_suites
+    wait $cpu_pid
+    cat "$cpu_out"
+    cat "$WORK/cpu_suites.log" >> "$LOG"
 else
-    gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
-                "training determinism, resume and curve parity" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
-                "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
-                "zero on 2 ranks")
-    [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")
-    for t in "${gpu_suites[@]}"; do skip "$t" "no GPU"; done
+    cpu_suites
+        gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
+                    "training determinism, resume and curve parity" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
+                    "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
+                    "zero on 2 ranks")
+        [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")
+        for t in "${gpu_suites[@]}"; do skip "$t" "no GPU"; done
 fi
 
 passed=$(grep -c '^PASS ' "$LOG"); failed=$(grep -c '^FAIL ' "$LOG"); skipped=$(grep -c '^SKIP ' "$LOG")
