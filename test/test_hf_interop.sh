@@ -6,26 +6,129 @@
 #  2. train_gpt trains d2 (T=64) for 10 steps in fp32 and in bf16; its model files exported: transformers' loss on
 #     the validation batches of train_gpt's last "val loss" line within 1e-5 (fp32) and 1e-3 (bf16); export then
 #     import gives the model files back bit for bit
+#     (2b: the same for a Llama-family d2: transformers' logits of the export against llama_reference.py's of the
+#     checkpoint, tol 1e-4 of the largest; export then import bit for bit)
 #  3. the random model of 1 imported: `train_gpt --model FILE --steps 0` (evaluation only) gives transformers'
 #     validation loss within 1e-5 (fp32)
+#  4. Llama family (test/tools/hf_llama_check.py): a random LlamaForCausalLM (grouped-query attention, untied head,
+#     llama3 rope scaling) and Qwen2ForCausalLM (q/k/v biases, tied head) saved with save_pretrained, imported: our
+#     file's logits (scripts/reference/llama_reference.py's model read from it) within 1e-4 of the largest
+#     transformers logit (llama_reference.py's tolerance); exported back, from_pretrained gives the same logits
 #  and bad input (a truncated model file, a config train_gpt cannot run): exit 1, one line, nothing written.
-# Needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
-# (TEST_TIER=quick) runs 2 in fp32 only (export, transformers' loss, import back): each transformers process
-# takes seconds to start; 1, 3 and the bad input are full-tier checks. The modules are looked for, not imported,
-# before the checks (an import costs seconds).
+# Before those, with NumPy only (no torch, no GPU): folders written with numpy (llama, qwen2, mistral; fp32, bf16 and
+# f16; single and sharded) imported and exported back bit for bit, ours -> HF -> ours bit for bit, and the Llama
+# family's bad input (rope type, sliding window, attention_bias, a missing shard, a truncated safetensors file);
+# with torch also llama_reference.py's model files through export and import, and its reading of imported files.
+# The rest needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
+# (TEST_TIER=quick) runs 2 and 2b in fp32 only (export, transformers' loss, import back) and 4 for Llama only: each
+# transformers process takes seconds to start; 1, 3, 4 for Qwen2 and the bad input are full-tier checks. The
+# modules are looked for, not imported, before the checks (an import costs seconds).
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/hf_interop
 PY=${PYTHON:-python3}
 TIER=${TEST_TIER:-full}
+rm -rf "$W"; mkdir -p "$W"
 # found, not imported (importing torch and transformers takes seconds, and the checks import them anyway; an install
 # that is found but does not import fails the checks that use it)
-if ! $PY -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ('torch', 'transformers', 'safetensors')) else 1)" \
-        > /dev/null 2>&1; then
-    echo "SKIP hf_interop all checks: $PY cannot find torch, transformers and safetensors"
+has() { $PY -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in sys.argv[1:]) else 1)" "$@" > /dev/null 2>&1; }
+
+# ---- bad input: exit 1, one line on stderr naming the file, nothing written
+bad() {  # bad NAME WRITTEN_PATH COMMAND...
+    local name=$1 written=$2; shift 2
+    "$@" > "$W/bad.out" 2> "$W/bad.err"; local rc=$?
+    if [ $rc -eq 1 ] && [ "$(wc -l < "$W/bad.err")" -eq 1 ] && [ ! -e "$written" ] && [ -z "$(ls -d "$written".* "$(dirname "$written")"/.*tmp* 2>/dev/null)" ]; then
+        echo "PASS hf_interop bad input, $name: $(cat "$W/bad.err")"
+    else
+        echo "FAIL hf_interop bad input, $name: exit $rc, stderr '$(head -c 300 "$W/bad.err")', written: $(ls -d "$written"* 2>/dev/null)"
+    fi
+}
+
+# ---- 0. Llama family with NumPy only: HF -> ours -> HF and ours -> HF -> ours bit for bit
+LCHECK="$PY test/tools/hf_llama_check.py"
+IMPORT="$PY scripts/hf/import_hf.py"
+EXPORT="$PY scripts/hf/export_hf.py"
+edit_config() {  # edit_config FROM_DIR TO_DIR PYTHON_STATEMENTS_ON_c: a copy of the folder with config.json changed
+    rm -rf "$2"; cp -r "$1" "$2"
+    $PY -c "import json, sys; c = json.load(open(sys.argv[1])); $3; json.dump(c, open(sys.argv[1], 'w'))" "$2/config.json"
+}
+llama_round_trip() {  # llama_round_trip ID NAME ARCH DTYPE SHARDS: the folder $W/l_ID
+    local d="$W/l_$1" name=$2 flag=$([ "$4" = BF16 ] && echo --bf16)
+    if ! { $LCHECK make "$d" --arch "$3" --dtype "$4" --shards "$5" > "$d.make.out" 2>&1 &&
+           $IMPORT "$d" "$d.bin" $flag > "$d.import.out" 2>&1 && $EXPORT "$d.bin" "$d.hf" > "$d.export.out" 2>&1 &&
+           $IMPORT "$d.hf" "$d.back.bin" $flag > "$d.reimport.out" 2>&1; }; then
+        echo "FAIL hf_interop llama $name: $(tail -q -n 1 "$d".*.out 2>/dev/null | grep -i error | head -n 1)"; return
+    fi
+    same=$($LCHECK same-tensors "$d" "$d.hf" 2>&1 | tail -n 1)
+    case "$same" in ok*) echo "PASS hf_interop llama $name: HF -> model file -> HF: $same";;
+                    *) echo "FAIL hf_interop llama $name: HF -> model file -> HF: $same";; esac
+    if cmp -s "$d.bin" "$d.back.bin"; then echo "PASS hf_interop llama $name: model file -> HF -> model file bitwise"
+    else echo "FAIL hf_interop llama $name: model file -> HF -> model file: files differ"; fi
+}
+if ! has numpy; then
+    echo "SKIP hf_interop llama checks: $PY cannot find numpy"
+else
+    llama_round_trip llama32 "llama fp32 (GQA, untied head, llama3 rope scaling)" llama F32 1
+    llama_round_trip llama16 "llama bf16, 3 shards" llama BF16 3
+    llama_round_trip qwen32 "qwen2 fp32 (q/k/v biases, tied head)" qwen2 F32 1
+    llama_round_trip qwen16 "qwen2 bf16" qwen2 BF16 1
+    L="$W/l_llama32" Q="$W/l_qwen32"
+    # F16 tensors: imported to fp32 exactly, exported as F32 with the same values
+    if $LCHECK make "$W/f16" --arch llama --dtype F16 > "$W/f16.out" 2>&1 && $IMPORT "$W/f16" "$W/f16.bin" >> "$W/f16.out" 2>&1 &&
+       $EXPORT "$W/f16.bin" "$W/f16.hf" >> "$W/f16.out" 2>&1 && same=$($LCHECK same-tensors "$W/f16" "$W/f16.hf" --values 2>&1); then
+        echo "PASS hf_interop llama F16 -> fp32 model file -> F32: $same"
+    else echo "FAIL hf_interop llama F16 -> fp32 model file -> F32: $(tail -n 1 "$W/f16.out") $same"; fi
+    # Mistral: Llama's tensors under another model_type; no sliding window
+    edit_config "$L" "$W/mistral" "c['model_type'] = 'mistral'; c['architectures'] = ['MistralForCausalLM']; c['sliding_window'] = None"
+    if $IMPORT "$W/mistral" "$W/mistral.bin" > "$W/mistral.out" 2>&1 && cmp -s "$W/mistral.bin" "$L.bin"; then
+        echo "PASS hf_interop llama mistral (sliding_window null): the same model file as llama's"
+    else echo "FAIL hf_interop llama mistral: $(tail -n 1 "$W/mistral.out")"; fi
+    # transformers 5's rope_parameters instead of rope_theta and rope_scaling
+    edit_config "$L" "$W/rope5" "c['rope_parameters'] = dict(c.pop('rope_scaling'), rope_theta=c.pop('rope_theta'))"
+    if $IMPORT "$W/rope5" "$W/rope5.bin" > "$W/rope5.out" 2>&1 && cmp -s "$W/rope5.bin" "$L.bin"; then
+        echo "PASS hf_interop llama rope_parameters (transformers 5): the same model file"
+    else echo "FAIL hf_interop llama rope_parameters: $(tail -n 1 "$W/rope5.out")"; fi
+    if has torch; then
+        # llama_reference.py writes the model file as the trainer reads it: an imported file read and written back by
+        # it is the same file, and its own files go through export and import unchanged
+        REF="$PY scripts/reference/llama_reference.py"
+        for a in llama qwen; do
+            if $REF --init-from "$W/l_${a}32.bin" --batch-size 1 --seq-len 8 --model-out "$W/ref_read.bin" > "$W/ref_read.out" 2>&1 &&
+               cmp -s "$W/l_${a}32.bin" "$W/ref_read.bin"; then
+                echo "PASS hf_interop llama $a import read and rewritten by llama_reference.py: the same file"
+            else echo "FAIL hf_interop llama $a import read by llama_reference.py: $(tail -n 1 "$W/ref_read.out")"; fi
+        done
+        if $REF --layers 2 --channels 256 --heads 4 --kv-heads 2 --ffn 344 --vocab-size 1000 --seq-len 16 --batch-size 1 \
+                --tied-head 0 --qkv-bias 1 --rope-theta 1000000 --norm-eps 1e-6 --model-out "$W/ref.bin" > "$W/ref.out" 2>&1 &&
+           $EXPORT "$W/ref.bin" "$W/ref_hf" > "$W/ref_export.out" 2>&1 && $IMPORT "$W/ref_hf" "$W/ref_back.bin" > "$W/ref_import.out" 2>&1 &&
+           cmp -s "$W/ref.bin" "$W/ref_back.bin"; then
+            echo "PASS hf_interop llama llama_reference.py model file (biases, untied head) -> HF -> model file bitwise"
+        else echo "FAIL hf_interop llama llama_reference.py model file -> HF -> model file: $(tail -q -n 1 "$W/ref.out" "$W/ref_export.out" "$W/ref_import.out" 2>/dev/null | grep -i error | head -n 1)"; fi
+    else
+        echo "SKIP hf_interop llama checks with llama_reference.py: $PY cannot find torch"
+    fi
+    # bad input
+    edit_config "$L" "$W/b_rope" "c['rope_scaling'] = {'rope_type': 'yarn', 'factor': 4.0}"
+    bad "llama rope type yarn" "$W/bad.bin" $IMPORT "$W/b_rope" "$W/bad.bin"
+    edit_config "$L" "$W/b_window" "c['model_type'] = 'mistral'; c['sliding_window'] = 32"
+    bad "mistral sliding window" "$W/bad.bin" $IMPORT "$W/b_window" "$W/bad.bin"
+    edit_config "$Q" "$W/b_qwindow" "c['use_sliding_window'] = True; c['sliding_window'] = 32"
+    bad "qwen2 use_sliding_window" "$W/bad.bin" $IMPORT "$W/b_qwindow" "$W/bad.bin"
+    edit_config "$L" "$W/b_bias" "c['attention_bias'] = True"
+    bad "llama attention_bias" "$W/bad.bin" $IMPORT "$W/b_bias" "$W/bad.bin"
+    edit_config "$L" "$W/b_head" "c['tie_word_embeddings'] = True"
+    bad "llama lm_head.weight while tied" "$W/bad.bin" $IMPORT "$W/b_head" "$W/bad.bin"
+    rm -rf "$W/b_shard"; cp -r "$W/l_llama16" "$W/b_shard"; rm "$W/b_shard/model-00002-of-00003.safetensors"
+    bad "missing shard" "$W/bad.bin" $IMPORT "$W/b_shard" "$W/bad.bin"
+    rm -rf "$W/b_trunc"; cp -r "$L" "$W/b_trunc"
+    head -c 100000 "$L/model.safetensors" > "$W/b_trunc/model.safetensors"
+    bad "truncated safetensors" "$W/bad.bin" $IMPORT "$W/b_trunc" "$W/bad.bin"
+fi
+
+if ! has torch transformers safetensors; then
+    echo "SKIP hf_interop transformers checks: $PY cannot find torch, transformers and safetensors"
     exit 0
 fi
-rm -rf "$W"; mkdir -p "$W"
 TRAIN="data/tinyshakespeare/tinyshakespeare_train_*.bin"
 VAL="data/tinyshakespeare/tinyshakespeare_val_*.bin"
 [ -n "$(ls $TRAIN $VAL 2>/dev/null)" ] || bash scripts/data/prepare_tinyshakespeare.sh > "$W/prepare.log" 2>&1 \
@@ -80,6 +183,25 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     else echo "FAIL hf_interop $p model file -> export -> import: files differ ($(tail -n 1 "$W/reimport_$p.out"))"; fi
 done
 
+# ---- 2b. a Llama-family train_gpt checkpoint (d2 --arch llama) exported: transformers' logits are llama_reference.py's
+# of the checkpoint (tol 1e-4 of the largest); imported back, the same bytes but the run identity and the checksum
+for p in fp32 $([ "$TIER" = full ] && echo bf16); do
+    o="$W/train_llama_$p"
+    ./train_gpt "${SMALL[@]}" --arch llama --precision $p -o "$o" > "$o.out" 2>&1 \
+        || { echo "FAIL hf_interop export of a $p Llama train_gpt model: training: $(tail -n 1 "$o.out")"; continue; }
+    model="$o/model_00000010.bin"
+    if ! { $EXPORT "$model" "$o.hf" > "$o.export.out" 2>&1 &&
+           $IMPORT "$o.hf" "$o.back.bin" $([ $p = bf16 ] && echo --bf16) > "$o.import.out" 2>&1; }; then
+        echo "FAIL hf_interop export of a $p Llama train_gpt model: $(tail -q -n 1 "$o.export.out" "$o.import.out" 2>/dev/null | tail -n 1)"; continue
+    fi
+    r=$($LCHECK ours-vs-hf "$model" "$o.hf" 2> "$o.logits.err" | tail -n 1)
+    if within "$r" 0 1e-4; then echo "PASS hf_interop export of a $p Llama train_gpt model (d2, 10 steps): transformers' logits vs llama_reference.py's: max |diff| / max |logit| $r (tol 1e-4)"
+    else echo "FAIL hf_interop export of a $p Llama train_gpt model: logits '$r' (tol 1e-4) $(tail -n 1 "$o.logits.err")"; fi
+    if cmp -s -n 960 "$model" "$o.back.bin" && cmp -s -i 976 -n 40 "$model" "$o.back.bin" && cmp -s -i 1024 "$model" "$o.back.bin"; then
+        echo "PASS hf_interop $p Llama model file -> export -> import: bitwise equal but the run identity and the checksum"
+    else echo "FAIL hf_interop $p Llama model file -> export -> import: files differ"; fi
+done
+
 # ---- 3. a transformers model evaluated by train_gpt (--steps 0: only the validation at step 0)
 if [ -f "$W/imported.bin" ]; then
     ./train_gpt --model "$W/imported.bin" --steps 0 --precision fp32 --seq-len $T --batch-size $B --train-data "$TRAIN" \
@@ -92,16 +214,21 @@ if [ -f "$W/imported.bin" ]; then
     fi
 fi
 
-# ---- bad input: exit 1, one line on stderr naming the file, nothing written
-bad() {  # bad NAME WRITTEN_PATH COMMAND...
-    local name=$1 written=$2; shift 2
-    "$@" > "$W/bad.out" 2> "$W/bad.err"; local rc=$?
-    if [ $rc -eq 1 ] && [ "$(wc -l < "$W/bad.err")" -eq 1 ] && [ ! -e "$written" ] && [ -z "$(ls -d "$written".* "$(dirname "$written")"/.*tmp* 2>/dev/null)" ]; then
-        echo "PASS hf_interop bad input, $name: $(cat "$W/bad.err")"
-    else
-        echo "FAIL hf_interop bad input, $name: exit $rc, stderr '$(head -c 300 "$W/bad.err")', written: $(ls -d "$written"* 2>/dev/null)"
+# ---- 4. Llama family: transformers -> our model file (its logits) -> transformers (the same logits)
+for arch in llama $([ "$TIER" = full ] && echo qwen2); do
+    d="$W/t_$arch"
+    if ! { $LCHECK random "$d" --arch $arch > "$d.random.out" 2>&1 && $IMPORT "$d" "$d.bin" > "$d.import.out" 2>&1 &&
+           $EXPORT "$d.bin" "$d.hf" > "$d.export.out" 2>&1; }; then
+        echo "FAIL hf_interop $arch transformers -> model file -> transformers: $(tail -q -n 1 "$d".*.out | tail -n 1)"; continue
     fi
-}
+    r=$($LCHECK ours-vs-hf "$d.bin" "$d" 2> "$d.ours.err" | tail -n 1)
+    if within "$r" 0 1e-4; then echo "PASS hf_interop $arch import: llama_reference.py's logits of the model file vs transformers': max |diff| / max |logit| $r (tol 1e-4)"
+    else echo "FAIL hf_interop $arch import: logits of the model file vs transformers': '$r' (tol 1e-4) $(tail -n 1 "$d.ours.err")"; fi
+    e=$($LCHECK hf-vs-hf "$d" "$d.hf" 2> "$d.hf.err" | tail -n 1)
+    if [ "$e" = 0 ]; then echo "PASS hf_interop $arch export: from_pretrained of the export gives the same logits (max |diff| 0)"
+    else echo "FAIL hf_interop $arch export: from_pretrained of the export: max |logit diff| '$e' $(tail -n 1 "$d.hf.err")"; fi
+done
+
 if [ -f "$W/imported.bin" ]; then
     head -c 100000 "$W/imported.bin" > "$W/truncated.bin"
     bad "truncated model file" "$W/hf_bad" $PY scripts/hf/export_hf.py "$W/truncated.bin" "$W/hf_bad"

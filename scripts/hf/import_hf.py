@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers GPT-2 folder -> llm.c model file that `train_gpt --model MODEL.bin` trains from.
+"""Hugging Face transformers GPT-2, Llama, Qwen2 or Mistral folder -> a model file that `train_gpt --model MODEL.bin`
+trains from (llm.c's for GPT-2, our Llama-family one for the others).
 
     python3 scripts/hf/import_hf.py HF_DIR MODEL.bin [--bf16]
 
-HF_DIR: config.json (model_type gpt2) and model.safetensors (F32, F16 or BF16; or model.safetensors.index.json
+Llama family (model_type llama, qwen2, mistral): config.json and model.safetensors (F32, F16 or BF16; or
+model.safetensors.index.json and its shards). q_proj, k_proj, v_proj rows -> qkvw [q | k | v] (Qwen2's biases ->
+qkvb), gate_proj and up_proj -> fcw [gate | up], as they are: transformers' rotary layout (rotate_half) is ours.
+Refused, one line naming the key: another rope type than default or llama3, an active sliding window, MoE, head_dim
+other than hidden_size / heads, hidden_act other than silu, Llama's attention_bias or mlp_bias, an lm_head that
+differs from embed_tokens when tied or none when untied. Tensors are streamed one at a time into the file.
+
+GPT-2: config.json (model_type gpt2) and model.safetensors (F32, F16 or BF16; or model.safetensors.index.json
 and its shards), or pytorch_model.bin when torch is installed. Tensor names with or without the "transformer."
 prefix. The configuration must be one train_gpt runs: GELU with the tanh approximation (gelu_new), n_inner
 4 x n_embd, LayerNorm epsilon 1e-5, attention scaled by 1/sqrt(head size) only, lm_head tied to wte, and
@@ -27,7 +35,8 @@ for _module, _pip in (("numpy", "numpy"),):
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_hf import BLOCK_TENSORS, InputError, config_problem, pad_vocab, read_safetensors, write_model_file  # noqa: E402
+from export_hf import (BLOCK_TENSORS, LLAMA_BLOCK, InputError, config_problem, f32, file_tensor_shapes,  # noqa: E402
+                       llama_parts, load_tensor, pad_vocab, read_safetensors, read_safetensors_header, write_model_file)
 
 # GPT2Config's defaults, for keys a config.json leaves out (as transformers reads it)
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
@@ -37,22 +46,42 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function: 0.5 x (1 + 
 IGNORED = re.compile(r"h\.\d+\.attn\.(masked_)?bias$")  # causal-mask buffers that old checkpoints store
 
 
+# The transformers config classes' defaults, for keys a config.json leaves out (LlamaConfig, Qwen2Config,
+# MistralConfig of transformers 4.4x; num_key_value_heads null: as many as heads).
+LLAMA_DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "rope_theta": 10000.0, "attention_bias": False, "mlp_bias": False},
+    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0, "use_sliding_window": False},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
+}
+FLOAT32_MAX = 3.4028234663852886e38  # the header holds float32s: a larger value would not convert
+MOE_KEYS = ("num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
 def read_config(hf_dir):
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isdir(hf_dir):
-        raise InputError(f"{hf_dir}: not a folder (expected a transformers GPT-2 folder with config.json)")
+        raise InputError(f"{hf_dir}: not a folder (expected a transformers folder with config.json)")
     try:
         with open(path) as f:
             raw = json.load(f)
     except FileNotFoundError:
-        raise InputError(f"{path}: missing (expected a transformers GPT-2 folder)")
+        raise InputError(f"{path}: missing (expected a transformers folder)")
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply for json
         raise InputError(f"{path}: not readable JSON ({e})")
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a JSON object")
+    if isinstance(raw.get("model_type"), str) and raw["model_type"] in LLAMA_DEFAULTS:
+        return read_llama_config(path, raw)
     if raw.get("model_type") != "gpt2":
         given = f"is {json.dumps(raw['model_type'])}" if "model_type" in raw else "missing"
-        raise InputError(f"{path}: model_type {given}, expected \"gpt2\"")
+        raise InputError(f"{path}: model_type {given}, expected \"gpt2\", \"llama\", \"qwen2\" or \"mistral\"")
     h = {**DEFAULTS, **raw}
     for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
         if not isinstance(h[key], int) or isinstance(h[key], bool):
@@ -77,6 +106,186 @@ def read_config(hf_dir):
     if problem:
         raise InputError(f"{path}: train_gpt cannot run this shape: {problem}")
     return c
+
+
+def is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def rope_settings(path, h):
+    """-> (theta, factor, low, high, original positions) from rope_parameters (transformers 5) or rope_theta and
+    rope_scaling (4.x); factor 0 when not scaled. Other rope types are refused: the trainer's RoPE has only these."""
+    params = h.get("rope_parameters")
+    key = "rope_parameters"
+    if params is None:
+        params, key = h.get("rope_scaling"), "rope_scaling"
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: {key} is {json.dumps(params)}, expected an object or null")
+    theta = params.get("rope_theta", h.get("rope_theta", 10000.0))
+    if not is_number(theta) or abs(theta) > FLOAT32_MAX:
+        raise InputError(f"{path}: rope_theta is {json.dumps(theta)}, expected a number (a float32)")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, 0.0, 1.0, 4.0, 8192  # model/config.h RopeScaling's defaults: the file's bytes for "none"
+    if kind != "llama3":
+        raise InputError(f"{path}: {key}.rope_type is {json.dumps(kind)}, expected \"default\" or \"llama3\" "
+                         f"(the trainer's RoPE has no other scaling)")
+    values = []
+    for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        v = params.get(name)
+        integral = name == "original_max_position_embeddings"
+        if not (isinstance(v, int) if integral else is_number(v) and abs(v) <= FLOAT32_MAX) or isinstance(v, bool):
+            raise InputError(f"{path}: {key}.{name} is {json.dumps(v)}, expected {'an integer' if integral else 'a number'}")
+        values.append(v)
+    return (theta, *values)
+
+
+def read_llama_config(path, raw):
+    """config.json of LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM -> our Llama-family shape."""
+    kind = raw["model_type"]
+    h = {**LLAMA_DEFAULTS[kind], **raw}
+    if h.get("num_key_value_heads") is None:
+        h["num_key_value_heads"] = h["num_attention_heads"]
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings"):
+        if not isinstance(h[key], int) or isinstance(h[key], bool) or abs(h[key]) >= 1 << 31:
+            raise InputError(f"{path}: {key} is {json.dumps(h[key])}, expected an integer")
+    C, NH = h["hidden_size"], h["num_attention_heads"]
+    head_dim = h.get("head_dim")
+    moe = [k for k in MOE_KEYS if h.get(k) not in (None, 0, 1, False)]
+    layer_types = h.get("layer_types")
+    window = h.get("sliding_window")
+    checks = [
+        (not moe, moe[0] if moe else "", "absent (mixture of experts is not supported)"),
+        (h.get("hidden_act", "silu") in ("silu", "swish"), "hidden_act", "\"silu\" (SwiGLU)"),
+        (NH > 0 and head_dim in (None, C // NH), "head_dim", f"null or hidden_size / num_attention_heads = {C // NH if NH > 0 else '?'}"),
+        (h.get("partial_rotary_factor", 1.0) == 1.0, "partial_rotary_factor", "1"),
+        (is_number(h["rms_norm_eps"]) and 0 < h["rms_norm_eps"] < 1, "rms_norm_eps", "a number in (0, 1)"),
+        (isinstance(h["tie_word_embeddings"], bool), "tie_word_embeddings", "true or false"),
+        (h.get("quantization_config") is None, "quantization_config", "absent (quantized weights are not supported)"),
+        (kind != "llama" or h["attention_bias"] is False, "attention_bias", "false (biases on q, k, v and o: Qwen2's are on q, k, v only)"),
+        (kind != "llama" or h["mlp_bias"] is False, "mlp_bias", "false"),
+        (kind != "qwen2" or h["use_sliding_window"] is False, "use_sliding_window", "false (sliding-window attention is not supported)"),
+        (kind != "mistral" or window is None or (is_number(window) and window >= h["max_position_embeddings"]),
+         "sliding_window", "null or at least max_position_embeddings (sliding-window attention is not supported)"),
+        (layer_types is None or (isinstance(layer_types, list) and all(t == "full_attention" for t in layer_types)),
+         "layer_types", "all \"full_attention\""),
+    ]
+    for ok, key, expected in checks:
+        if not ok:
+            raise InputError(f"{path}: {key} is {json.dumps(h.get(key))}, expected {expected}")
+    theta, factor, low, high, positions = rope_settings(path, h)
+    V = h["vocab_size"]
+    c = dict(family="llama", hf_type=kind, max_seq_len=h["max_position_embeddings"], vocab=V,
+             layers=h["num_hidden_layers"], heads=NH, channels=C, padded_vocab=pad_vocab(V),
+             kv_heads=h["num_key_value_heads"], ffn=h["intermediate_size"], qkv_bias=kind == "qwen2",
+             tied=h["tie_word_embeddings"], norm_eps=f32(h["rms_norm_eps"]), rope_theta=f32(theta),
+             rope_factor=f32(factor), rope_low=f32(low), rope_high=f32(high), rope_positions=positions)
+    if not 0 < positions < 1 << 31:
+        raise InputError(f"{path}: rope_scaling.original_max_position_embeddings is {positions}, expected a positive integer")
+    problem = config_problem(c)
+    if problem:
+        raise InputError(f"{path}: train_gpt cannot run this shape: {problem}")
+    return c
+
+
+def safetensors_index(hf_dir):
+    """-> ({tensor name: (file, (dtype, shape, byte offset))}, where they came from) of model.safetensors or the
+    shards that model.safetensors.index.json names; headers only, no tensor read."""
+    single = os.path.join(hf_dir, "model.safetensors")
+    if os.path.exists(single):
+        return {name: (single, e) for name, e in read_safetensors_header(single).items()}, single
+    index_path = os.path.join(hf_dir, "model.safetensors.index.json")
+    if not os.path.exists(index_path):
+        other = "pytorch_model.bin" if os.path.exists(os.path.join(hf_dir, "pytorch_model.bin")) else ""
+        raise InputError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json next to config.json" +
+                         (" (pytorch_model.bin is read for GPT-2 only: save with safe_serialization=True)" if other else ""))
+    try:
+        with open(index_path) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+        if not all(isinstance(name, str) for name in files):
+            raise TypeError("a file name is not a string")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise InputError(f"{index_path}: not a readable shard index ({e})")
+    found = {}
+    for name in files:
+        shard = os.path.join(hf_dir, name)
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            raise InputError(f"{index_path}: shard {json.dumps(name)} is not a file name (expected one in the folder)")
+        if not os.path.isfile(shard):
+            raise InputError(f"{shard}: missing (a shard that {os.path.basename(index_path)} names)")
+        for tensor, entry in read_safetensors_header(shard).items():
+            if tensor in found:
+                raise InputError(f"{shard}: tensor {tensor} is also in {found[tensor][0]}")
+            found[tensor] = (shard, entry)
+    return found, index_path
+
+
+def llama_writer(c, index, source):
+    """Checks every tensor that LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM of the shape has (names,
+    shapes, nothing extra), then -> {our tensor: a function giving its rows in pieces}, each piece one HF tensor
+    read when it is written (the vocabulary padded with zero rows)."""
+    V, Vp, L, C = c["vocab"], c["padded_vocab"], c["layers"], c["channels"]
+    expected = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    per_layer = {}
+    for ours, _ in LLAMA_BLOCK:
+        if ours == "qkvb" and not c["qkv_bias"]:
+            continue
+        inputs = C if ours != "fcprojw" else c["ffn"]
+        parts = llama_parts(c, ours)
+        per_layer[ours] = parts
+        for name, rows in parts:
+            shape = (C,) if ours in ("ln1w", "ln2w") else (rows,) if ours == "qkvb" else \
+                (C, inputs) if rows is None else (rows, C)
+            for l in range(L):
+                expected[f"model.layers.{l}.{name}"] = shape
+    head = "lm_head.weight"
+    if not c["tied"]:
+        expected[head] = (V, C)
+    for name, shape in expected.items():
+        if name not in index:
+            raise InputError(f"{source}: missing tensor {name} (expected shape {shape} for the config's {L} layers, "
+                             f"{C} channels, {c['kv_heads']} key/value heads, {c['ffn']} MLP units, vocab {V})")
+        if index[name][1][1] != shape:
+            raise InputError(f"{source}: tensor {name} has shape {index[name][1][1]}, expected {shape}")
+    rotary = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")  # a buffer older checkpoints store
+    extra = sorted(n for n in set(index) - set(expected) if not rotary.match(n) and n != head)
+    if extra:
+        raise InputError(f"{source}: unexpected tensor {extra[0]}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}"
+                         f" (expected only {ARCHITECTURES[c['hf_type']]}'s" +
+                         (", without biases)" if not c["qkv_bias"] else ", biases on q, k, v only)"))
+    if c["tied"] and head in index:
+        # some checkpoints store the tied head: accepted when it is embed_tokens, bit for bit
+        if index[head][1][1] != (V, C) or not np.array_equal(load(index, head), load(index, "model.embed_tokens.weight")):
+            raise InputError(f"{source}: lm_head.weight differs from model.embed_tokens.weight but "
+                             f"tie_word_embeddings is true")
+
+    def vocab(name):
+        def pieces():
+            yield load(index, name)
+            yield np.zeros((Vp - V, C), dtype=np.float32)
+        return pieces
+
+    def block(parts):
+        def pieces():
+            for l in range(L):
+                for name, _ in parts:
+                    yield load(index, f"model.layers.{l}.{name}")
+        return pieces
+
+    writer = {"wte": vocab("model.embed_tokens.weight"), "lnfw": lambda: [load(index, "model.norm.weight")]}
+    writer.update({ours: block(parts) for ours, parts in per_layer.items()})
+    if not c["tied"]:
+        writer["lm_head"] = vocab(head)
+    return writer
+
+
+def load(index, name):
+    path, entry = index[name]
+    return load_tensor(path, entry)
 
 
 def load_torch_bin(path):
@@ -162,7 +371,8 @@ def to_llmc(c, tensors, source):
 
 
 def main(argv):
-    usage = "usage: import_hf.py HF_DIR MODEL.bin [--bf16]  (Hugging Face GPT-2 folder -> llm.c model file, fp32 unless --bf16)"
+    usage = ("usage: import_hf.py HF_DIR MODEL.bin [--bf16]  (Hugging Face GPT-2, Llama, Qwen2 or Mistral folder -> "
+             "model file, fp32 unless --bf16)")
     if argv in (["-h"], ["--help"]):
         print(usage)
         return 0
@@ -174,14 +384,30 @@ def main(argv):
     hf_dir, out = args
     try:
         c = read_config(hf_dir)
-        tensors, source = read_tensors(hf_dir)
-        t = to_llmc(c, tensors, source)
+        if c.get("family") == "llama":
+            index, source = safetensors_index(hf_dir)
+            t = llama_writer(c, index, source)
+        else:
+            tensors, source = read_tensors(hf_dir)
+            t = to_llmc(c, tensors, source)
         write_model_file(out, c, t, bf16)
     except InputError as e:
         print(f"import_hf.py: error: {e}", file=sys.stderr)
         return 1
+    precision = f"version {5 if bf16 else 3} ({'bf16' if bf16 else 'fp32'})"
+    if c.get("family") == "llama":
+        padding = (c["padded_vocab"] - c["vocab"]) * c["channels"] * (1 if c["tied"] else 2)
+        params = sum(int(np.prod(s)) for _, s in file_tensor_shapes(c)) - padding
+        scaling = (f", llama3 rope scaling {c['rope_factor']:g}/{c['rope_low']:g}/{c['rope_high']:g}/{c['rope_positions']}"
+                   if c["rope_factor"] else "")
+        print(f"wrote {out}: Llama-family model file {precision} from {source} ({c['hf_type']}): {c['layers']} layers, "
+              f"{c['heads']} heads ({c['kv_heads']} key/value), {c['channels']} channels, {c['ffn']} MLP units, "
+              f"max T {c['max_seq_len']}, vocab {c['vocab']} (padded {c['padded_vocab']}), "
+              f"{'tied' if c['tied'] else 'untied'} head{', q/k/v biases' if c['qkv_bias'] else ''}, "
+              f"RMSNorm eps {c['norm_eps']:g}, rope theta {c['rope_theta']:g}{scaling}: {params:,} parameters")
+        return 0
     params = sum(a.size for a in t.values()) - (c["padded_vocab"] - c["vocab"]) * c["channels"]
-    print(f"wrote {out}: llm.c model file version {5 if bf16 else 3} ({'bf16' if bf16 else 'fp32'}) from {source}: "
+    print(f"wrote {out}: llm.c model file {precision} from {source}: "
           f"{c['layers']} layers, {c['heads']} heads, {c['channels']} channels, max T {c['max_seq_len']}, "
           f"vocab {c['vocab']} (padded {c['padded_vocab']}): {params:,} parameters")
     return 0

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""The Llama family's side of test/test_hf_interop.sh.
+
+NumPy only:
+    hf_llama_check.py make DIR --arch llama|qwen2 --dtype F32|F16|BF16 [--shards N] [--seed S]
+        a small Hugging Face folder written with numpy: config.json and random tensors in model.safetensors (or N
+        shards and model.safetensors.index.json). llama: 2 query heads sharing 1 key/value head, an untied head,
+        llama3 rope scaling; qwen2: q/k/v biases, a tied head, theta 1e6, eps 1e-6.
+    hf_llama_check.py same-tensors DIR_A DIR_B [--values]
+        every tensor of the two folders (single or sharded) has the same name, dtype, shape and bytes (--values: the
+        same values, whatever the dtypes: an F16 folder imported to fp32 and exported as F32)
+With torch and transformers (fp32, on the CPU):
+    hf_llama_check.py random DIR --arch llama|qwen2 [--seed S]
+        LlamaForCausalLM / Qwen2ForCausalLM of the same shapes built from a config (no download), every parameter
+        perturbed, saved with save_pretrained
+    hf_llama_check.py ours-vs-hf MODEL.bin DIR
+        logits of our model file (scripts/reference/llama_reference.py's model read from it) against the folder's
+        from_pretrained model: max |difference| / max |transformers| (llama_reference.py's tolerance is 1e-4)
+    hf_llama_check.py hf-vs-hf DIR_A DIR_B      max |logit difference| of two folders (0: the same model)
+Each prints one line on stdout; errors one line on stderr, exit 1.
+"""
+import argparse
+import json
+import os
+import sys
+
+# a package that cannot be imported: one line that names it and how to install it, no traceback
+for _module, _pip in (("numpy", "numpy"),):
+    try:
+        __import__(_module)
+    except ImportError as e:
+        _why = "" if e.name == _module else f" (importing it failed: {(str(e).splitlines() or [repr(e)])[0]})"
+        sys.exit(f"error: test/tools/hf_llama_check.py needs {_module}{_why}: pip install {_pip}")
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "hf"))
+from export_hf import InputError, bf16_bits, load_tensor, read_safetensors_header, write_safetensors  # noqa: E402
+
+SHAPES = {  # layers, channels, heads, kv heads, ffn, vocab, max positions
+    "llama": (2, 128, 2, 1, 256, 300, 64),
+    "qwen2": (2, 128, 2, 1, 192, 200, 64),
+}
+
+
+def hf_config(arch):
+    L, C, NH, KV, F, V, T = SHAPES[arch]
+    common = dict(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
+                  num_key_value_heads=KV, hidden_act="silu", max_position_embeddings=T, initializer_range=0.02,
+                  use_cache=False, attention_dropout=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        return dict(common, architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, head_dim=C // NH,
+                    rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    return dict(common, architectures=["Qwen2ForCausalLM"], model_type="qwen2", rms_norm_eps=1e-6,
+                tie_word_embeddings=True, rope_theta=1000000.0, rope_scaling=None, use_sliding_window=False,
+                sliding_window=None, max_window_layers=L)
+
+
+def hf_shapes(arch):
+    L, C, NH, KV, F, V, T = SHAPES[arch]
+    D = C // NH
+    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (C,), p + "self_attn.q_proj.weight": (C, C),
+                       p + "self_attn.k_proj.weight": (KV * D, C), p + "self_attn.v_proj.weight": (KV * D, C),
+                       p + "self_attn.o_proj.weight": (C, C), p + "post_attention_layernorm.weight": (C,),
+                       p + "mlp.gate_proj.weight": (F, C), p + "mlp.up_proj.weight": (F, C),
+                       p + "mlp.down_proj.weight": (C, F)})
+        if arch == "qwen2":
+            shapes.update({p + "self_attn.q_proj.bias": (C,), p + "self_attn.k_proj.bias": (KV * D,),
+                           p + "self_attn.v_proj.bias": (KV * D,)})
+    if arch == "llama":
+        shapes["lm_head.weight"] = (V, C)
+    return shapes
+
+
+def cmd_make(a):
+    rng = np.random.default_rng(a.seed)
+    named = []
+    for name, shape in hf_shapes(a.arch).items():
+        x = rng.standard_normal(shape).astype(np.float32) * 0.02 + (1.0 if name.endswith("norm.weight") else 0.0)
+        named.append((name, bf16_bits(x) if a.dtype == "BF16" else x))
+    os.makedirs(a.dir, exist_ok=True)
+    config = dict(hf_config(a.arch), torch_dtype="bfloat16" if a.dtype == "BF16" else "float32")
+    with open(os.path.join(a.dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if a.shards <= 1:
+        write_safetensors(os.path.join(a.dir, "model.safetensors"), named, a.dtype, {"format": "pt"})
+    else:
+        weight_map = {}
+        for i in range(a.shards):
+            file = f"model-{i + 1:05d}-of-{a.shards:05d}.safetensors"
+            part = named[i::a.shards]
+            write_safetensors(os.path.join(a.dir, file), part, a.dtype, {"format": "pt"})
+            weight_map.update({name: file for name, _ in part})
+        with open(os.path.join(a.dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+    print(f"{sum(x.size for _, x in named)} parameters, {a.dtype}, {max(a.shards, 1)} file(s)")
+
+
+def folder_tensors(d, values=False):
+    """{name: (dtype, shape, bytes)} of a folder's safetensors (single or sharded)."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    out = {}
+    for file in files:
+        path = os.path.join(d, file)
+        with open(path, "rb") as f:
+            data = f.read()
+        for name, (dtype, shape, offset) in read_safetensors_header(path).items():
+            if values:
+                out[name] = ("value", shape, load_tensor(path, (dtype, shape, offset)).tobytes())
+                continue
+            size = int(np.prod(shape)) * {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}[dtype]
+            out[name] = (dtype, shape, data[offset:offset + size])
+    return out
+
+
+def cmd_same_tensors(a):
+    ta, tb = folder_tensors(a.dir_a, a.values), folder_tensors(a.dir_b, a.values)
+    if set(ta) != set(tb):
+        only = sorted(set(ta) ^ set(tb))
+        raise InputError(f"the folders hold different tensors ({only[0]}{' ...' if len(only) > 1 else ''})")
+    for name in sorted(ta):
+        if ta[name] != tb[name]:
+            (da, sa, _), (db, sb, _) = ta[name], tb[name]
+            raise InputError(f"tensor {name} differs ({da} {list(sa)} vs {db} {list(sb)}"
+                             f"{', bytes differ' if (da, sa) == (db, sb) else ''})")
+    print(f"ok: {len(ta)} tensors {'of the same values' if a.values else 'bit for bit'}")
+
+
+# ---- torch and transformers
+
+def transformers_model(arch):
+    """The model of hf_config(arch), RoPE set as llama_reference.py sets it: transformers 5 reads
+    config.rope_parameters (theta included), 4.x rope_theta and rope_scaling."""
+    import transformers
+    config = dict(hf_config(arch), attn_implementation="eager")
+    for key in ("architectures", "model_type"):
+        config.pop(key)
+    theta, scaling = config.pop("rope_theta"), config.pop("rope_scaling")
+    cls, config_cls = ((transformers.LlamaForCausalLM, transformers.LlamaConfig) if arch == "llama" else
+                       (transformers.Qwen2ForCausalLM, transformers.Qwen2Config))
+    hf_config_object = config_cls(**config)
+    if hasattr(hf_config_object, "rope_parameters"):
+        hf_config_object.rope_parameters = dict(scaling or {"rope_type": "default"}, rope_theta=theta)
+    else:
+        hf_config_object.rope_theta, hf_config_object.rope_scaling = theta, scaling
+    return cls(hf_config_object)
+
+
+def load_hf(d):
+    import transformers
+    return transformers.AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float().eval()
+
+
+def tokens(vocab, T):
+    import torch
+    return torch.randint(0, vocab, (2, T), generator=torch.Generator().manual_seed(1))
+
+
+def cmd_random(a):
+    import torch
+    torch.manual_seed(a.seed)
+    model = transformers_model(a.arch).float()
+    with torch.no_grad():
+        for p in model.parameters():  # norm weights too (they start at 1), so that a mixed-up tensor shows
+            p.add_(0.02 * torch.randn_like(p))
+    model.save_pretrained(a.dir)
+    print(sum(p.numel() for p in model.parameters()))
+
+
+def no_tf32():
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
+def cmd_ours_vs_hf(a):
+    import torch
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "reference"))
+    import llama_reference
+    no_tf32()
+    ours = llama_reference.read_model(a.model).eval()
+    hf = load_hf(a.dir)
+    ids = tokens(hf.config.vocab_size, min(32, hf.config.max_position_embeddings))
+    with torch.no_grad():
+        mine, _ = ours(ids)
+        theirs = hf(input_ids=ids, use_cache=False).logits.float()
+    ratio = ((mine - theirs).abs().max() / theirs.abs().max()).item()
+    print(f"{ratio:.3g}")
+
+
+def cmd_hf_vs_hf(a):
+    import torch
+    no_tf32()
+    m1, m2 = load_hf(a.dir_a), load_hf(a.dir_b)
+    ids = tokens(m1.config.vocab_size, min(32, m1.config.max_position_embeddings))
+    with torch.no_grad():
+        l1 = m1(input_ids=ids, use_cache=False).logits
+        l2 = m2(input_ids=ids, use_cache=False).logits
+    print(f"{(l1 - l2).abs().max().item():.3g}")
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("make")
+    s.add_argument("dir")
+    s.add_argument("--arch", choices=sorted(SHAPES), required=True)
+    s.add_argument("--dtype", choices=["F32", "F16", "BF16"], default="F32")
+    s.add_argument("--shards", type=int, default=1)
+    s.add_argument("--seed", type=int, default=1)
+    s = sub.add_parser("same-tensors")
+    s.add_argument("dir_a")
+    s.add_argument("dir_b")
+    s.add_argument("--values", action="store_true")
+    s = sub.add_parser("random")
+    s.add_argument("dir")
+    s.add_argument("--arch", choices=sorted(SHAPES), required=True)
+    s.add_argument("--seed", type=int, default=1)
+    s = sub.add_parser("ours-vs-hf")
+    s.add_argument("model")
+    s.add_argument("dir")
+    s = sub.add_parser("hf-vs-hf")
+    s.add_argument("dir_a")
+    s.add_argument("dir_b")
+    a = p.parse_args(argv)
+    try:
+        {"make": cmd_make, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
+         "hf-vs-hf": cmd_hf_vs_hf}[a.cmd](a)
+    except (InputError, OSError, ValueError, KeyError, ImportError) as e:
+        print(f"hf_llama_check.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
