@@ -858,12 +858,15 @@ void test_precision(cudaStream_t stream) {
     test_matmul<floatX>(512, 768, 2304, tag + " autotuned", stream);
     test_matmul_gelu<floatX>(512, 768, 3072, tag + " autotuned", stream);
     matmul_context().autotune = false;
-    // fused_classifier's kernel shows in the check names. Single-pass (a CTA per SM, two row buffers) for every
-    // shape here on an H100/H200 but fp32 GPT-2 rows (two do not fit in shared memory: two-pass); N 600 gives each
-    // CTA 4-5 rows, so both buffers are refilled; V 1001 ends the real columns mid-vector
+    // fused_classifier's kernel shows in the check names. Single-pass (a CTA per SM, two row buffers) on an
+    // H100/H200 for the shapes up to GPT-2's but fp32 GPT-2 rows (two do not fit in shared memory: two-pass), and
+    // two-pass for the Llama 3 and Qwen 2.5 vocabularies; N 600 gives each CTA 4-5 rows, so both buffers are refilled;
+    // V 1001 ends the real columns mid-vector
     test_classifier<floatX>(37, 1000, tag, stream);
     test_classifier<floatX>(600, 1001, tag, stream);
     test_classifier<floatX>(8, 50257, tag, stream);
+    test_classifier<floatX>(4, 128256, tag, stream);  // Llama 3's vocabulary
+    test_classifier<floatX>(3, 151936, tag, stream);  // Qwen 2.5's
     // vocabulary-parallel cross-entropy: Vp 384 in 1, 2, 3, 4 ranks of 384, 192, 128, 96 columns (V 300: the last
     // rank partly padding, its real columns ending mid-vector); V 200 leaves a rank with no real column (tp 3: rank
     // 2; tp 4: rank 3); GPT-2's vocabulary in 8 ranks of 6288 columns
