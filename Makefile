@@ -45,7 +45,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
             $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8 $(BUILD)/test_checkpoints $(BUILD)/test_checkpoint_crash \
-            $(BUILD)/test_options $(BUILD)/test_layout
+            $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
@@ -145,6 +145,9 @@ $(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_fi
 # ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
 CHECKPOINT_HDRS = model/checkpoint_store.h model/file_integrity.h model/model_file.h model/state_file.h model/run_identity.h model/config.h \
                   kernels/die.h kernels/host_device.h distributed/mesh.h dataloader/dataloader.h test/check.h
+$(BUILD)/test_peft: test/test_peft.cpp train_options.h $(wildcard model/*.h) distributed/mesh.h distributed/pipeline_schedule.h \
+                    distributed/optimizer_file.h kernels/die.h kernels/host_device.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_peft.cpp -o $@
 $(BUILD)/test_layout: test/test_layout.cpp model/config.h model/model_file.h model/file_integrity.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_layout.cpp -o $@
 $(BUILD)/test_checkpoints: test/test_checkpoints.cpp test/private_mount.h $(CHECKPOINT_HDRS) | $(BUILD)
@@ -179,7 +182,7 @@ $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_
 FUZZ_CXX ?= clang++
 FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDIE_THROWS -I.
 FUZZ_SECONDS ?= 60
-FUZZ_HARNESSES = shards model_file state_file manifest adapter_file tokenizer_files vocab_bpe tokenize hellaswag train_options
+FUZZ_HARNESSES = shards model_file state_file manifest adapter_file peft_folder tokenizer_files vocab_bpe tokenize hellaswag train_options
 FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
 FUZZ_HDRS = test/fuzz/fuzz_util.h test/fuzz/fuzz_gpt2.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
             distributed/pipeline_schedule.h train_options.h

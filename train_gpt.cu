@@ -926,7 +926,9 @@ int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
     }
     fprintf(out, "model %s: %s%s\n", o.model.c_str(), config_text(config).c_str(),
             run.initial_model.empty() ? ": initialised from --seed" : ": its header, size and checksum checked");
-    if (!o.lora_load.empty()) fprintf(out, "LoRA adapters %s: their header, size and checksum checked\n", o.lora_load.c_str());
+    if (!o.lora_load.empty())
+        fprintf(out, "LoRA adapters %s: %s checked\n", o.lora_load.c_str(),
+                is_peft_folder_path(o.lora_load) ? "the PEFT folder's config, tensor names and shapes" : "their header, size and checksum");
     SampleText text(o.tokenizer);  // a tokenizer that cannot be read is a warning, as in the run
     const std::vector<int> prompt = text.prompt_tokens(o.prompt);
     const std::string after = "<|endoftext|>" + (o.prompt.empty() ? std::string() : " and a prompt of " + std::to_string(prompt.size() - 1) + " tokens");

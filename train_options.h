@@ -18,6 +18,7 @@
 #include "distributed/pipeline_schedule.h"  // defines: PipelineScheduleKind, pipeline_layer_split, pipeline_balanced_split, lm_head_work
 #include "model/config.h"                   // defines: ModelConfig, config_from_descriptor, config_problem, tensor_parallel_problem, kMaxLayers
 #include "model/lora.h"                     // defines: LoraSpec, read_adapter_file, parse_lora_targets
+#include "model/peft_adapters.h"            // defines: is_peft_folder_path, read_peft_folder, peft_targets_problem
 #include "model/model_file.h"               // defines: read_model_config
 #include "distributed/optimizer_file.h"     // defines: optimizer_file_bytes, offload_dir_problem, offload_dir_space_problem
 
@@ -201,8 +202,8 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-targets", nullptr, Flag::STRING, &o.lora_targets, anything(), "LoRA: comma list of qkv, attn-proj (o), fc, fc-proj (down), q, k, v, gate, up (q, k, v: slices of qkv's output; gate, up: of the Llama family's fc)"},
         {"--lora-dropout", nullptr, Flag::FLOAT, &o.lora_dropout, half_open(0, 1), "LoRA: dropout on the adapters' input while training"},
         {"--lora-weight-decay", nullptr, Flag::FLOAT, &o.lora_weight_decay, at_least(0), "LoRA: AdamW weight decay of A and B"},
-        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file (its rank, alpha and targets)"},
-        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end"},
+        {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file or PEFT folder (its rank, alpha and targets)"},
+        {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end (DIR/ or a folder: a PEFT folder)"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
@@ -452,7 +453,8 @@ inline RunShape validate_options(const Options& o, int world) {
     LoraSpec& lora = run.lora;
     std::vector<float>& initial_adapters = run.initial_adapters;
     if (!o.lora_load.empty()) {
-        lora = read_adapter_file(o.lora_load, config, 8 * shape.dp, initial_adapters);
+        lora = is_peft_folder_path(o.lora_load) ? read_peft_folder(o.lora_load, config, 8 * shape.dp, initial_adapters)
+                                                : read_adapter_file(o.lora_load, config, 8 * shape.dp, initial_adapters);
         if (o.lora_rank > 0 && o.lora_rank != lora.rank) die("--lora-rank " + std::to_string(o.lora_rank) + " disagrees with " + o.lora_load);
     } else if (o.lora_rank > 0) {
         lora.rank = o.lora_rank;
@@ -465,6 +467,10 @@ inline RunShape validate_options(const Options& o, int world) {
         die("--lora-save and --lora-merge need LoRA (--lora-rank or --lora-load)");
     }
     lora.dropout = o.lora_dropout;
+    if (lora.enabled() && is_peft_folder_path(o.lora_save)) {  // refused now, not after the training
+        const std::string problem = peft_targets_problem(lora.targets, config);
+        if (!problem.empty()) die("--lora-save " + o.lora_save + ": " + problem);
+    }
     if (lora.enabled() && o.zero_stage == 3 && world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
     if (lora.enabled() && shape.tp > 1)
         die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");

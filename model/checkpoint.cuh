@@ -22,6 +22,7 @@
 #include "config.h"                        // ModelConfig, StageModel, ParameterLayout
 #include "model_file.h"                    // read_model_file, ModelFilePart, seal_model_file
 #include "lora.h"                          // read_adapter_file, write_adapter_file
+#include "peft_adapters.h"                 // is_peft_folder_path, write_peft_folder
 #include "state_file.h"                    // StateHeader, state_path, read_state_header, write_state_file, read_optimizer_state
 #include "checkpoint_store.h"              // CheckpointManifest, RankExchange, save_committed_checkpoint, checkpoint_path
 #include "transformer.cuh"                 // Transformer
@@ -168,7 +169,7 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<fl
     return saved.data_state;
 }
 
-// LoRA's outputs at the end of a run: the adapter file (--lora-save) and the base model with the adapters merged
+// LoRA's outputs at the end of a run: the adapter file or PEFT folder (--lora-save) and the base model with the adapters merged
 // in, as a model file (--lora-merge). Every rank takes part in reading the parameters; the main rank writes.
 template <typename floatX>
 void save_lora_outputs(FILE* out, Transformer<floatX>& model, const std::string& adapter_path, const std::string& merged_path, bool main_rank) {
@@ -176,7 +177,8 @@ void save_lora_outputs(FILE* out, Transformer<floatX>& model, const std::string&
     const std::vector<float> adapter_values = model.adapters->parameters_host();
     const std::vector<float> base_values = model.zero->parameters_host();
     if (main_rank && !adapter_path.empty()) {
-        write_adapter_file(adapter_path, *model.adapter_layout, adapter_values);
+        if (is_peft_folder_path(adapter_path)) write_peft_folder(adapter_path, *model.adapter_layout, adapter_values);
+        else write_adapter_file(adapter_path, *model.adapter_layout, adapter_values);
         fprintf(out, "wrote adapters %s\n", adapter_path.c_str());
     }
     if (main_rank && !merged_path.empty()) {

@@ -79,6 +79,11 @@ expect_error "adapter file with gate on GPT-2" "gate_adapters.bin: adapter targe
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
+# PEFT folders (a --lora-save path ending in '/'): the Llama family's per-projection targets only, refused before any GPU work
+expect_error "PEFT folder for GPT-2" "--lora-save $W/peft/: a PEFT folder holds adapters of a Llama-family model (q_proj .. down_proj); this model is GPT-2: save an adapter file" $SMALL --lora-rank 4 --lora-targets q,v --lora-save "$W/peft/"
+expect_error "PEFT folder with qkv" "--lora-save $W/peft/: PEFT has no module for the fused target qkv: use q,k,v" $SMALL --arch llama --lora-rank 4 --lora-targets qkv --lora-save "$W/peft/"
+mkdir -p "$W/empty_peft"
+expect_error "PEFT folder without config" "$W/empty_peft/adapter_config.json: cannot open: No such file or directory" $SMALL --arch llama --lora-load "$W/empty_peft"
 expect_error "LoRA dropout out of range" "--lora-dropout must be in [0, 1), got 1.5" $SMALL --lora-rank 4 --lora-dropout 1.5
 # ZeRO-Offload: what it runs with, refused before any GPU work
 expect_error "bad offload" "--offload must be one of none, optimizer, optimizer,parameters, got 'gpu'" $SMALL --offload gpu

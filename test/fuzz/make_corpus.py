@@ -106,6 +106,36 @@ def adapter_files():
     }
 
 
+def peft_folders():
+    """fuzz_peft_folder's inputs: a byte (unit padding), adapter_config.json's length and text, then
+    adapter_model.safetensors, for its model: 2 layers, C = 64, KV = 64, MLP 128 units."""
+    shapes = {"self_attn.q_proj": (64, 64), "self_attn.k_proj": (64, 64), "self_attn.v_proj": (64, 64), "self_attn.o_proj": (64, 64),
+              "mlp.gate_proj": (64, 128), "mlp.up_proj": (64, 128), "mlp.down_proj": (128, 64)}  # (in, out)
+
+    def folder(modules, r=2, dtype="F32", config=None, pad=0):
+        entries, data = {"__metadata__": {"format": "pt"}}, b""
+        for l in range(2):
+            for m in modules:
+                i, o = shapes[m]
+                for ab, shape in (("A", [r, i]), ("B", [o, r])):
+                    count = shape[0] * shape[1]
+                    raw = (struct.pack(f"<{count}f", *[0.01 * (k % 13) for k in range(count)]) if dtype == "F32"
+                           else struct.pack(f"<{count}H", *[0x3C00 + k % 97 for k in range(count)]))
+                    entries[f"base_model.model.model.layers.{l}.{m}.lora_{ab}.weight"] = {"dtype": dtype, "shape": shape,
+                                                                                        "data_offsets": [len(data), len(data) + len(raw)]}
+                    data += raw
+        text = json.dumps(entries, separators=(",", ":")).encode() + b" " * pad
+        cfg = json.dumps(config or {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 16, "lora_dropout": 0.05,
+                                    "target_modules": [m.split(".")[1] for m in modules], "bias": "none", "fan_in_fan_out": False,
+                                    "base_model_name_or_path": None, "use_rslora": False}).encode()
+        return b"\0" + struct.pack("<I", len(cfg)) + cfg + struct.pack("<Q", len(text)) + text + data
+    return {
+        "q_v_f32": folder(["self_attn.q_proj", "self_attn.v_proj"]),
+        "all_seven_bf16": folder(list(shapes), r=1, dtype="BF16", pad=5),
+        "config_not_lora": folder(["self_attn.o_proj"], config={"peft_type": "IA3", "r": 2, "target_modules": ["o_proj"]}),
+    }
+
+
 def tokenizer_files():
     def llmc(version, tokens, eot=None):
         words = [TOKENIZER_MAGIC, version, len(tokens)] + ([eot] if version == 2 else [])
@@ -202,7 +232,7 @@ def main(argv):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus"),
                         help="folder of the corpus (default: test/fuzz/corpus)")
     args = parser.parse_args(argv)
-    corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "manifest": manifests(), "adapter_file": adapter_files(),
+    corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "manifest": manifests(), "adapter_file": adapter_files(), "peft_folder": peft_folders(),
               "tokenizer_files": tokenizer_files(), "vocab_bpe": vocab_bpe(), "tokenize": tokenize(), "hellaswag": hellaswag(),
               "train_options": train_options(), "safetensors": safetensors()}
     for harness, files in corpus.items():
