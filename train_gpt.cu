@@ -57,7 +57,6 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
 }
 
 // The sampling flags (--temperature, --top-k, --kv-cache) with a seed.
-inline SamplingRule sampling_rule(const Options& o, uint64_t seed) { return {o.temperature, o.top_k, seed, o.kv_cache != 0}; }
 
 // Encodes prompts and decodes samples with the GPT-2 vocabulary when one is found (a folder with
 // encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file); token ids otherwise.
@@ -88,6 +87,9 @@ struct SampleText {
         tokens.insert(tokens.end(), encoded.begin(), encoded.end());
         return tokens;
     }
+    // The tokens that end a text: the vocabulary's end of text (GPT-2's <|endoftext|> without a vocabulary, the token
+    // prompts start with).
+    std::vector<int> end_tokens() const { return {can_decode ? decoder.eot() : 50256}; }
     std::string operator()(const std::vector<int>& ids) const {
         if (can_decode) return decoder.decode(ids);
         std::string s;
@@ -95,6 +97,11 @@ struct SampleText {
         return s;
     }
 };
+
+// How the samples are drawn: --temperature, --top-k, the seed, --kv-cache, and where they end (--stop-at-end).
+inline SamplingRule sampling_rule(const Options& o, uint64_t seed, const SampleText& text) {
+    return {o.temperature, o.top_k, seed, o.kv_cache != 0, o.stop_at_end ? text.end_tokens() : std::vector<int>()};
+}
 
 // Selects this rank's GPU and connects the ranks; first refuses, with one line and before anything is allocated, a
 // GPU that train_gpt cannot run on, or that this binary holds no code for; with fp8 (--precision fp8) also one
@@ -133,10 +140,11 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
         SampleText text(o.tokenizer);
         std::vector<int> prompt = text.prompt_tokens(o.prompt);
         const auto start = std::chrono::steady_clock::now();
-        std::vector<int> tokens = generate(model, prompt, o.generate, sampling_rule(o, (uint64_t)o.seed));
+        std::vector<int> tokens = generate(model, prompt, o.generate, sampling_rule(o, (uint64_t)o.seed, text));
+        const int generated = (int)(tokens.size() - prompt.size());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        printf("%s\n---\ngenerated %d tokens in %.2f s (%.1f tokens/s; %s)\n", text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str(),
-               o.generate, seconds, o.generate / seconds,
+        printf("%s\n---\ngenerated %d tokens%s in %.2f s (%.1f tokens/s; %s)\n", text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str(),
+               generated, generated < o.generate ? " (stopped at the end-of-text token; --stop-at-end 0 keeps going)" : "", seconds, generated / seconds,
                o.kv_cache ? "KV cache: one new position per token" : "--kv-cache 0: each token re-runs the sequence");
     }
     cudaCheck(cudaStreamDestroy(stream));
@@ -766,7 +774,7 @@ void evaluate_and_save(FILE* out, FILE* log, Transformer<floatX>& model, RunData
         if (log) fprintf(log, "# val step %d loss %.9g\n", step, val_loss);
     }
     if (sample) {
-        std::vector<int> tokens = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step)));
+        std::vector<int> tokens = generate(model, prompt, o.sample_tokens, sampling_rule(o, splitmix64((uint64_t)o.seed ^ (uint64_t)step), text));
         fprintf(out, "step %d sample: %s\n---\n", step, text(std::vector<int>(tokens.begin() + 1, tokens.end())).c_str());
     }
     if (checkpoint) save_and_prune(out, model, data, o, pg, identity, step);

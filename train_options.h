@@ -55,6 +55,7 @@ struct Options {
     int sample_every = 20, sample_tokens = 64, top_k = 40;
     float temperature = 1.0f;
     int kv_cache = 1;
+    int stop_at_end = 1;  // sampling stops after the model's end-of-text token
     int hellaswag = 0;
     std::string hellaswag_data = "data/hellaswag/hellaswag_val.jsonl.xz";
     std::string prompt = "";
@@ -179,6 +180,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--temperature", nullptr, Flag::FLOAT, &o.temperature, at_least(0), "sampling temperature (0: the most likely token)"},
         {"--top-k", nullptr, Flag::INT, &o.top_k, at_least(0), "sample from the k most likely tokens (0: all)"},
         {"--kv-cache", nullptr, Flag::INT, &o.kv_cache, kOffOn, "1: sampling keeps each block's keys and values, one new position per token; 0: each token re-runs the sequence"},
+        {"--stop-at-end", nullptr, Flag::INT, &o.stop_at_end, kOffOn, "1: sampling (--generate and the samples) stops after the tokenizer's end-of-text token, as transformers' generate does; 0: keeps going for the whole count"},
         {"--prompt", nullptr, Flag::STRING, &o.prompt, anything(), "text that samples continue (after <|endoftext|>)"},
         {"--generate", nullptr, Flag::INT, &o.generate, at_least(0), "only generate this many tokens from --prompt with --model, then exit (no training data needed; 0: train)"},
         {"--output-dir", "-o", Flag::STRING, &o.output_dir, anything(), "folder for checkpoints and the log (empty: none)"},

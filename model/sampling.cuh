@@ -21,6 +21,7 @@ struct SamplingRule {
     int top_k = 0;             // draw from the k most likely tokens; 0: from all
     uint64_t seed = 0;
     bool kv_cache = true;
+    std::vector<int> end_tokens;  // a drawn token among these is the last one (the tokenizer's end of text); empty: none
 };
 
 // The next token from one position's logits: the most likely one at temperature 0, else a draw from the softmax of
@@ -68,7 +69,8 @@ inline int choose_token(const std::vector<float>& logits, const SamplingRule& ru
 template <typename floatX>
 bool can_keep_kv_cache(const Transformer<floatX>& model) { return model.recompute < kRecomputeBlock; }
 
-// Appends `count` tokens to `tokens` (which holds at least one); B = 1 while sampling, the model's T the window.
+// Appends `count` tokens to `tokens` (which holds at least one), or fewer when one of rule.end_tokens is drawn (it is
+// kept, the last); B = 1 while sampling, the model's T the window.
 template <typename floatX>
 std::vector<int> generate(Transformer<floatX>& model, std::vector<int> tokens, int count, const SamplingRule& rule) {
     const int B = model.B, T = model.T, Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
@@ -108,6 +110,7 @@ std::vector<int> generate(Transformer<floatX>& model, std::vector<int> tokens, i
         model.pg.synchronize(model.stream);
         logits = Transformer<floatX>::to_host(row, V);
         tokens.push_back(choose_token(logits, rule, i, candidates, weights));
+        if (std::find(rule.end_tokens.begin(), rule.end_tokens.end(), tokens.back()) != rule.end_tokens.end()) break;
     }
     cudaCheck(cudaFree(row));
     model.B = B;

@@ -78,6 +78,7 @@ const PinnedFlag kPinnedFlags[] = {
     {"--temperature", "", "1", ">= 0"},
     {"--top-k", "", "40", ">= 0"},
     {"--kv-cache", "", "1", "one of 0, 1"},
+    {"--stop-at-end", "", "1", "one of 0, 1"},
     {"--prompt", "", "", ""},
     {"--generate", "", "0", ">= 0"},
     {"--output-dir", "-o", "", ""},

@@ -6,8 +6,10 @@
 #  2. the greedy samples during training (the last step's) are the same with and without the cache under tensor
 #     parallelism (tp 2), tensor + sequence parallelism (tp 2, the rows padded to the split) and pipeline
 #     parallelism (pp 2, interleaved, on d4), ranks sharing one GPU
+#     (--stop-at-end 0); the default run (--stop-at-end 1) gives that text cut after its first <|endoftext|>
 #  3. with transformers at hand: the fp32 model exported to Hugging Face (scripts/hf/export_hf.py) continues
-#     <|endoftext|> with generate(do_sample=False) into the same 40 tokens as train_gpt --generate 40 --temperature 0
+#     <|endoftext|> with generate(do_sample=False) into the same text as train_gpt --generate 40 --temperature 0, both
+#     stopping at the end-of-text token (the exported generation config's eos_token_id)
 # 1 and 2 also for Llama-family models (rotary positions, grouped-query attention, an untied head; 1 with Llama 3's
 # rope scaling; 2 under tp 2 with a key/value head per rank and pp 2 interleaved).
 # The quick tier (TEST_TIER=quick) runs 1 in fp32 and 2 under tp 2 with sequence parallelism, for GPT-2 only. 2 runs
@@ -59,13 +61,22 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     run "train_$p" 1 --precision $p --steps 20 --sample-every 0 --checkpoint-every 20 \
         || { echo "FAIL sampling $p training: $(tail -n 1 "$W/train_$p.out")"; continue; }
     for kv in 1 0; do
-        ./train_gpt --model "$W/train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 --kv-cache $kv \
+        ./train_gpt --model "$W/train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 --kv-cache $kv --stop-at-end 0 \
             > "$W/generate_${p}_$kv.out" 2>&1 || echo "FAIL sampling $p --generate --kv-cache $kv: $(tail -n 1 "$W/generate_${p}_$kv.out")"
     done
     if grep -q '^generated 100 tokens' "$W/generate_${p}_1.out" && grep -q '^generated 100 tokens' "$W/generate_${p}_0.out" && cmp -s <(text_of "$W/generate_${p}_1.out") <(text_of "$W/generate_${p}_0.out"); then
         echo "PASS sampling $p greedy --generate 100 (T 64): the same text with the KV cache ($(speed_of "$W/generate_${p}_1.out")) and without ($(speed_of "$W/generate_${p}_0.out"))"
     else
         echo "FAIL sampling $p greedy --generate 100: the KV cache's text differs from the uncached one (diff $W/generate_${p}_1.out $W/generate_${p}_0.out)"
+    fi
+    # --stop-at-end 1 (the default): the same text, cut after its first <|endoftext|>, if it has one
+    ./train_gpt --model "$W/train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 > "$W/generate_${p}_stop.out" 2>&1
+    full=$(text_of "$W/generate_${p}_0.out")
+    if [[ $full == *"<|endoftext|>"* ]]; then want="${full%%<|endoftext|>*}<|endoftext|>"; else want=$full; fi
+    if [ "$(text_of "$W/generate_${p}_stop.out")" == "$want" ]; then
+        echo "PASS sampling $p greedy --generate 100 stops after the first <|endoftext|> ($(grep -o '^generated [0-9]* tokens' "$W/generate_${p}_stop.out"))"
+    else
+        echo "FAIL sampling $p greedy --generate 100: with --stop-at-end 1 the text is not the --stop-at-end 0 text cut after its first <|endoftext|> (diff $W/generate_${p}_stop.out $W/generate_${p}_0.out)"
     fi
 done
 
@@ -79,7 +90,7 @@ for p in $([ "$TIER" = full ] && echo fp32 bf16); do
         echo "FAIL sampling llama $p training: $(grep -m1 -E '^model:|error' "$W/llama_train_$p.out")"; continue
     fi
     for kv in 1 0; do
-        ./train_gpt --model "$W/llama_train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 --kv-cache $kv \
+        ./train_gpt --model "$W/llama_train_$p/model_00000020.bin" --precision $p --generate 100 --temperature 0 --kv-cache $kv --stop-at-end 0 \
             > "$W/llama_generate_${p}_$kv.out" 2>&1 || echo "FAIL sampling llama $p --generate --kv-cache $kv: $(tail -n 1 "$W/llama_generate_${p}_$kv.out")"
     done
     a="$W/llama_generate_${p}_1.out" b="$W/llama_generate_${p}_0.out"
@@ -104,8 +115,8 @@ else
     ./train_gpt --model "$W/train_fp32/model_00000020.bin" --precision fp32 --generate 40 --temperature 0 > "$W/ours_40.out" 2>&1
     if $PY scripts/hf/export_hf.py "$W/train_fp32/model_00000020.bin" "$W/hf" > "$W/export.out" 2>&1 &&
        $PY test/tools/hf_interop_check.py greedy "$W/hf" --new-tokens 40 > "$W/theirs_40.txt" 2> "$W/theirs_40.err"; then
-        if grep -q '^generated 40 tokens' "$W/ours_40.out" && cmp -s <(text_of "$W/ours_40.out") "$W/theirs_40.txt"; then
-            echo "PASS sampling fp32 greedy 40 tokens after <|endoftext|>: train_gpt's text equals transformers' generate(do_sample=False)"
+        if grep -q '^generated [0-9]* tokens' "$W/ours_40.out" && cmp -s <(text_of "$W/ours_40.out") "$W/theirs_40.txt"; then
+            echo "PASS sampling fp32 greedy 40 tokens after <|endoftext|>: train_gpt's text ($(grep -o '^generated [0-9]* tokens' "$W/ours_40.out")) equals transformers' generate(do_sample=False), both stopping at the end-of-text token"
         else
             echo "FAIL sampling greedy vs transformers: texts differ (diff $W/ours_40.out $W/theirs_40.txt)"
         fi

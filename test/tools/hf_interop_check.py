@@ -9,8 +9,8 @@
         mean cross-entropy over the first N validation batches in train_gpt's order (docs/formats.md)
     hf_interop_check.py tokenizer DIR           AutoTokenizer of the folder encodes as GPT-2 does
     hf_interop_check.py greedy DIR --new-tokens N
-        generate(do_sample=False) of N tokens after <|endoftext|>, decoded (as train_gpt --generate N --temperature 0
-        prints it: the text, then a newline)
+        generate(do_sample=False) of at most N tokens after <|endoftext|>, stopping at the generation config's end
+        token, decoded (as train_gpt --generate N --temperature 0 prints it: the text, then a newline)
 Each prints one number or line on stdout.
 """
 import argparse
@@ -86,10 +86,9 @@ def cmd_tokenizer(a):
 @torch.no_grad()
 def cmd_greedy(a):
     model = load(a.dir)
-    model.generation_config.eos_token_id = None  # <|endoftext|> is a token like the others here, as in train_gpt
+    assert model.generation_config.eos_token_id == 50256, f"the exported generation config's eos_token_id is {model.generation_config.eos_token_id}, not 50256"
     start = torch.tensor([[50256]])
     ids = model.generate(start, attention_mask=torch.ones_like(start), do_sample=False, max_new_tokens=a.new_tokens, pad_token_id=50256)
-    assert ids.shape[1] == 1 + a.new_tokens, f"generate returned {ids.shape[1] - 1} tokens, not {a.new_tokens}"
     sys.stdout.write(AutoTokenizer.from_pretrained(a.dir).decode(ids[0, 1:].tolist()) + "\n")
 
 
