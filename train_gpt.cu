@@ -624,8 +624,10 @@ struct StepLog {
             make_directories(o.output_dir);
             file = fopen((o.output_dir + "/log.txt").c_str(), o.resume ? "a" : "w");  // a resumed run continues its log
             if (file == nullptr) die(o.output_dir + "/log.txt: cannot open for writing");
-            if (start_step == 0) fprintf(file, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");
+            // each line reaches the file as it is written, so a run killed later keeps its log (setvbuf only takes
+            // effect before the stream's first output)
             setvbuf(file, nullptr, _IOLBF, 0);
+            if (start_step == 0) fprintf(file, "# step loss lr grad_norm ms (steps 0-based; validation lines start with '# val')\n");
         }
         // FLOPs per token for forward + backward: 6 per parameter that multiplies (all but wpe) plus attention's
         // scores and weighted sum (12 L C T, counting the masked half as llm.c and PaLM do).

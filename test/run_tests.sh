@@ -65,6 +65,7 @@ cpu_suites() {
     run launch bash test/test_launch.sh
     run cli bash test/test_cli.sh
     run repo bash test/test_repo.sh  # README's files table, the one error helper, docs/errors.md's flags, no history, scripts' imports
+    run hf_files bash test/test_hf_interop.sh files  # Hugging Face folders written with NumPy (llama, qwen2, mistral) imported and exported bit for bit; their bad input
     run llama_reference bash test/test_llama_reference.sh  # the Llama-family PyTorch reference: its self-test, and against transformers (skipped without it)
     run commands bash test/test_commands.sh  # every command README and docs/ show: train_gpt's as dry runs, the scripts' as shown
     run fuzz bash test/test_fuzz.sh  # every parser of outside input under libFuzzer for 10 s, after replaying each crash it once found
@@ -112,7 +113,7 @@ gpu_suites() {
         run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
         run training bash test/test_training.sh
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
-        run hf_interop bash test/test_hf_interop.sh  # export to / import from Hugging Face transformers (skips without it)
+        run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
         run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
         run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
         run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU

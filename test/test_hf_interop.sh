@@ -23,9 +23,13 @@
 # (TEST_TIER=quick) runs 2 and 2b in fp32 only (export, transformers' loss, import back) and 4 for Llama only: each
 # transformers process takes seconds to start; 1, 3, 4 for Qwen2 and the bad input are full-tier checks. The
 # modules are looked for, not imported, before the checks (an import costs seconds).
+# Usage: test_hf_interop.sh [files | transformers]: only the NumPy section (a CPU suite, hf_files: no GPU) or only
+# the rest (the GPU suite, hf_interop); both without an argument.
 set -u
 cd "$(dirname "$0")/.."
-W=build/test_work/hf_interop
+PART=${1:-all}
+case $PART in all|files|transformers) ;; *) echo "test_hf_interop.sh: the argument takes files or transformers, not '$PART'" >&2; exit 2;; esac
+W=build/test_work/hf_interop_$PART
 PY=${PYTHON:-python3}
 TIER=${TEST_TIER:-full}
 rm -rf "$W"; mkdir -p "$W"
@@ -65,7 +69,8 @@ llama_round_trip() {  # llama_round_trip ID NAME ARCH DTYPE SHARDS: the folder $
     if cmp -s "$d.bin" "$d.back.bin"; then echo "PASS hf_interop llama $name: model file -> HF -> model file bitwise"
     else echo "FAIL hf_interop llama $name: model file -> HF -> model file: files differ"; fi
 }
-if ! has numpy; then
+if [ "$PART" = transformers ]; then :
+elif ! has numpy; then
     echo "SKIP hf_interop llama checks: $PY cannot find numpy"
 else
     llama_round_trip llama32 "llama fp32 (GQA, untied head, llama3 rope scaling)" llama F32 1
@@ -125,7 +130,8 @@ else
     bad "truncated safetensors" "$W/bad.bin" $IMPORT "$W/b_trunc" "$W/bad.bin"
 fi
 
-if ! has torch transformers safetensors; then
+if [ "$PART" = files ]; then exit 0
+elif ! has torch transformers safetensors; then
     echo "SKIP hf_interop transformers checks: $PY cannot find torch, transformers and safetensors"
     exit 0
 fi

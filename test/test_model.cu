@@ -393,9 +393,10 @@ int main(int argc, char** argv) {
     const std::string adapters = argc > 5 ? argv[5] : "";
     DebugState state = read_debug_state(argv[2]);
     matmul_setup(false);
-    if (precision == "fp32") run<float>(argv[1], state, label, Precision::FP32, adapters);
-    if (precision == "fp32" && adapters.empty() && read_model_config(argv[1]).llama()) check_lora_slices(argv[1], state, label);
-    else if (precision == "bf16") run<__nv_bfloat16>(argv[1], state, label, Precision::BF16, adapters);
+    if (precision == "fp32") {
+        run<float>(argv[1], state, label, Precision::FP32, adapters);
+        if (adapters.empty() && read_model_config(argv[1]).llama()) check_lora_slices(argv[1], state, label);
+    } else if (precision == "bf16") run<__nv_bfloat16>(argv[1], state, label, Precision::BF16, adapters);
     else if (precision == "fp16") run<__half>(argv[1], state, label, Precision::FP16, adapters);
     else die("precision must be fp32, bf16 or fp16, got '" + precision + "'");
     matmul_teardown();
