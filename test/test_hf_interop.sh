@@ -7,7 +7,8 @@
 #     the validation batches of train_gpt's last "val loss" line within 1e-5 (fp32) and 1e-3 (bf16); export then
 #     import gives the model files back bit for bit
 #     (2b: the same for a Llama-family d2: transformers' logits of the export against llama_reference.py's of the
-#     checkpoint, tol 1e-4 of the largest; export then import bit for bit)
+#     checkpoint, tol 1e-4 of the largest; export then import bit for bit; 2c, with peft: a LoRA run's PEFT folder
+#     loaded by PeftModel.from_pretrained on the exported base gives the exported merged model's logits, tol 1e-5)
 #  3. the random model of 1 imported: `train_gpt --model FILE --steps 0` (evaluation only) gives transformers'
 #     validation loss within 1e-5 (fp32)
 #  4. Llama family (test/tools/hf_llama_check.py): a random LlamaForCausalLM (grouped-query attention, untied head,
@@ -207,6 +208,27 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
         echo "PASS hf_interop $p Llama model file -> export -> import: bitwise equal but the run identity and the checksum"
     else echo "FAIL hf_interop $p Llama model file -> export -> import: files differ"; fi
 done
+
+# ---- 2c. PEFT: a LoRA run of 5 steps on 2b's fp32 Llama model (every per-projection target, alpha 2r) writes a PEFT folder (--lora-save DIR/) and the merged model
+# (--lora-merge); PeftModel.from_pretrained on the exported base gives the logits of the exported merged model
+base="$W/train_llama_fp32/model_00000010.bin"
+if ! $PY -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('peft') else 1)" > /dev/null 2>&1; then
+    echo "SKIP hf_interop PEFT adapters: $PY cannot find peft"
+elif [ ! -f "$base" ]; then
+    echo "FAIL hf_interop PEFT adapters: no Llama model file from 2b"
+else
+    o="$W/peft"; mkdir -p "$o"
+    if ./train_gpt --model "$base" --precision fp32 --seq-len $T --batch-size $B --train-data "$TRAIN" --val-every 0 --sample-every 0 --steps 5 \
+           --lr 1e-3 --seed 3 --deterministic 1 --lora-rank 4 --lora-alpha 8 --lora-targets q,k,v,o,gate,up,down \
+           --lora-save "$o/adapters/" --lora-merge "$o/merged.bin" > "$o.out" 2>&1 &&
+       $EXPORT "$base" "$o/base_hf" > "$o.export.out" 2>&1 && $EXPORT "$o/merged.bin" "$o/merged_hf" >> "$o.export.out" 2>&1; then
+        r=$($LCHECK peft-vs-merged "$o/base_hf" "$o/adapters" "$o/merged_hf" 2> "$o.peft.err" | tail -n 1)
+        d=$($LCHECK hf-vs-hf "$o/base_hf" "$o/merged_hf" 2> /dev/null | tail -n 1)
+        if within "$r" 0 1e-5 && ! within "$d" 0 1e-6; then
+            echo "PASS hf_interop PEFT adapters (--lora-save DIR/, 7 targets): PeftModel.from_pretrained on the exported base gives the merged model's logits: max |diff| / max |logit| $r (tol 1e-5; the adapters move the logits by $d)"
+        else echo "FAIL hf_interop PEFT adapters: PeftModel vs merged '$r' (tol 1e-5), base vs merged '$d' (must differ) $(tail -n 1 "$o.peft.err")"; fi
+    else echo "FAIL hf_interop PEFT adapters: $(tail -q -n 1 "$o.out" "$o.export.out" 2>/dev/null | grep -i error | head -n 1)"; fi
+fi
 
 # ---- 3. a transformers model evaluated by train_gpt (--steps 0: only the validation at step 0)
 if [ -f "$W/imported.bin" ]; then

@@ -17,6 +17,10 @@ With torch and transformers (fp32, on the CPU):
         logits of our model file (scripts/reference/llama_reference.py's model read from it) against the folder's
         from_pretrained model: max |difference| / max |transformers| (llama_reference.py's tolerance is 1e-4)
     hf_llama_check.py hf-vs-hf DIR_A DIR_B      max |logit difference| of two folders (0: the same model)
+With peft too:
+    hf_llama_check.py peft-vs-merged BASE_DIR ADAPTER_DIR MERGED_DIR
+        PeftModel.from_pretrained(base, ADAPTER_DIR)'s logits against the merged folder's (train_gpt --lora-merge,
+        exported): max |difference| / max |merged|
 Each prints one line on stdout; errors one line on stderr, exit 1.
 """
 import argparse
@@ -208,6 +212,19 @@ def cmd_hf_vs_hf(a):
     print(f"{(l1 - l2).abs().max().item():.3g}")
 
 
+def cmd_peft_vs_merged(a):
+    import torch
+    from peft import PeftModel
+    no_tf32()
+    peft = PeftModel.from_pretrained(load_hf(a.base), a.adapters).eval()
+    merged = load_hf(a.merged)
+    ids = tokens(merged.config.vocab_size, min(32, merged.config.max_position_embeddings))
+    with torch.no_grad():
+        theirs = peft(input_ids=ids, use_cache=False).logits.float()
+        ours = merged(input_ids=ids, use_cache=False).logits.float()
+    print(f"{((theirs - ours).abs().max() / ours.abs().max()).item():.3g}")
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -231,10 +248,14 @@ def main(argv):
     s = sub.add_parser("hf-vs-hf")
     s.add_argument("dir_a")
     s.add_argument("dir_b")
+    s = sub.add_parser("peft-vs-merged")
+    s.add_argument("base")
+    s.add_argument("adapters")
+    s.add_argument("merged")
     a = p.parse_args(argv)
     try:
         {"make": cmd_make, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
-         "hf-vs-hf": cmd_hf_vs_hf}[a.cmd](a)
+         "hf-vs-hf": cmd_hf_vs_hf, "peft-vs-merged": cmd_peft_vs_merged}[a.cmd](a)
     except (InputError, OSError, ValueError, KeyError, ImportError) as e:
         print(f"hf_llama_check.py: error: {e}", file=sys.stderr)
         return 1
