@@ -36,7 +36,7 @@ KERNELS = $(wildcard kernels/*.cuh) $(wildcard kernels/*.h) $(wildcard distribut
           $(wildcard model/*.h) $(wildcard model/*.cuh) train_options.h $(GPU_CODE_STAMP)
 DISTRIBUTED_SRCS = distributed/process_group.cpp distributed/mesh.cpp distributed/heartbeat.cpp
 DATALOADER_SRCS = dataloader/tokenizer.cpp dataloader/shards.cpp dataloader/dataloader.cpp dataloader/text_reader.cpp \
-                  dataloader/hellaswag.cpp
+                  dataloader/hellaswag.cpp dataloader/chat.cpp
 DATALOADER_HDRS = $(wildcard dataloader/*.h)
 # Test binaries: build/test_X from test/test_X.cpp|cu is the suite X of test/run_tests.sh (its driver, if any,
 # test/test_X.sh). CPU_TESTS build with g++ alone; GPU_TESTS with nvcc (sharding, lora_files and formats run
@@ -45,7 +45,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
             $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8 $(BUILD)/test_checkpoints $(BUILD)/test_checkpoint_crash \
-            $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft
+            $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft $(BUILD)/test_chat
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
@@ -75,6 +75,10 @@ $(BUILD)/test_tokenizer: test/test_tokenizer.cpp $(DATALOADER_SRCS) $(DATALOADER
 
 $(BUILD)/test_dataloader: test/test_dataloader.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_dataloader.cpp $(DATALOADER_SRCS) -o $@
+
+# chat data: templates, prepare_shards --chat (run as a program), mask shards and the loader's -1 targets
+$(BUILD)/test_chat: test/test_chat.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) $(BUILD)/prepare_shards | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_chat.cpp $(DATALOADER_SRCS) -o $@
 
 $(BUILD)/test_hellaswag: test/test_hellaswag.cpp $(DATALOADER_SRCS) $(DATALOADER_HDRS) | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_hellaswag.cpp $(DATALOADER_SRCS) -o $@
@@ -182,7 +186,7 @@ $(BUILD)/test_tensor_parallel_layers: test/test_tensor_parallel_layers.cu train_
 FUZZ_CXX ?= clang++
 FUZZ_FLAGS = -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DDIE_THROWS -I.
 FUZZ_SECONDS ?= 60
-FUZZ_HARNESSES = shards model_file state_file manifest adapter_file peft_folder tokenizer_files vocab_bpe tokenize hellaswag train_options
+FUZZ_HARNESSES = shards model_file state_file manifest adapter_file peft_folder tokenizer_files tokenizer_json vocab_bpe tokenize hellaswag train_options chat_jsonl mask_shards
 FUZZ_DATALOADER_OBJS = $(DATALOADER_SRCS:dataloader/%.cpp=$(BUILD)/fuzz/dataloader_%.o)
 FUZZ_HDRS = test/fuzz/fuzz_util.h test/fuzz/fuzz_gpt2.h $(DATALOADER_HDRS) $(wildcard model/*.h) kernels/die.h kernels/host_device.h distributed/mesh.h \
             distributed/pipeline_schedule.h train_options.h

@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include <omp.h>
 #include "dataloader/dataloader.h"   // defines: DataLoader (token shards, prefetching, resumable position)
-#include "dataloader/tokenizer.h"    // defines: GPT2Tokenizer, TokenDecoder (to decode samples)
+#include "dataloader/tokenizer.h"    // defines: Tokenizer, TokenDecoder (to decode samples)
 #include "dataloader/hellaswag.h"    // defines: HellaSwagBatcher (packing and scoring the HellaSwag eval)
 #include "kernels/common.cuh"              // defines: die (kernels/die.h), cudaCheck, the precisions and packed loads
 #include "kernels/matmul.cuh"             // defines: matmul_setup, matmul_teardown, matmul_context (cuBLASLt handle, autotuning)
@@ -58,17 +58,21 @@ inline float learning_rate(int step, int total_steps, float max_lr, int warmup, 
 
 // The sampling flags (--temperature, --top-k, --kv-cache) with a seed.
 
-// Encodes prompts and decodes samples with the GPT-2 vocabulary when one is found (a folder with
-// encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file); token ids otherwise.
+// Encodes prompts and decodes samples with the run's tokenizer (--tokenizer: a tokenizer.json, a folder holding one or
+// GPT-2's encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file); token ids without one.
 struct SampleText {
-    std::unique_ptr<GPT2Tokenizer> tokenizer;
+    std::unique_ptr<Tokenizer> tokenizer;
     TokenDecoder decoder;
     bool can_decode = false;
+    int start = 50256;                // a prompt's first token: the vocabulary's bos, else its end of text (-1: none)
+    std::vector<int> ends = {50256};  // where a sample ends (Tokenizer::end_tokens; GPT-2's <|endoftext|> without one)
     explicit SampleText(const std::string& path) {
+        struct stat st;
+        const bool folder = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+        const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
         try {
-            struct stat st;
-            if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-                tokenizer.reset(new GPT2Tokenizer(GPT2Tokenizer::load(path)));
+            if (folder || json) {
+                tokenizer.reset(new Tokenizer(Tokenizer::load(path)));
                 decoder = tokenizer->decoder();
             } else {
                 decoder = TokenDecoder::load_llmc(path);
@@ -77,19 +81,29 @@ struct SampleText {
         } catch (const std::exception& e) {
             fprintf(stderr, "warning: no tokenizer (%s): samples are printed as token ids\n", e.what());
         }
+        if (tokenizer) {
+            start = tokenizer->bos() >= 0 ? tokenizer->bos() : tokenizer->eot();
+            const size_t slash = path.rfind('/');
+            try {
+                ends = tokenizer->end_tokens(folder ? path : slash == std::string::npos ? "." : path.substr(0, slash));
+            } catch (const std::exception& e) {
+                die(std::string("--tokenizer: ") + e.what());
+            }
+        } else if (can_decode) {
+            start = decoder.eot();
+            ends = {decoder.eot()};
+        }
     }
-    // <|endoftext|> followed by the prompt's tokens.
+    // The start token followed by the prompt's tokens.
     std::vector<int> prompt_tokens(const std::string& prompt) const {
-        std::vector<int> tokens = {50256};
+        if (start < 0) die("--tokenizer: the vocabulary names no bos or end-of-text token to start a sample with");
+        std::vector<int> tokens = {start};
         if (prompt.empty()) return tokens;
-        if (!tokenizer) die("--prompt needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        if (!tokenizer) die("--prompt needs a vocabulary: --tokenizer must be a tokenizer.json or a folder with one (or with encoder.json and vocab.bpe)");
         std::vector<int> encoded = tokenizer->encode(prompt);
         tokens.insert(tokens.end(), encoded.begin(), encoded.end());
         return tokens;
     }
-    // The tokens that end a text: the vocabulary's end of text (GPT-2's <|endoftext|> without a vocabulary, the token
-    // prompts start with).
-    std::vector<int> end_tokens() const { return {can_decode ? decoder.eot() : 50256}; }
     std::string operator()(const std::vector<int>& ids) const {
         if (can_decode) return decoder.decode(ids);
         std::string s;
@@ -100,7 +114,7 @@ struct SampleText {
 
 // How the samples are drawn: --temperature, --top-k, the seed, --kv-cache, and where they end (--stop-at-end).
 inline SamplingRule sampling_rule(const Options& o, uint64_t seed, const SampleText& text) {
-    return {o.temperature, o.top_k, seed, o.kv_cache != 0, o.stop_at_end ? text.end_tokens() : std::vector<int>()};
+    return {o.temperature, o.top_k, seed, o.kv_cache != 0, o.stop_at_end ? text.ends : std::vector<int>()};
 }
 
 // Selects this rank's GPU and connects the ranks; first refuses, with one line and before anything is allocated, a
@@ -159,7 +173,7 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
 // of the work of padding every row to T.
 
 template <typename floatX>
-HellaSwagScore evaluate_hellaswag(Transformer<floatX>& model, const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tokenizer) {
+HellaSwagScore evaluate_hellaswag(Transformer<floatX>& model, const std::vector<HellaSwagItem>& items, const Tokenizer& tokenizer) {
     const int B = model.B, T = model.T;
     const int longest = HellaSwagBatcher(items, tokenizer, 4, T).max_length();
     const int multiple = 8 * model.sequence_split();  // sequence parallelism: rows split evenly (T is a multiple of the split)
@@ -583,6 +597,14 @@ StepReport train_step(Transformer<floatX>& model, PipelineParallel<Transformer<f
     };
     model.zero_grad();
     model.training = true;
+    // masked (chat) data: the loss is the mean over the step's counted targets, on every rank the same count
+    float dloss = model.dloss(m);
+    if (data.has_masks()) {
+        const uint64_t counted = data.counted_targets_ahead(m);
+        if (counted == 0) die("--train-data " + o.train_data + ": the masks of step " + std::to_string(step + 1) + "'s batches count no target (expected at least one)");
+        model.loss.count_targets(counted);
+        dloss = model.dloss_over_counted(counted);
+    }
     if (pipeline) {
         std::vector<std::vector<int>> inputs(m), targets(m);
         for (int micro = 0; micro < m; micro++) {
@@ -590,13 +612,13 @@ StepReport train_step(Transformer<floatX>& model, PipelineParallel<Transformer<f
             inputs[micro].assign(b.inputs, b.inputs + (size_t)batch.B * batch.T);
             targets[micro].assign(b.targets, b.targets + (size_t)batch.B * batch.T);
         }
-        pipeline->run_step(model, inputs, targets, model.dloss(m));
+        pipeline->run_step(model, inputs, targets, dloss);
     }
     for (int micro = 0; micro < m && !pipeline; micro++) {
         model.lora_hooks.step_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
         const Batch b = next_batch();
         model.upload_batch(b.inputs, b.targets);
-        model.forward(true, model.dloss(m));
+        model.forward(true, dloss);
         model.accumulate_loss();
         model.backward(micro == m - 1);
     }
@@ -754,6 +776,11 @@ void evaluate_and_save(FILE* out, FILE* log, Transformer<floatX>& model, RunData
         const size_t tokens = (size_t)val.B() * val.T(), positions = (size_t)model.B * model.T;
         std::vector<int> inputs(tokens < positions ? positions : 0), targets(inputs.size());
         val.reset();
+        if (val.has_masks()) {
+            const uint64_t counted = val.counted_targets_ahead(val_batches);
+            if (counted == 0) die("--val-data " + o.val_data + ": the masks of its first " + std::to_string(val_batches) + " batches count no target (expected at least one)");
+            model.loss.count_targets(counted);
+        }
         for (int i = 0; i < val_batches; i++) {
             Batch batch = val.next();
             if (tokens < positions) {
@@ -767,7 +794,8 @@ void evaluate_and_save(FILE* out, FILE* log, Transformer<floatX>& model, RunData
             model.loss.accumulate(model.layout.part.last ? model.losses : nullptr, (int)tokens, model.stream);
         }
         // the mean over B x T positions a forward, of which the padding's add nothing
-        const float val_loss = (float)((double)model.take_mean_loss() * positions / tokens);
+        // (masked data: the mean over the counted targets already, whatever the padding)
+        const float val_loss = val.has_masks() ? model.take_mean_loss() : (float)((double)model.take_mean_loss() * positions / tokens);
         const std::string over = tokens == positions ? ""
             : " (over " + std::to_string(val_batches) + (val_batches == 1 ? " batch" : " batches") + " of " + std::to_string(val.B()) + " x " +
                   std::to_string(val.T()) + " tokens a data-parallel rank: --val-data holds fewer tokens than one batch of " +
@@ -858,7 +886,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     const std::vector<int> sample_prompt = text.prompt_tokens(o.prompt);
     std::vector<HellaSwagItem> hellaswag_items;
     if (o.hellaswag) {
-        if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        if (!text.tokenizer) die("--hellaswag needs a vocabulary: --tokenizer must be a tokenizer.json or a folder with one (or with encoder.json and vocab.bpe)");
         try { hellaswag_items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
     }
     log.print_peak(gpu, model.linear.fp8);
@@ -1026,7 +1054,7 @@ int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
                                 o.offload_dir);
     }
     if (o.hellaswag) {  // train()'s and evaluate_hellaswag's checks: the vocabulary, the items, the rows they need
-        if (!text.tokenizer) die("--hellaswag needs the GPT-2 vocabulary: --tokenizer must be a folder with encoder.json and vocab.bpe");
+        if (!text.tokenizer) die("--hellaswag needs a vocabulary: --tokenizer must be a tokenizer.json or a folder with one (or with encoder.json and vocab.bpe)");
         std::vector<HellaSwagItem> items;
         try { items = load_hellaswag(o.hellaswag_data); } catch (const std::exception& e) { die(e.what()); }
         const int longest = HellaSwagBatcher(items, *text.tokenizer, 4, batch.T).max_length();

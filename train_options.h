@@ -152,7 +152,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--max-seq-len", nullptr, Flag::INT, &o.max_seq_len, or_minus_one(closed(1, kMaxSeqLen)), "override the maximum sequence length (-1: 1024)"},
         {"--train-data", "-i", Flag::STRING, &o.train_data, anything(), "training token shards (glob)"},
         {"--val-data", "-j", Flag::STRING, &o.val_data, anything(), "validation token shards (glob; empty: none)"},
-        {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, anything(), "folder with encoder.json and vocab.bpe, or an llm.c tokenizer file, to decode samples"},
+        {"--tokenizer", nullptr, Flag::STRING, &o.tokenizer, anything(), "the vocabulary of prompts, samples and HellaSwag: a tokenizer.json (or a folder holding one and, optionally, generation_config.json, whose eos_token_id ends samples), a folder with GPT-2's encoder.json and vocab.bpe, or a decode-only llm.c tokenizer file"},
         {"--batch-size", "-b", Flag::INT, &o.batch_size, at_least(1), "sequences per micro-batch on each GPU"},
         {"--seq-len", "-t", Flag::INT, &o.seq_len, closed(1, kMaxSeqLen), "tokens per sequence (at most the model's maximum sequence length)"},
         {"--total-batch-tokens", "-d", Flag::LONG, &o.total_batch_tokens, or_minus_one(closed(1, INT_MAX)), "tokens per optimizer step over all GPUs; gradient accumulation fills it (-1: batch-size x seq-len x GPUs)"},

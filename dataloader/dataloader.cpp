@@ -10,6 +10,7 @@
 #include "dataloader.h"
 
 #include <glob.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -80,11 +81,15 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
     if (!c.allocator.allocate || !c.allocator.deallocate) fail("the host allocator needs both functions");
 
     shard_paths_ = glob_sorted(c.pattern);
+    // a pattern such as X_train_* also matches the mask shards beside the shards: they are not shards
+    shard_paths_.erase(std::remove_if(shard_paths_.begin(), shard_paths_.end(), is_mask_shard_path), shard_paths_.end());
+    if (shard_paths_.empty()) fail("no shard files match '" + c.pattern + "', only mask shards");
     for (const std::string& path : shard_paths_) {
         shard_tokens_.push_back(ShardReader(path).num_tokens());
         num_tokens_ += shard_tokens_.back();
     }
     const uint64_t batch_tokens = uint64_t(c.num_ranks) * c.B * c.T + 1;
+    open_masks();
     count_windows();
     if (batches_per_epoch_ == 0 && c.fit_to_data) {
         // the longest shard's tokens as whole rows of T for every rank, else one row as long as every rank can have
@@ -93,6 +98,10 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
         const uint64_t rows = room / (uint64_t(c.num_ranks) * c.T);
         if (rows > 0) {
             config_.B = static_cast<int>(rows);  // below B: B rows did not fit
+        } else if (has_masks_) {
+            fail("the longest shard matching '" + c.pattern + "' holds " + std::to_string(longest) + " tokens, fewer than one window of T=" +
+                 std::to_string(c.T) + " per rank (" + std::to_string(uint64_t(c.num_ranks) * c.T + 1) +
+                 "): chat windows cannot be shortened; prepare more conversations or use fewer ranks");
         } else {
             config_.B = 1;
             config_.T = static_cast<int>(room / c.num_ranks);
@@ -103,8 +112,10 @@ DataLoader::DataLoader(const DataLoaderConfig& config) : config_(config) {
         fail("no shard matching '" + c.pattern + "' has the " + std::to_string(batch_tokens) + " tokens one batch needs (num_ranks*B*T + 1)" +
              (c.fit_to_data ? ", nor the " + std::to_string(c.num_ranks + 1) + " of one token per rank" : std::string()));
     if (shard_paths_.size() > UINT32_MAX) fail("too many shards");
+    for (uint64_t windows : windows_per_shard_) window_counts_.emplace_back(has_masks_ ? windows : 0, UINT64_MAX);
 
     scratch_.resize(size_t(c.B) * c.T + 1);
+    if (has_masks_) mask_scratch_.resize(size_t(c.B) * c.T);
     // inputs then targets, B*T each; the allocator is the trainer's (pinned memory, so uploads run asynchronously)
     const size_t bytes = 2 * size_t(c.B) * c.T * sizeof(int32_t);
     // prefetch_depth batches ahead plus the one the caller holds
@@ -128,6 +139,28 @@ DataLoader::~DataLoader() {
     for (Slot& slot : slots_) config_.allocator.deallocate(slot.data);
 }
 
+// Masks are all or nothing, each as long as its shard and laid out for this T.
+void DataLoader::open_masks() {
+    std::vector<bool> has(shard_paths_.size());
+    for (size_t i = 0; i < shard_paths_.size(); ++i) has[i] = ::access(mask_shard_path(shard_paths_[i]).c_str(), F_OK) == 0;
+    const auto with = std::find(has.begin(), has.end(), true), without = std::find(has.begin(), has.end(), false);
+    if (with == has.end()) return;
+    if (without != has.end())
+        fail(shard_paths_[without - has.begin()] + " has no mask shard " + mask_shard_path(shard_paths_[without - has.begin()]) +
+             " but " + shard_paths_[with - has.begin()] + " has one: chat data needs a mask beside every shard (prepare_shards --chat writes them)");
+    has_masks_ = true;
+    for (size_t i = 0; i < shard_paths_.size(); ++i) {
+        const MaskReader mask(mask_shard_path(shard_paths_[i]));
+        if (mask.num_tokens() != shard_tokens_[i])
+            fail(mask.path() + ": " + std::to_string(mask.num_tokens()) + " mask bytes, but its shard " + shard_paths_[i] + " holds " +
+                 std::to_string(shard_tokens_[i]) + " tokens (expected one byte a token)");
+        if (mask.window() != config_.T)
+            fail(mask.path() + ": laid out for windows of " + std::to_string(mask.window()) + " tokens (prepare_shards --chat --seq-len " +
+                 std::to_string(mask.window()) + "), but T is " + std::to_string(config_.T) + " (expected --seq-len " +
+                 std::to_string(mask.window()) + ")");
+    }
+}
+
 // Windows of the current B x T in each shard: window k starts at k*G (G = num_ranks*B*T) and needs G+1 tokens.
 void DataLoader::count_windows() {
     global_tokens_ = uint64_t(config_.num_ranks) * config_.B * config_.T;
@@ -141,41 +174,46 @@ void DataLoader::count_windows() {
 
 // ---- batch order ------------------------------------------------------------------------------------------
 
-const std::vector<uint32_t>& DataLoader::shard_order(uint64_t epoch) {
+const std::vector<uint32_t>& DataLoader::shard_order(uint64_t epoch, OrderCache& cache) {
     const uint64_t key = config_.shuffle ? epoch : 0;  // unshuffled: one order for every epoch
-    if (shard_order_epoch_ != key) {
+    if (cache.shard_epoch != key) {
         if (config_.shuffle) {
-            shard_order_ = permutation(shard_paths_.size(), config_.seed, key, 0);
+            cache.shards = permutation(shard_paths_.size(), config_.seed, key, 0);
         } else {
-            shard_order_.resize(shard_paths_.size());
-            std::iota(shard_order_.begin(), shard_order_.end(), 0u);
+            cache.shards.resize(shard_paths_.size());
+            std::iota(cache.shards.begin(), cache.shards.end(), 0u);
         }
-        shard_order_epoch_ = key;
+        cache.shard_epoch = key;
     }
-    return shard_order_;
+    return cache.shards;
 }
 
 // Shuffled runs visit the windows of each shard in a permutation of their own (stream = shard + 1; stream 0 is the
 // shard order), cached for the shard being read: it changes only once per shard.
-const std::vector<uint32_t>& DataLoader::window_order(uint64_t epoch, uint32_t shard) {
-    if (window_order_epoch_ != epoch || window_order_shard_ != shard) {
-        window_order_ = permutation(windows_per_shard_[shard], config_.seed, epoch, uint64_t(shard) + 1);
-        window_order_epoch_ = epoch;
-        window_order_shard_ = shard;
+const std::vector<uint32_t>& DataLoader::window_order(uint64_t epoch, uint32_t shard, OrderCache& cache) {
+    if (cache.window_epoch != epoch || cache.window_shard != shard) {
+        cache.windows = permutation(windows_per_shard_[shard], config_.seed, epoch, uint64_t(shard) + 1);
+        cache.window_epoch = epoch;
+        cache.window_shard = shard;
     }
-    return window_order_;
+    return cache.windows;
+}
+
+uint64_t DataLoader::window_of(const Position& pos, OrderCache& cache) {
+    const uint32_t shard = shard_order(pos.epoch, cache)[pos.shard_pos];
+    return config_.shuffle ? window_order(pos.epoch, shard, cache)[pos.window_pos] : pos.window_pos;
 }
 
 DataLoader::Position DataLoader::first_position() {
     Position pos;
-    if (windows_per_shard_[shard_order(0)[0]] == 0) advance(pos);  // the first shard too short for a batch
+    if (windows_per_shard_[shard_order(0, reader_order_)[0]] == 0) advance(pos, reader_order_);  // the first shard too short for a batch
     return pos;
 }
 
 // Next window; past a shard's last window, the next shard (in this epoch's order) that holds one.
-void DataLoader::advance(Position& pos) {
+void DataLoader::advance(Position& pos, OrderCache& cache) {
     ++pos.window_pos;
-    while (pos.window_pos >= windows_per_shard_[shard_order(pos.epoch)[pos.shard_pos]]) {
+    while (pos.window_pos >= windows_per_shard_[shard_order(pos.epoch, cache)[pos.shard_pos]]) {
         pos.window_pos = 0;
         if (++pos.shard_pos == shard_paths_.size()) {
             pos.shard_pos = 0;
@@ -184,9 +222,20 @@ void DataLoader::advance(Position& pos) {
     }
 }
 
+const MaskReader& DataLoader::mask_of(uint32_t shard, OpenMask& open) {
+    if (!open.reader || open.shard != shard) {
+        open.reader.reset();
+        open.reader = std::make_unique<MaskReader>(mask_shard_path(shard_paths_[shard]));
+        if (open.reader->num_tokens() != shard_tokens_[shard])
+            fail(open.reader->path() + " changed size since the loader was created");
+        open.shard = shard;
+    }
+    return *open.reader;
+}
+
 void DataLoader::fill(Slot& slot, Position& pos) {
-    const uint32_t shard = shard_order(pos.epoch)[pos.shard_pos];
-    const uint64_t window = config_.shuffle ? window_order(pos.epoch, shard)[pos.window_pos] : pos.window_pos;
+    const uint32_t shard = shard_order(pos.epoch, reader_order_)[pos.shard_pos];
+    const uint64_t window = window_of(pos, reader_order_);
     const size_t rank_tokens = size_t(config_.B) * config_.T;
     const uint64_t first = window * global_tokens_ + uint64_t(config_.rank) * rank_tokens;
     // one shard open at a time: consecutive windows come from the same shard, so it is reopened once per shard
@@ -208,8 +257,32 @@ void DataLoader::fill(Slot& slot, Position& pos) {
         inputs[i] = scratch_[i];
         targets[i] = scratch_[i + 1];
     }
-    advance(pos);
+    if (has_masks_) {  // the targets' mask bytes: those of tokens first+1 .. first+rank_tokens
+        mask_of(shard, open_mask_).read(first + 1, rank_tokens, mask_scratch_.data());
+        for (size_t i = 0; i < rank_tokens; ++i)
+            if (mask_scratch_[i] == 0) targets[i] = -1;
+    }
+    advance(pos, reader_order_);
     slot.after = pos;
+}
+
+uint64_t DataLoader::counted_targets_ahead(uint64_t batches) {
+    if (!has_masks_) return batches * global_tokens_;
+    Position pos = consumer_pos_;
+    uint64_t total = 0;
+    for (uint64_t b = 0; b < batches; ++b) {
+        const uint32_t shard = shard_order(pos.epoch, lookahead_order_)[pos.shard_pos];
+        const uint64_t window = window_of(pos, lookahead_order_);
+        uint64_t& counted = window_counts_[shard][window];
+        if (counted == UINT64_MAX) {  // the global window's targets: tokens window*G+1 .. window*G+G
+            lookahead_bytes_.resize(global_tokens_);
+            mask_of(shard, lookahead_mask_).read(window * global_tokens_ + 1, global_tokens_, lookahead_bytes_.data());
+            counted = std::count(lookahead_bytes_.begin(), lookahead_bytes_.end(), uint8_t(1));
+        }
+        total += counted;
+        advance(pos, lookahead_order_);
+    }
+    return total;
 }
 
 // ---- serving and read-ahead -------------------------------------------------------------------------------
@@ -319,7 +392,7 @@ void DataLoader::restore(const DataLoaderState& s) {
     // from the restored position
     stop_reader();
     if (s.shard_pos >= shard_paths_.size() ||
-        s.window_pos >= windows_per_shard_[shard_order(s.epoch)[s.shard_pos]]) {
+        s.window_pos >= windows_per_shard_[shard_order(s.epoch, reader_order_)[s.shard_pos]]) {
         start_reader();
         fail("cannot restore state: position (epoch " + std::to_string(s.epoch) + ", shard " +
              std::to_string(s.shard_pos) + ", window " + std::to_string(s.window_pos) + ") does not exist");

@@ -13,6 +13,13 @@
 // (the permutations are recomputed from the seed, so the "RNG state" is just seed + position). A state can
 // be restored with a different rank count as long as the global window (num_ranks*B) and T are the same.
 //
+// Masks (chat data, docs/formats.md). When a mask shard sits beside a shard (mask_shard_path: X.bin.mask), every
+// shard must have one; a target whose mask byte is 0 is served as -1, which every consumer of targets ignores (the
+// loss gives it 0 and a zero gradient). A mask shard was laid out for windows of its T (each conversation starts at
+// a multiple of T), so T must be that; a fit_to_data loader keeps T and serves fewer rows, never a shorter one.
+// counted_targets_ahead() counts the targets that count in the next batches over all ranks (every rank reads the
+// global window's mask: the same number on every rank, without communication), which the loss is averaged over.
+//
 // Data shorter than one batch. A loader with fit_to_data (validation) whose shards hold fewer tokens than one batch
 // serves the largest batch they hold instead of failing: B' < B rows of T per rank, or, when not even one row of T
 // per rank fits, one row of T' < T; B() and T() say which.
@@ -40,6 +47,7 @@
 #include <vector>
 
 class ShardReader;
+class MaskReader;
 
 struct HostAllocator {
     std::function<void*(size_t bytes)> allocate;  // must return memory aligned for int32_t, or throw
@@ -48,7 +56,8 @@ struct HostAllocator {
 };
 
 struct DataLoaderConfig {
-    std::string pattern;  // glob of shard files, e.g. "data/tinyshakespeare/tinyshakespeare_train_*.bin"
+    std::string pattern;  // glob of shard files, e.g. "data/tinyshakespeare/tinyshakespeare_train_*.bin" (mask shards
+                          // it matches are not shards: they are found beside their shards)
     int B = 0;            // rows per rank
     int T = 0;            // sequence length
     int num_ranks = 1;
@@ -64,7 +73,7 @@ struct DataLoaderConfig {
 // Pointers stay valid until the next call to next(), reset() or restore(), or the loader's destruction.
 struct Batch {
     const int32_t* inputs;   // B*T, row-major
-    const int32_t* targets;  // B*T
+    const int32_t* targets;  // B*T; -1 where the target does not count (a mask byte 0)
     double wait_seconds;     // how long next() blocked on data (the whole read when synchronous)
 };
 
@@ -102,6 +111,10 @@ public:
     uint64_t batches_per_epoch() const { return batches_per_epoch_; }
     int B() const { return config_.B; }  // rows per rank of a batch: the config's, or fewer (fit_to_data)
     int T() const { return config_.T; }  // tokens per row: the config's, or fewer (fit_to_data)
+    bool has_masks() const { return has_masks_; }
+    // The targets that count in the next `batches` batches next() will serve, summed over all ranks (without masks:
+    // every target, batches * num_ranks * B * T). Reads the masks of those global windows (memoised per window).
+    uint64_t counted_targets_ahead(uint64_t batches);
 
 private:
     struct Position {
@@ -112,12 +125,30 @@ private:
         Position after;           // position following this batch
     };
 
+    // The permutations of one epoch, cached: the reader thread and counted_targets_ahead() (the caller's thread) walk
+    // the order each with their own.
+    struct OrderCache {
+        uint64_t shard_epoch = UINT64_MAX;
+        std::vector<uint32_t> shards;
+        uint64_t window_epoch = UINT64_MAX;
+        uint32_t window_shard = 0;
+        std::vector<uint32_t> windows;
+    };
+    // An open mask shard, reopened once per shard as the shards are.
+    struct OpenMask {
+        std::unique_ptr<MaskReader> reader;
+        uint32_t shard = 0;
+    };
+
+    void open_masks();     // has_masks_, and every mask shard checked against its shard and T
     void count_windows();  // windows_per_shard_, batches_per_epoch_ and global_tokens_ for the current B and T
     Position first_position();
     void fill(Slot& slot, Position& pos);  // reads the batch at pos into slot and advances pos
-    void advance(Position& pos);
-    const std::vector<uint32_t>& shard_order(uint64_t epoch);
-    const std::vector<uint32_t>& window_order(uint64_t epoch, uint32_t shard);
+    void advance(Position& pos, OrderCache& cache);
+    uint64_t window_of(const Position& pos, OrderCache& cache);  // the window index in its shard
+    const std::vector<uint32_t>& shard_order(uint64_t epoch, OrderCache& cache);
+    const std::vector<uint32_t>& window_order(uint64_t epoch, uint32_t shard, OrderCache& cache);
+    const MaskReader& mask_of(uint32_t shard, OpenMask& open);
     void start_reader();
     void stop_reader();
     void reader_loop();
@@ -129,16 +160,21 @@ private:
     uint64_t num_tokens_ = 0;
     uint64_t batches_per_epoch_ = 0;
     uint64_t global_tokens_ = 0;  // G = num_ranks*B*T
+    bool has_masks_ = false;
+
+    // Used only by counted_targets_ahead() (the caller's thread).
+    OrderCache lookahead_order_;
+    OpenMask lookahead_mask_;
+    std::vector<std::vector<uint64_t>> window_counts_;  // per shard and window: its counted targets, or UINT64_MAX
+    std::vector<uint8_t> lookahead_bytes_;
 
     // Used only by whoever fills slots (the reader thread, or next() when synchronous).
     std::unique_ptr<ShardReader> open_shard_;
     uint32_t open_shard_index_ = 0;
     std::vector<uint32_t> scratch_;
-    uint64_t shard_order_epoch_ = UINT64_MAX;
-    std::vector<uint32_t> shard_order_;
-    uint64_t window_order_epoch_ = UINT64_MAX;
-    uint32_t window_order_shard_ = 0;
-    std::vector<uint32_t> window_order_;
+    std::vector<uint8_t> mask_scratch_;
+    OpenMask open_mask_;
+    OrderCache reader_order_;  // also the caller's while the reader is stopped (restore, reset)
 
     std::vector<Slot> slots_;
     Position consumer_pos_;  // position of the batch next() returns next

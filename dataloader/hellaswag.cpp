@@ -255,7 +255,7 @@ std::vector<HellaSwagItem> load_hellaswag(const std::string& path) {
     return parse_hellaswag(read_text_file(path), path);
 }
 
-HellaSwagBatcher::HellaSwagBatcher(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok, int B, int T)
+HellaSwagBatcher::HellaSwagBatcher(const std::vector<HellaSwagItem>& items, const Tokenizer& tok, int B, int T)
     : B_(B), T_(T), eot_(tok.eot()) {
     if (B <= 0 || B % 4 != 0 || T <= 0)
         throw std::invalid_argument("HellaSwagBatcher: B must be a positive multiple of 4 and T positive (B=" +

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-class GPT2Tokenizer;
+class Tokenizer;
 
 struct HellaSwagItem {
     int ind = 0;
@@ -48,7 +48,7 @@ class HellaSwagBatcher {
 public:
     // Tokenizes every item. B must be a positive multiple of 4; throws std::invalid_argument otherwise,
     // and std::runtime_error for an item that cannot fit (an ending longer than T tokens, or an empty context).
-    HellaSwagBatcher(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok, int B, int T);
+    HellaSwagBatcher(const std::vector<HellaSwagItem>& items, const Tokenizer& tok, int B, int T);
 
     int num_items() const { return static_cast<int>(items_.size()); }
     int items_per_batch() const { return B_ / 4; }

@@ -18,6 +18,10 @@
 //
 // `--count FILE...` instead prints each file's plain token count (tiktoken's encode_ordinary, no EOTs) and
 // the single-thread encode speed.
+//
+// `--chat` instead reads JSONL conversations (dataloader/chat.h) and writes each through a chat template into a
+// window of --seq-len tokens of its own (no packing: the rest of the window is padding), with a mask shard beside
+// each token shard marking the tokens that count in the loss (docs/formats.md, docs/training.md).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -42,6 +46,7 @@
 #include <vector>
 
 #include "../kernels/die.h"  // print_error: the one error line format
+#include "chat.h"
 #include "shards.h"
 #include "text_reader.h"
 #include "tokenizer.h"
@@ -72,6 +77,19 @@ error.
                          holds all tokens in memory)
   --threads N            encoding threads (default: all cores)
   --count                print the plain token count (encode_ordinary, no EOTs) of each FILE and exit
+
+Chat data (fine-tuning where only the answers count; docs/training.md):
+  --chat                 INPUTs are JSONL conversations, one a line: {"messages": [{"role":
+                         "system"|"user"|"assistant", "content": "..."}, ...]} or {"prompt": "...",
+                         "completion": "..."}. Each conversation gets a window of --seq-len tokens of its
+                         own (padding after it), cut to the window if longer; a mask shard
+                         X_train_NNNNNN.bin.mask beside each shard marks the tokens that count
+  --seq-len T            the window: train_gpt's --seq-len (required with --chat)
+  --chat-template NAME   llama3, chatml or plain (default: plain, the one GPT-2's tokenizer can render)
+  --chat-loss WHICH      assistant (default: the assistant's answers and their end-of-turn tokens count)
+                         or all (every token of the conversation counts)
+  With --chat, --val-docs and --val-fraction count conversations, and --shard-size is rounded down to
+  whole windows (plus one token).
   -h, --help             show this help
 )";
 
@@ -87,6 +105,10 @@ struct Options {
     double val_fraction = 0;
     int threads = 0;
     bool count = false;
+    bool chat = false;
+    int seq_len = 0;  // --chat's window
+    ChatTemplate chat_template = ChatTemplate::kPlain;
+    ChatLoss chat_loss = ChatLoss::kAssistant;
 };
 
 struct UsageError : std::runtime_error {
@@ -114,6 +136,7 @@ double parse_fraction(const std::string& flag, const std::string& value) {
 Options parse_args(int argc, char** argv) {
     Options o;
     int val_options = 0;
+    std::vector<std::string> chat_options;  // given flags that only --chat takes
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         auto value = [&]() -> std::string {
@@ -149,6 +172,23 @@ Options parse_args(int argc, char** argv) {
             o.threads = static_cast<int>(parse_count(arg, value(), 1, 1024));
         } else if (arg == "--count") {
             o.count = true;
+        } else if (arg == "--chat") {
+            o.chat = true;
+        } else if (arg == "--seq-len") {
+            o.seq_len = static_cast<int>(parse_count(arg, value(), 1, INT32_MAX / 2));
+        } else if (arg == "--chat-template") {
+            try {
+                o.chat_template = parse_chat_template(value(), arg);
+            } catch (const std::runtime_error& e) {
+                throw UsageError(e.what());
+            }
+            chat_options.push_back(arg);
+        } else if (arg == "--chat-loss") {
+            const std::string which = value();
+            if (which != "assistant" && which != "all")
+                throw UsageError(arg + " " + which + ": expected assistant or all");
+            o.chat_loss = which == "all" ? ChatLoss::kAllTokens : ChatLoss::kAssistant;
+            chat_options.push_back(arg);
         } else if (arg.size() > 1 && arg[0] == '-') {  // "-" alone is stdin
             throw UsageError("unknown option " + arg);
         } else {
@@ -160,6 +200,17 @@ Options parse_args(int argc, char** argv) {
     if (!o.count && o.out_prefix.empty()) throw UsageError("--out PREFIX is required");
     if (o.count && (!o.out_prefix.empty() || val_options || !o.val_inputs.empty()))
         throw UsageError("--count takes only input files (and --tokenizer)");
+    if (o.chat && o.count) throw UsageError("--chat and --count exclude each other");
+    if (o.seq_len > 0) chat_options.push_back("--seq-len");
+    if (!o.chat && !chat_options.empty()) throw UsageError(chat_options[0] + " needs --chat");
+    if (o.chat && o.seq_len == 0) throw UsageError("--chat needs --seq-len T, the window train_gpt's --seq-len will be");
+    if (o.chat && o.doc_per_file) throw UsageError("--doc-per-file does not apply to --chat (a conversation is a line)");
+    if (o.chat && o.val_split == Options::ValSplit::kLastTokens)
+        throw UsageError("--val-last-fraction does not apply to --chat (a split of tokens would cut a conversation): "
+                         "use --val-fraction or --val-docs");
+    if (o.chat && o.shard_size < static_cast<uint64_t>(o.seq_len) + 1)
+        throw UsageError("--shard-size " + std::to_string(o.shard_size) + " holds no window of --seq-len " +
+                         std::to_string(o.seq_len) + " (a chat shard needs --seq-len + 1 tokens at least)");
     if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
     return o;
 }
@@ -203,8 +254,8 @@ struct Document {
 
 class DocumentSource {
 public:
-    DocumentSource(const std::vector<std::string>& inputs, bool doc_per_file)
-        : inputs_(inputs), doc_per_file_(doc_per_file) {
+    DocumentSource(const std::vector<std::string>& inputs, bool doc_per_file, const Tokenizer& tok)
+        : inputs_(inputs), doc_per_file_(doc_per_file), tok_(tok) {
         for (const std::string& path : inputs_) {
             if (path == "-") continue;  // stdin: size unknown
             struct stat st;
@@ -246,7 +297,7 @@ public:
             }
             if (buffer_.size() - begin_ >= kMaxPart + kCutMargin) {
                 // A long document: emit parts of it. No separator starts before search_, after the cuts.
-                safe_parts(std::string_view(buffer_).substr(begin_), kMaxPart, kPathologicalChunk, ends_);
+                tok_.safe_parts(std::string_view(buffer_).substr(begin_), kMaxPart, kPathologicalChunk, ends_);
                 const size_t start = begin_;
                 for (size_t end : ends_) {
                     emit(begin_, start + end, false);
@@ -281,6 +332,7 @@ private:
 
     std::vector<std::string> inputs_;
     bool doc_per_file_;
+    const Tokenizer& tok_;  // where a long document may be cut (safe_parts)
     size_t next_file_ = 0;
     std::unique_ptr<TextFileReader> reader_;
     std::string buffer_;  // unconsumed text of the current file starts at begin_
@@ -295,7 +347,7 @@ private:
 // EOT (unless a continuation part) + tokens of every document, encoded on `threads` threads; result i
 // belongs to docs[i]. Token holds every id of the vocabulary (run_shards' choice).
 template <typename Token>
-std::vector<std::vector<Token>> encode_documents(const GPT2Tokenizer& tok, const std::vector<Document>& docs,
+std::vector<std::vector<Token>> encode_documents(const Tokenizer& tok, const std::vector<Document>& docs,
                                                  int threads) {
     std::vector<std::vector<Token>> out(docs.size());
     // Largest documents first, so one big document does not start last and leave the other threads idle.
@@ -487,7 +539,11 @@ void remove_staging_folder(const std::string& path) {
 struct Replacement {
     std::string staging;  // the staging folder's name in DIR
     long long shards_train = -1, shards_val = -1;
+    bool masks = false;   // the new set has a mask shard beside each token shard (--chat)
 };
+
+// A token shard's companion in a set: its mask shard, BASE_SPLIT_NNNNNN.bin.mask (shards.h).
+const std::string kMaskRest = mask_shard_path("");
 
 void write_text_file(const std::string& path, const std::string& text) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -512,6 +568,7 @@ Replacement read_marker(const std::string& path, const std::string& base) {
         if (key == "staging") r.staging = value;
         if (key == "train" && all_digits(value)) r.shards_train = std::stoll(value);
         if (key == "val" && all_digits(value)) r.shards_val = std::stoll(value);
+        if (key == "masks") r.masks = value == "1";
     }
     long pid;
     if (r.shards_train < 0 || r.shards_val < 0 || !parse_staging_name(r.staging, base, pid))
@@ -528,9 +585,11 @@ int replace_set(const std::string& dir, const std::string& base, const Replaceme
     std::string split, rest;
     long long index;
     for (const std::string& name : list_folder(dir)) {
-        if (!parse_shard_name(name, base, split, index, rest) || !rest.empty()) continue;
-        if (index < (split == "train" ? r.shards_train : r.shards_val) &&
-            name == shard_path(base, split, static_cast<int>(index)))
+        if (!parse_shard_name(name, base, split, index, rest) || (!rest.empty() && rest != kMaskRest)) continue;
+        const bool mask = !rest.empty();  // an earlier set's mask goes unless the new set has one by its name
+        const std::string shard = shard_path(base, split, static_cast<int>(index));
+        if (index < (split == "train" ? r.shards_train : r.shards_val) && (!mask || r.masks) &&
+            name == (mask ? mask_shard_path(shard) : shard))
             continue;  // to be overwritten by the new shard
         if (::unlink(join(dir, name).c_str()) != 0 && errno != ENOENT)
             throw std::runtime_error(join(dir, name) + ": cannot delete this shard of the earlier set: " +
@@ -541,7 +600,7 @@ int replace_set(const std::string& dir, const std::string& base, const Replaceme
     struct stat st;
     if (::stat(staging.c_str(), &st) == 0) {  // absent when an interrupted replacement had got this far
         for (const std::string& name : list_folder(staging)) {
-            if (!parse_shard_name(name, base, split, index, rest) || !rest.empty()) continue;
+            if (!parse_shard_name(name, base, split, index, rest) || (!rest.empty() && rest != kMaskRest)) continue;
             if (::rename(join(staging, name).c_str(), join(dir, name).c_str()) != 0)
                 throw std::runtime_error(join(dir, name) + ": cannot rename the new shard into place: " +
                                          std::strerror(errno) + " (rerun to complete the replacement)");
@@ -610,17 +669,18 @@ public:
     // Where the new shards are written: the staging folder, under their final names.
     std::string staging_prefix() const { return join(staging_dir_, base_); }
 
-    // Replaces the prefix's shard set by the staged one (all its shards complete).
-    void commit(int train_shards, int val_shards) {
+    // Replaces the prefix's shard set by the staged one (all its shards complete; with `masks`, a mask shard beside
+    // each).
+    void commit(int train_shards, int val_shards, bool masks = false) {
         fsync_folder(staging_dir_);
-        Replacement r{staging_name(base_, ::getpid()), train_shards, val_shards};
+        Replacement r{staging_name(base_, ::getpid()), train_shards, val_shards, masks};
         const std::string text =
             "# prepare_shards (pid " + std::to_string(::getpid()) + ") is replacing the shards " + prefix_ +
             "_{train,val}_*.bin by the complete set in " + staging_dir_ + "/.\n"
             "# If this file is still here, that was interrupted and the shards may be a mix of two runs: the next\n"
             "# prepare_shards --out " + prefix_ + " (any inputs) completes the replacement before it starts.\n"
             "staging " + r.staging + "\ntrain " + std::to_string(train_shards) + "\nval " +
-            std::to_string(val_shards) + "\n";
+            std::to_string(val_shards) + "\nmasks " + (masks ? "1" : "0") + "\n";
         const std::string tmp = join(staging_dir_, "replacing");  // written in full, then renamed into place
         write_text_file(tmp, text);
         if (::rename(tmp.c_str(), marker_.c_str()) != 0)
@@ -755,7 +815,7 @@ private:
 
 // ---- modes --------------------------------------------------------------------------------------------------
 
-int run_count(const Options& o, const GPT2Tokenizer& tok) {
+int run_count(const Options& o, const Tokenizer& tok) {
     uint64_t total = 0;
     for (const std::string& path : o.inputs) {
         // Streamed in parts cut by safe_parts, so memory stays bounded; the count is that of the whole text
@@ -775,7 +835,7 @@ int run_count(const Options& o, const GPT2Tokenizer& tok) {
                 end = got == 0;
                 continue;
             }
-            if (buffer.size() >= kMaxPart + kCutMargin) safe_parts(buffer, kMaxPart, kPathologicalChunk, ends);
+            if (buffer.size() >= kMaxPart + kCutMargin) tok.safe_parts(buffer, kMaxPart, kPathologicalChunk, ends);
             else ends.assign(1, buffer.size());
             const auto t0 = std::chrono::steady_clock::now();
             for (size_t k = 0; k < ends.size(); ++k) {
@@ -813,11 +873,11 @@ std::string format_number(double v) {
 // Token: uint16_t or uint32_t, the width of the vocabulary's shards, so a GPT-2 run holds its shards' tokens
 // in half the memory.
 template <typename Token>
-int run_shards(const Options& o, const GPT2Tokenizer& tok) {
+int run_shards(const Options& o, const Tokenizer& tok) {
     install_signal_handlers();
     std::vector<std::string> inputs = o.val_inputs;  // validation-only inputs first
     inputs.insert(inputs.end(), o.inputs.begin(), o.inputs.end());
-    DocumentSource source(inputs, o.doc_per_file);  // checks that the inputs exist
+    DocumentSource source(inputs, o.doc_per_file, tok);  // checks that the inputs exist
     OutputSet output(o.out_prefix);                  // checks that the folder is writable; cleans up dead runs
     SplitWriter<Token> train(output.staging_prefix(), "train", o.shard_size, tok.vocab_size());
     SplitWriter<Token> val(output.staging_prefix(), "val", o.shard_size, tok.vocab_size());
@@ -914,13 +974,215 @@ int run_shards(const Options& o, const GPT2Tokenizer& tok) {
     return 0;
 }
 
+// ---- chat data ------------------------------------------------------------------------------------------------
+
+// The tokenizer a chat template goes through: text by its ordinary encoding (special tokens' names in a message stay
+// text), special tokens by their added tokens' ids. GPT-2's files (encoder.json, vocab.bpe) have one, <|endoftext|>,
+// so they render the plain template; llama3 and chatml need their model's tokenizer.json.
+ChatTokenizer chat_tokenizer(const Tokenizer& tok, const std::string& tokenizer_dir) {
+    ChatTokenizer t;
+    t.encode_text = [&tok](std::string_view text, std::vector<int>& out) { tok.encode_append(text, out); };
+    t.special_id = [&tok, tokenizer_dir](const std::string& name) {
+        const int id = tok.added_token_id(name);
+        if (id < 0)
+            throw std::runtime_error("--tokenizer " + tokenizer_dir + ": no special token " + name + " in this tokenizer " +
+                                     "(the chat template needs it: llama3 and chatml need their model's tokenizer.json, "
+                                     "plain needs <|endoftext|>)");
+        return id;
+    };
+    return t;
+}
+
+// One split's chat shards: conversations in windows of T tokens, each shard K windows plus one padding token (a
+// window's last target is the next window's first token, and the shard's last window needs one after it), a mask
+// shard beside each.
+template <typename Token>
+class ChatSplitWriter {
+public:
+    ChatSplitWriter(std::string prefix, std::string split, uint64_t shard_size, int T, int vocab_size, uint32_t pad)
+        : prefix_(std::move(prefix)), split_(std::move(split)), windows_per_shard_((shard_size - 1) / T), T_(T),
+          vocab_size_(vocab_size), pad_(pad) {}
+
+    // A conversation of at most T tokens: into the next window, padded.
+    void append(const TokenizedChat& chat) {
+        tokens_.insert(tokens_.end(), chat.tokens.begin(), chat.tokens.end());
+        mask_.insert(mask_.end(), chat.mask.begin(), chat.mask.end());
+        tokens_.resize(tokens_.size() + (T_ - chat.tokens.size()), static_cast<Token>(pad_));
+        mask_.resize(tokens_.size(), 0);
+        padding_ += T_ - chat.tokens.size();
+        counted_ += chat.counted();
+        if (++windows_ == windows_per_shard_) flush();
+    }
+    void finish() {
+        if (windows_ > 0) flush();
+    }
+
+    uint64_t conversations() const { return conversations_ + windows_; }
+    uint64_t tokens() const { return tokens_written_ + tokens_.size(); }
+    uint64_t padding() const { return padding_; }  // window positions after a conversation
+    uint64_t counted() const { return counted_; }
+    int shards() const { return shards_; }
+
+private:
+    void flush() {
+        tokens_.push_back(static_cast<Token>(pad_));
+        mask_.push_back(0);
+        const std::string path = shard_path(prefix_, split_, shards_++);
+        write_shard(path, tokens_, vocab_size_);
+        write_mask_shard(mask_shard_path(path), mask_, T_);
+        tokens_written_ += tokens_.size();
+        conversations_ += windows_;
+        windows_ = 0;
+        tokens_.clear();
+        mask_.clear();
+    }
+
+    std::string prefix_, split_;
+    uint64_t windows_per_shard_;
+    size_t T_;
+    int vocab_size_;
+    uint32_t pad_;
+    std::vector<Token> tokens_;
+    std::vector<uint8_t> mask_;
+    uint64_t windows_ = 0, conversations_ = 0, tokens_written_ = 0, padding_ = 0, counted_ = 0;
+    int shards_ = 0;
+};
+
+// A JSONL line: the conversation on it, tokenized, or the error that refused it.
+struct ChatLine {
+    std::string text;
+    size_t file;
+    uint64_t number;
+    TokenizedChat chat;
+    std::exception_ptr error;
+};
+
+template <typename Token>
+int run_chat_shards(const Options& o, const Tokenizer& tok) {
+    install_signal_handlers();
+    const ChatTokenizer tokenizer = chat_tokenizer(tok, o.tokenizer_dir);
+    // the template's special tokens looked up before any input is read: a tokenizer without them stops here
+    for (const ChatSegment& s : render_chat({{{ChatMessage::kSystem, ""}, {ChatMessage::kUser, ""}, {ChatMessage::kAssistant, ""}}},
+                                            o.chat_template))
+        if (s.special) tokenizer.special_id(s.text);
+    const uint32_t pad = static_cast<uint32_t>(tokenizer.special_id(chat_padding_token(o.chat_template)));
+    std::vector<std::string> inputs = o.val_inputs;  // validation-only inputs first
+    inputs.insert(inputs.end(), o.inputs.begin(), o.inputs.end());
+    for (const std::string& path : inputs) {  // before the output folder is touched: a missing input changes nothing
+        struct stat st;
+        if (path != "-" && ::stat(path.c_str(), &st) != 0) throw std::runtime_error(path + ": " + std::strerror(errno));
+    }
+    OutputSet output(o.out_prefix);
+    ChatSplitWriter<Token> train(output.staging_prefix(), "train", o.shard_size, o.seq_len, tok.vocab_size(), pad);
+    ChatSplitWriter<Token> val(output.staging_prefix(), "val", o.shard_size, o.seq_len, tok.vocab_size(), pad);
+    uint64_t conversations = 0, doc_index = 0, cut = 0, dropped = 0;
+    constexpr size_t kBatchLines = 4096;
+    std::vector<ChatLine> lines;
+    // Lines are parsed and tokenized on all threads a batch at a time; the batch is then taken in line order, so the
+    // shards and the first error reported do not depend on the thread count.
+    auto process = [&] {
+        std::atomic<size_t> next{0};
+        auto work = [&] {
+            for (size_t i; (i = next++) < lines.size();) {
+                ChatLine& l = lines[i];
+                try {
+                    l.chat = tokenize_chat(render_chat(parse_chat_line(l.text, inputs[l.file], l.number), o.chat_template),
+                                           tokenizer, o.chat_loss);
+                } catch (...) {
+                    l.error = std::current_exception();
+                }
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int t = 1; t < o.threads; ++t) pool.emplace_back(work);
+        work();
+        for (auto& t : pool) t.join();
+        for (ChatLine& l : lines) {
+            if (l.error) std::rethrow_exception(l.error);
+            ++conversations;
+            bool is_val = l.file < o.val_inputs.size();
+            if (!is_val) {
+                if (o.val_split == Options::ValSplit::kFirstDocs) is_val = doc_index < o.val_docs;
+                if (o.val_split == Options::ValSplit::kDocFraction)
+                    is_val = std::floor((doc_index + 1) * o.val_fraction) > std::floor(doc_index * o.val_fraction);
+                ++doc_index;
+            }
+            TokenizedChat& chat = l.chat;
+            if (chat.tokens.size() > static_cast<size_t>(o.seq_len)) {  // cut to the window
+                ++cut;
+                chat.tokens.resize(o.seq_len);
+                chat.mask.resize(o.seq_len);
+                if (chat.counted() == 0) {  // its answers all lay beyond the window: nothing left to learn
+                    ++dropped;
+                    continue;
+                }
+            }
+            (is_val ? val : train).append(chat);
+        }
+        lines.clear();
+    };
+    for (size_t f = 0; f < inputs.size(); ++f) {
+        TextFileReader reader(inputs[f]);
+        std::string buffer;
+        uint64_t line_number = 0;
+        for (bool end = false; !end;) {
+            check_interrupted();
+            const size_t old_size = buffer.size(), chunk = size_t(1) << 20;
+            buffer.resize(old_size + chunk);
+            const size_t got = reader.read(&buffer[old_size], chunk);
+            buffer.resize(old_size + got);
+            end = got == 0;
+            size_t begin = 0;
+            for (size_t eol; (eol = buffer.find('\n', begin)) != std::string::npos || (end && begin < buffer.size()); begin = eol + 1) {
+                if (eol == std::string::npos) eol = buffer.size();  // the last line, without a newline
+                ++line_number;
+                const std::string_view line(buffer.data() + begin, eol - begin);
+                if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines hold nothing
+                lines.push_back({std::string(line), f, line_number, {}, nullptr});
+                if (lines.size() == kBatchLines) process();
+            }
+            buffer.erase(0, std::min(begin, buffer.size()));
+        }
+    }
+    process();
+    check_interrupted();
+    if (train.conversations() == 0)
+        throw std::runtime_error("the train split is empty: " + std::to_string(conversations) + " conversations in " +
+                                 describe_inputs(inputs) + (dropped > 0 ? " (" + std::to_string(dropped) + " dropped)" : "") +
+                                 ", none for training; nothing was replaced");
+    const bool val_requested = o.val_split != Options::ValSplit::kNone || !o.val_inputs.empty();
+    if (val_requested && val.conversations() == 0)
+        throw std::runtime_error("the validation split is empty: no conversation of " + describe_inputs(inputs) +
+                                 " went to it; nothing was replaced");
+    train.finish();
+    val.finish();
+    check_interrupted();
+    output.commit(train.shards(), val.shards(), true);
+    const uint64_t windows = train.conversations() + val.conversations();
+    const uint64_t padding = train.padding() + val.padding();
+    std::fprintf(stderr, "%llu conversations (%s template, %s tokens counted): %llu cut to the window of %d tokens, "
+                 "%llu of them dropped (no counted token left in the window)\n", static_cast<unsigned long long>(conversations),
+                 chat_template_name(o.chat_template), o.chat_loss == ChatLoss::kAllTokens ? "all" : "the assistant's",
+                 static_cast<unsigned long long>(cut), o.seq_len, static_cast<unsigned long long>(dropped));
+    std::fprintf(stderr, "train: %llu conversations, %llu tokens (%llu counted) in %d shard(s) %s_train_*.bin; val: %llu "
+                 "conversations, %llu tokens (%llu counted) in %d shard(s) %s_val_*.bin; masks beside them (*.bin.mask)\n",
+                 static_cast<unsigned long long>(train.conversations()), static_cast<unsigned long long>(train.tokens()),
+                 static_cast<unsigned long long>(train.counted()), train.shards(), o.out_prefix.c_str(),
+                 static_cast<unsigned long long>(val.conversations()), static_cast<unsigned long long>(val.tokens()),
+                 static_cast<unsigned long long>(val.counted()), val.shards(), o.out_prefix.c_str());
+    std::fprintf(stderr, "padding: %llu of the %llu window positions (%.1f%%)\n", static_cast<unsigned long long>(padding),
+                 static_cast<unsigned long long>(windows * o.seq_len), 100.0 * padding / (double(windows) * o.seq_len));
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     try {
         const Options o = parse_args(argc, argv);
-        const GPT2Tokenizer tok = GPT2Tokenizer::load(o.tokenizer_dir);
+        const Tokenizer tok = Tokenizer::load(o.tokenizer_dir);
         if (o.count) return run_count(o, tok);
+        if (o.chat) return shard_token_bytes(tok.vocab_size()) == 2 ? run_chat_shards<uint16_t>(o, tok) : run_chat_shards<uint32_t>(o, tok);
         return shard_token_bytes(tok.vocab_size()) == 2 ? run_shards<uint16_t>(o, tok) : run_shards<uint32_t>(o, tok);
     } catch (const UsageError& e) {
         print_error(std::string("prepare_shards: ") + e.what() + " (see --help)");

@@ -61,24 +61,17 @@ void write_tokens(int fd, const Token* tokens, size_t count, int vocab_size, con
     }
 }
 
-template <typename Token>
-void write_shard_of(const std::string& path, const Token* tokens, size_t count, int vocab_size) {
-    if (vocab_size <= 0) fail(path, "vocab size " + std::to_string(vocab_size) + " is not positive");
-    if (count > static_cast<size_t>(INT32_MAX)) fail(path, "too many tokens for one shard (header count is int32)");
-    const bool wide = shard_token_bytes(vocab_size) == 4;
-    int32_t header[256] = {};
-    header[0] = wide ? kShard32Magic : kShard16Magic;
-    header[1] = wide ? kShard32Version : kShard16Version;
-    header[2] = static_cast<int32_t>(count);
-    // written under a temporary name, synced, then renamed into place: a reader (or a crash) never sees half a
-    // shard, and two writers of the same path cannot interleave (the pid keeps their temporary files apart)
+// Writes the 256-int header, then body(fd, tmp), under a temporary name in the same directory, synced, then renamed
+// over `path`: a reader (or a crash) never sees half a file, and two writers of the same path cannot interleave (the
+// pid keeps their temporary files apart). Token and mask shards both go through here.
+template <typename WriteBody>
+void write_atomically(const std::string& path, const int32_t (&header)[256], WriteBody&& body) {
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) fail(path, "cannot create the temporary file " + tmp + ": " + std::strerror(errno));
     try {
         write_all(fd, header, sizeof header, tmp);
-        if (wide) write_tokens<uint32_t>(fd, tokens, count, vocab_size, path, tmp);
-        else write_tokens<uint16_t>(fd, tokens, count, vocab_size, path, tmp);
+        body(fd, tmp);
         if (::fsync(fd) != 0) fail(tmp, std::string("fsync: ") + std::strerror(errno));
     } catch (...) {
         ::close(fd);
@@ -94,6 +87,33 @@ void write_shard_of(const std::string& path, const Token* tokens, size_t count, 
         ::unlink(tmp.c_str());
         fail(path, std::string("cannot rename the temporary file into place: ") + std::strerror(err));
     }
+}
+
+template <typename Token>
+void write_shard_of(const std::string& path, const Token* tokens, size_t count, int vocab_size) {
+    if (vocab_size <= 0) fail(path, "vocab size " + std::to_string(vocab_size) + " is not positive");
+    if (count > static_cast<size_t>(INT32_MAX)) fail(path, "too many tokens for one shard (header count is int32)");
+    const bool wide = shard_token_bytes(vocab_size) == 4;
+    int32_t header[256] = {};
+    header[0] = wide ? kShard32Magic : kShard16Magic;
+    header[1] = wide ? kShard32Version : kShard16Version;
+    header[2] = static_cast<int32_t>(count);
+    write_atomically(path, header, [&](int fd, const std::string& tmp) {
+        if (wide) write_tokens<uint32_t>(fd, tokens, count, vocab_size, path, tmp);
+        else write_tokens<uint16_t>(fd, tokens, count, vocab_size, path, tmp);
+    });
+}
+
+// Mask bytes must be 0 or 1; `first_index` is mask[0]'s index in the file (for the message). Returns the ones.
+uint64_t count_mask_ones(const std::string& path, const uint8_t* mask, size_t count, uint64_t first_index) {
+    uint64_t ones = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (mask[i] > 1)
+            fail(path, "mask byte " + std::to_string(mask[i]) + " at token " + std::to_string(first_index + i) +
+                           " is neither 0 (not counted) nor 1 (counted)");
+        ones += mask[i];
+    }
+    return ones;
 }
 
 }  // namespace
@@ -183,4 +203,86 @@ std::vector<uint32_t> read_shard(const std::string& path, int vocab_size) {
     reader.read(0, tokens.size(), tokens.data());
     check_token_ids(path, tokens.data(), tokens.size(), 0, vocab_size);
     return tokens;
+}
+
+// ---- mask shards ---------------------------------------------------------------------------------------------
+
+namespace {
+constexpr char kMaskSuffix[] = ".mask";
+}
+
+std::string mask_shard_path(const std::string& shard_path) { return shard_path + kMaskSuffix; }
+
+bool is_mask_shard_path(const std::string& path) {
+    const size_t n = sizeof kMaskSuffix - 1;
+    return path.size() > n && path.compare(path.size() - n, n, kMaskSuffix) == 0;
+}
+
+void write_mask_shard(const std::string& path, const uint8_t* mask, size_t count, int window) {
+    if (count > static_cast<size_t>(INT32_MAX)) fail(path, "too many tokens for one mask shard (header count is int32)");
+    if (window <= 0) fail(path, "the window " + std::to_string(window) + " is not positive");
+    const uint64_t ones = count_mask_ones(path, mask, count, 0);
+    int32_t header[256] = {};
+    header[0] = kMaskShardMagic;
+    header[1] = kMaskShardVersion;
+    header[2] = static_cast<int32_t>(count);
+    header[3] = window;
+    header[4] = static_cast<int32_t>(ones);
+    write_atomically(path, header, [&](int fd, const std::string& tmp) { write_all(fd, mask, count, tmp); });
+}
+
+MaskReader::MaskReader(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path, std::string("cannot open mask shard: ") + std::strerror(errno));
+    try {
+        struct stat st;
+        if (::fstat(fd_, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
+        const uint64_t size = static_cast<uint64_t>(st.st_size);
+        if (size < kShardHeaderBytes)
+            fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 1024-byte mask shard header");
+        int32_t header[256];
+        read_exact(fd_, header, sizeof header, 0, path);
+        if (header[0] != kMaskShardMagic)
+            fail(path, "bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kMaskShardMagic) +
+                           ": not a mask shard)");
+        if (header[1] != kMaskShardVersion)
+            fail(path, "unsupported mask shard version " + std::to_string(header[1]) + " (expected " +
+                           std::to_string(kMaskShardVersion) + ")");
+        if (header[2] < 0) fail(path, "negative token count " + std::to_string(header[2]) + " in the header");
+        if (header[3] <= 0) fail(path, "the window " + std::to_string(header[3]) + " in the header is not positive");
+        if (header[4] < 0 || header[4] > header[2])
+            fail(path, "counted tokens " + std::to_string(header[4]) + " in the header is not in [0, " +
+                           std::to_string(header[2]) + "], the token count");
+        num_tokens_ = static_cast<uint64_t>(header[2]);
+        window_ = header[3];
+        counted_tokens_ = static_cast<uint64_t>(header[4]);
+        if (size != kShardHeaderBytes + num_tokens_)
+            fail(path, "size mismatch: header says " + std::to_string(num_tokens_) + " mask bytes (" +
+                           std::to_string(kShardHeaderBytes + num_tokens_) + " bytes) but the file is " +
+                           std::to_string(size) + " bytes");
+    } catch (...) {
+        ::close(fd_);
+        throw;
+    }
+}
+
+MaskReader::~MaskReader() { ::close(fd_); }
+
+void MaskReader::read(uint64_t first, size_t count, uint8_t* out) const {
+    if (first > num_tokens_ || count > num_tokens_ - first)
+        fail(path_, "read of mask bytes [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") passes the end (" + std::to_string(num_tokens_) + " tokens)");
+    read_exact(fd_, out, count, kShardHeaderBytes + first, path_);
+    count_mask_ones(path_, out, count, first);
+}
+
+std::vector<uint8_t> read_mask_shard(const std::string& path) {
+    MaskReader reader(path);
+    std::vector<uint8_t> mask(reader.num_tokens());
+    reader.read(0, mask.size(), mask.data());
+    const uint64_t ones = std::count(mask.begin(), mask.end(), uint8_t(1));
+    if (ones != reader.counted_tokens())
+        fail(path, "the header counts " + std::to_string(reader.counted_tokens()) + " counted tokens but the mask holds " +
+                       std::to_string(ones));
+    return mask;
 }

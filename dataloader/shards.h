@@ -62,3 +62,48 @@ private:
 
 // Reads a whole shard and checks every token id against vocab_size.
 std::vector<uint32_t> read_shard(const std::string& path, int vocab_size);
+
+// ---- mask shards (docs/formats.md): which targets of a token shard count in the loss (chat fine-tuning) ----------
+// A 256 x int32 header ([0] magic, [1] version, [2] token count N, [3] the window T the shard's conversations are laid
+// out for, [4] the number of counted tokens) followed by N bytes, byte i = 1 when token i counts as a target (is
+// predicted in the loss), 0 when it does not. The file is exactly 1024 + N bytes and sits beside its token shard,
+// named mask_shard_path(shard): "X_train_000000.bin.mask", which no "*.bin" glob of token shards matches.
+constexpr int32_t kMaskShardMagic = 20261215;
+constexpr int32_t kMaskShardVersion = 1;
+
+std::string mask_shard_path(const std::string& shard_path);
+bool is_mask_shard_path(const std::string& path);
+
+// Writes a mask shard atomically (write_shard's temporary name, fsync and rename). Throws if a byte is not 0 or 1 or
+// the window is not positive.
+void write_mask_shard(const std::string& path, const uint8_t* mask, size_t count, int window);
+inline void write_mask_shard(const std::string& path, const std::vector<uint8_t>& mask, int window) {
+    write_mask_shard(path, mask.data(), mask.size(), window);
+}
+
+// An open mask shard with a validated header (magic, version, window, counted tokens <= N, file size); bytes are
+// read on demand and each is checked to be 0 or 1.
+class MaskReader {
+public:
+    explicit MaskReader(const std::string& path);
+    ~MaskReader();
+    MaskReader(const MaskReader&) = delete;
+    MaskReader& operator=(const MaskReader&) = delete;
+
+    uint64_t num_tokens() const { return num_tokens_; }
+    int window() const { return window_; }
+    uint64_t counted_tokens() const { return counted_tokens_; }  // the header's count
+    const std::string& path() const { return path_; }
+    // Reads bytes [first, first + count); throws if that passes the end, the read fails or a byte is not 0 or 1.
+    void read(uint64_t first, size_t count, uint8_t* out) const;
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    uint64_t num_tokens_ = 0;
+    int window_ = 0;
+    uint64_t counted_tokens_ = 0;
+};
+
+// Reads a whole mask shard; throws if its ones do not add up to the header's counted tokens.
+std::vector<uint8_t> read_mask_shard(const std::string& path);

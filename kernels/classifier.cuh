@@ -4,10 +4,14 @@
 // GPT-2's 50304 columns on an H100/H200), else twice (fp32 GPT-2 rows; code for GPUs before sm_90).
 // defines: fused_classifier (and fused_classifier_is_single_pass: which of its two kernels runs),
 // vocab_parallel_stats / vocab_parallel_rescale / vocab_parallel_loss (the same over tensor-parallel ranks'
-// vocabulary ranges), accumulate_losses
+// vocabulary ranges), accumulate_losses, kIgnoredTarget
+// A row whose target is kIgnoredTarget (-1: a target that does not count, dataloader.h's masks) gets a loss of 0 and,
+// with dloss != 0, a zero gradient row.
 #pragma once
 #include <cfloat>
 #include "common.cuh"
+
+constexpr int kIgnoredTarget = -1;
 
 // Online softmax statistics: running max and sum of exp(x - max).
 struct SoftmaxStats {
@@ -55,6 +59,15 @@ __device__ __forceinline__ SoftmaxStats block_softmax_stats(SoftmaxStats stats, 
     return stats;
 }
 
+// Overwrites the row x[0, n) (n a multiple of the vector size) with zeros: an ignored target's gradient.
+template <typename floatX>
+__device__ __forceinline__ void write_zero_gradient(floatX* x, int n) {
+    constexpr int X = Packed128<floatX>::size;
+    Packed128<floatX> zero;
+    for (int i = 0; i < X; i++) zero[i] = from_float<floatX>(0.0f);
+    for (int j = threadIdx.x * X; j < n; j += blockDim.x * X) store128cs(x + j, zero);
+}
+
 // Overwrites the row x[0, n) (n a multiple of the vector size) with the logits gradient:
 // (exp(x_j - max_value) * inv_sum - [j == target]) * dloss for the real columns j < real, 0 for the rest (padding).
 template <typename floatX>
@@ -91,6 +104,11 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     const long row = blockIdx.x;
     floatX* x = logits + row * Vp;
     const int target = targets[row];
+    if (target == kIgnoredTarget) {  // the whole block returns: no barrier below is left waiting
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        if (dloss != 0.0f) write_zero_gradient(x, Vp);
+        return;
+    }
     const SoftmaxStats stats = block_softmax_stats(thread_softmax_stats(x, V), shared_max, shared_sum);
     const float log_sum = logf(stats.sum);
     if (threadIdx.x == 0) losses[row] = log_sum + stats.max_value - to_float(x[target]);
@@ -149,8 +167,15 @@ fused_classifier_single_pass_kernel(floatX* logits, float* losses, const int* ta
         if (threadIdx.x == 0 && row + gridDim.x < N) load_row(row + gridDim.x, b ^ 1);
         floatX* x = reinterpret_cast<floatX*>(classifier_rows + b * row_bytes);
         const int target = targets[row];
+        mbar_wait(full_base + 8 * b, (it >> 1) & 1);  // also for an ignored row: its buffer's phase must complete
+        if (target == kIgnoredTarget) {
+            if (threadIdx.x == 0) losses[row] = 0.0f;
+            if (dloss != 0.0f) write_zero_gradient(logits + row * Vp, Vp);
+            fence_proxy_async_shared();
+            __syncthreads();
+            continue;
+        }
         const bool owns_target = (target / X) % blockDim.x == threadIdx.x;
-        mbar_wait(full_base + 8 * b, (it >> 1) & 1);
 
         // Vectors below full_vectors hold only real columns; the rest (one partly real, then padding) are masked.
         // The lambdas are inlined with `masked` a constant, so the full vectors pay no per-column test.
@@ -221,8 +246,9 @@ bool fused_classifier_is_single_pass(int Vp) {
     return 2 * (size_t)Vp * sizeof(floatX) <= max_dynamic;
 }
 
-// logits (N, Vp), 16-byte aligned; losses (N) fp32; targets (N). dloss = d(total loss)/d(row loss), e.g.
-// loss_scale / (B*T*grad_accum_steps); pass 0 for a forward-only evaluation (logits are kept).
+// logits (N, Vp), 16-byte aligned; losses (N) fp32; targets (N), each below V or kIgnoredTarget.
+// dloss = d(total loss)/d(row loss), e.g. loss_scale / (B*T*grad_accum_steps), or loss_scale over the counted targets
+// with masks; pass 0 for a forward-only evaluation (logits are kept).
 template <typename floatX>
 void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
                       cudaStream_t stream) {
@@ -280,8 +306,11 @@ __global__ void vocab_parallel_rescale_kernel(float* stats, const float* global_
     if (i < N) stats[N + i] *= expf(stats[i] - global_max[i]);
 }
 
-// Pass 3's loss of row i from the reduced statistics: logsumexp - target logit, as fused_classifier_kernel.
-__device__ __forceinline__ float vocab_parallel_row_loss(const float* stats, const float* global_max, long i, int N) {
+// Pass 3's loss of row i from the reduced statistics: logsumexp - target logit, as fused_classifier_kernel (0 for an
+// ignored target).
+__device__ __forceinline__ float vocab_parallel_row_loss(const float* stats, const float* global_max, const int* targets,
+                                                         long i, int N) {
+    if (targets[i] == kIgnoredTarget) return 0.0f;
     return logf(stats[N + i]) + global_max[i] - stats[2L * N + i];
 }
 
@@ -293,15 +322,17 @@ __global__ void vocab_parallel_loss_kernel(floatX* logits, float* losses, const 
                                            const float* global_max, float dloss, int N, int vocab_begin, int Vl,
                                            int V) {
     const long row = blockIdx.x;
-    if (threadIdx.x == 0) losses[row] = vocab_parallel_row_loss(stats, global_max, row, N);
+    if (threadIdx.x == 0) losses[row] = vocab_parallel_row_loss(stats, global_max, targets, row, N);
+    if (targets[row] == kIgnoredTarget) return write_zero_gradient(logits + row * Vl, Vl);
     write_softmax_gradient(logits + row * Vl, Vl, vocab_parallel_real_columns(vocab_begin, Vl, V),
                            targets[row] - vocab_begin, global_max[row], 1.0f / stats[N + row], dloss);
 }
 
 // Pass 3 without the gradient (dloss == 0, an evaluation): the losses alone, one thread a row.
-__global__ void vocab_parallel_losses_kernel(float* losses, const float* stats, const float* global_max, int N) {
+__global__ void vocab_parallel_losses_kernel(float* losses, const float* stats, const float* global_max, const int* targets,
+                                             int N) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) losses[i] = vocab_parallel_row_loss(stats, global_max, i, N);
+    if (i < N) losses[i] = vocab_parallel_row_loss(stats, global_max, targets, i, N);
 }
 
 inline void check_vocab_parallel_columns(int Vl, int size) {
@@ -339,7 +370,7 @@ void vocab_parallel_loss(floatX* logits, float* losses, const int* targets, cons
                          float dloss, int N, int vocab_begin, int Vl, int V, cudaStream_t stream) {
     check_vocab_parallel_columns(Vl, Packed128<floatX>::size);
     if (dloss == 0.0f) {
-        vocab_parallel_losses_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(losses, stats, global_max, N);
+        vocab_parallel_losses_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(losses, stats, global_max, targets, N);
     } else {
         vocab_parallel_loss_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, stats, global_max,
                                                                           dloss, N, vocab_begin, Vl, V);

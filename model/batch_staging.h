@@ -8,6 +8,7 @@
 #include <vector>
 #include "../kernels/common.cuh"
 #include "../kernels/encoder.cuh"          // defines: encoder_buckets
+#include "../kernels/classifier.cuh"       // defines: kIgnoredTarget
 #include "../distributed/process_group.h"  // defines: ProcessGroup (wait_event: a deadline-guarded wait)
 
 struct BatchStaging {
@@ -35,8 +36,9 @@ struct BatchStaging {
     // the GPU, only for the copy that last used this staging buffer.
     int upload(const int* inputs, const int* targets, size_t N, int vocab_size, int* tokens, const ProcessGroup& pg, cudaStream_t stream) {
         for (size_t i = 0; i < N; i++)
-            if (inputs[i] < 0 || inputs[i] >= vocab_size || (targets && (targets[i] < 0 || targets[i] >= vocab_size)))
-                die("token id out of range [0, " + std::to_string(vocab_size) + ") in the batch");
+            if (inputs[i] < 0 || inputs[i] >= vocab_size || (targets && (targets[i] < kIgnoredTarget || targets[i] >= vocab_size)))
+                die("token id out of range [0, " + std::to_string(vocab_size) + ") in the batch (a target may also be " +
+                    std::to_string(kIgnoredTarget) + ": not counted)");
         int* s = buffer[index];
         pg.wait_event(free[index]);  // bounded: a failed peer cannot hang this wait
         memcpy(s, inputs, N * sizeof(int));

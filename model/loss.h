@@ -1,5 +1,6 @@
 // The loss a run reports: each rank's per-row losses summed over the forwards of a step (or of an evaluation),
-// gathered from every data-parallel rank and averaged on the host in a fixed order, and the flag that makes a step
+// gathered from every data-parallel rank and averaged on the host in a fixed order (over every row, or, with masked
+// data, over the targets that count: count_targets()), and the flag that makes a step
 // whose rows hold a non-finite loss skip its update (ZeroOptimizer::step reads it). The gathering also carries each
 // rank's stop vote (a stop signal, distributed/stop_signals.h), so that the step's own collectives tell every rank
 // whether any asked to stop. Computing the per-row losses is the classifier's (kernels/classifier.cuh, through the
@@ -22,6 +23,8 @@ struct LossSums {
     float* stop_votes = nullptr;  // the votes request() gathered, summed: > 0 when any of those ranks asks to stop
     bool requested = false;       // request() ran since the last take_mean()
     int forwards = 0;             // forwards summed since the last take_mean()
+    bool masked = false;          // count_targets() ran since the last take_mean()
+    uint64_t counted_targets = 0;  // what it counted: the divisor of take_mean()
 
     static size_t slice(size_t rows) { return rows + 1; }  // a rank's rows and its vote
 
@@ -48,6 +51,12 @@ struct LossSums {
         if (losses != nullptr) accumulate_losses(mine, losses, rows, stream);
         forwards++;
     }
+    // Masked data (ignored targets' rows hold a loss of 0): the mean is over the targets that count in the forwards
+    // since the last take_mean(), over all data-parallel ranks (DataLoader::counted_targets_ahead), not over the rows.
+    void count_targets(uint64_t counted) {
+        masked = true;
+        counted_targets += counted;
+    }
     // This rank asks to stop after the step: its vote goes out with the next request().
     void vote_stop(size_t rows, cudaStream_t stream) { set_scalar(mine + rows, 1.0f, stream); }
     // Enqueues the gathering of every rank's sums and votes (a collective: all ranks call it), their copy to the host
@@ -67,8 +76,8 @@ struct LossSums {
         cudaCheck(cudaMemsetAsync(mine, 0, n * sizeof(float), stream));
         requested = true;
     }
-    // Mean loss over all ranks' rows of the forwards accumulated since the last call (e.g. the micro-steps of one
-    // step). Synchronises; the rows are summed in double on the host in rank order, so the value does not depend
+    // Mean loss over all ranks' rows (or counted targets) of the forwards accumulated since the last call (e.g. the
+    // micro-steps of one step). Synchronises; the rows are summed in double on the host in rank order, so the value does not depend
     // on a reduction order.
     float take_mean(const ProcessGroup& pg, const ProcessMesh& mesh, size_t rows, cudaStream_t stream) {
         if (!requested) request(mesh, rows, stream);
@@ -78,8 +87,11 @@ struct LossSums {
         double total = 0.0;
         for (size_t r = 0; r < (size_t)mesh.data.size; r++)
             for (size_t i = 0; i < rows; i++) total += host[r * slice(rows) + i];
-        const float mean = (float)(total / ((double)total_rows * std::max(1, forwards)));
+        const double divisor = masked ? (double)counted_targets : (double)total_rows * std::max(1, forwards);
+        const float mean = (float)(total / divisor);
         forwards = 0;
+        masked = false;
+        counted_targets = 0;
         return mean;
     }
 };

@@ -651,6 +651,12 @@ struct Transformer {
     float dloss(int grad_accum_steps) const {
         return (lora.enabled() ? adapters : zero)->scaler.scale / ((float)B * T * grad_accum_steps);
     }
+    // The same for masked data: the mean over the step's targets that count, `counted_targets` over all data-parallel
+    // ranks (the gradient reduction's mean over ranks divides by their number again). With every target counted this
+    // is dloss(grad_accum_steps) bitwise: counted / ranks is B*T*grad_accum_steps exactly.
+    float dloss_over_counted(uint64_t counted_targets) const {
+        return (lora.enabled() ? adapters : zero)->scaler.scale / (float)((double)counted_targets / mesh.data.size);
+    }
     void enable_loss_scaling(float initial_scale, int growth_interval) {
         trained().scaler.scale = initial_scale;
         trained().scaler.growth_interval = growth_interval;

@@ -293,6 +293,12 @@ void residual_backward(float* da, float* db, const float* dout, int N) {
     }
 }
 
+int counted_targets(const int* targets, int N) {
+    int counted = 0;
+    for (int i = 0; i < N; i++) counted += targets[i] != kIgnoredTarget;
+    return counted;
+}
+
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets, int N, int V,
                                   int Vp) {
 #pragma omp parallel for
@@ -306,7 +312,7 @@ void softmax_crossentropy_forward(float* probs, float* losses, const float* logi
         for (int v = 0; v < V; v++) p[v] = (float)(std::exp((double)x[v] - maxval) / sum);
         for (int v = V; v < Vp; v++) p[v] = 0.0f;
         // log-sum-exp form: more accurate than -log(p[target]) in float
-        losses[n] = (float)(std::log(sum) + maxval - x[targets[n]]);
+        losses[n] = targets[n] == kIgnoredTarget ? 0.0f : (float)(std::log(sum) + maxval - x[targets[n]]);
     }
 }
 
@@ -316,6 +322,7 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
     for (int n = 0; n < N; n++) {
         const float* p = probs + (size_t)n * Vp;
         float* d = dlogits + (size_t)n * Vp;
+        if (targets[n] == kIgnoredTarget) continue;
         for (int v = 0; v < V; v++) d[v] += (p[v] - (v == targets[n] ? 1.0f : 0.0f)) * dloss_per_row;
     }
 }
@@ -744,7 +751,7 @@ float model_forward(Model* model, const int* inputs, const int* targets, int B, 
         std::exit(1);
     }
     for (int i = 0; i < N; i++)
-        if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < kIgnoredTarget || targets[i] >= V))) {
             std::fprintf(stderr, "cpuref: model_forward: token out of range [0, %d) at %d\n", V, i);
             std::exit(1);
         }
@@ -804,7 +811,7 @@ float model_forward(Model* model, const int* inputs, const int* targets, int B, 
     softmax_crossentropy_forward(a.probs.data(), a.losses.data(), a.logits.data(), targets, N, V, Vp);
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += a.losses[i];
-    return (float)(sum / N);
+    return (float)(sum / counted_targets(targets, N));
 }
 
 void model_backward(Model* model) {
@@ -826,7 +833,8 @@ void model_backward(Model* model) {
     Acts& d = model->dacts;
     d.zero();  // the kernels accumulate
 
-    softmax_crossentropy_backward(d.logits.data(), a.probs.data(), model->targets.data(), 1.0f / N, N, V, Vp);
+    softmax_crossentropy_backward(d.logits.data(), a.probs.data(), model->targets.data(),
+                                  1.0f / counted_targets(model->targets.data(), N), N, V, Vp);
     matmul_backward(d.lnf.data(), grad(WTE, 0), nullptr, d.logits.data(), a.lnf.data(), p[WTE], N, C, Vp);
     layernorm_backward(d.residual3.data() + (L - 1) * NC, grad(LNFW, 0), grad(LNFB, 0), d.lnf.data(),
                        a.residual3.data() + (L - 1) * NC, p[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);

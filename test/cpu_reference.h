@@ -53,11 +53,16 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int N);
 void residual_forward(float* out, const float* a, const float* b, int N);
 void residual_backward(float* da, float* db, const float* dout, int N);
 
+// A target that does not count (masked chat data; kernels/classifier.cuh's kIgnoredTarget): its row's loss is 0,
+// its gradient 0, and the mean loss is over the other rows.
+constexpr int kIgnoredTarget = -1;
+int counted_targets(const int* targets, int N);  // the rows whose target is not kIgnoredTarget
+
 // logits rows have stride Vp; only the first V columns are real. probs gets the softmax over V columns
-// (padded columns 0); losses (N) = -log p(target).
+// (padded columns 0); losses (N) = -log p(target), 0 for kIgnoredTarget.
 void softmax_crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets, int N, int V,
                                   int Vp);
-// dlogits (+=) = (probs - onehot(target)) * dloss_per_row; padded columns untouched.
+// dlogits (+=) = (probs - onehot(target)) * dloss_per_row; padded columns and kIgnoredTarget rows untouched.
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss_per_row, int N,
                                    int V, int Vp);
 
@@ -109,7 +114,7 @@ const Config& model_config(const Model*);
 size_t model_num_params(const Model*);
 float* model_params(Model*);
 float* model_grads(Model*);
-// Returns the mean loss when targets are given (else 0).
+// Returns the mean loss over the counted targets when targets are given (else 0).
 float model_forward(Model*, const int* inputs, const int* targets, int B, int T);
 const float* model_logits(const Model*);  // (B,T,Vp) of the last forward
 void model_zero_grad(Model*);

@@ -48,6 +48,7 @@ run prepare bash test/test_prepare.sh
 cpu_suites() {
     run tokenizer build/test_tokenizer
     run dataloader build/test_dataloader
+    run chat build/test_chat  # chat templates, prepare_shards --chat, mask shards and the loader's -1 targets, the refusals
     run hellaswag build/test_hellaswag
     run mesh build/test_mesh
     run pipeline_schedule build/test_pipeline_schedule
@@ -112,6 +113,7 @@ gpu_suites() {
         run model bash test/test_model.sh
         run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
         run training bash test/test_training.sh
+        run chat_training bash test/test_chat_training.sh  # masked targets: all ones bitwise unmasked, uncounted tokens change nothing
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
         run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
         run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
@@ -152,7 +154,7 @@ if [ "$gpu_count" -ge 1 ]; then
 else
     cpu_suites
         gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
-                    "training determinism, resume and curve parity" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
+                    "training determinism, resume and curve parity" "chat_training with masked targets" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
                     "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                     "zero on 2 ranks")
         [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")

@@ -19,6 +19,7 @@
 #     model file of GPT-2's vocabulary, 2 layers, 2 heads, C = 128, all zeros (a sparse file), each under made/ (the
 #     commands' NAME becomes made/NAME, so that a recipe's --output-dir is still the fresh folder its first run finds);
 #   - books/*.txt.xz: tinyshakespeare's text in three files, its sections as documents (<|endoftext|> between them).
+#   - conversations.jsonl: tinyshakespeare's paragraphs as conversations (a paragraph asks, the next answers).
 # Placeholders: N -> 16, OUT_DIR and HF_DIR -> hf_model, [--optional flags] -> the flags; --verify-checkpoints DIR needs
 # a checkpoint, which only a GPU run writes (SKIP). Launchers become their environment: scripts/launch.sh [--one-gpu] N
 # and mpirun -np N -> WORLD_SIZE=N (x NNODES) RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 (unless the
@@ -51,7 +52,7 @@ for split in train val; do
 done
 MADE="log/gutenberg/model_00000200.bin merged.bin model.bin init.bin pytorch_final.bin FILE MODEL.bin"
 python3 - "$W" "$MADE" <<'PY'
-import os, struct, sys
+import json, os, struct, sys
 w, made = sys.argv[1], sys.argv[2].split()
 for corpus in ["fineweb", "fineweb_edu"]:
     os.makedirs(f"{w}/data/{corpus}")
@@ -70,6 +71,10 @@ for name in made:
 sections = open("data/tinyshakespeare/input.txt", encoding="utf-8").read().split("\n\n")
 for part in range(3):
     open(f"{w}/books/part{part}.txt", "w", encoding="utf-8").write("<|endoftext|>".join(sections[part::3]))
+# conversations.jsonl (docs/training.md's chat data): a paragraph asks, the next answers
+with open(f"{w}/conversations.jsonl", "w", encoding="utf-8") as f:
+    for question, answer in zip(sections[0::2], sections[1::2]):
+        f.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n")
 PY
 have_xz=0
 command -v xz > /dev/null && xz "$W"/books/part*.txt && have_xz=1

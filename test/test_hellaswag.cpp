@@ -139,7 +139,7 @@ void test_errors() {
 }
 
 // Item 0's tokens, from our tokenizer and checked piece by piece against data/gpt2/encoder.json.
-void test_tokens(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok) {
+void test_tokens(const std::vector<HellaSwagItem>& items, const Tokenizer& tok) {
     // Pieces: A| man| is| sitting| on| a| roof|.| he, then
     //  is| using| wrap| to| wrap| a| pair| of| sk|is|.    is| ripping| level| tiles| off|.
     //  is| holding| a| rub|ik|'s| cube|.    starts| pulling| up| roof|ing| on| a| roof|.
@@ -175,7 +175,7 @@ void test_tokens(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& t
 }
 
 // Every row of every batch decodes to ctx + " " + ending; masks cover exactly the ending; padding is EOT.
-void test_packing(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok) {
+void test_packing(const std::vector<HellaSwagItem>& items, const Tokenizer& tok) {
     const int B = 8, T = 48;
     HellaSwagBatcher hs(items, tok, B, T);
     expect(hs.num_items() == 5 && hs.items_per_batch() == 2 && hs.num_batches() == 3 && hs.truncated() == 0,
@@ -216,7 +216,7 @@ void test_packing(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& 
     expect(unused_ok, "pack/unused_rows_eot", "unused rows of the last batch are not all EOT with mask 0");
 }
 
-void test_truncation(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok) {
+void test_truncation(const std::vector<HellaSwagItem>& items, const Tokenizer& tok) {
     // Item 4 has 24 context tokens and endings of 4/15/2/3 tokens (39 at most); items 0..3 need at most 25.
     const int B = 4, T = 30;
     HellaSwagBatcher hs(items, tok, B, T);
@@ -262,7 +262,7 @@ void test_truncation(const std::vector<HellaSwagItem>& items, const GPT2Tokenize
     }
 }
 
-void test_scoring(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& tok) {
+void test_scoring(const std::vector<HellaSwagItem>& items, const Tokenizer& tok) {
     const int B = 8, T = 48;  // fixture labels: 3, 0, 2, 1, 2
     HellaSwagBatcher hs(items, tok, B, T);
     auto favor = [&](std::function<int(int)> best) {
@@ -290,7 +290,7 @@ void test_scoring(const std::vector<HellaSwagItem>& items, const GPT2Tokenizer& 
     expect(s.correct_mean == 0 && s.correct_sum == 0, "score/first_ending_token_counts", score_text(s));
 }
 
-void test_real(const GPT2Tokenizer& tok) {
+void test_real(const Tokenizer& tok) {
     const char* env = std::getenv("SHARED_DATA");
     const std::string shared = std::string(env && *env ? env : "../shared/data") + "/hellaswag/hellaswag_val.jsonl.xz";
     const std::string repo = "data/hellaswag/hellaswag_val.jsonl.xz";
@@ -337,7 +337,7 @@ void test_real(const GPT2Tokenizer& tok) {
 int main() {
     check_suite("hellaswag");
     try {
-        const GPT2Tokenizer tok = GPT2Tokenizer::load("data/gpt2");
+        const Tokenizer tok = Tokenizer::load("data/gpt2");
         const std::vector<HellaSwagItem> items = load_hellaswag(kFixture);
         test_parse(items);
         test_errors();

@@ -476,6 +476,20 @@ void test_matmul_gelu(int N, int C, int OC, const std::string& tag, cudaStream_t
 
 // The dense softmax cross-entropy of (N, Vp) logits (real columns < V) on the CPU: losses and the logits gradient
 // for dloss; and the targets on the device.
+// With `ignored`, every third row's target (not the first's or the last's, which pin the first and last columns) is
+// kIgnoredTarget, as masked chat data serves them; the reference gives those rows loss 0 and no gradient.
+void ignore_every_third_target(std::vector<int>& targets) {
+    for (size_t i = 1; i + 1 < targets.size(); i += 3) targets[i] = kIgnoredTarget;
+}
+// The entries of rows with an ignored target that are not exactly 0 (NaN counts too): losses (N) or gradient rows
+// (N, stride).
+long nonzero_in_ignored_rows(const std::vector<float>& values, const std::vector<int>& targets, size_t stride) {
+    long nonzero = 0;
+    for (size_t i = 0; i < targets.size(); i++)
+        if (targets[i] == kIgnoredTarget)
+            for (size_t j = 0; j < stride; j++) nonzero += values[i * stride + j] != 0.0f;
+    return nonzero;
+}
 struct ClassifierReference {
     std::vector<float> losses, dlogits;
     int* targets_d = nullptr;
@@ -491,7 +505,7 @@ struct ClassifierReference {
 };
 
 template <typename floatX>
-void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) {
+void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream, bool ignored = false) {
     const int Vp = (V + 127) / 128 * 128;
     auto logits = random_vector<floatX>((size_t)N * Vp, 3.0f);
     std::uniform_int_distribution<int> token(0, V - 1);
@@ -499,7 +513,8 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
     for (auto& t : targets) t = token(rng);
     targets.front() = 0;     // the first column
     targets.back() = V - 1;  // the last real column
-    const float dloss = 1.0f / N;
+    if (ignored) ignore_every_third_target(targets);
+    const float dloss = 1.0f / cpuref::counted_targets(targets.data(), N);
     const ClassifierReference ref(logits, targets, dloss, N, V, Vp);
     const std::vector<float>& losses_ref = ref.losses;
     const std::vector<float>& dlogits_ref = ref.dlogits;
@@ -508,13 +523,19 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
     DeviceBuffer<float> losses_d(N);
     fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, 0.0f, N, V, Vp, stream);
     const std::string shape = " N" + std::to_string(N) + " V" + std::to_string(V) +
-                              (fused_classifier_is_single_pass<floatX>(Vp) ? " single-pass" : " two-pass");
+                              (fused_classifier_is_single_pass<floatX>(Vp) ? " single-pass" : " two-pass") +
+                              (ignored ? " with ignored targets" : "");
     compare(tag + " fused_classifier losses" + shape, losses_d.download(), losses_ref, 1e-5);
     compare(tag + " fused_classifier keeps logits when dloss=0" + shape, logits_d.download(), logits, 0.0);
     losses_d.poison();
     fused_classifier(logits_d.ptr, losses_d.ptr, targets_d, dloss, N, V, Vp, stream);
-    compare(tag + " fused_classifier losses (with gradient)" + shape, losses_d.download(), losses_ref, 1e-5);
-    compare(tag + " fused_classifier dlogits" + shape, logits_d.download(), dlogits_ref, tolerance<floatX>().simple);
+    const std::vector<float> losses = losses_d.download(), dlogits = logits_d.download();
+    compare(tag + " fused_classifier losses (with gradient)" + shape, losses, losses_ref, 1e-5);
+    compare(tag + " fused_classifier dlogits" + shape, dlogits, dlogits_ref, tolerance<floatX>().simple);
+    if (!ignored) return;
+    const long nonzero = nonzero_in_ignored_rows(losses, targets, 1) + nonzero_in_ignored_rows(dlogits, targets, Vp);
+    expect(nonzero == 0, tag + " fused_classifier ignored rows: loss and gradient exactly 0" + shape,
+           fmt("%.0f entries not 0", (double)nonzero));
 }
 
 // Vocabulary-parallel cross-entropy against the dense reference: the (N, Vp) logits split by columns into tp ranges
@@ -522,10 +543,11 @@ void test_classifier(int N, int V, const std::string& tag, cudaStream_t stream) 
 // (max over ranks of stats[0, N), sum over ranks of stats[N, 3N)). Every rank's losses must be the dense losses,
 // and the ranks' gradient columns side by side the dense gradient, padded columns exactly 0.
 template <typename floatX>
-void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::string& tag, cudaStream_t stream) {
+void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::string& tag, cudaStream_t stream,
+                                    bool ignored = false) {
     const int Vl = Vp / tp;
     const std::string name = " N" + std::to_string(N) + " V" + std::to_string(V) + " Vp" + std::to_string(Vp) + " tp" +
-                             std::to_string(tp);
+                             std::to_string(tp) + (ignored ? " with ignored targets" : "");
     auto logits = random_vector<floatX>((size_t)N * Vp, 3.0f);  // padded columns random too: they must be ignored
     std::uniform_int_distribution<int> token(0, V - 1);
     std::vector<int> targets(N);
@@ -535,7 +557,9 @@ void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::str
     for (int r = 0; r < tp && r * Vl < V; r++) targets[r % N] = std::min((r + 1) * Vl, V) - 1;
     targets[N - 1] = V - 1;
     targets[N - 2] = 0;
-    const float dloss = 1.0f / N;
+    if (ignored)  // rows 2, 5, ... below N - 2: not the rows pinned above when tp <= 2
+        for (int i = 2; i < N - 2; i += 3) targets[i] = kIgnoredTarget;
+    const float dloss = 1.0f / cpuref::counted_targets(targets.data(), N);
     const ClassifierReference ref(logits, targets, dloss, N, V, Vp);
     const std::vector<float>& losses_ref = ref.losses;
     const std::vector<float>& dlogits_ref = ref.dlogits;
@@ -633,6 +657,11 @@ void test_vocab_parallel_classifier(int N, int V, int Vp, int tp, const std::str
         for (int j = V; j < Vp; j++) nonzero_padding += dlogits[(size_t)i * Vp + j] != 0.0f;  // NaN counts too
     expect(nonzero_padding == 0, tag + " vocab_parallel_loss dlogits padded columns are 0" + name,
            fmt("%.0f padded gradient entries not 0", (double)nonzero_padding));
+    if (!ignored) return;
+    long nonzero = nonzero_in_ignored_rows(dlogits, targets, Vp);
+    for (int r = 0; r < tp; r++) nonzero += nonzero_in_ignored_rows(losses[r], targets, 1);
+    expect(nonzero == 0, tag + " vocab_parallel_loss ignored rows: loss and gradient exactly 0" + name,
+           fmt("%.0f entries not 0", (double)nonzero));
 }
 
 template <typename floatX>
@@ -867,6 +896,10 @@ void test_precision(cudaStream_t stream) {
     test_classifier<floatX>(8, 50257, tag, stream);
     test_classifier<floatX>(4, 128256, tag, stream);  // Llama 3's vocabulary
     test_classifier<floatX>(3, 151936, tag, stream);  // Qwen 2.5's
+    // targets that do not count (-1, masked chat data): loss 0 and a zero gradient row, the rest as without them;
+    // both kernels (600 rows single-pass where it runs, Llama 3's vocabulary two-pass)
+    test_classifier<floatX>(600, 1001, tag, stream, true);
+    test_classifier<floatX>(7, 128256, tag, stream, true);
     // vocabulary-parallel cross-entropy: Vp 384 in 1, 2, 3, 4 ranks of 384, 192, 128, 96 columns (V 300: the last
     // rank partly padding, its real columns ending mid-vector); V 200 leaves a rank with no real column (tp 3: rank
     // 2; tp 4: rank 3); GPT-2's vocabulary in 8 ranks of 6288 columns
@@ -874,6 +907,7 @@ void test_precision(cudaStream_t stream) {
     test_vocab_parallel_classifier<floatX>(19, 200, 384, 3, tag, stream);
     test_vocab_parallel_classifier<floatX>(37, 200, 384, 4, tag, stream);
     test_vocab_parallel_classifier<floatX>(13, 50257, 50304, 8, tag, stream);
+    test_vocab_parallel_classifier<floatX>(37, 300, 384, 3, tag, stream, true);
     test_optimizer<floatX>(100003, tag, stream);
     test_adamw_cpu_bitwise<floatX>(tag, stream);
 }

@@ -5,7 +5,7 @@
 #include "fuzz_util.h"
 #include "dataloader/tokenizer.h"
 
-inline const GPT2Tokenizer& gpt2_tokenizer() {
-    static const GPT2Tokenizer tok = GPT2Tokenizer::load(repository_path("data/gpt2"));
+inline const Tokenizer& gpt2_tokenizer() {
+    static const Tokenizer tok = Tokenizer::load(repository_path("data/gpt2"));
     return tok;
 }

@@ -11,7 +11,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    const GPT2Tokenizer& tok = gpt2_tokenizer();
+    const Tokenizer& tok = gpt2_tokenizer();
     const std::string text(reinterpret_cast<const char*>(data), size);
     const std::vector<int> ids = tok.encode(text);
     for (int id : ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size() && id != tok.eot(), "encode gives ordinary token ids");
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 12) return 0;
     const size_t limit = 8 + data[0] % (size - 11);
     std::vector<size_t> ends;
-    safe_parts(text, limit, 1, ends);
+    tok.safe_parts(text, limit, 1, ends);
     FUZZ_CHECK(!ends.empty() && ends.back() <= limit, "safe_parts cuts within the limit");
     for (size_t i = 0; i < ends.size(); i++) FUZZ_CHECK(ends[i] > (i ? ends[i - 1] : 0), "safe_parts' cuts ascend");
     if (ends.size() == 1) {

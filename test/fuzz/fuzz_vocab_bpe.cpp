@@ -1,4 +1,4 @@
-// Fuzzes the tokenizer's merges file, vocab.bpe (dataloader/tokenizer.cpp: GPT2Tokenizer::load_files), with GPT-2's
+// Fuzzes the tokenizer's merges file, vocab.bpe (dataloader/tokenizer.cpp: Tokenizer::load_gpt2_files), with GPT-2's
 // encoder.json (data/gpt2's): the input is the file. Every run loads the whole vocabulary (50257 tokens), so this
 // harness runs far fewer inputs a second than the others. A vocabulary that loads must encode losslessly, whatever
 // its merges.
@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string path = scratch_dir() + "/vocab.bpe";
     write_file(path, data, size);
     refused([&] {
-        const GPT2Tokenizer tok = GPT2Tokenizer::load_files(repository_path("data/gpt2/encoder.json"), path);
+        const Tokenizer tok = Tokenizer::load_gpt2_files(repository_path("data/gpt2/encoder.json"), path);
         const std::string text(kSample, sizeof kSample - 1);
         FUZZ_CHECK(tok.decode(tok.encode(text)) == text, "a loaded vocabulary encodes losslessly");
         FUZZ_CHECK(tok.decode(tok.encode_with_special(text)) == text, "and with the special token");
