@@ -172,7 +172,7 @@ void test_parse_errors() {
                  [&] { parse_chat_line(R"({"prompt": "x"})", f, 1); });
     expect_error("a duplicate key", {f, "duplicate key \"prompt\""},
                  [&] { parse_chat_line(R"({"prompt": "x", "completion": "y", "prompt": "z"})", f, 1); });
-    expect_error("text after the object", {f, "after the object"},
+    expect_error("text after the object", {f, "line 1", "column 36", "trailing characters"},
                  [&] { parse_chat_line(R"({"prompt": "x", "completion": "y"} x)", f, 1); });
     const Conversation escaped = parse_chat_line(R"({"prompt": "a\"\u00e9\ud83d\ude00\n", "completion": "b"})", f, 1);
     expect(escaped.messages[0].content == "a\"\xc3\xa9\xf0\x9f\x98\x80\n", "JSON escapes, a surrogate pair",

@@ -18,6 +18,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 MODEL_MAGIC, STATE_MAGIC, ADAPTER_MAGIC, SHARD_MAGIC, TOKENIZER_MAGIC = 20240326, 20261126, 20261127, 20240520, 20240328
 SHARD32_MAGIC = 20240801  # uint32 tokens, version 7
+MASK_MAGIC = 20261215  # mask shards (dataloader/shards.h)
 
 
 def header(words):
@@ -167,6 +168,95 @@ def tokenize():
     }
 
 
+def byte_level_alphabet():
+    """GPT-2's map of the 256 bytes to printable characters (a byte-level vocabulary's first 256 tokens)."""
+    printable = [b for b in range(256) if ord("!") <= b <= ord("~") or 0xA1 <= b <= 0xAC or b >= 0xAE]
+    others = [b for b in range(256) if b not in printable]
+    spelled = {b: chr(b) for b in printable}
+    spelled.update({b: chr(256 + i) for i, b in enumerate(others)})
+    return [spelled[b] for b in range(256)]
+
+
+def tokenizer_json():
+    """tokenizer.json files of each family the reader takes (the bytes, 12 merged tokens, the family's
+    pre-tokenizer, normalizer and added tokens), and one of a model type it refuses."""
+    alphabet = byte_level_alphabet()
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    spell = lambda raw: "".join(alphabet[b] for b in raw)  # noqa: E731
+    pairs = [(b"l", b"o"), (b"H", b"e"), (b"He", b"l"), (b"Hel", b"lo"), (b"o", b"r"), (b" ", b"W"), (b" W", b"or"), (b"1", b"2"),
+             (b"'", b"s"), (b" ", b"t"), ("\u0301".encode(), b""), (b"e", "\u0301".encode())]
+    merges = [spell(a) + " " + spell(b) for a, b in pairs if b]
+    for a, b in pairs:  # U+0301's two bytes are one token, merged with a preceding e
+        vocab.setdefault(spell(a + b), len(vocab))
+
+    def added(*tokens):
+        return [{"id": 268 + i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                 "special": special} for i, (text, special) in enumerate(tokens)]
+
+    def split(pattern):
+        return {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    llama3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    tekken = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+              r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    families = {  # name: added tokens, normalizer, pre-tokenizer, post-processor, ignore_merges, merges as pairs
+        "gpt2": (added(("<|endoftext|>", True)), None, byte_level, None, False, False),
+        "llama3": (added(("<|begin_of_text|>", True), ("<|end_of_text|>", True)), None, split(llama3),
+                   {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                                             {"Sequence": {"id": "A", "type_id": 0}}]}, True, True),
+        "qwen2": (added(("<|endoftext|>", True), ("<tool_call>", False)), {"type": "NFC"}, split(llama3.replace(r"\p{N}{1,3}", r"\p{N}")),
+                  None, False, False),
+        "smollm2": (added(("<|endoftext|>", True)), None,
+                    {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]}, None, False, False),
+        "tekken": (added(("<s>", True), ("[INST]", True)), None, split(tekken), None, False, False),
+    }
+    files = {}
+    for name, (tokens, normalizer, pre_tokenizer, post_processor, ignore_merges, pairs) in families.items():
+        model = {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False, "ignore_merges": ignore_merges,
+                 "vocab": vocab, "merges": [m.split(" ") for m in merges] if pairs else merges}
+        files[name] = json.dumps({"version": "1.0", "added_tokens": tokens, "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
+                                  "post_processor": post_processor, "decoder": {"type": "ByteLevel"}, "model": model}).encode()
+    files["refused_wordpiece"] = json.dumps({"version": "1.0", "added_tokens": added(("<|endoftext|>", True)), "normalizer": None,
+                                             "pre_tokenizer": byte_level, "post_processor": None, "decoder": {"type": "ByteLevel"},
+                                             "model": {"type": "WordPiece", "vocab": {"a": 0}}}).encode()
+    return files
+
+
+def chat_jsonl():
+    return {
+        "messages": b'{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}',
+        "prompt_completion": b'{"prompt": "2+2=", "completion": "4", "id": 17}',
+        "extra_keys": b'{"messages": [{"role": "user", "content": "x", "name": null}, {"role": "assistant", "content": "y", "weight": 1.5e3}], "meta": {"a": [true, false]}}',
+        "escapes": b'{"prompt": "a\\"\\u00e9\\ud83d\\ude00\\n\\t", "completion": "<|eot_id|>"}',
+        "no_assistant": b'{"messages": [{"role": "user", "content": "x"}]}',
+        "unknown_role": b'{"messages": [{"role": "tool", "content": "x"}]}',
+        "trailing_comma": b'{"messages": [{"role": "user", "content": "x"},]}',
+        "unpaired_surrogate": b'{"prompt": "\\ud83d", "completion": "y"}',
+    }
+
+
+def mask_shards():
+    """Mask shards (docs/formats.md): header [magic, version, tokens N, window T, counted], then N bytes of 0 or 1.
+    fuzz_mask_shards.cpp reads the words the format leaves unused as its own choices: [5] & 1 a token shard one
+    longer than the mask, [6] B, [7] shuffling and its seed."""
+    def mask(data, window=8, magic=MASK_MAGIC, count=None, extra=(0, 0, 0)):
+        return header([magic, 1, len(data), window, sum(data) if count is None else count, *extra]) + bytes(data)
+    period = [0, 1, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1]
+    windows = period * 2 + [0]  # 6 windows of 8 and the shard's closing padding token
+    return {
+        "valid_6_windows_of_8": mask(windows, extra=(0, 1, 0)),
+        "valid_shuffled_B2": mask(windows, extra=(0, 1, 3)),
+        "bad_magic": mask(windows, magic=MASK_MAGIC + 1),
+        "byte_2": mask(windows[:10] + [2] + windows[11:]),
+        "count_off": mask(windows, count=3),
+        "length_mismatch": mask(windows, extra=(1, 0, 0)),
+        "window_0": mask(windows, window=0),
+        "truncated": mask(windows)[:1030],
+        "empty": b"",
+    }
+
 def hellaswag():
     fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hellaswag_tiny.jsonl")
     with open(fixture, "rb") as f:
@@ -234,7 +324,8 @@ def main(argv):
     args = parser.parse_args(argv)
     corpus = {"shards": shards(), "model_file": model_files(), "state_file": state_files(), "manifest": manifests(), "adapter_file": adapter_files(), "peft_folder": peft_folders(),
               "tokenizer_files": tokenizer_files(), "vocab_bpe": vocab_bpe(), "tokenize": tokenize(), "hellaswag": hellaswag(),
-              "train_options": train_options(), "safetensors": safetensors()}
+              "train_options": train_options(), "safetensors": safetensors(), "tokenizer_json": tokenizer_json(), "chat_jsonl": chat_jsonl(),
+              "mask_shards": mask_shards()}
     for harness, files in corpus.items():
         folder = os.path.join(args.out, harness)
         os.makedirs(folder, exist_ok=True)
