@@ -116,6 +116,9 @@ gpu_suites() {
         run chat_training bash test/test_chat_training.sh  # masked targets: all ones bitwise unmasked, uncounted tokens change nothing
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
         run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
+        # scripts/train/finetune.sh end to end (full tier: it trains a stand-in model first): a Hugging Face folder
+        # fine-tuned with LoRA (and fully), exported back, against transformers and PEFT; resumed; its refusals
+        [ "$TEST_TIER" = full ] && run finetune bash test/test_finetune.sh
         run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
         run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
         run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
@@ -157,7 +160,7 @@ else
                     "training determinism, resume and curve parity" "chat_training with masked targets" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
                     "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                     "zero on 2 ranks")
-        [ "$TEST_TIER" = full ] && gpu_suites+=("zero stages 0-3 on 4 GPUs")
+        [ "$TEST_TIER" = full ] && gpu_suites+=("finetune recipe from a Hugging Face folder and back" "zero stages 0-3 on 4 GPUs")
         for t in "${gpu_suites[@]}"; do skip "$t" "no GPU"; done
 fi
 

@@ -20,7 +20,8 @@
 #     commands' NAME becomes made/NAME, so that a recipe's --output-dir is still the fresh folder its first run finds);
 #   - books/*.txt.xz: tinyshakespeare's text in three files, its sections as documents (<|endoftext|> between them).
 #   - conversations.jsonl: tinyshakespeare's paragraphs as conversations (a paragraph asks, the next answers).
-# Placeholders: N -> 16, OUT_DIR and HF_DIR -> hf_model, [--optional flags] -> the flags; --verify-checkpoints DIR needs
+# Placeholders: N -> 16, OUT_DIR and HF_DIR -> hf_model, HF_FOLDER -> hf_recipe (MODEL.bin exported with GPT-2's
+# tokenizer.json, where numpy is at hand), [--optional flags] -> the flags; --verify-checkpoints DIR needs
 # a checkpoint, which only a GPU run writes (SKIP). Launchers become their environment: scripts/launch.sh [--one-gpu] N
 # and mpirun -np N -> WORLD_SIZE=N (x NNODES) RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 (unless the
 # command sets them); srun --ntasks-per-node N [--nodes M] -> SLURM_PROCID=0 SLURM_NTASKS=N*M SLURM_LOCALID=0
@@ -80,8 +81,14 @@ have_xz=0
 command -v xz > /dev/null && xz "$W"/books/part*.txt && have_xz=1
 have_numpy=0
 python3 -c "import numpy" 2> /dev/null && have_numpy=1
+# HF_FOLDER (docs/hf.md's fine-tuning recipe): MODEL.bin exported, with GPT-2's tokenizer as a tokenizer.json
+if [ $have_numpy -eq 1 ] && ! (cd "$W" && python3 scripts/hf/export_hf.py made/MODEL.bin hf_recipe > hf_recipe.log 2>&1 &&
+                               python3 "$ROOT/test/tools/make_tokenizer_json.py" --gpt2-dir "$ROOT/data/gpt2" --out hf_recipe/tokenizer.json >> hf_recipe.log 2>&1); then
+    echo "FAIL commands setup: the HF_FOLDER stand-in: $(tail -n 1 "$W/hf_recipe.log")"; exit 1
+fi
 
 # The commands, one a line: FILE:LINE, KIND, ENV and COMMAND, separated by \x1f (KIND train_gpt: run with --dry-run 1;
+# finetune: the same where numpy is at hand;
 # script, numpy, xz: run as shown where that is at hand; skip: COMMAND says why), ENV the launcher's variables as
 # NAME=VALUE words.
 extract() {
@@ -136,7 +143,7 @@ def commands(path):
     spans()
     return found
 
-PLACEHOLDERS = {"N": "16", "OUT_DIR": "hf_model", "HF_DIR": "hf_model"}
+PLACEHOLDERS = {"N": "16", "OUT_DIR": "hf_model", "HF_DIR": "hf_model", "HF_FOLDER": "hf_recipe"}
 PLACEHOLDERS.update({name: "made/" + name for name in sys.argv[1].split()})
 
 def classify(text):
@@ -186,7 +193,9 @@ def classify(text):
         return None
     env.update(launcher)
     program = words[0]
-    if program == "./train_gpt" or program.startswith("scripts/train/"):
+    if program == "scripts/train/finetune.sh":
+        kind = "finetune"  # its import and export need numpy; train_gpt's part runs as a dry run
+    elif program == "./train_gpt" or program.startswith("scripts/train/"):
         kind = "train_gpt"
     elif program in ("bash", "python3") and len(words) > 1 and words[1].startswith("scripts/") or program == "build/prepare_shards":
         kind = "script"
@@ -238,6 +247,7 @@ while IFS=$'\x1f' read -r where kind prefix cmd; do
         numpy) [ $have_numpy -eq 1 ] || { echo "SKIP commands $where $cmd: no numpy"; continue; } ;;
         xz) [ $have_xz -eq 1 ] || { echo "SKIP commands $where $cmd: no xz"; continue; } ;;
         train_gpt) cmd="$cmd --dry-run 1" ;;
+        finetune) [ $have_numpy -eq 1 ] || { echo "SKIP commands $where $cmd: no numpy"; continue; }; cmd="$cmd --dry-run 1" ;;
     esac
     read -ra vars <<< "$prefix"
     out=$(cd "$W" && timeout 300 env "${vars[@]}" bash -c "$cmd" 2>&1); rc=$?

@@ -21,8 +21,8 @@
 # family's bad input (rope type, sliding window, attention_bias, a missing shard, a truncated safetensors file);
 # with torch also llama_reference.py's model files through export and import, and its reading of imported files.
 # The rest needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
-# (TEST_TIER=quick) runs 2 and 2b in fp32 only (export, transformers' loss, import back) and 4 for Llama only: each
-# transformers process takes seconds to start; 1, 3, 4 for Qwen2 and the bad input are full-tier checks. The
+# (TEST_TIER=quick) runs 2, 2b and 2c in fp32 only (export, transformers' loss, import back, PEFT): each
+# transformers process takes seconds to start; 1, 3, 4 and the bad input are full-tier checks. The
 # modules are looked for, not imported, before the checks (an import costs seconds).
 # Usage: test_hf_interop.sh [files | transformers]: only the NumPy section (a CPU suite, hf_files: no GPU) or only
 # the rest (the GPU suite, hf_interop); both without an argument.
@@ -243,7 +243,7 @@ if [ -f "$W/imported.bin" ]; then
 fi
 
 # ---- 4. Llama family: transformers -> our model file (its logits) -> transformers (the same logits)
-for arch in llama $([ "$TIER" = full ] && echo qwen2); do
+for arch in $([ "$TIER" = full ] && echo llama qwen2); do
     d="$W/t_$arch"
     if ! { $LCHECK random "$d" --arch $arch > "$d.random.out" 2>&1 && $IMPORT "$d" "$d.bin" > "$d.import.out" 2>&1 &&
            $EXPORT "$d.bin" "$d.hf" > "$d.export.out" 2>&1; }; then
