@@ -9,7 +9,8 @@
 #  - the loss is the mean over the counted targets: an untrained model's first loss on the chat shards is about
 #    ln(V), as every counted target is equally unknown to it (a mean over every row would add the uncounted rows'
 #    zeros and lie far below).
-# Both tiers run the same (a few seconds a run).
+#  - every mode (full tier): data, pipeline and tensor (with sequence) parallelism on masked data against one rank.
+# The quick tier runs the first three (a few seconds a run).
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
@@ -108,4 +109,29 @@ if train chat "$W/chat/c_train_*.bin" "$W/chat/c_val_*.bin" && train padded "$W/
     else
         echo "FAIL chat_training the loss is the mean over counted targets: step 0 loss $first, expected about ln(V) = 10.82"
     fi
+fi
+
+# (d) every mode (full tier): the chat shards in fp32 on 2 data-parallel ranks, 2 pipeline stages and 2 tensor-parallel
+# ranks with sequence parallelism (ranks sharing GPU 0 where there is one), against one rank with the same global batch:
+# each mode serves the masked targets and divides by the step's counted targets over all ranks. Tolerance: fp32's
+# reduction orders, as the tensor_parallel, pipeline and zero suites (1e-5; pipeline 2e-5).
+if [ "${TEST_TIER:-full}" = full ] && [ -f "$W/chat.out" ]; then
+    source test/loss_logs.sh  # launch_mode
+    chat=(--precision fp32 --steps 6 --val-every 0 --train-data "$W/chat/c_train_*.bin")
+    mode_losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
+    ./train_gpt "${SMALL[@]}" "${chat[@]}" -o "$W/mode_one" > "$W/mode_one.out" 2>&1 || echo "FAIL chat_training one rank (fp32): $(tail -n 1 "$W/mode_one.out")"
+    while read -r name tol flags; do
+        read -ra extra <<< "$flags"
+        scripts/launch.sh $(launch_mode 2) 2 ./train_gpt "${SMALL[@]}" "${chat[@]}" "${extra[@]}" -o "$W/mode_$name" > "$W/mode_$name.out" 2>&1
+        d=$(paste <(mode_losses "$W/mode_one") <(mode_losses "$W/mode_$name") | awk 'BEGIN { m = 0 } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d } END { print m }')
+        if [ "$(mode_losses "$W/mode_$name" | wc -l)" -eq 6 ] && awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }'; then
+            echo "PASS chat_training masked targets under $name ($flags): 6 steps' losses against one rank's: max diff $d (tol $tol)"
+        else
+            echo "FAIL chat_training masked targets under $name: max loss diff ${d:-none} (tol $tol) $(grep -m1 -iE 'error' "$W/mode_$name.out")"
+        fi
+    done << 'MODES'
+data_parallel 1e-5 --zero-stage 1
+pipeline 2e-5 --pipeline-parallel 2
+tensor_sequence_parallel 1e-5 --tensor-parallel 2 --sequence-parallel 1
+MODES
 fi
