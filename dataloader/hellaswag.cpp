@@ -256,7 +256,7 @@ std::vector<HellaSwagItem> load_hellaswag(const std::string& path) {
 }
 
 HellaSwagBatcher::HellaSwagBatcher(const std::vector<HellaSwagItem>& items, const Tokenizer& tok, int B, int T)
-    : B_(B), T_(T), eot_(tok.eot()) {
+    : B_(B), T_(T), eot_(std::max(tok.eot(), 0)) {  // the padding's token: any id (padded positions are not scored)
     if (B <= 0 || B % 4 != 0 || T <= 0)
         throw std::invalid_argument("HellaSwagBatcher: B must be a positive multiple of 4 and T positive (B=" +
                                     std::to_string(B) + ", T=" + std::to_string(T) + ")");

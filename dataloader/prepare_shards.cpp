@@ -57,14 +57,17 @@ const char* kUsage = R"(usage: prepare_shards [options] --out PREFIX INPUT...
        prepare_shards --count FILE...
 
 Tokenizes text (plain or .xz; "-" is stdin) into llm.c token shards PREFIX_val_NNNNNN.bin and
-PREFIX_train_NNNNNN.bin. Every document starts with the <|endoftext|> token. Tokens are uint16 (llm.c's
+PREFIX_train_NNNNNN.bin. Every document starts with the end-of-text token (GPT-2's <|endoftext|>). Tokens are uint16 (llm.c's
 GPT-2 format) when the tokenizer's vocabulary has at most 65,536 tokens, else uint32 (its Llama 3 format).
 The prefix's earlier shards are replaced only when the run succeeds (the new ones go to
 DIR/.prepare_BASE.PID/ first); an empty train split, or an empty validation split that was asked for, is an
 error.
 
   --out PREFIX           output path prefix, e.g. data/gutenberg/gutenberg (its folder is created if missing)
-  --tokenizer DIR        directory holding encoder.json and vocab.bpe (default: data/gpt2)
+  --tokenizer PATH       a Hugging Face tokenizer.json, or a folder holding one or GPT-2's encoder.json and
+                         vocab.bpe (default: data/gpt2)
+  --eot TOKEN            the added token that starts each document (default: the tokenizer's end of text:
+                         <|endoftext|>, Llama 3's <|end_of_text|>, or its post-processor's end token)
   --doc-per-file         each input file is one document (default: documents are separated by the
                          literal text <|endoftext|>)
   --shard-size N         tokens per shard (default: 100000000)
@@ -98,6 +101,7 @@ struct Options {
     std::vector<std::string> inputs;
     std::string out_prefix;
     std::string tokenizer_dir = "data/gpt2";
+    std::string eot_token;  // --eot: the added token that starts each document ("": the tokenizer's end of text)
     bool doc_per_file = false;
     uint64_t shard_size = 100000000;
     enum class ValSplit { kNone, kFirstDocs, kDocFraction, kLastTokens } val_split = ValSplit::kNone;
@@ -150,6 +154,8 @@ Options parse_args(int argc, char** argv) {
             o.out_prefix = value();
         } else if (arg == "--tokenizer") {
             o.tokenizer_dir = value();
+        } else if (arg == "--eot") {
+            o.eot_token = value();
         } else if (arg == "--doc-per-file") {
             o.doc_per_file = true;
         } else if (arg == "--shard-size") {
@@ -1180,8 +1186,13 @@ int run_chat_shards(const Options& o, const Tokenizer& tok) {
 int main(int argc, char** argv) {
     try {
         const Options o = parse_args(argc, argv);
-        const Tokenizer tok = Tokenizer::load(o.tokenizer_dir);
+        Tokenizer tok = Tokenizer::load(o.tokenizer_dir);
+        if (!o.eot_token.empty() && tok.added_token_id(o.eot_token) < 0)
+            throw UsageError("--eot " + o.eot_token + ": not an added token of " + o.tokenizer_dir);
+        if (!o.eot_token.empty()) tok.set_eot(o.eot_token);
         if (o.count) return run_count(o, tok);
+        if (tok.eot() < 0 && !o.chat)
+            throw UsageError("--tokenizer " + o.tokenizer_dir + " names no end-of-text token to start each document with: name one of its added tokens with --eot");
         if (o.chat) return shard_token_bytes(tok.vocab_size()) == 2 ? run_chat_shards<uint16_t>(o, tok) : run_chat_shards<uint32_t>(o, tok);
         return shard_token_bytes(tok.vocab_size()) == 2 ? run_shards<uint16_t>(o, tok) : run_shards<uint32_t>(o, tok);
     } catch (const UsageError& e) {

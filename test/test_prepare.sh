@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shard preparation end to end, without a GPU: the FineWeb path (prepare_fineweb.py on a small local jsonl
 # sample) gives the same shards as prepare_shards on the same documents; the output does not depend on the
-# thread count; --out makes the folders it names; the tinyshakespeare recipe gives llm.c's split.
+# thread count; --out makes the folders it names; the tinyshakespeare recipe gives llm.c's split; a tokenizer.json's
+# end of text (or --eot's token) starts each document.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/prepare
@@ -319,3 +320,29 @@ if [ "${width%% *}" = ok ] && [ "${width##* }" -gt 1000 ] && grep -q "(uint32 to
 else
     echo "FAIL prepare vocabulary past 65,536: ${width:-no result}; $(tail -n 1 "$W/wide.out")"
 fi
+
+# A Hugging Face tokenizer.json (Llama 3's pattern and special tokens, test/fixtures/tokenizer_json): each document
+# starts with its end of text (<|end_of_text|>), or with --eot's token; a tokenizer that names none is refused
+# without --eot, and an --eot that is not an added token is refused, each in one line
+LLAMA3=test/fixtures/tokenizer_json/llama3.json
+first_tokens() { python3 -c "import struct, sys; d = open(sys.argv[1], 'rb').read(); print(*struct.unpack('<4H', d[1024:1032]))" "$1"; }
+$BIN --out "$W/json/a" --val-docs 2 --tokenizer "$LLAMA3" "$W/sections.txt" > "$W/json_a.out" 2>&1
+$BIN --out "$W/json/b" --val-docs 2 --tokenizer "$LLAMA3" --eot '<|eot_id|>' "$W/sections.txt" > "$W/json_b.out" 2>&1
+ids=$(python3 -c "import json, sys; t = {a['content']: a['id'] for a in json.load(open(sys.argv[1]))['added_tokens']}; print(t['<|end_of_text|>'], t['<|eot_id|>'])" "$LLAMA3")
+a=$(first_tokens "$W/json/a_train_000000.bin" 2>&1 | cut -d' ' -f1); b=$(first_tokens "$W/json/b_train_000000.bin" 2>&1 | cut -d' ' -f1)
+if [ "$a $b" = "$ids" ]; then echo "PASS prepare --tokenizer tokenizer.json: documents start with its <|end_of_text|> ($a), or --eot's <|eot_id|> ($b)"
+else echo "FAIL prepare --tokenizer tokenizer.json: first tokens '$a' and '$b', expected '$ids' ($(tail -q -n 1 "$W/json_a.out" "$W/json_b.out" | tr '\n' ' '))"; fi
+python3 - "$LLAMA3" "$W/no_end.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] == "<|begin_of_text|>"]
+t["post_processor"] = None
+json.dump(t, open(sys.argv[2], "w"))
+PY
+for case in "no end token;$W/no_end.json;;names no end-of-text token" "unknown --eot;$LLAMA3;<|nope|>;--eot <|nope|>: not an added token"; do
+    IFS=';' read -r name tok eot want <<< "$case"
+    err=$($BIN --out "$W/json/bad" --tokenizer "$tok" ${eot:+--eot "$eot"} "$W/sections.txt" 2>&1 > /dev/null); rc=$?
+    if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && [[ $err == *"$want"* ]] && [ -z "$(ls "$W/json" | grep bad)" ]; then
+        echo "PASS prepare $name refused in one line: $err"
+    else echo "FAIL prepare $name: exit $rc, '$err'"; fi
+done
