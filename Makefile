@@ -45,7 +45,7 @@ DATALOADER_HDRS = $(wildcard dataloader/*.h)
 CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tokenizer $(BUILD)/test_dataloader $(BUILD)/test_hellaswag \
             $(BUILD)/test_mesh $(BUILD)/test_pipeline_schedule $(BUILD)/test_gpu_support $(BUILD)/test_adamw_cpu $(BUILD)/test_stop_signals \
             $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8 $(BUILD)/test_checkpoints $(BUILD)/test_checkpoint_crash \
-            $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft $(BUILD)/test_chat
+            $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft $(BUILD)/test_chat $(BUILD)/test_nf4
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
@@ -152,6 +152,9 @@ CHECKPOINT_HDRS = model/checkpoint_store.h model/file_integrity.h model/model_fi
 $(BUILD)/test_peft: test/test_peft.cpp train_options.h $(wildcard model/*.h) distributed/mesh.h distributed/pipeline_schedule.h \
                     distributed/optimizer_file.h kernels/die.h kernels/host_device.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_peft.cpp -o $@
+# QLoRA's NF4 storage on the host (model/nf4.h: std::thread, no OpenMP), against scripts/reference/nf4_reference.py
+$(BUILD)/test_nf4: test/test_nf4.cpp model/nf4.h model/model_file.h model/config.h model/file_integrity.h kernels/die.h kernels/host_device.h test/check.h | $(BUILD)
+	$(CXX) $(CXX_FLAGS) test/test_nf4.cpp -o $@
 $(BUILD)/test_layout: test/test_layout.cpp model/config.h model/model_file.h model/file_integrity.h kernels/host_device.h kernels/die.h test/check.h | $(BUILD)
 	$(CXX) $(CXX_FLAGS) test/test_layout.cpp -o $@
 $(BUILD)/test_checkpoints: test/test_checkpoints.cpp test/private_mount.h $(CHECKPOINT_HDRS) | $(BUILD)

@@ -54,6 +54,7 @@ cpu_suites() {
     run pipeline_schedule build/test_pipeline_schedule
     run layout build/test_layout  # the families' shapes and presets, every split and part of the parameter layout, the masks, a Llama model file
     run peft build/test_peft  # LoRA adapters as PEFT folders: round trips bitwise, the safetensors header and config, the refusals, the JSON reader
+    run nf4 build/test_nf4  # QLoRA's NF4 storage bitwise against the NumPy reference (skipped without numpy), its error, bounds, bytes, refusals, speed
     run options build/test_options  # every flag's default, alias and range pinned; each range and validate_options' checks at their bounds
     run gpu_support build/test_gpu_support  # the refusal of GPUs below 8.0, the MFU peaks
     run adamw_cpu build/test_adamw_cpu  # the CPU AdamW (ZeRO-Offload's) against the kernel's arithmetic, its vector paths, its speed
