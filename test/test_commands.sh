@@ -21,7 +21,7 @@
 #   - books/*.txt.xz: tinyshakespeare's text in three files, its sections as documents (<|endoftext|> between them).
 #   - conversations.jsonl: tinyshakespeare's paragraphs as conversations (a paragraph asks, the next answers).
 # Placeholders: N -> 16, OUT_DIR and HF_DIR -> hf_model, HF_FOLDER -> hf_recipe (MODEL.bin exported with GPT-2's
-# tokenizer.json, where numpy is at hand), [--optional flags] -> the flags; --verify-checkpoints DIR needs
+# tokenizer.json, where numpy is at hand), DATA.jsonl -> conversations.jsonl, [--optional flags] -> the flags; --verify-checkpoints DIR needs
 # a checkpoint, which only a GPU run writes (SKIP). Launchers become their environment: scripts/launch.sh [--one-gpu] N
 # and mpirun -np N -> WORLD_SIZE=N (x NNODES) RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 (unless the
 # command sets them); srun --ntasks-per-node N [--nodes M] -> SLURM_PROCID=0 SLURM_NTASKS=N*M SLURM_LOCALID=0
@@ -143,7 +143,7 @@ def commands(path):
     spans()
     return found
 
-PLACEHOLDERS = {"N": "16", "OUT_DIR": "hf_model", "HF_DIR": "hf_model", "HF_FOLDER": "hf_recipe"}
+PLACEHOLDERS = {"N": "16", "OUT_DIR": "hf_model", "HF_DIR": "hf_model", "HF_FOLDER": "hf_recipe", "DATA.jsonl": "conversations.jsonl"}
 PLACEHOLDERS.update({name: "made/" + name for name in sys.argv[1].split()})
 
 def classify(text):
