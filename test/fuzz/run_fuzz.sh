@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 [ "$jobs" = all ] && jobs=1000
-harnesses=${FUZZ_HARNESSES:-"shards model_file state_file manifest adapter_file peft_folder tokenizer_files vocab_bpe tokenize hellaswag train_options chat_jsonl mask_shards safetensors"}
+harnesses=${FUZZ_HARNESSES:-"shards model_file state_file manifest adapter_file peft_folder tokenizer_files tokenizer_json vocab_bpe tokenize hellaswag train_options chat_jsonl mask_shards safetensors"}
 work=build/fuzz
 corpus=${FUZZ_CORPUS:-$work/corpus}
 mkdir -p "$work/logs"
