@@ -47,7 +47,8 @@ CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tok
             $(BUILD)/test_heartbeat $(BUILD)/test_offload_dir $(BUILD)/test_fp8 $(BUILD)/test_checkpoints $(BUILD)/test_checkpoint_crash \
             $(BUILD)/test_options $(BUILD)/test_layout $(BUILD)/test_peft $(BUILD)/test_chat $(BUILD)/test_nf4
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
-            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model
+            $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model \
+            $(BUILD)/test_nf4_gpu
 BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
 
 .PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
@@ -128,6 +129,10 @@ $(BUILD)/test_attention: test/test_attention.cu test/cpu_reference.cpp test/cpu_
 # The FP8 casts and products on the GPU (its host reference checks run without one)
 $(BUILD)/test_fp8_gpu: test/test_fp8_gpu.cu test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) test/test_fp8_gpu.cu $(CUDA_LIBS) -o $@
+
+# NF4 dequantization on the GPU against model/nf4.h (its host checks run without one)
+$(BUILD)/test_nf4_gpu: test/test_nf4_gpu.cu test/gpu_check.h test/check.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) test/test_nf4_gpu.cu $(CUDA_LIBS) -o $@
 
 $(BUILD)/bench_attention: bench/bench_attention.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_attention.cu $(CUDA_LIBS) -o $@
