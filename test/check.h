@@ -4,6 +4,8 @@
 // the start of main. A test program exits 1 if any check failed.
 #pragma once
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +38,31 @@ inline bool quick_tier() {
     return tier != nullptr && strcmp(tier, "quick") == 0;
 }
 
+// What `body` printed on stderr when it ended its own process, run in a child (a refusal: die() exits 1): "" if
+// `body` returned, else its stderr ("ended without a message" if empty).
+inline std::string refusal(const std::function<void()>& body) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t child = fork();
+    if (child < 0) return "fork failed";
+    if (child == 0) {
+        close(fds[0]);
+        dup2(fds[1], STDERR_FILENO);
+        body();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, (size_t)n);
+    close(fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+    return err.empty() ? "ended without a message" : err;
+}
 inline void pass(const std::string& name) { check(true, name, ""); }
 inline void fail(const std::string& name, const std::string& detail) { check(false, name, detail); }
 // Like check(), but the detail describes a failure and is printed only then.

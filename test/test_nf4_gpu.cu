@@ -19,30 +19,6 @@
 #include "../kernels/nf4.cuh"
 #include "gpu_check.h"
 
-// What `body` printed on stderr when it ended the child process with status 1 ("" if it returned, or another status).
-static std::string refusal(const std::function<void()>& body) {
-    int fds[2];
-    if (pipe(fds) != 0) return "pipe failed";
-    fflush(stdout);
-    fflush(stderr);
-    const pid_t child = fork();
-    if (child < 0) return "fork failed";
-    if (child == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDERR_FILENO);
-        body();
-        _exit(0);
-    }
-    close(fds[1]);
-    std::string err;
-    char buf[512];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, (size_t)n);
-    close(fds[0]);
-    int status = 0;
-    waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) return "";
-    return err;
-}
 static void expect_refusal(const std::string& name, const std::string& line, const std::function<void()>& body) {
     const std::string err = refusal(body);
     expect(err == "error: " + line + "\n", name, "expected 'error: " + line + "', got: " + (err.empty() ? "no refusal" : err));

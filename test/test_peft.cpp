@@ -36,29 +36,6 @@ static ModelConfig small_llama(int layers) {  // 4 query heads over 2 KV heads o
     return c;
 }
 
-// What `body` printed on stderr when it ended the child process ("" if it returned).
-static std::string refusal(const std::function<void()>& body) {
-    int fds[2];
-    if (pipe(fds) != 0) return "pipe failed";
-    fflush(stdout);
-    const pid_t child = fork();
-    if (child < 0) return "fork failed";
-    if (child == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDERR_FILENO);
-        body();
-        _exit(0);
-    }
-    close(fds[1]);
-    std::string err;
-    char buf[512];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, n);
-    close(fds[0]);
-    int status = 0;
-    waitpid(child, &status, 0);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-    return err.empty() ? "ended without a message" : err;
-}
 // The child must die with one line containing `text`.
 static void expect_refusal(const std::string& name, const std::string& text, const std::function<void()>& body) {
     const std::string err = refusal(body);
