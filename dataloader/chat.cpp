@@ -55,13 +55,8 @@ Conversation parse_chat_line(std::string_view line, const std::string& name, uin
     const std::string at = name + ": line " + std::to_string(line_number);
     auto fail = [&](const std::string& what) -> void { throw std::runtime_error(at + ": " + what); };
     JsonValue root;
-    std::string problem = parse_json(std::string(line), root);
-    if (!problem.empty()) {  // "... at byte K": the column is K + 1
-        const size_t byte = problem.rfind(" at byte ");
-        if (byte != std::string::npos)
-            problem = "column " + std::to_string(std::stoull(problem.substr(byte + 9)) + 1) + ": " + problem.substr(0, byte);
-        fail(problem + " (not JSON)");
-    }
+    JsonParser parser(line.data(), line.size());
+    if (!parser.parse(root).empty()) fail("column " + std::to_string(parser.error_offset() + 1) + ": " + parser.error_what() + " (not JSON)");
     if (root.kind != JsonValue::kObject) fail("expected a JSON object");
     auto text_of = [&](const JsonValue& v, const std::string& what) -> std::string {
         if (v.kind != JsonValue::kString) fail(what + " must be a string");

@@ -38,15 +38,24 @@ public:
         if (p_ != end_) return fail("trailing characters");
         return "";
     }
+    // After a failed parse(): what is wrong, without the offset, and the offset of the byte where it was found (a
+    // caller that counts lines or columns words it its own way).
+    const std::string& error_what() const { return error_what_; }
+    size_t error_offset() const { return error_offset_; }
 
 private:
     const char* p_;
     const char* const end_;
     const char* begin_ = p_;
-    std::string error_;
+    std::string error_, error_what_;
+    size_t error_offset_ = 0;
     static constexpr int kMaxDepth = 64;
     bool fail_(const std::string& what) {
-        if (error_.empty()) error_ = what + " at byte " + std::to_string(p_ - begin_);
+        if (error_.empty()) {
+            error_what_ = what;
+            error_offset_ = (size_t)(p_ - begin_);
+            error_ = what + " at byte " + std::to_string(error_offset_);
+        }
         return false;
     }
     std::string fail(const std::string& what) {

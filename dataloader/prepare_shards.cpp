@@ -1187,9 +1187,10 @@ int main(int argc, char** argv) {
     try {
         const Options o = parse_args(argc, argv);
         Tokenizer tok = Tokenizer::load(o.tokenizer_dir);
-        if (!o.eot_token.empty() && tok.added_token_id(o.eot_token) < 0)
-            throw UsageError("--eot " + o.eot_token + ": not an added token of " + o.tokenizer_dir);
-        if (!o.eot_token.empty()) tok.set_eot(o.eot_token);
+        if (!o.eot_token.empty()) {
+            if (tok.added_token_id(o.eot_token) < 0) throw UsageError("--eot " + o.eot_token + ": not an added token of " + o.tokenizer_dir);
+            tok.set_eot(o.eot_token);
+        }
         if (o.count) return run_count(o, tok);
         if (tok.eot() < 0 && !o.chat)
             throw UsageError("--tokenizer " + o.tokenizer_dir + " names no end-of-text token to start each document with: name one of its added tokens with --eot");

@@ -116,15 +116,14 @@ fi
 # each mode serves the masked targets and divides by the step's counted targets over all ranks. Tolerance: fp32's
 # reduction orders, as the tensor_parallel, pipeline and zero suites (1e-5; pipeline 2e-5).
 if [ "${TEST_TIER:-full}" = full ] && [ -f "$W/chat.out" ]; then
-    source test/loss_logs.sh  # launch_mode
+    source test/loss_logs.sh  # launch_mode, losses (training steps only from here on), maxdiff, within
     chat=(--precision fp32 --steps 6 --val-every 0 --train-data "$W/chat/c_train_*.bin")
-    mode_losses() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }
     ./train_gpt "${SMALL[@]}" "${chat[@]}" -o "$W/mode_one" > "$W/mode_one.out" 2>&1 || echo "FAIL chat_training one rank (fp32): $(tail -n 1 "$W/mode_one.out")"
     while read -r name tol flags; do
         read -ra extra <<< "$flags"
         scripts/launch.sh $(launch_mode 2) 2 ./train_gpt "${SMALL[@]}" "${chat[@]}" "${extra[@]}" -o "$W/mode_$name" > "$W/mode_$name.out" 2>&1
-        d=$(paste <(mode_losses "$W/mode_one") <(mode_losses "$W/mode_$name") | awk 'BEGIN { m = 0 } { d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d } END { print m }')
-        if [ "$(mode_losses "$W/mode_$name" | wc -l)" -eq 6 ] && awk -v d="$d" -v t="$tol" 'BEGIN { exit !(d <= t) }'; then
+        d=$(maxdiff "$W/mode_one" "$W/mode_$name")
+        if [ "$(losses "$W/mode_$name" | wc -l)" -eq 6 ] && within "$d" "$tol"; then
             echo "PASS chat_training masked targets under $name ($flags): 6 steps' losses against one rank's: max diff $d (tol $tol)"
         else
             echo "FAIL chat_training masked targets under $name: max loss diff ${d:-none} (tol $tol) $(grep -m1 -iE 'error' "$W/mode_$name.out")"
