@@ -69,9 +69,10 @@ private:
 // exception) reads the rest of a verified file and records its verdict.
 class CheckedFile {
 public:
-    CheckedFile(const std::string& path, CheckpointReads* reads) : path_(path), reads_(reads) {
+    // `kind` names the file in the message when it cannot be opened ("model file": "PATH: cannot open model file: ...").
+    CheckedFile(const std::string& path, CheckpointReads* reads, const std::string& kind = "") : path_(path), reads_(reads) {
         f_ = fopen(path.c_str(), "rb");
-        if (f_ == nullptr) die(path + ": cannot open: " + strerror(errno));
+        if (f_ == nullptr) die(path + ": cannot open" + (kind.empty() ? "" : " " + kind) + ": " + strerror(errno));
         struct stat st;
         size_ = fstat(fileno(f_), &st) == 0 ? (uint64_t)st.st_size : 0;
         verified_ = reads != nullptr ? reads->claim(path) : nullptr;

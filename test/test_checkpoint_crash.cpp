@@ -231,7 +231,7 @@ void crash_once(const std::string& dir, int world, int keep, int saves_before, i
     (saved ? tally.committed : tally.not_committed)++;
     if (problem.empty()) {
         FILE* quiet = fopen("/dev/null", "w");
-        const ResumeChoice choice = choose_resume_checkpoint(dir, world, quiet);
+        const ResumeChoice choice = choose_resume_checkpoint(dir, quiet);
         fclose(quiet);
         const int newest = after.empty() ? -1 : after.back();
         if (choice.step != newest) problem = "--resume took " + std::to_string(choice.step) + ", not the newest committed " + std::to_string(newest);
