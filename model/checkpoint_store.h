@@ -515,7 +515,7 @@ CheckpointManifest load_agreed_checkpoint(const std::string& dir, CheckpointMani
             die(rank == failed ? error : "--resume 1: rank " + std::to_string(failed) + " could not load checkpoint " + std::to_string(manifest.step) + " (its error on its stderr)");
         if (rank == 0) {
             set_checkpoint_aside(dir, manifest.step);
-            fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: the load found %s damaged (the checksum read with it; the rank's line on stderr)\n",
+            fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: the load found damaged: %s (each rank's line on stderr says how)\n",
                     manifest.step, damaged.c_str());
         }
         manifest = choose_again(manifest.step);

@@ -185,7 +185,7 @@ void test_damaged_newest_and_retention() {
     struct stat st;
     check(chosen == 300 && loaded == 200 && stat((state_path(dir, 300, 1) + ".damaged").c_str(), &st) == 0 &&
               stat((manifest_path(dir, 300) + ".damaged").c_str(), &st) == 0 && committed_checkpoints(dir) == std::vector<int>({100, 200}) &&
-              said.find("set checkpoint 300 aside as *.damaged: the load found state_00000300_00001.bin damaged (rank 0)") != std::string::npos,
+              said.find("set checkpoint 300 aside as *.damaged: the load found damaged: state_00000300_00001.bin (rank 0)") != std::string::npos,
           "resume: a state file of the newest checkpoint damaged after its header passes the cheap checks; the load's checksum finds it, "
           "sets the checkpoint aside, names it and loads the one before", said + listing(dir));
     commit(dir, 250, run, 2);
