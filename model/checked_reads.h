@@ -108,9 +108,7 @@ public:
         if (f_ == nullptr) return;
         if (verified_ != nullptr) {
             std::vector<uint8_t> buffer(16u << 20);
-            size_t n;
-            while ((n = take(buffer.data(), buffer.size())) > 0) {
-            }
+            while (take(buffer.data(), buffer.size()) > 0) continue;
             std::string problem;
             if (ferror(f_) != 0) problem = path_ + ": read error at byte " + std::to_string(position_) + ": " + strerror(errno);
             else if (position_ != verified_->bytes)
