@@ -9,7 +9,9 @@
 // save must still be there (or the save's own must have committed), --resume must take the newest without setting
 // anything aside (with none, start this run again from scratch under its id), and the run must continue from it
 // (one more save, which leaves no uncommitted file behind). The closing line reports the number of kills and of lost or
-// mixed checkpoints.
+// mixed checkpoints. The same ranks also resume (load_agreed_checkpoint), counting the bytes each reads of each file:
+// no byte read twice, each file verified whole by its one rank, a damaged file found by the load and the checkpoint
+// before loaded, another run's file refused by the cheap check.
 #include <algorithm>
 #include <chrono>
 #include <map>
