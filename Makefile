@@ -152,7 +152,7 @@ $(BUILD)/bench_offload_dir: bench/bench_offload_dir.cpp distributed/optimizer_fi
 	$(CXX) $(CXX_FLAGS) -fopenmp bench/bench_offload_dir.cpp -o $@
 
 # ZeRO-Offload's NVMe tier (--offload-dir): AdamW through the optimizer file against AdamW in memory
-CHECKPOINT_HDRS = model/checkpoint_store.h model/file_integrity.h model/model_file.h model/state_file.h model/run_identity.h model/config.h \
+CHECKPOINT_HDRS = model/checkpoint_store.h model/checked_reads.h model/file_integrity.h model/model_file.h model/state_file.h model/run_identity.h model/config.h \
                   kernels/die.h kernels/host_device.h distributed/mesh.h dataloader/dataloader.h test/check.h
 $(BUILD)/test_peft: test/test_peft.cpp train_options.h $(wildcard model/*.h) distributed/mesh.h distributed/pipeline_schedule.h \
                     distributed/optimizer_file.h kernels/die.h kernels/host_device.h test/check.h | $(BUILD)

@@ -415,15 +415,16 @@ StartPoint prepare_output_dir(const Options& o, const ProcessGroup& pg, const Ru
         if (!held.empty()) fprintf(out, "--overwrite-output 1: moved %s and log.txt aside to %s\n", held.c_str(), move_run_aside(o.output_dir).c_str());
         return start;
     }
-    take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, pg.world, out), settings, out, &start);
+    take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, out), settings, out, &start);
     return start;
 }
 
-// Every rank starts from rank 0's choice: the run id and the checkpoint, of which each rank verifies its own files
-// (own_checkpoint_files: each file is read by one rank). If any rank finds one damaged, rank 0 sets the checkpoint
-// aside and chooses again (take_choice: checked against this run as the first choice was), so all ranks continue from
-// the same checkpoint or stop together with the reason. Then the other ranks check the checkpoint holds this model in
-// this precision (resume_problem), before allocating.
+// Every rank starts from rank 0's choice: the run id and the checkpoint, whose own files (own_checkpoint_files) each
+// rank gives the cheap check (file_header_problem: its view of the folder may be another node's); their bytes are
+// verified by the load, which reads them once (start_parameters). If any rank finds one wanting, rank 0 sets the
+// checkpoint aside and chooses again (take_choice: checked against this run as the first choice was), so all ranks
+// continue from the same checkpoint or stop together with the reason. Then the other ranks check the checkpoint holds
+// this model in this precision (resume_problem), before allocating.
 template <typename floatX>
 StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunShape& run, const std::vector<std::pair<std::string, std::string>>& settings,
                           StartPoint start, FILE* out) {
@@ -436,7 +437,7 @@ StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunSha
         if (!pg.is_main()) {
             problem = read_manifest(o.output_dir, start.step, &start.manifest);
             for (const FileRecord& f : problem.empty() ? std::vector<FileRecord>() : own_checkpoint_files(start.manifest, pg.rank, pg.world))
-                if (problem.empty()) problem = verify_manifest_file(o.output_dir, f);
+                if (problem.empty()) problem = file_header_problem(o.output_dir, f);
             if (!problem.empty()) fprintf(stderr, "rank %d: checkpoint %d: %s\n", pg.rank, start.step, problem.c_str());
         }
         const std::vector<uint64_t> failed = pg.all_gather_host({problem.empty() ? 0u : 1u});
@@ -448,7 +449,7 @@ StartPoint agree_on_start(const Options& o, const ProcessGroup& pg, const RunSha
             set_checkpoint_aside(o.output_dir, start.step);
             fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: rank(s) %s found their files of it damaged (their lines on stderr)\n",
                     start.step, ranks.c_str());
-            take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, pg.world, out), settings, out, &start);
+            take_choice<floatX>(o, run, choose_resume_checkpoint(o.output_dir, out), settings, out, &start);
         }
     }
     if (!pg.is_main()) {  // rank 0 checked its choice in take_choice
@@ -562,18 +563,34 @@ size_t plan_and_allocate(FILE* out, Transformer<floatX>& model, std::unique_ptr<
 
 // The model's starting parameters: a checkpoint's (--resume 1; also the data position; a LoRA run's base from its
 // --model or the initialisation first), a model file's, or the GPT-2 initialisation from --seed; LoRA's adapters from
-// the checkpoint, --lora-load or drawn. Returns the first step to train.
+// the checkpoint, --lora-load or drawn. A checkpoint is loaded and verified in one read of its files, and the ranks
+// agree on it after the load (load_agreed_checkpoint): a damaged one is set aside and the next older one loaded
+// (chosen by rank 0 and agreed as the first was); the data position is restored once they agree. Returns the first
+// step to train; `start` becomes the checkpoint loaded.
 template <typename floatX>
-int start_parameters(FILE* out, Transformer<floatX>& model, DataLoader& train_data, const Options& o, const RunShape& run, int resume_step) {
-    if (resume_step < 0 || run.lora.enabled()) {
+int start_parameters(FILE* out, Transformer<floatX>& model, DataLoader& train_data, const Options& o, const RunShape& run,
+                     const std::vector<std::pair<std::string, std::string>>& settings, StartPoint& start) {
+    if (start.step < 0 || run.lora.enabled()) {
         if (!run.initial_model.empty()) model.load_parameters(run.initial_model);
         else init_parameters(model, (uint64_t)o.seed);
     }
-    if (resume_step >= 0) {
-        DataLoaderState data_state = load_checkpoint(o.output_dir, resume_step, model);
-        try { train_data.restore(data_state); } catch (const std::exception& e) { die(state_path(o.output_dir, resume_step, 0) + ": " + e.what()); }
-        fprintf(out, "resumed from %s at step %d\n", manifest_path(o.output_dir, resume_step).c_str(), resume_step);
-        return resume_step;
+    if (start.step >= 0) {
+        const ProcessGroup& pg = model.pg;
+        DataLoaderState data_state;
+        auto load = [&](const CheckpointManifest& m, CheckpointReads& reads) { data_state = load_checkpoint(o.output_dir, m.step, model, reads); };
+        auto all_gather = [&](const std::vector<uint64_t>& mine) { return pg.all_gather_host(mine); };
+        auto choose_again = [&](int damaged) {
+            StartPoint next = start;
+            if (pg.is_main()) take_choice<floatX>(o, run, choose_after_damage(o.output_dir, damaged, out), settings, out, &next);
+            return agree_on_start<floatX>(o, pg, run, settings, next, out).manifest;
+        };
+        start.manifest = load_agreed_checkpoint(o.output_dir, start.manifest, pg.rank, pg.world, load, all_gather, choose_again, out);
+        start.step = start.manifest.step;
+        start.run_id = start.manifest.run_id;
+        const int step = start.step;
+        try { train_data.restore(data_state); } catch (const std::exception& e) { die(state_path(o.output_dir, step, 0) + ": " + e.what()); }
+        fprintf(out, "resumed from %s at step %d\n", manifest_path(o.output_dir, step).c_str(), step);
+        return step;
     }
     if (run.lora.enabled()) {
         if (!run.initial_adapters.empty()) model.adapters->set_parameters(run.initial_adapters);
@@ -871,7 +888,6 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     mesh.build(pg, run.shape);
     matmul_setup(o.tf32 != 0, o.deterministic == 0);
     start = agree_on_start<floatX>(o, pg, run, settings, start, out);
-    const CheckpointIdentity identity{start.run_id, settings};
 
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -880,7 +896,8 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     std::unique_ptr<PipelineParallel<Transformer<floatX>>> pipeline;
     const size_t in_use_before = plan_and_allocate(out, model, pipeline, o, pg, run, stages, batch, steps, start.run_id);
     if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
-    const int start_step = start_parameters(out, model, *data.train, o, run, start.step);
+    const int start_step = start_parameters(out, model, *data.train, o, run, settings, start);
+    const CheckpointIdentity identity{start.run_id, settings};
     StepLog<floatX> log(out, o, pg.is_main(), start_step, model, gpu, pg.world, batch, steps, in_use_before);
     SampleText text(o.tokenizer);
     const std::vector<int> sample_prompt = text.prompt_tokens(o.prompt);

@@ -72,8 +72,7 @@ inline std::string resume_problem(const std::string& dir, int step, const ModelC
         const std::string path = checkpoint_path(dir, "adapters", step);
         if (access(path.c_str(), F_OK) != 0)
             return manifest_path(dir, step) + ": a checkpoint of full training, this run trains LoRA adapters: --resume 1 continues the same kind of run";
-        std::vector<float> values;
-        const LoraSpec saved = read_adapter_file(path, run, 8 * shape.dp, values);
+        const LoraSpec saved = read_adapter_spec(path, run);  // the header alone: the load reads the file
         if (saved.rank != lora.rank || saved.alpha != lora.alpha || saved.targets != lora.targets)
             return path + ": adapters of rank " + std::to_string(saved.rank) + ", targets mask " + std::to_string(saved.targets) + "; this run's: rank " +
                    std::to_string(lora.rank) + ", targets mask " + std::to_string(lora.targets) + " (--lora-rank, --lora-alpha, --lora-targets)";
@@ -143,23 +142,25 @@ bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
     return save_committed_checkpoint(dir, manifest, exchange, write_own, write_model);
 }
 
-// Restores the parameters, the optimizer state and the loss scale of what trains; returns the data position to
-// restore. The checkpoint may come from any mesh and ZeRO stage (a LoRA run's: the same ones); its shape and
-// precision are the caller's check, resume_problem(), which train() runs before the GPU is touched. A LoRA run's
-// frozen base is its --model, loaded by the caller.
+// Restores the parameters, the optimizer state and the loss scale of what trains, each set whole (a second load over a
+// first, after a damaged file, leaves nothing of the first); returns the data position to restore. Every file is read
+// through `reads` (checked_reads.h: once, the files this rank verifies checksummed on the way). The checkpoint may
+// come from any mesh and ZeRO stage (a LoRA run's: the same ones); its shape and precision are the caller's check,
+// resume_problem(), which train() runs before the GPU is touched. A LoRA run's frozen base is its --model, loaded by
+// the caller.
 template <typename floatX>
-DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<floatX>& model) {
+DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<floatX>& model, CheckpointReads& reads) {
     ZeroOptimizer<floatX>& trained = model.trained();
     SavedOptimizerState saved;
     if (model.lora.enabled()) {
         std::vector<float> adapters;
-        read_adapter_file(checkpoint_path(dir, "adapters", step), model.config, 8 * model.mesh.data.size, adapters);
+        read_adapter_file(checkpoint_path(dir, "adapters", step), model.config, 8 * model.mesh.data.size, adapters, &reads);
         trained.set_parameters(adapters);
-        saved = read_own_optimizer_state(dir, step, trained.stage() >= 1 ? model.pg.rank : 0, (size_t)trained.optimizer_elements());
+        saved = read_own_optimizer_state(dir, step, trained.stage() >= 1 ? model.pg.rank : 0, (size_t)trained.optimizer_elements(), &reads);
         trained.optimizer_state_from_host(saved.master, saved.m, saved.v);
     } else {
-        model.load_parameters(checkpoint_path(dir, "model", step));  // this rank's part only, as the state below
-        saved = read_optimizer_state(dir, step, model.layout, model.mesh.tensor.rank);
+        model.zero->set_parameters(read_model_part(checkpoint_path(dir, "model", step), model.layout, model.mesh.tensor.rank, &reads));  // this rank's part
+        saved = read_optimizer_state(dir, step, model.layout, model.mesh.tensor.rank, &reads);
         trained.optimizer_state_from_host(saved.master.empty() ? saved.master : trained.optimizer_part(saved.master), trained.optimizer_part(saved.m),
                                           trained.optimizer_part(saved.v));
     }

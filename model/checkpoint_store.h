@@ -12,9 +12,10 @@
 // manifest, or whose files do not match it, is not a checkpoint: --resume never takes it. Deleting one removes the
 // manifest first, so an interrupted deletion leaves files that no manifest names (removed by the next prune).
 // defines: checkpoint_path, manifest_path, checkpoint_file_step, directory_entries, make_directories, CheckpointManifest,
-//          manifest_text, parse_manifest, read_manifest, committed_checkpoints, manifest_files_problem, verify_manifest_file,
+//          manifest_text, parse_manifest, read_manifest, committed_checkpoints, manifest_files_problem, file_header_problem, verify_manifest_file,
 //          set_checkpoint_aside, RankExchange, save_committed_checkpoint, checkpoints_to_delete, prune_checkpoints,
-//          ResumeChoice, choose_resume_checkpoint, verify_checkpoint_folder, folder_checkpoints_text, move_run_aside,
+//          ResumeChoice, own_checkpoint_files, choose_resume_checkpoint, choose_after_damage, kLoaded, kLoadFailed,
+//          load_agreed_checkpoint, verify_checkpoint_folder, folder_checkpoints_text, move_run_aside,
 //          lock_output_dir, setting_differences
 #pragma once
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include <unistd.h>
 #include "../kernels/die.h"  // die
 #include "file_integrity.h"  // FileRecord, Crc32c, check_file_checksum, fault_point, sync_directory, write_file_atomically
+#include "checked_reads.h"   // CheckpointReads
 #include "run_identity.h"    // run_id_text, parse_run_id
 
 inline std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
@@ -242,22 +244,34 @@ inline std::string manifest_files_problem(const std::string& dir, const Checkpoi
     }
     return "";
 }
-// The full check of one file of a manifest: its size, and its CRC-32C, read once, against the manifest's (which is
-// also the one in its header: a file rewritten by another run or attempt fails it). "" or the problem, one line.
-inline std::string verify_manifest_file(const std::string& dir, const FileRecord& f) {
+// The cheap check of one file of a manifest, which reads its header alone: the file is there at the manifest's size,
+// carries a checksum, and its header's CRC-32C is the manifest's (a file rewritten by another run or attempt carries
+// its own, and fails it). That the bytes match that CRC is the full check's (verify_manifest_file), or the load's
+// (checked_reads.h). "" or the problem, in one line.
+inline std::string file_header_problem(const std::string& dir, const FileRecord& f) {
     const std::string path = dir + "/" + f.name;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) return path + ": missing (" + strerror(errno) + "), though the manifest names it";
     if ((uint64_t)st.st_size != f.bytes) return path + ": " + std::to_string((long long)st.st_size) + " bytes, the manifest says " + std::to_string(f.bytes);
-    const FileChecksum c = check_file_checksum(path);
-    if (c.status == FileChecksum::kDamaged) return c.problem;
-    if (c.status == FileChecksum::kNone) return path + ": carries no checksum, the manifest's file does";
-    if (c.stored != f.crc) {
+    int header[256];
+    if (!read_file_header(path, header)) return path + ": cannot read its 1024-byte header: " + strerror(errno);
+    if (header[kChecksumTagSlot] != kChecksumTag) return path + ": carries no checksum, the manifest's file does";
+    uint32_t stored;
+    memcpy(&stored, &header[kChecksumSlot], 4);
+    if (stored != f.crc) {
         char text[128];
-        snprintf(text, sizeof(text), ": CRC-32C %08x, the manifest says %08x: not the file this checkpoint committed", c.stored, f.crc);
+        snprintf(text, sizeof(text), ": CRC-32C %08x, the manifest says %08x: not the file this checkpoint committed", stored, f.crc);
         return path + text;
     }
     return "";
+}
+// The full check of one file of a manifest: the cheap check, then the whole file read once for its CRC-32C. "" or the
+// problem, in one line.
+inline std::string verify_manifest_file(const std::string& dir, const FileRecord& f) {
+    const std::string problem = file_header_problem(dir, f);
+    if (!problem.empty()) return problem;
+    const FileChecksum c = check_file_checksum(dir + "/" + f.name);
+    return c.status == FileChecksum::kDamaged ? c.problem : "";
 }
 
 // Renames checkpoint `step`'s manifest and files (any that exist, temporary ones too) to NAME.damaged, manifest first,
@@ -380,8 +394,8 @@ inline std::vector<int> prune_checkpoints(const std::string& dir, int written, u
 // ---------------------------------------------------------------------------------------------
 // Resuming
 
-// The newest committed checkpoint rank 0 could verify: its manifest, its files all present at their sizes, and the
-// files given to rank 0 to read whole (its own) matching the manifest's checksums.
+// The newest committed checkpoint whose manifest and files pass the cheap checks (file_header_problem); the load
+// verifies the bytes (load_agreed_checkpoint).
 struct ResumeChoice {
     int step = -1;  // -1: none
     CheckpointManifest manifest;
@@ -398,13 +412,15 @@ inline std::vector<FileRecord> own_checkpoint_files(const CheckpointManifest& m,
     }
     return own;
 }
-// Rank 0's choice (before any GPU is touched): newest first, each committed checkpoint's manifest is read and its
-// files' sizes checked, and rank 0's own files (own_checkpoint_files) read whole; a checkpoint that fails is set aside
-// (*.damaged) and named on `out`, and the next older one tried. Files of a step that no manifest names (a save that
-// did not commit) are named too; they are never taken. When the folder holds checkpoint files but no whole committed
-// checkpoint, the run stops (it never starts from scratch over them), unless they are all one run's files that never
-// committed: that run starts again from scratch under its id (`run_id`), and its next save removes them.
-inline ResumeChoice choose_resume_checkpoint(const std::string& dir, int world, FILE* out) {
+// Rank 0's choice (before any GPU is touched): newest first, each committed checkpoint's manifest is read and each of
+// its files given the cheap check (file_header_problem: present at its size, the manifest's CRC-32C in its header),
+// which reads headers only, so that the load reads each file's bytes once (checked_reads.h) and verifies them then; a
+// checkpoint that fails is set aside (*.damaged) and named on `out`, and the next older one tried. Files of a step
+// that no manifest names (a save that did not commit) are named too; they are never taken. When the folder holds
+// checkpoint files but no committed checkpoint that passes, the run stops (it never starts from scratch over them),
+// unless they are all one run's files that never committed: that run starts again from scratch under its id
+// (`run_id`), and its next save removes them.
+inline ResumeChoice choose_resume_checkpoint(const std::string& dir, FILE* out) {
     ResumeChoice choice;
     const std::vector<int> steps = committed_checkpoints(dir), uncommitted = uncommitted_steps(dir);
     for (int step : uncommitted)
@@ -414,9 +430,7 @@ inline ResumeChoice choose_resume_checkpoint(const std::string& dir, int world, 
     for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
         CheckpointManifest m;
         std::string problem = read_manifest(dir, *it, &m);
-        if (problem.empty()) problem = manifest_files_problem(dir, m);
-        for (const FileRecord& f : own_checkpoint_files(m, 0, world))
-            if (problem.empty()) problem = verify_manifest_file(dir, f);
+        for (size_t i = 0; problem.empty() && i < m.files.size(); i++) problem = file_header_problem(dir, m.files[i]);
         if (problem.empty()) {
             choice.step = *it;
             choice.manifest = m;
@@ -441,6 +455,71 @@ inline ResumeChoice choose_resume_checkpoint(const std::string& dir, int world, 
         choice.run_id = id;
     }
     return choice;
+}
+
+// Rank 0's choice after the load found checkpoint `damaged` damaged (and it was set aside): the next older one that
+// passes the cheap checks. The run has loaded parameters by now and never starts from scratch here: with none left it
+// stops, naming the folder.
+inline ResumeChoice choose_after_damage(const std::string& dir, int damaged, FILE* out) {
+    const ResumeChoice choice = choose_resume_checkpoint(dir, out);
+    if (choice.step < 0)
+        die("--resume 1: checkpoint " + std::to_string(damaged) + " in " + dir + " was damaged and no older committed checkpoint is left (those set "
+            "aside are *.damaged)");
+    return choice;
+}
+
+// One rank's verdict on its load of a checkpoint, as the ranks gather it: kLoaded; kLoadFailed (the load stopped on an
+// error no damaged file explains); or 1 + i, the manifest's file i found damaged (its CRC-32C, computed as it was read).
+constexpr uint64_t kLoaded = 0, kLoadFailed = ~0ull;
+
+// --resume 1's load of checkpoint `manifest` and the ranks' agreement on it, the same on one rank and on many. Every
+// rank loads its part (load(manifest, reads): its reads go through `reads`, which verifies this rank's own files,
+// own_checkpoint_files, as they are read: each file by one rank, each byte a rank loads read once by it); the files
+// of its own that the load did not read to their end are read for their CRC-32C then. A refusal inside the load (die)
+// becomes this rank's verdict rather than its end, since a damaged file may cause it. The ranks gather their verdicts
+// (all_gather: every rank's value, indexed by rank; bounded by the heartbeats, so a lost rank ends it). Where any
+// rank found a file damaged, rank 0 sets the checkpoint aside (*.damaged) and names the file and the rank on `out`,
+// every rank learns the next choice (choose_again, which stops every rank together where none is left) and loads it
+// again: the load overwrites what it sets whole. A failure no damaged file explains stops every rank with the reason.
+// Returns the manifest of the checkpoint loaded.
+template <typename Load, typename AllGather, typename ChooseAgain>
+CheckpointManifest load_agreed_checkpoint(const std::string& dir, CheckpointManifest manifest, int rank, int world, Load load, AllGather all_gather,
+                                          ChooseAgain choose_again, FILE* out) {
+    for (;;) {
+        CheckpointReads reads(dir, own_checkpoint_files(manifest, rank, world));
+        std::string error;
+        {
+            DieThrowsInScope throws;
+            try {
+                load(manifest, reads);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+        }
+        reads.finish();
+        uint64_t verdict = kLoaded;
+        for (size_t i = 0; i < manifest.files.size(); i++)
+            if (manifest.files[i].name == reads.damaged_file()) verdict = 1 + i;
+        if (verdict != kLoaded) fprintf(stderr, "rank %d: checkpoint %d: %s\n", rank, manifest.step, reads.problem().c_str());
+        else if (!error.empty()) verdict = kLoadFailed;
+        const std::vector<uint64_t> verdicts = all_gather(std::vector<uint64_t>{verdict});
+        std::string damaged;
+        int failed = -1;
+        for (int r = 0; r < world; r++) {
+            if (verdicts[r] == kLoadFailed && failed < 0) failed = r;
+            if (verdicts[r] != kLoaded && verdicts[r] != kLoadFailed)
+                damaged += (damaged.empty() ? "" : ", ") + manifest.files[verdicts[r] - 1].name + " (rank " + std::to_string(r) + ")";
+        }
+        if (damaged.empty() && failed < 0) return manifest;
+        if (damaged.empty())
+            die(rank == failed ? error : "--resume 1: rank " + std::to_string(failed) + " could not load checkpoint " + std::to_string(manifest.step) + " (its error on its stderr)");
+        if (rank == 0) {
+            set_checkpoint_aside(dir, manifest.step);
+            fprintf(out, "--resume 1: set checkpoint %d aside as *.damaged: the load found damaged: %s (each rank's line on stderr says how)\n",
+                    manifest.step, damaged.c_str());
+        }
+        manifest = choose_again(manifest.step);
+    }
 }
 
 // --verify-checkpoints DIR: every committed checkpoint in DIR, newest first, each file read whole and checked against

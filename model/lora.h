@@ -2,7 +2,8 @@
 // buffer (AdapterLayout), adapter files, and the merge of adapters into the base model.
 // defines: LoraTargetIndex, kLoraProducts, lora_target_name, lora_product, lora_target_weight, lora_in, lora_out,
 //          lora_out_offset, lora_out_stride, lora_stream, LoraSpec, parse_lora_targets, kLoraTargetNames,
-//          lora_targets_problem, AdapterLayout, kAdapterMagic, write_adapter_file, read_adapter_file, merge_adapters
+//          lora_targets_problem, AdapterLayout, kAdapterMagic, write_adapter_file, parse_adapter_header, read_adapter_spec,
+//          read_adapter_file, merge_adapters
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include "../kernels/host_device.h"  // LayoutMask
 #include "config.h"                  // ModelConfig, BlockTensor, ParameterLayout, UnitKind
 #include "file_integrity.h"          // seal_file_checksum, check_file_checksum, write_file_atomically
+#include "checked_reads.h"           // CheckedFile, CheckpointReads
 
 // ---------------------------------------------------------------------------------------------
 // LoRA (docs/lora.md): adapters A (r, in), B (out, r) on chosen matrices of every block. On the device
@@ -178,18 +180,9 @@ inline FileRecord write_adapter_file(const std::string& path, const AdapterLayou
     return record;
 }
 
-// Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`.
-inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values) {
-    FILE* f = fopen(path.c_str(), "rb");
-    if (f == nullptr) die(path + ": cannot open adapter file: " + strerror(errno));
-    const FileChecksum checksum = check_file_checksum(path);
-    if (checksum.status == FileChecksum::kDamaged) die(checksum.problem);
-    // the messages are docs/lora.md's, the same as scripts/reference/gpt2_reference.py's reader
-    fseek(f, 0, SEEK_END);
-    const long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    int header[256];
-    if (size < 1024 || fread(header, sizeof(int), 256, f) != 256) die(path + ": truncated adapter header (" + std::to_string(size) + " bytes)");
+// An adapter file's spec (dropout 0) from its 256 header ints and its size, checked against `config` (the messages
+// are docs/lora.md's, the same as scripts/reference/gpt2_reference.py's reader).
+inline LoraSpec parse_adapter_header(const int* header, uint64_t size, const std::string& path, const ModelConfig& config) {
     if (header[0] != kAdapterMagic)
         die(path + ": bad adapter magic " + std::to_string(header[0]) + " (expected " + std::to_string(kAdapterMagic) + ")");
     if (header[1] != 1) die(path + ": unsupported adapter version " + std::to_string(header[1]) + " (expected 1)");
@@ -214,13 +207,37 @@ inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& co
     const int tensors = 2 * config.num_layers * __builtin_popcount(spec.targets);
     if (header[7] != tensors)
         die(path + ": header says " + std::to_string(header[7]) + " tensors, expected " + std::to_string(tensors) + " (A and B per layer and target)");
-    const AdapterLayout layout(config, spec, unit_multiple);
-    const long expected = 1024 + 4 * (long)layout.count;
+    const uint64_t expected = 1024 + 4 * (uint64_t)AdapterLayout(config, spec, 8).count;
     if (size < expected) die(path + ": truncated: " + std::to_string(size) + " bytes, its header implies " + std::to_string(expected));
     if (size > expected) die(path + ": " + std::to_string(size) + " bytes, its header implies " + std::to_string(expected) + " (trailing data)");
+    return spec;
+}
+// An adapter file's spec from its header alone (a resume's check against this run, before the load reads the file).
+inline LoraSpec read_adapter_spec(const std::string& path, const ModelConfig& config) {
+    CheckedFile f(path, nullptr, "adapter file");
+    int header[256];
+    if (f.size() < sizeof(header)) die(path + ": truncated adapter header (" + std::to_string(f.size()) + " bytes)");
+    f.read(header, sizeof(header), "the header");
+    return parse_adapter_header(header, f.size(), path, config);
+}
+
+// Reads an adapter file for `config`; returns its spec (dropout 0) and fills `values` for `unit_multiple`. Read once,
+// front to back: a checkpoint's adapter file through `reads` (which verifies it on the rank it is given to); any other
+// file (--lora-load) is checked against the CRC-32C its header carries first.
+inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& config, size_t unit_multiple, std::vector<float>& values,
+                                  CheckpointReads* reads = nullptr) {
+    if (reads == nullptr && access(path.c_str(), F_OK) == 0) {
+        const FileChecksum checksum = check_file_checksum(path);
+        if (checksum.status == FileChecksum::kDamaged) die(checksum.problem);
+    }
+    CheckedFile f(path, reads, "adapter file");
+    int header[256];
+    if (f.size() < sizeof(header)) die(path + ": truncated adapter header (" + std::to_string(f.size()) + " bytes)");
+    f.read(header, sizeof(header), "the header");
+    const LoraSpec spec = parse_adapter_header(header, f.size(), path, config);
+    const AdapterLayout layout(config, spec, unit_multiple);
     std::vector<float> body(layout.count);
-    if (fread(body.data(), sizeof(float), body.size(), f) != body.size()) die(path + ": read failed");
-    fclose(f);
+    f.read(body.data(), body.size() * sizeof(float), "the adapters");
     values.assign(layout.total, 0.0f);
     for (int l = 0; l < config.num_layers; l++)
         std::copy(body.begin() + l * layout.layer_size(), body.begin() + (l + 1) * layout.layer_size(),

@@ -1,6 +1,6 @@
 // llm.c model files: a 256-int header (magic, version, shape), then every parameter as fp32 (version 3) or bf16
 // (version 5) in llm.c's tensor-major order, converted to and from the device's block-major layout.
-// defines: kModelMagic, kModelVersionFP32, kModelVersionBF16, float_to_bf16_bits, bf16_bits_to_float, read_model_header,
+// defines: kModelMagic, kModelVersionFP32, kModelVersionBF16, float_to_bf16_bits, bf16_bits_to_float, parse_model_header, read_model_header,
 //          open_model_file, read_model_config, read_model_part, read_model_file, fill_model_header, write_model_file, model_file_runs, ModelFilePart,
 //          seal_model_file
 #pragma once
@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include "config.h"          // ModelConfig, config_problem, ParameterLayout
 #include "file_integrity.h"  // seal_file_checksum, write_file_atomically
+#include "checked_reads.h"   // CheckedFile, CheckpointReads
 
 // ---------------------------------------------------------------------------------------------
 // llm.c model files. Values travel as fp32 on the host in device (block-major) order.
@@ -49,9 +50,8 @@ inline int float_header(float x) {
     return bits;
 }
 
-inline ModelConfig read_model_header(FILE* f, const std::string& path, int* version) {
-    int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for a model header (1024 bytes)");
+// A model file's shape from its 256 header ints; its version (fp32 or bf16) into `version`.
+inline ModelConfig parse_model_header(const int* header, const std::string& path, int* version) {
     if (header[0] != kModelMagic && header[0] != kLlamaModelMagic)
         die(path + ": bad magic " + std::to_string(header[0]) + " (expected " + std::to_string(kModelMagic) + ", an llm.c GPT-2 model file, or " +
             std::to_string(kLlamaModelMagic) + ", a Llama-family one)");
@@ -83,6 +83,11 @@ inline ModelConfig read_model_header(FILE* f, const std::string& path, int* vers
     if (!problem.empty()) die(path + ": " + problem);
     return c;
 }
+inline ModelConfig read_model_header(FILE* f, const std::string& path, int* version) {
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": too short for a model header (1024 bytes)");
+    return parse_model_header(header, path, version);
+}
 
 // Opens an llm.c model file and checks its size against its header's shape; leaves the position after the header.
 inline FILE* open_model_file(const std::string& path, ModelConfig* config, size_t* element_bytes) {
@@ -108,31 +113,37 @@ inline ModelConfig read_model_config(const std::string& path) {
 }
 
 // Reads tensor-parallel rank `rank`'s slices of `part` (a layout of part.config's model: one pipeline stage's,
-// any padding) out of an llm.c model file of that shape, fp32 in `part`'s order. Only those bytes are read: a
-// rank's host memory holds its part, not the whole model.
-inline std::vector<float> read_model_part(const std::string& path, const ParameterLayout& part, int rank) {
-    ModelConfig c;
-    size_t element_bytes;
-    FILE* f = open_model_file(path, &c, &element_bytes);
+// any padding) out of an llm.c model file of that shape, fp32 in `part`'s order, reading the file front to back once.
+// Only those bytes are read, unless `reads` has this rank verify the file: then it reads all of them, checksumming
+// what it skips (checked_reads.h). A rank's host memory holds its part, not the whole model.
+inline std::vector<float> read_model_part(const std::string& path, const ParameterLayout& part, int rank, CheckpointReads* reads = nullptr) {
+    CheckedFile f(path, reads, "model file");
+    int header[256];
+    if (f.size() < sizeof(header)) die(path + ": too short for a model header (1024 bytes)");
+    f.read(header, sizeof(header), "the header");
+    int version;
+    const ModelConfig c = parse_model_header(header, path, &version);
+    const size_t element_bytes = version == kModelVersionFP32 ? 4 : 2;
+    const uint64_t expected = 1024 + (uint64_t)ParameterLayout(c).count * element_bytes;
+    if (f.size() != expected)
+        die(path + ": size " + std::to_string(f.size()) + " bytes, expected " + std::to_string(expected) + " for its header's shape");
     const std::string difference = config_difference(c, part.config);
     if (!difference.empty()) die(path + ": the model file's " + difference);
     const ParameterLayout whole(c);  // tp 1, every layer: the file's tensors
     std::vector<LayoutRun> in_file;  // whole-model offset -> file offset
     whole.for_each_file_run([&](size_t file_offset, size_t offset, size_t n) { in_file.push_back({offset, file_offset, n}); });
     sort_by_full(in_file);
-    std::vector<LayoutRun> reads;  // `full` holds the file offset here
+    std::vector<LayoutRun> runs;  // `full` holds the file offset here
     for_each_shared_run(in_file, sorted_full_runs(part, whole, rank), [&](size_t file_offset, size_t local, size_t n) {
-        reads.push_back({file_offset, local, n});
+        runs.push_back({file_offset, local, n});
     });
-    sort_by_full(reads);
+    sort_by_full(runs);
     std::vector<float> values(part.total, 0.0f);
     std::vector<uint8_t> raw;
-    size_t position = 0;  // in elements after the header
-    for (const LayoutRun& r : reads) {
+    for (const LayoutRun& r : runs) {
         raw.resize(r.count * element_bytes);
-        if (r.full != position && fseek(f, 1024 + (long)(r.full * element_bytes), SEEK_SET) != 0) die(path + ": seek failed");
-        if (fread(raw.data(), 1, raw.size(), f) != raw.size()) die(path + ": read failed");
-        position = r.full + r.count;
+        f.skip_to(1024 + (uint64_t)r.full * element_bytes);
+        f.read(raw.data(), raw.size(), "the parameters");
         for (size_t i = 0; i < r.count; i++) {
             if (element_bytes == 4) memcpy(&values[r.local + i], &raw[i * 4], 4);
             else {
@@ -142,7 +153,6 @@ inline std::vector<float> read_model_part(const std::string& path, const Paramet
             }
         }
     }
-    fclose(f);
     return values;
 }
 

@@ -2,7 +2,7 @@
 // that reassembles the state any mesh and ZeRO stage wrote into this rank's part. Plain C++ (the fuzz harness of
 // test/fuzz/ and the crash-consistency test read and write state files without CUDA).
 // defines: kStateMagic, kStateVersion, state_path, StateHeader, kStatePartOffset, kStateMaxLayers, state_header_problem, read_state_header,
-//          write_state_file, SavedOptimizerState, read_optimizer_state, read_own_optimizer_state
+//          parse_state_header, write_state_file, SavedOptimizerState, read_optimizer_state, read_own_optimizer_state
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +16,7 @@
 #include "../kernels/die.h"           // die
 #include "config.h"                   // StageModel, ParameterLayout, LayoutRun, sorted_full_runs, for_each_shared_run
 #include "file_integrity.h"           // kChecksumTagSlot
+#include "checked_reads.h"            // CheckedFile, CheckpointReads
 
 // 3: the writer's mesh (tensor parallelism); 4: its pipeline stage's part; 5: the run id
 constexpr int kStateMagic = 20261126, kStateVersion = 5;
@@ -61,9 +62,9 @@ inline std::string state_header_problem(const int* header, const std::string& pa
     return "";
 }
 
-inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
-    int header[256];
-    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": not a train_gpt state file (bad magic)");
+// A state file's header from its 256 ints (stops, naming the file, on a malformed one); `part`, when given, gets the
+// writer's pipeline stage's part.
+inline StateHeader parse_state_header(const int* header, const std::string& path, StageModel* part) {
     const std::string problem = state_header_problem(header, path);
     if (!problem.empty()) die(problem);
     StateHeader h;
@@ -75,6 +76,16 @@ inline StateHeader read_state_header(FILE* f, const std::string& path, StageMode
         part->layers.assign(header + kStatePartOffset + 3, header + kStatePartOffset + 3 + blocks);
     }
     return h;
+}
+inline StateHeader read_state_header(FILE* f, const std::string& path, StageModel* part = nullptr) {
+    int header[256];
+    if (fread(header, sizeof(int), 256, f) != 256) die(path + ": not a train_gpt state file (bad magic)");
+    return parse_state_header(header, path, part);
+}
+inline StateHeader read_state_header(CheckedFile& f, const std::string& path, StageModel* part = nullptr) {
+    int header[256];
+    f.read(header, sizeof(header), "the header");
+    return parse_state_header(header, path, part);
 }
 
 // One rank's state file: header (the CRC-32C of the file in its last ints), then its master weights (if kept), Adam m
@@ -117,13 +128,13 @@ struct SavedOptimizerState {
     std::vector<float> master, m, v;  // in `part`; master empty when the precision keeps none
     DataLoaderState data_state;
 };
-inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& part, int tp_rank) {
+inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step, const ParameterLayout& part, int tp_rank,
+                                                CheckpointReads* reads = nullptr) {
     SavedOptimizerState saved;
     const std::string first = state_path(dir, step, 0);
-    FILE* f = fopen(first.c_str(), "rb");
-    if (f == nullptr) die(first + ": cannot open: " + strerror(errno));
-    saved.header = read_state_header(f, first);
-    fclose(f);
+    CheckedFile first_file(first, reads);  // rank 0's header tells the writer's mesh; the loop reads the rest of it last
+    StageModel first_part;
+    saved.header = read_state_header(first_file, first, &first_part);
     const StateHeader& s = saved.header;
     MeshShape writer;
     writer.tp = s.tensor_parallel;
@@ -149,11 +160,17 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
                 coord.dp = d;
                 const int writer_rank = mesh_rank(writer, coord);
                 const std::string path = state_path(dir, step, writer_rank);
-                FILE* g = fopen(path.c_str(), "rb");
-                if (g == nullptr)
-                    die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
-                StageModel file_part;
-                const StateHeader h = read_state_header(g, path, &file_part);
+                std::unique_ptr<CheckedFile> opened;  // each file opened once: rank 0's is open already
+                CheckedFile* g = &first_file;
+                StageModel file_part = first_part;
+                StateHeader h = saved.header;
+                if (writer_rank != 0) {
+                    if (access(path.c_str(), F_OK) != 0)
+                        die(path + ": cannot open (a checkpoint written by " + std::to_string(writer.world()) + " ranks needs all their state files)");
+                    opened.reset(new CheckedFile(path, reads));
+                    g = opened.get();
+                    h = read_state_header(*g, path, &file_part);
+                }
                 if (d == 0) {
                     writer_part = file_part;
                     // the writer's part must be a stage of this model under its mesh, before a layout is made of it
@@ -183,7 +200,7 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
                 if (!shared.empty()) {
                     std::vector<float> buffer(expected);
                     for (size_t k = 0; k < arrays.size(); k++) {
-                        if (fread(buffer.data(), sizeof(float), expected, g) != expected) die(path + ": truncated");
+                        g->read(buffer.data(), expected * sizeof(float), "the optimizer state");
                         size_t next = 0;  // the saved slices of all units, back to back (whole units at stage 0)
                         for (int u = 0; u < slices->num_units(); u++) {
                             const size_t slice = s.stage >= 1 ? slices->unit_size(u) / s.data_parallel : slices->unit_size(u);
@@ -193,11 +210,9 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
                         }
                     }
                 } else if (writer_rank == 0) {  // nothing of `part`: only the data position, after the arrays
-                    if (fseek(g, (long)(arrays.size() * expected * sizeof(float)), SEEK_CUR) != 0) die(path + ": truncated");
+                    g->skip_to(g->position() + arrays.size() * expected * sizeof(float));
                 }
-                if (writer_rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
-                    die(path + ": truncated while reading the data position");
-                fclose(g);
+                if (writer_rank == 0) g->read(&saved.data_state, sizeof(saved.data_state), "the data position");
             }
             for (const LayoutRun& r : shared)
                 for (size_t k = 0; k < arrays.size(); k++)
@@ -209,12 +224,11 @@ inline SavedOptimizerState read_optimizer_state(const std::string& dir, int step
 
 // The optimizer state of a checkpoint written on this run's own mesh and ZeRO stage (a LoRA run's adapters): the
 // shard in state file `rank` as it is, `elements` floats per array (checked against its header), and the data
-// position from rank 0's file.
-inline SavedOptimizerState read_own_optimizer_state(const std::string& dir, int step, int rank, size_t elements) {
+// position from rank 0's file. With `reads`, the files this rank verifies are checksummed as they are read.
+inline SavedOptimizerState read_own_optimizer_state(const std::string& dir, int step, int rank, size_t elements, CheckpointReads* reads = nullptr) {
     SavedOptimizerState saved;
     const std::string path = state_path(dir, step, rank);
-    FILE* f = fopen(path.c_str(), "rb");
-    if (f == nullptr) die(path + ": cannot open: " + strerror(errno));
+    CheckedFile f(path, reads);
     saved.header = read_state_header(f, path);
     if (saved.header.optimizer_elements != (long long)elements)
         die(path + ": holds " + std::to_string(saved.header.optimizer_elements) + " elements of optimizer state, this rank's shard has " +
@@ -223,18 +237,15 @@ inline SavedOptimizerState read_own_optimizer_state(const std::string& dir, int 
     if (saved.header.has_master) arrays.insert(arrays.begin(), &saved.master);
     for (auto* a : arrays) {
         a->resize(elements);
-        if (fread(a->data(), sizeof(float), elements, f) != elements) die(path + ": truncated");
+        f.read(a->data(), elements * sizeof(float), "the optimizer state");
     }
-    if (rank == 0 && fread(&saved.data_state, sizeof(saved.data_state), 1, f) != 1) die(path + ": truncated while reading the data position");
-    fclose(f);
-    if (rank != 0) {  // the data position, from rank 0's file: its arrays are as long as this rank's
+    if (rank == 0) f.read(&saved.data_state, sizeof(saved.data_state), "the data position");
+    f.close();
+    if (rank != 0) {  // the data position, from rank 0's file (which rank 0 verifies): its arrays are as long as this rank's
         const std::string first = state_path(dir, step, 0);
-        FILE* g = fopen(first.c_str(), "rb");
-        if (g == nullptr) die(first + ": cannot open: " + strerror(errno));
-        if (fseek(g, 1024 + (long)(arrays.size() * elements * sizeof(float)), SEEK_SET) != 0 ||
-            fread(&saved.data_state, sizeof(saved.data_state), 1, g) != 1)
-            die(first + ": truncated while reading the data position");
-        fclose(g);
+        CheckedFile g(first, reads);
+        g.skip_to(1024 + arrays.size() * elements * sizeof(float));
+        g.read(&saved.data_state, sizeof(saved.data_state), "the data position");
     }
     return saved;
 }

@@ -9,9 +9,12 @@
 // save must still be there (or the save's own must have committed), --resume must take the newest without setting
 // anything aside (with none, start this run again from scratch under its id), and the run must continue from it
 // (one more save, which leaves no uncommitted file behind). The closing line reports the number of kills and of lost or
-// mixed checkpoints.
+// mixed checkpoints. The same ranks also resume (load_agreed_checkpoint), counting the bytes each reads of each file:
+// no byte read twice, each file verified whole by its one rank, a damaged file found by the load and the checkpoint
+// before loaded, another run's file refused by the cheap check.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -35,7 +38,7 @@ ModelConfig tiny_config() {
     ModelConfig config;
     config.num_layers = 2;
     config.num_heads = 1;
-    config.channels = 32;
+    config.channels = 64;  // a head of 64: a shape the model file's reader accepts
     config.max_seq_len = 16;
     config.vocab_size = 256;
     config.padded_vocab_size = 256;
@@ -231,7 +234,7 @@ void crash_once(const std::string& dir, int world, int keep, int saves_before, i
     (saved ? tally.committed : tally.not_committed)++;
     if (problem.empty()) {
         FILE* quiet = fopen("/dev/null", "w");
-        const ResumeChoice choice = choose_resume_checkpoint(dir, world, quiet);
+        const ResumeChoice choice = choose_resume_checkpoint(dir, quiet);
         fclose(quiet);
         const int newest = after.empty() ? -1 : after.back();
         if (choice.step != newest) problem = "--resume took " + std::to_string(choice.step) + ", not the newest committed " + std::to_string(newest);
@@ -253,6 +256,223 @@ void crash_once(const std::string& dir, int world, int keep, int saves_before, i
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Resuming, ranks as processes: the load verifies each file as it reads it, each byte once
+
+// A rank's side of the resume's gathers: its value to the hub, every rank's back.
+std::vector<uint64_t> socket_all_gather(int fd, int world, uint64_t mine) {
+    std::vector<uint64_t> all(world);
+    if (!write_all(fd, &mine, sizeof(mine)) || !read_all(fd, all.data(), all.size() * sizeof(uint64_t))) _exit(9);
+    return all;
+}
+
+// One rank's --resume 1 as train_gpt runs it on the checkpoint's own data-parallel mesh (ZeRO stage 1): rank 0 chooses
+// (the cheap checks) and every rank learns the choice; each loads the whole model file and its own state file through
+// the checked reads (verifying its own files) and the ranks agree (load_agreed_checkpoint). Writes `report`: the step
+// loaded, whether every value loaded is that checkpoint's, and for each file read: its size, the bytes read, the bytes
+// read more than once.
+[[noreturn]] void resume_rank_process(int fd, int rank, int world, const std::string& dir, const std::string& report) {
+    ReadTally tally;
+    read_tally() = &tally;
+    FILE* out = fopen(rank == 0 ? (report + ".log").c_str() : "/dev/null", "w");
+    auto all_gather = [&](const std::vector<uint64_t>& mine) { return socket_all_gather(fd, world, mine[0]); };
+    auto agree = [&](int chosen) {  // rank 0's choice, to every rank
+        const int step = (int)all_gather({(uint64_t)(chosen + 1)})[0] - 1;
+        if (step < 0) _exit(3);
+        CheckpointManifest m;
+        const std::string problem = read_manifest(dir, step, &m);
+        if (!problem.empty()) die(problem);
+        return m;
+    };
+    const CheckpointManifest first = agree(rank == 0 ? choose_resume_checkpoint(dir, out).step : -1);
+    const ParameterLayout layout(tiny_config(), 8 * world);
+    std::vector<float> parameters;
+    SavedOptimizerState saved;
+    auto load = [&](const CheckpointManifest& m, CheckpointReads& reads) {
+        parameters = read_model_part(checkpoint_path(dir, "model", m.step), layout, 0, &reads);
+        saved = read_own_optimizer_state(dir, m.step, rank, layout.total / world, &reads);
+    };
+    auto choose_again = [&](int damaged) { return agree(rank == 0 ? choose_after_damage(dir, damaged, out).step : -1); };
+    const int step = load_agreed_checkpoint(dir, first, rank, world, load, all_gather, choose_again, out).step;
+    fclose(out);
+    bool values = saved.m.size() == layout.total / world;
+    for (float x : parameters) values = values && (x == 0.0f || x == (float)step);  // 0: the layout's padding
+    for (float x : saved.m) values = values && x == (float)(step + rank);
+    FILE* f = fopen(report.c_str(), "w");
+    fprintf(f, "%d %d\n", step, values ? 1 : 0);
+    for (auto& file : tally.ranges) {
+        std::sort(file.second.begin(), file.second.end());
+        uint64_t read = 0, twice = 0, end = 0;
+        for (const auto& r : file.second) {
+            read += r.second - r.first;
+            if (r.first < end) twice += std::min(end, r.second) - r.first;
+            end = std::max(end, r.second);
+        }
+        struct stat st;
+        const std::string now = access(file.first.c_str(), F_OK) == 0 ? file.first : file.first + ".damaged";
+        fprintf(f, "%s %lld %llu %llu\n", file.first.substr(file.first.rfind('/') + 1).c_str(),
+                stat(now.c_str(), &st) == 0 ? (long long)st.st_size : -1LL, (unsigned long long)read, (unsigned long long)twice);
+    }
+    fclose(f);
+    _exit(0);
+}
+
+// What one resume of `world` ranks did: each rank's exit status and report lines.
+struct ResumeRun {
+    std::vector<int> status;  // the exit status, or 128 + the signal
+    std::vector<std::vector<std::string>> report;
+    std::string log;  // rank 0's
+};
+ResumeRun run_resume(const std::string& dir, int world) {
+    const std::string prefix = dir + "/../resume_report_";
+    std::vector<int> fds(world);
+    std::vector<pid_t> pids(world);
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < world; r++) {
+        unlink((prefix + std::to_string(r)).c_str());
+        int pair[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair failed");
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            for (int q = 0; q < r; q++) close(fds[q]);
+            close(pair[0]);
+            if (freopen((prefix + std::to_string(r) + ".err").c_str(), "w", stderr) == nullptr) _exit(4);
+            resume_rank_process(pair[1], r, world, dir, prefix + std::to_string(r));
+        }
+        close(pair[1]);
+        fds[r] = pair[0];
+    }
+    // the hub: a round takes one value from each rank and gives every rank all of them; once a rank's socket closes,
+    // the job is over: a rank that ended with an error ends the others, as the heartbeats do
+    ResumeRun run;
+    run.status.assign(world, -1);
+    for (bool alive = true; alive;) {
+        std::vector<uint64_t> all(world);
+        for (int r = 0; r < world && alive; r++) alive = read_all(fds[r], &all[r], sizeof(uint64_t));
+        for (int r = 0; r < world && alive; r++) alive = write_all(fds[r], all.data(), all.size() * sizeof(uint64_t));
+    }
+    for (int r = 0; r < world; r++) {
+        int status = 0;
+        waitpid(pids[r], &status, 0);
+        run.status[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (run.status[r] != 0)
+            for (pid_t p : pids) kill(p, SIGKILL);
+        close(fds[r]);
+    }
+    for (int r = 0; r < world; r++) {
+        std::vector<std::string> lines;
+        if (FILE* f = fopen((prefix + std::to_string(r)).c_str(), "r")) {
+            char line[512];
+            while (fgets(line, sizeof(line), f)) lines.push_back(line);
+            fclose(f);
+        }
+        run.report.push_back(lines);
+    }
+    if (FILE* f = fopen((prefix + "0.log").c_str(), "r")) {
+        char buffer[4096];
+        size_t n;
+        while ((n = fread(buffer, 1, sizeof(buffer), f)) > 0) run.log.append(buffer, n);
+        fclose(f);
+    }
+    return run;
+}
+
+// "" when every rank loaded `step` with its values, read no byte of any file twice and read whole each file it
+// verifies (own_checkpoint_files); otherwise what differs. `bytes` adds up what the ranks read.
+std::string resume_problem(const ResumeRun& run, int world, int step, const std::string& dir, uint64_t* bytes) {
+    CheckpointManifest m;
+    read_manifest(dir, step, &m);
+    for (int r = 0; r < world; r++) {
+        if (run.status[r] != 0 || run.report[r].empty()) return "rank " + std::to_string(r) + " exited " + std::to_string(run.status[r]);
+        int loaded = -1, values = 0;
+        sscanf(run.report[r][0].c_str(), "%d %d", &loaded, &values);
+        if (loaded != step || values != 1) return "rank " + std::to_string(r) + " loaded step " + std::to_string(loaded) + (values ? "" : " with wrong values");
+        std::map<std::string, std::pair<unsigned long long, unsigned long long>> reads;  // name -> read, twice
+        for (size_t i = 1; i < run.report[r].size(); i++) {
+            char name[256];
+            long long size;
+            unsigned long long read, twice;
+            if (sscanf(run.report[r][i].c_str(), "%255s %lld %llu %llu", name, &size, &read, &twice) != 4) continue;
+            reads[name] = {read, twice};
+            *bytes += read;
+            if (twice != 0) return "rank " + std::to_string(r) + " read " + std::to_string(twice) + " bytes of " + name + " twice";
+        }
+        for (const FileRecord& f : own_checkpoint_files(m, r, world))
+            if (reads[f.name].first != f.bytes)
+                return "rank " + std::to_string(r) + " read " + std::to_string(reads[f.name].first) + " of the " + std::to_string(f.bytes) + " bytes of " + f.name + ", which it verifies";
+    }
+    return "";
+}
+
+// Flips one byte in the middle of a file (after its header: its header CRC still the manifest's).
+void flip_middle_byte(const std::string& path) {
+    struct stat st;
+    stat(path.c_str(), &st);
+    FILE* f = fopen(path.c_str(), "r+b");
+    fseek(f, st.st_size / 2, SEEK_SET);
+    const int c = fgetc(f);
+    fseek(f, st.st_size / 2, SEEK_SET);
+    fputc(c ^ 0x01, f);
+    fclose(f);
+}
+
+void test_resume_reads(const std::string& dir) {
+    for (int world : {1, 3}) {
+        const std::string ranks = std::to_string(world) + " rank(s)";
+        // a whole checkpoint: every rank loads it, each file read once, each verified file read whole
+        clear_dir(dir);
+        run_save(dir, world, 10, 2, -1, 0);
+        run_save(dir, world, 20, 2, -1, 0);
+        uint64_t bytes = 0, file_bytes = 0;
+        ResumeRun run = run_resume(dir, world);
+        std::string problem = resume_problem(run, world, 20, dir, &bytes);
+        CheckpointManifest m;
+        read_manifest(dir, 20, &m);
+        for (const FileRecord& f : m.files) file_bytes += f.bytes;
+        check(problem.empty(), "resume (" + ranks + "): each rank loads checkpoint 20, reading no byte twice; each file verified whole by its one rank",
+              fmt("%.0f bytes read by the ranks, the checkpoint's files hold %.0f", (double)bytes, (double)file_bytes) + (problem.empty() ? "" : "; " + problem));
+        // a byte flipped in the middle of a file passes the cheap checks; the load's CRC finds it, and checkpoint 10 is loaded
+        for (const std::string& name : {std::string("model_00000020.bin"), state_path("", 20, world - 1).substr(1)}) {
+            clear_dir(dir);
+            run_save(dir, world, 10, 2, -1, 0);
+            run_save(dir, world, 20, 2, -1, 0);
+            flip_middle_byte(dir + "/" + name);
+            bytes = 0;
+            run = run_resume(dir, world);
+            problem = resume_problem(run, world, 10, dir, &bytes);
+            const int finder = name[0] == 'm' ? 0 : world - 1;
+            const bool named = run.log.find("set checkpoint 20 aside as *.damaged: the load found damaged: " + name + " (rank " + std::to_string(finder) + ")") != std::string::npos;
+            check(problem.empty() && named && access((manifest_path(dir, 20) + ".damaged").c_str(), F_OK) == 0,
+                  "resume (" + ranks + "): " + name + " damaged in its middle: rank " + std::to_string(finder) + "'s load finds it by its CRC, checkpoint 20 is set aside and named, every rank loads 10, each byte read once",
+                  problem + run.log);
+        }
+        // a state file of another attempt at the same step (its own CRC, the same size): the cheap check refuses it
+        clear_dir(dir);
+        run_save(dir, world, 10, 2, -1, 0);
+        run_save(dir, world, 20, 2, -1, 0);
+        const ParameterLayout layout(tiny_config(), 8 * world);
+        const std::vector<float> other(layout.total / world, 99.0f);
+        StateHeader h{20, 1, world, 1, 1, 0, 0, 0, 1, 1, 0, 1.0f, 0, (long long)other.size(), kRun + 1};
+        write_state_file(state_path(dir, 20, 0), h, StageModel::whole(tiny_config()), other, other, other, DataLoaderState{});
+        bytes = 0;
+        run = run_resume(dir, world);
+        problem = resume_problem(run, world, 10, dir, &bytes);
+        check(problem.empty() && run.log.find("set checkpoint 20 aside as *.damaged: " + state_path(dir, 20, 0) + ": CRC-32C") != std::string::npos &&
+                  run.log.find("the load found") == std::string::npos,
+              "resume (" + ranks + "): a state file of another run at the same step fails the cheap check (its header's CRC-32C); 10 is loaded", problem + run.log);
+        // the only checkpoint damaged: every rank stops
+        clear_dir(dir);
+        run_save(dir, world, 10, 2, -1, 0);
+        flip_middle_byte(checkpoint_path(dir, "model", 10));
+        run = run_resume(dir, world);
+        bool all_stopped = true;
+        for (int r = 0; r < world; r++) all_stopped = all_stopped && run.status[r] != 0;
+        check(all_stopped && access((manifest_path(dir, 10) + ".damaged").c_str(), F_OK) == 0,
+              "resume (" + ranks + "): the only checkpoint damaged: set aside, and every rank stops", run.log);
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -261,6 +481,7 @@ int main() {
     const std::string dir = "build/test_work/checkpoint_crash/run", counts = "build/test_work/checkpoint_crash/count_";
     make_directories(dir);
     const auto start = std::chrono::steady_clock::now();
+    test_resume_reads(dir);
     std::mt19937 random(1234);
     Tally total;
     // the quick tier: one and three ranks, keeping one checkpoint (retention deletes at every save); the full tier

@@ -152,31 +152,51 @@ void test_manifest_text() {
     check(parse_manifest(unknown + end, &odd).find("unknown line") == 0, "manifest: an unknown line is refused even under a right checksum", "");
 }
 
-// The scenario of a damaged newest checkpoint: checkpoints 100, 200, 300 and a damaged state file of 300. --resume
-// takes 200 and sets 300 aside (never deleted); a save of 250 with --keep-checkpoints 1 then deletes 100 and 200
-// and keeps 250; the next resume takes 250.
+// --resume 1 on one rank as train_gpt runs it, without the GPU: rank 0's choice (the cheap checks), then the load (the
+// model file and the optimizer state, resharded from the checkpoint's ranks onto this one), which verifies every file
+// as it reads it, and the agreement (with itself): a damaged checkpoint is set aside and the one before loaded.
+// Returns the step loaded.
+int resume_on_one_rank(const std::string& dir, FILE* out) {
+    const ResumeChoice choice = choose_resume_checkpoint(dir, out);
+    const ParameterLayout layout(small_config(), 8);
+    auto load = [&](const CheckpointManifest& m, CheckpointReads& reads) {
+        read_model_part(checkpoint_path(dir, "model", m.step), layout, 0, &reads);
+        read_optimizer_state(dir, m.step, layout, 0, &reads);
+    };
+    auto all_gather = [](const std::vector<uint64_t>& mine) { return mine; };
+    auto choose_again = [&](int damaged) { return choose_after_damage(dir, damaged, out).manifest; };
+    return load_agreed_checkpoint(dir, choice.manifest, 0, 1, load, all_gather, choose_again, out).step;
+}
+
+// The scenario of a damaged newest checkpoint: checkpoints 100, 200, 300 and a state file of 300 damaged after its
+// header. The cheap checks pass it (its header is whole); the load's checksum finds it, sets 300 aside (never deleted)
+// and loads 200; a save of 250 with --keep-checkpoints 1 then deletes 100 and 200 and keeps 250; the next resume
+// takes 250.
 void test_damaged_newest_and_retention() {
     const std::string dir = fresh_dir("retention");
     const uint64_t run = 0x1111;
     for (int step : {100, 200, 300}) commit(dir, step, run, 2);
     flip_byte(state_path(dir, 300, 1), 1024 + 40);
     FILE* out = fopen((dir + "/../retention.log").c_str(), "w");
-    const ResumeChoice choice = choose_resume_checkpoint(dir, 1, out);
+    const int chosen = choose_resume_checkpoint(dir, out).step;
+    const int loaded = resume_on_one_rank(dir, out);
     fclose(out);
     const std::string said = read_text(dir + "/../retention.log");
     struct stat st;
-    check(choice.step == 200 && choice.manifest.run_id == run && stat((state_path(dir, 300, 1) + ".damaged").c_str(), &st) == 0 &&
+    check(chosen == 300 && loaded == 200 && stat((state_path(dir, 300, 1) + ".damaged").c_str(), &st) == 0 &&
               stat((manifest_path(dir, 300) + ".damaged").c_str(), &st) == 0 && committed_checkpoints(dir) == std::vector<int>({100, 200}) &&
-              said.find("set checkpoint 300 aside as *.damaged: " + state_path(dir, 300, 1) + ": checksum mismatch") != std::string::npos,
-          "resume: a damaged state file of the newest checkpoint: the one before is taken, the damaged one set aside and named", said + listing(dir));
+              said.find("set checkpoint 300 aside as *.damaged: the load found damaged: state_00000300_00001.bin (rank 0)") != std::string::npos,
+          "resume: a state file of the newest checkpoint damaged after its header passes the cheap checks; the load's checksum finds it, "
+          "sets the checkpoint aside, names it and loads the one before", said + listing(dir));
     commit(dir, 250, run, 2);
     FILE* quiet = null_out();
     const std::vector<int> deleted = prune_checkpoints(dir, 250, run, 1, 0, quiet);
     fclose(quiet);
-    const ResumeChoice next = choose_resume_checkpoint(dir, 1, quiet = null_out());
+    quiet = null_out();
+    const int next = resume_on_one_rank(dir, quiet);
     fclose(quiet);
     const std::string left = listing(dir);
-    check(deleted == std::vector<int>({100, 200}) && committed_checkpoints(dir) == std::vector<int>({250}) && next.step == 250 &&
+    check(deleted == std::vector<int>({100, 200}) && committed_checkpoints(dir) == std::vector<int>({250}) && next == 250 &&
               left.find("state_00000300_00001.bin.damaged") != std::string::npos && left.find("model_00000100") == std::string::npos &&
               left.find("state_00000200") == std::string::npos,
           "retention: K = 1 after the resume deletes 100 and 200, keeps the new 250 and the damaged 300's files; the next resume takes 250", left);
@@ -237,7 +257,7 @@ void test_mixed_files_refused() {
     rename(state_path(other, 20, 1).c_str(), state_path(dir, 20, 1).c_str());
     check(check_file_checksum(state_path(dir, 20, 1)).status == FileChecksum::kValid, "mixed files: the other run's state file is whole by its own checksum", "");
     FILE* quiet = null_out();
-    ResumeChoice choice = choose_resume_checkpoint(dir, 1, quiet);
+    ResumeChoice choice = choose_resume_checkpoint(dir, quiet);
     fclose(quiet);
     check(choice.step == 10, "mixed files: another run's state file at the same step is refused against the manifest; the checkpoint before is taken",
           listing(dir));
@@ -279,7 +299,7 @@ void test_uncommitted_folder() {
     commit(dir, 10, 0x5555, 1);
     unlink(manifest_path(dir, 10).c_str());
     FILE* quiet = null_out();
-    const ResumeChoice adopted = choose_resume_checkpoint(dir, 1, quiet);
+    const ResumeChoice adopted = choose_resume_checkpoint(dir, quiet);
     fclose(quiet);
     check(committed_checkpoints(dir).empty() && uncommitted_steps(dir) == std::vector<int>({10}) &&
               folder_checkpoints_text(dir).find("without a manifest") != std::string::npos && adopted.step == -1 && adopted.run_id == 0x5555,
@@ -295,7 +315,7 @@ void test_uncommitted_folder() {
     if (child == 0) {
         if (freopen((dir + "/../uncommitted.err").c_str(), "w", stderr) == nullptr) _exit(3);
         FILE* out = null_out();
-        choose_resume_checkpoint(dir, 1, out);
+        choose_resume_checkpoint(dir, out);
         _exit(0);
     }
     int status = 0;

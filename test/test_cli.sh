@@ -239,8 +239,15 @@ def damage(path):
 for folder in ("ck_damaged", "ck_verify"):
     checkpoint(f"{d}/{folder}", 10, 2, 1, 64, 1)
     checkpoint(f"{d}/{folder}", 5, 2, 1, 64, 1)
-    damage(f"{d}/{folder}/state_00000010_00000.bin")
-    damage(f"{d}/{folder}/model_00000005.bin")
+damage(f"{d}/ck_verify/state_00000010_00000.bin")
+damage(f"{d}/ck_verify/model_00000005.bin")
+# what --resume's checks before the GPU find (a byte damaged elsewhere is the load's to find: test_checkpoint_crash):
+# a file whose header carries another CRC-32C than the manifest's (another attempt's), and one of another size
+with open(f"{d}/ck_damaged/state_00000010_00000.bin", "r+b") as f:
+    f.seek(1020)
+    f.write(struct.pack("<I", 0x12345678))
+with open(f"{d}/ck_damaged/model_00000005.bin", "ab") as f:
+    f.write(b"\0")
 L, C, T, Vp = 2, 64, 64, 50304
 count = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 with open(f"{d}/damaged_model.bin", "wb") as f:
@@ -253,7 +260,7 @@ PY
 out=$(CUDA_VISIBLE_DEVICES= $BIN $SMALL --train-data "$W/good.bin" --resume 1 -o "$W/ck_damaged" 2> "$W/ck_damaged.err"); rc=$?
 err=$(cat "$W/ck_damaged.err")
 if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
-    printf '%s' "$err" | grep -qF -- "--resume 1: none of the 2 committed checkpoints in $W/ck_damaged is whole (the newest: $W/ck_damaged/state_00000010_00000.bin: checksum mismatch" &&
+    printf '%s' "$err" | grep -qF -- "--resume 1: none of the 2 committed checkpoints in $W/ck_damaged is whole (the newest: $W/ck_damaged/state_00000010_00000.bin: CRC-32C 12345678, the manifest says" &&
     [ "$(printf '%s\n' "$out" | grep -c '^--resume 1: set checkpoint [0-9]* aside as \*.damaged: ')" -eq 2 ] &&
     [ -f "$W/ck_damaged/state_00000010_00000.bin.damaged" ] && [ -f "$W/ck_damaged/model_00000005.bin.damaged" ]; then
     echo "PASS cli resume with every checkpoint damaged: each named on stdout and set aside as *.damaged, one line on stderr, exit 1"

@@ -59,14 +59,16 @@ for p in $PRECISIONS; do
     else
         echo "FAIL training $p resume: final model files differ"
     fi
-    # a damaged newest checkpoint (one byte of its state file changed): set aside with a line naming the file, the
-    # step-10 one taken, and the run continues as the uninterrupted one
+    # a damaged newest checkpoint (one byte of its state file changed after its header): the load's checksum finds it;
+    # set aside with a line naming the file and the rank (the rank's line gives the checksums), the step-10 one loaded
+    # over it, and the run continues as the uninterrupted one
     mkdir -p "$W/$p-d"
     cp "$W/$p-a"/*_000000[12]0* "$W/$p-d/"
     python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(3000); b = f.read(1); f.seek(3000); f.write(bytes([b[0] ^ 1]))" \
         "$W/$p-d/state_00000020_00000.bin"
     ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-d" --resume 1 > "$W/$p-d.out" 2>&1
-    if grep -q "^--resume 1: set checkpoint 20 aside as \*.damaged: $W/$p-d/state_00000020_00000.bin: checksum mismatch" "$W/$p-d.out" &&
+    if grep -q "^--resume 1: set checkpoint 20 aside as \*.damaged: the load found damaged: state_00000020_00000.bin (rank 0)" "$W/$p-d.out" &&
+        grep -q "^rank 0: checkpoint 20: $W/$p-d/state_00000020_00000.bin: checksum mismatch" "$W/$p-d.out" &&
         grep -q "resumed from $W/$p-d/manifest_00000010.txt" "$W/$p-d.out" && [ "$expected" == "$(train_log_lines "$W/$p-d")" ] &&
         [ -f "$W/$p-d/state_00000020_00000.bin.damaged" ] && cmp -s -i 1024 "$W/$p-a/model_00000020.bin" "$W/$p-d/model_00000020.bin"; then
         echo "PASS training $p resume past a damaged checkpoint: step 20's set aside as *.damaged (named), steps 10-19 and the model file bitwise equal"
