@@ -462,110 +462,6 @@ bool nfc(std::string_view text, std::string& out) {
     return changed;
 }
 
-// ---- encoder.json: one flat JSON object of string -> integer -----------------------------------------
-
-class EncoderJsonParser {
-public:
-    EncoderJsonParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
-
-    std::vector<std::pair<std::string, int>> parse() {
-        std::vector<std::pair<std::string, int>> entries;
-        skip_ws();
-        expect('{');
-        skip_ws();
-        if (peek() == '}') return entries;
-        for (;;) {
-            skip_ws();
-            std::string key = parse_string();
-            skip_ws();
-            expect(':');
-            skip_ws();
-            entries.emplace_back(std::move(key), parse_int());
-            skip_ws();
-            if (peek() == '}') break;
-            expect(',');
-        }
-        ++i_;
-        skip_ws();
-        if (i_ != t_.size()) fail("trailing data after the object");
-        return entries;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error(path_ + ": malformed encoder.json at byte " + std::to_string(i_) + ": " + what);
-    }
-    char peek() const { return i_ < t_.size() ? t_[i_] : '\0'; }
-    void expect(char c) {
-        if (peek() != c) fail(std::string("expected '") + c + "'");
-        ++i_;
-    }
-    void skip_ws() {
-        while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\n' || t_[i_] == '\r' || t_[i_] == '\t')) ++i_;
-    }
-    int parse_int() {
-        size_t start = i_;
-        long v = 0;
-        while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9' && i_ - start < 9) v = v * 10 + (t_[i_++] - '0');
-        if (i_ == start) fail("expected a non-negative integer");
-        return static_cast<int>(v);
-    }
-    uint32_t parse_hex4() {
-        if (i_ + 4 > t_.size()) fail("truncated \\u escape");
-        uint32_t v = 0;
-        for (int k = 0; k < 4; ++k) {
-            char c = t_[i_++];
-            int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-                                                     : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-            if (d < 0) fail("bad hex digit in \\u escape");
-            v = v << 4 | d;
-        }
-        return v;
-    }
-    std::string parse_string() {
-        expect('"');
-        std::string s;
-        for (;;) {
-            if (i_ >= t_.size()) fail("unterminated string");
-            char c = t_[i_++];
-            if (c == '"') return s;
-            if (c != '\\') {
-                s.push_back(c);
-                continue;
-            }
-            if (i_ >= t_.size()) fail("unterminated escape");
-            char e = t_[i_++];
-            switch (e) {
-                case '"': case '\\': case '/': s.push_back(e); break;
-                case 'b': s.push_back('\b'); break;
-                case 'f': s.push_back('\f'); break;
-                case 'n': s.push_back('\n'); break;
-                case 'r': s.push_back('\r'); break;
-                case 't': s.push_back('\t'); break;
-                case 'u': {
-                    uint32_t cp = parse_hex4();
-                    if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair spells one supplementary code point
-                        if (peek() != '\\' || i_ + 1 >= t_.size() || t_[i_ + 1] != 'u') fail("lone surrogate");
-                        i_ += 2;
-                        uint32_t low = parse_hex4();
-                        if (low < 0xDC00 || low > 0xDFFF) fail("bad low surrogate");
-                        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-                    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                        fail("lone surrogate");
-                    }
-                    append_utf8(s, cp);
-                    break;
-                }
-                default: fail(std::string("unknown escape \\") + e);
-            }
-        }
-    }
-
-    const std::string& t_;
-    const std::string& path_;
-    size_t i_ = 0;
-};
-
 // ---- per-thread cache of BPE results for pieces that are not a single token ----------------------------
 
 struct PieceCache {
@@ -918,13 +814,19 @@ Tokenizer Tokenizer::load_gpt2_files(const std::string& encoder_json, const std:
     Tokenizer tok;
     const std::vector<int> inverse = printable_to_byte();
 
-    auto entries = EncoderJsonParser(read_whole_file(encoder_json), encoder_json).parse();
+    // encoder.json: one flat object of token string -> id
+    JsonValue root;
+    const std::string problem = parse_json(read_whole_file(encoder_json), root);
+    if (!problem.empty()) throw std::runtime_error(encoder_json + ": malformed encoder.json: " + problem);
+    if (root.kind != JsonValue::kObject) throw std::runtime_error(encoder_json + ": expected a JSON object of token -> id");
+    const auto& entries = root.members;
     std::vector<std::string> token_bytes(entries.size());
     std::vector<bool> seen(entries.size(), false);
-    for (const auto& [mapped, id] : entries) {
+    for (const auto& [mapped, value] : entries) {
+        const long long id = value.natural() ? static_cast<long long>(value.number) : -1;
         if (id < 0 || static_cast<size_t>(id) >= entries.size() || seen[id])
-            throw std::runtime_error(encoder_json + ": token ids must be 0..N-1, each once (bad id " +
-                                     std::to_string(id) + ")");
+            throw std::runtime_error(encoder_json + ": token ids must be 0..N-1, each once (token \"" + mapped + "\" has " +
+                                     (id < 0 ? std::string("no whole-number id") : "id " + std::to_string(id)) + ")");
         seen[id] = true;
         // The special token is spelled literally, not through the byte map.
         token_bytes[id] = mapped == kEndOfText ? mapped : unmap_token(mapped, inverse, encoder_json);

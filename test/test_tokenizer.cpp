@@ -574,6 +574,27 @@ void run_tiny_json() {
                    name, "message \"" + msg + "\" is not one line starting with the path and holding \"" + c.needle + "\"");
         }
     }
+    // GPT-2's encoder.json, read by the same JSON reader: refused in one line naming the file.
+    const std::string encoder = path + ".encoder.json", merges = path + ".vocab.bpe";
+    write_bytes(merges, "#version: 0.2\n");
+    const struct { const char* name; const char* text; const char* needle; } gpt2_cases[] = {
+        {"not_json", "{\"a\": 0,", "malformed encoder.json: expected a key at byte 8"},
+        {"not_object", "[0]", "expected a JSON object of token -> id"},
+        {"id_not_number", "{\"a\": \"0\"}", "token \"a\" has no whole-number id"},
+        {"id_out_of_range", "{\"a\": 1}", "token \"a\" has id 1"},
+    };
+    for (const auto& c : gpt2_cases) {
+        write_bytes(encoder, c.text);
+        const std::string name = std::string("gpt2_files_refuse/") + c.name;
+        try {
+            Tokenizer::load_gpt2_files(encoder, merges);
+            fail(name, "no error");
+        } catch (const std::exception& e) {
+            const std::string msg = e.what();
+            expect(msg.rfind(encoder + ": ", 0) == 0 && msg.find(c.needle) != std::string::npos && msg.find('\n') == std::string::npos,
+                   name, "message \"" + msg + "\" is not one line starting with the path and holding \"" + c.needle + "\"");
+        }
+    }
 }
 
 // ---- parity with the `tokenizers` library ---------------------------------------------------------------
