@@ -1,239 +1,56 @@
-// HellaSwag: a strict reader for the jsonl lines, and the batcher that renders, packs and scores items (the
+// HellaSwag: the jsonl lines' reader, and the batcher that renders, packs and scores items (the
 // rendering convention is in hellaswag.h). The model's forward and the per-position losses are the trainer's.
 #include "hellaswag.h"
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
 
+#include "json.h"
 #include "text_reader.h"
 #include "tokenizer.h"
 
 namespace {
 
-// Parses one line as a JSON object of HellaSwag fields. Accepts only what the data holds: objects, arrays,
-// strings (every JSON escape) and integers; true/false/null and non-integral numbers are errors.
-class LineParser {
-public:
-    LineParser(std::string_view line, const std::string& name, int line_no)
-        : line_(line), name_(name), line_no_(line_no) {}
-
-    HellaSwagItem item() {
-        static const char* const kKeys[] = {"ind", "activity_label", "ctx", "label", "endings"};
-        HellaSwagItem item;
-        bool seen[5] = {};
-        skip_ws();
-        expect('{');
-        skip_ws();
-        if (peek() == '}') {
-            ++pos_;
-        } else {
-            for (;;) {
-                skip_ws();
-                const std::string key = string();
-                skip_ws();
-                expect(':');
-                skip_ws();
-                const int k = static_cast<int>(std::find(std::begin(kKeys), std::end(kKeys), key) - std::begin(kKeys));
-                if (k < 5) {
-                    if (seen[k]) fail("duplicate key \"" + key + "\"");
-                    seen[k] = true;
-                }
-                switch (k) {
-                    case 0: item.ind = integer(); break;
-                    case 1: item.activity_label = string(); break;
-                    case 2: item.ctx = string(); break;
-                    case 3:
-                        item.label = integer();
-                        if (item.label < 0 || item.label > 3)
-                            fail("label " + std::to_string(item.label) + " is not 0..3");
-                        break;
-                    case 4: endings(item.endings); break;
-                    default: skip_value(0);
-                }
-                skip_ws();
-                if (peek() != ',') break;
-                ++pos_;
-            }
-            expect('}');
-        }
-        skip_ws();
-        if (pos_ < line_.size()) fail("unexpected " + found() + " after the object");
-        for (int k = 0; k < 5; ++k)
-            if (!seen[k]) fail(std::string("missing key \"") + kKeys[k] + "\"");
-        return item;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error(name_ + ": line " + std::to_string(line_no_) + ", column " +
-                                 std::to_string(pos_ + 1) + ": " + what);
-    }
-    int peek() const { return pos_ < line_.size() ? static_cast<unsigned char>(line_[pos_]) : -1; }
-    std::string found() const {
-        const int c = peek();
-        if (c < 0) return "end of line";
-        if (c < 0x20 || c >= 0x7f) return "byte " + std::to_string(c);
-        return std::string("'") + static_cast<char>(c) + "'";
-    }
-    void skip_ws() {
-        while (peek() == ' ' || peek() == '\t' || peek() == '\r') ++pos_;  // '\n' ends the line
-    }
-    void expect(char c) {
-        if (peek() != c) fail(std::string("expected '") + c + "', found " + found());
-        ++pos_;
-    }
-    bool digit() const { return peek() >= '0' && peek() <= '9'; }
-
-    int integer() {
-        const bool negative = peek() == '-';
-        if (negative) ++pos_;
-        if (!digit()) fail("expected an integer, found " + found());
-        if (peek() == '0' && pos_ + 1 < line_.size() && line_[pos_ + 1] >= '0' && line_[pos_ + 1] <= '9')
-            fail("integer with a leading zero");
-        long long value = 0;
-        while (digit()) {
-            value = value * 10 + (line_[pos_++] - '0');
-            if (value > static_cast<long long>(INT_MAX) + 1) fail("integer out of range");
-        }
-        if (peek() == '.' || peek() == 'e' || peek() == 'E') fail("expected an integer, found a fraction or exponent");
-        if (!negative && value > INT_MAX) fail("integer out of range");
-        return static_cast<int>(negative ? -value : value);
-    }
-
-    unsigned hex4() {
-        unsigned v = 0;
-        for (int i = 0; i < 4; ++i) {
-            const int c = peek();
-            const int d = c >= '0' && c <= '9'   ? c - '0'
-                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                               : -1;
-            if (d < 0) fail("expected 4 hex digits after \\u, found " + found());
-            v = v * 16 + d;
-            ++pos_;
-        }
-        return v;
-    }
-
-    static void append_utf8(std::string& out, unsigned cp) {
-        if (cp < 0x80) {
-            out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | cp >> 6);
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | cp >> 12);
-            out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-            out += static_cast<char>(0xF0 | cp >> 18);
-            out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
-            out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-    }
-
-    // Bytes outside escapes are copied as they are (the tokenizer accepts any bytes).
-    std::string string() {
-        expect('"');
-        std::string out;
-        for (;;) {
-            const int c = peek();
-            if (c < 0) fail("unterminated string");
-            if (c < 0x20) fail("raw control character " + std::to_string(c) + " in a string");
-            ++pos_;
-            if (c == '"') return out;
-            if (c != '\\') {
-                out += static_cast<char>(c);
-                continue;
-            }
-            const int e = peek();
-            if (e < 0) fail("unterminated string");
-            if (e != 'u') {
-                static const char kFrom[] = "\"\\/bfnrt", kTo[] = "\"\\/\b\f\n\r\t";
-                const char* at = e ? std::strchr(kFrom, e) : nullptr;
-                if (!at) fail("invalid escape: backslash followed by " + found());
-                out += kTo[at - kFrom];
-                ++pos_;
-                continue;
-            }
-            ++pos_;
-            unsigned cp = hex4();
-            if (cp >= 0xDC00 && cp <= 0xDFFF) fail("unpaired low surrogate \\u escape");
-            if (cp >= 0xD800 && cp <= 0xDBFF) {  // a character beyond the BMP, as a surrogate pair
-                if (peek() != '\\' || pos_ + 1 >= line_.size() || line_[pos_ + 1] != 'u')
-                    fail("high surrogate \\u escape not followed by a low one");
-                pos_ += 2;
-                const unsigned low = hex4();
-                if (low < 0xDC00 || low > 0xDFFF) fail("high surrogate \\u escape not followed by a low one");
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-            }
-            append_utf8(out, cp);
-        }
-    }
-
-    void endings(std::array<std::string, 4>& out) {
-        expect('[');
-        size_t n = 0;
-        skip_ws();
-        if (peek() != ']') {
-            for (;;) {
-                skip_ws();
-                std::string s = string();
-                if (n < out.size()) out[n] = std::move(s);
-                ++n;
-                skip_ws();
-                if (peek() != ',') break;
-                ++pos_;
-            }
-        }
-        expect(']');
-        if (n != out.size()) fail("endings has " + std::to_string(n) + " strings, expected 4");
-    }
-
-    // Skips the value of a key this reader does not use; depth bounds the recursion on hostile input.
-    void skip_value(int depth) {
-        if (depth > 64) fail("nested too deeply");
-        const int c = peek();
-        if (c == '"') {
-            string();
-        } else if (c == '-' || digit()) {
-            integer();
-        } else if (c == '[' || c == '{') {
-            const char close = c == '[' ? ']' : '}';
-            ++pos_;
-            skip_ws();
-            if (peek() == close) {
-                ++pos_;
-                return;
-            }
-            for (;;) {
-                skip_ws();
-                if (close == '}') {
-                    string();
-                    skip_ws();
-                    expect(':');
-                    skip_ws();
-                }
-                skip_value(depth + 1);
-                skip_ws();
-                if (peek() != ',') break;
-                ++pos_;
-            }
-            expect(close);
-        } else {
-            fail("expected a string, integer, array or object, found " + found());
-        }
-    }
-
-    std::string_view line_;
-    const std::string& name_;
-    int line_no_;
-    size_t pos_ = 0;
-};
+// One line as a JSON object of HellaSwag fields (dataloader/json.h reads it; keys it does not use may hold anything).
+HellaSwagItem parse_item(std::string_view line, const std::string& name, int line_no) {
+    const std::string at = name + ": line " + std::to_string(line_no);
+    auto fail = [&](const std::string& what) { throw std::runtime_error(at + ": " + what); };
+    JsonValue root;
+    JsonParser parser(line.data(), line.size());
+    if (!parser.parse(root).empty()) fail("column " + std::to_string(parser.error_offset() + 1) + ": " + parser.error_what() + " (not JSON)");
+    if (root.kind != JsonValue::kObject) fail("expected a JSON object");
+    auto field = [&](const char* key) -> const JsonValue& {
+        const JsonValue* v = root.find(key);
+        if (!v) fail(std::string("missing key \"") + key + "\"");
+        return *v;
+    };
+    auto text = [&](const JsonValue& v, const std::string& what) -> std::string {
+        if (v.kind != JsonValue::kString) fail(what + " must be a string");
+        return v.text;
+    };
+    auto integer = [&](const char* key) -> int {
+        const JsonValue& v = field(key);
+        if (v.kind != JsonValue::kNumber || v.number != std::floor(v.number) || std::fabs(v.number) > INT_MAX)
+            fail(std::string("\"") + key + "\" must be an integer of int range");
+        return static_cast<int>(v.number);
+    };
+    HellaSwagItem item;
+    item.ind = integer("ind");
+    item.activity_label = text(field("activity_label"), "\"activity_label\"");
+    item.ctx = text(field("ctx"), "\"ctx\"");
+    item.label = integer("label");
+    if (item.label < 0 || item.label > 3) fail("label " + std::to_string(item.label) + " is not 0..3");
+    const JsonValue& endings = field("endings");
+    if (endings.kind != JsonValue::kArray || endings.items.size() != item.endings.size())
+        fail("\"endings\" must be an array of 4 strings" +
+             (endings.kind == JsonValue::kArray ? " (it has " + std::to_string(endings.items.size()) + ")" : std::string()));
+    for (size_t i = 0; i < item.endings.size(); ++i) item.endings[i] = text(endings.items[i], "ending " + std::to_string(i));
+    return item;
+}
 
 }  // namespace
 
@@ -244,7 +61,7 @@ std::vector<HellaSwagItem> parse_hellaswag(const std::string& text, const std::s
     while (start < text.size()) {  // a final newline ends the last line rather than starting an empty one
         size_t end = text.find('\n', start);
         if (end == std::string::npos) end = text.size();
-        items.push_back(LineParser(std::string_view(text).substr(start, end - start), name, ++line_no).item());
+        items.push_back(parse_item(std::string_view(text).substr(start, end - start), name, ++line_no));
         start = end + 1;
     }
     if (items.empty()) throw std::runtime_error(name + ": no items");

@@ -94,7 +94,7 @@ void expect_parse_error(const std::string& name, const std::string& bad_line, co
         fail("error/" + name, "no error");
     } catch (const std::runtime_error& e) {
         const std::string msg = e.what();
-        expect(msg.rfind("bad.jsonl: line 2, column ", 0) == 0 && msg.find(needle) != std::string::npos &&
+        expect(msg.rfind("bad.jsonl: line 2: ", 0) == 0 && msg.find(needle) != std::string::npos &&
                    msg.find('\n') == std::string::npos,
                "error/" + name, "message \"" + msg + "\" lacks the file, line 2 or \"" + needle + "\"");
     }
@@ -103,27 +103,35 @@ void expect_parse_error(const std::string& name, const std::string& bad_line, co
 void test_errors() {
     const std::string tail = R"(, "label": 1, "endings": ["w", "x", "y", "z"]})";
     const std::string head = R"({"ind": 1, "activity_label": "a", "ctx": )";
-    expect_parse_error("bad_escape", head + R"("b\x")" + tail, "invalid escape");
-    expect_parse_error("short_unicode", head + R"("\u12")" + tail, "4 hex digits");
-    expect_parse_error("lone_high_surrogate", head + R"("\ud83dx")" + tail, "high surrogate");
-    expect_parse_error("lone_low_surrogate", head + R"("\ude00")" + tail, "low surrogate");
+    // not JSON: the column of the byte where the reader stopped
+    expect_parse_error("bad_escape", head + R"("b\x")" + tail, "column 46: bad escape (not JSON)");
+    expect_parse_error("short_unicode", head + R"("\u12")" + tail, "bad \\u escape");
+    expect_parse_error("lone_high_surrogate", head + R"("\ud83dx")" + tail, "unpaired surrogate");
+    expect_parse_error("lone_low_surrogate", head + R"("\ude00")" + tail, "unpaired surrogate");
     expect_parse_error("control_char", head + "\"a\tb\"" + tail, "control character");
     expect_parse_error("unterminated", head + R"("abc)", "unterminated string");
-    expect_parse_error("truncated", head + R"("b", "label": 1, "endings": ["w", "x")", "expected");
+    expect_parse_error("truncated", head + R"("b", "label": 1, "endings": ["w", "x")", "unterminated array");
+    expect_parse_error("duplicate_key", head + R"("b", "ctx": "c")" + tail, "duplicate key \"ctx\"");
+    expect_parse_error("leading_zero", head + R"("b", "label": 01, "endings": ["w", "x", "y", "z"]})", "expected , or }");
+    expect_parse_error("trailing", head + R"("b")" + tail + " x", "trailing characters");
+    expect_parse_error("blank_line", "", "unexpected end");
+    expect_parse_error("missing_comma", head + R"("b" "label": 1)", "expected , or }");
+    // JSON, but not an item
+    expect_parse_error("not_object", R"(["a"])", "expected a JSON object");
     expect_parse_error("missing_key", R"({"ind": 1, "activity_label": "a", "ctx": "b", "label": 1})",
                        "missing key \"endings\"");
-    expect_parse_error("duplicate_key", head + R"("b", "ctx": "c")" + tail, "duplicate key \"ctx\"");
-    expect_parse_error("three_endings", head + R"("b", "label": 1, "endings": ["w", "x", "y"]})", "endings has 3");
+    expect_parse_error("three_endings", head + R"("b", "label": 1, "endings": ["w", "x", "y"]})", "array of 4 strings (it has 3)");
+    expect_parse_error("ending_not_string", head + R"("b", "label": 1, "endings": ["w", "x", "y", 4]})", "ending 3 must be a string");
     expect_parse_error("label_range", head + R"("b", "label": 4, "endings": ["w", "x", "y", "z"]})", "label 4");
-    expect_parse_error("float_label", head + R"("b", "label": 1.0, "endings": ["w", "x", "y", "z"]})", "fraction");
-    expect_parse_error("leading_zero", head + R"("b", "label": 01, "endings": ["w", "x", "y", "z"]})", "leading zero");
-    expect_parse_error("huge_int", R"({"ind": 99999999999, "activity_label": "a"})", "out of range");
-    expect_parse_error("string_label", head + R"("b", "label": "1", "endings": ["w", "x", "y", "z"]})", "integer");
-    expect_parse_error("literal", head + R"("b", "extra": null)" + tail, "found 'n'");
-    expect_parse_error("trailing", head + R"("b")" + tail + " x", "after the object");
-    expect_parse_error("not_object", R"(["a"])", "expected '{'");
-    expect_parse_error("blank_line", "", "found end of line");
-    expect_parse_error("missing_comma", head + R"("b" "label": 1)", "expected '}'");
+    expect_parse_error("float_label", head + R"("b", "label": 1.5, "endings": ["w", "x", "y", "z"]})", "\"label\" must be an integer");
+    expect_parse_error("huge_int", R"({"ind": 99999999999, "activity_label": "a"})", "\"ind\" must be an integer of int range");
+    expect_parse_error("string_label", head + R"("b", "label": "1", "endings": ["w", "x", "y", "z"]})", "\"label\" must be an integer");
+    expect_parse_error("null_ctx", head + "null" + tail, "\"ctx\" must be a string");
+    {  // keys the reader does not use may hold any JSON value (the original release's ctx_a, split, ...)
+        const auto items = parse_hellaswag(head + R"("b", "split": null, "x": [true, 1.5e3, {"y": false}])" + tail + "\n", "extra.jsonl");
+        expect(items.size() == 1 && items[0].ctx == "b" && items[0].endings[3] == "z", "parse/extra_keys_any_value",
+               std::to_string(items.size()) + " items");
+    }
     try {
         parse_hellaswag("", "empty.jsonl");
         fail("error/empty", "no error");
