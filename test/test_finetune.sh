@@ -4,12 +4,13 @@
 # tokenizer as a tokenizer.json (test/tools/make_tokenizer_json.py), tokenizer_config.json, special_tokens_map.json,
 # generation_config.json and eos/bos ids 50256; the data: tinyshakespeare's paragraphs as conversations (a paragraph
 # asks, the next answers). Checked:
-#  - LoRA, the recipe's defaults but for a few steps at a higher lr: every step's files; the import is the stand-in's
+#  - LoRA, the recipe's defaults but for 200 steps at a higher lr: every step's files; the import is the stand-in's
 #    model file (bf16, bitwise but the run identity and checksum); the plain template (no Llama 3 tokens); the loss
 #    and the validation loss fall; the exported folder holds the source's tokenizer files and token ids, and
 #    transformers loads it: its logits are train_gpt's merged model's (llama_reference.py, tol 1e-4 of the largest),
 #    its tokenizer is GPT-2's; with peft, PeftModel.from_pretrained(the source folder, adapters/) gives those logits
-#    (tol 1e-5) while the base's differ;
+#    (tol 1e-5) while the base's differ; the masked loss: the fine-tuned model's validation loss in fp32 (counted
+#    targets only) equals PyTorch's cross-entropy with ignore_index over the same windows (tol 1e-4);
 #  - the same command again: the import kept, the training resumed at its last checkpoint (no step trained), the
 #    merged model bitwise the same;
 #  - full tier: FULL=1 in fp32: the loss falls, the export's logits are its last checkpoint's (tol 1e-4);
@@ -80,9 +81,9 @@ files_exist() {  # files_exist NAME FILE...
 }
 TRANSFORMERS=0; has torch transformers safetensors && TRANSFORMERS=1
 
-# ---- LoRA (the default): a few steps at a higher lr, every other setting the recipe's
+# ---- LoRA (the default): 200 steps at a higher lr, every other setting the recipe's
 OUT=$W/lora
-RECIPE=(env PYTHON="$PY" STEPS=30 LR=1e-3 VAL_FRACTION=0.05 timeout 600 bash scripts/train/finetune.sh "$HF" "$DATA" "$OUT" --seed 7 --val-batches 4)
+RECIPE=(env PYTHON="$PY" STEPS=200 LR=1e-3 VAL_FRACTION=0.05 timeout 600 bash scripts/train/finetune.sh "$HF" "$DATA" "$OUT" --seed 7 --val-batches 4)
 "${RECIPE[@]}" > "$W/lora.out" 2> "$W/lora.err"; rc=$?
 if [ $rc -ne 0 ]; then
     echo "FAIL finetune LoRA recipe: exit $rc: $(tail -n 1 "$W/lora.err")"
@@ -92,7 +93,7 @@ else
         echo "PASS finetune LoRA recipe: 5 steps, each one line (import in bf16 as the folder's BF16 tensors, the plain template)"
     else echo "FAIL finetune LoRA recipe: step lines $steps_shown of 5, '$(grep -m1 'import:' "$W/lora.out")', '$(grep -m1 'shards:' "$W/lora.out")', stderr '$(head -c 200 "$W/lora.err")'"; fi
     files_exist "LoRA outputs" "$OUT/base.bin" "$OUT/data/chat_train_000000.bin" "$OUT/data/chat_train_000000.bin.mask" \
-        "$OUT/data/chat_val_000000.bin" "$OUT/data/chat_val_000000.bin.mask" "$OUT/run/log.txt" "$OUT/run/adapters_00000030.bin" \
+        "$OUT/data/chat_val_000000.bin" "$OUT/data/chat_val_000000.bin.mask" "$OUT/run/log.txt" "$OUT/run/adapters_00000200.bin" \
         "$OUT/adapters/adapter_config.json" "$OUT/adapters/adapter_model.safetensors" "$OUT/merged.bin" "$OUT/hf/config.json" \
         "$OUT/hf/model.safetensors" "$OUT/hf/tokenizer.json" "$OUT/hf/tokenizer_config.json" "$OUT/hf/special_tokens_map.json" \
         "$OUT/hf/generation_config.json"
@@ -126,6 +127,22 @@ print(t('Hello world').input_ids, t.eos_token_id, len(t))" "$OUT/hf" 2> "$W/toke
                 echo "PASS finetune PEFT adapters: PeftModel.from_pretrained(the source folder, adapters/) gives the export's logits: max |diff| / max |logit| $r (tol 1e-5; the adapters move them by $d)"
             else echo "FAIL finetune PEFT adapters: PeftModel vs export '$r' (tol 1e-5), source vs export '$d' (must differ) $(tail -n 1 "$W/peft.err")"; fi
         fi
+    fi
+
+    # the masked loss against PyTorch: train_gpt's validation loss of the merged model in fp32 (the mean over the
+    # counted targets of the validation shard's first 4 x 8 windows) against F.cross_entropy(ignore_index) over the same
+    # windows in llama_reference.py (fp32 on the CPU). Tolerance 1e-4: fp32 on both sides differ in the order of their
+    # sums (about 1e-6 of a logit); a loss over every target, or a mask shifted by one, moves it by more than 0.1.
+    if ! has torch; then
+        echo "SKIP finetune masked loss vs PyTorch: $PY cannot find torch"
+    else
+        ./train_gpt --model "$OUT/merged.bin" --tokenizer "$HF" --train-data "$OUT/data/chat_train_*.bin" --val-data "$OUT/data/chat_val_*.bin" \
+            --seq-len 128 --batch-size 8 --precision fp32 --steps 0 --val-every 1 --val-batches 4 --sample-every 0 > "$W/masked_val.out" 2>&1
+        ours=$(grep -m1 '^step 0: val loss' "$W/masked_val.out" | awk '{print $5}')
+        ref=$($LCHECK masked-loss "$OUT/merged.bin" "$OUT/data/chat_val_000000.bin" 32 2> "$W/masked_ref.err" | tail -n 1)
+        if within "$ours" "${ref%% *}" 1e-4; then
+            echo "PASS finetune masked loss vs PyTorch: the fine-tuned model's validation loss $ours, F.cross_entropy over the counted targets ${ref%% *} (${ref##* } targets; tol 1e-4)"
+        else echo "FAIL finetune masked loss vs PyTorch: train_gpt '$ours' ($(tail -n 1 "$W/masked_val.out")), PyTorch '$ref' $(tail -n 1 "$W/masked_ref.err")"; fi
     fi
 
     # the same command again: nothing imported or trained anew, the same merged model

@@ -21,6 +21,11 @@ With peft too:
     hf_llama_check.py peft-vs-merged BASE_DIR ADAPTER_DIR MERGED_DIR
         PeftModel.from_pretrained(base, ADAPTER_DIR)'s logits against the merged folder's (train_gpt --lora-merge,
         exported): max |difference| / max |merged|
+With torch (fp32, on the CPU):
+    hf_llama_check.py masked-loss MODEL.bin SHARD WINDOWS
+        the mean cross-entropy over the counted targets (SHARD.mask, docs/formats.md) of SHARD's first WINDOWS windows,
+        each a row of its mask's T tokens whose targets are the next tokens, as train_gpt's validation loss reads them
+        (llama_reference.py's model read from MODEL.bin; F.cross_entropy with ignore_index): "LOSS COUNTED"
 Each prints one line on stdout; errors one line on stderr, exit 1.
 """
 import argparse
@@ -225,6 +230,44 @@ def cmd_peft_vs_merged(a):
     print(f"{((theirs - ours).abs().max() / ours.abs().max()).item():.3g}")
 
 
+def read_token_shard(path):
+    header = np.fromfile(path, dtype="<i4", count=256)
+    formats = {(20240520, 1): "<u2", (20240801, 7): "<u4"}
+    if len(header) < 256 or (int(header[0]), int(header[1])) not in formats:
+        raise InputError(f"{path}: not a token shard (docs/formats.md)")
+    return np.fromfile(path, dtype=formats[(int(header[0]), int(header[1]))], offset=1024, count=int(header[2]))
+
+
+def read_mask_shard(path):
+    header = np.fromfile(path, dtype="<i4", count=256)
+    if len(header) < 256 or int(header[0]) != 20261215 or int(header[1]) != 1:
+        raise InputError(f"{path}: not a mask shard (docs/formats.md)")
+    return np.fromfile(path, dtype=np.uint8, offset=1024, count=int(header[2])), int(header[3])
+
+
+def cmd_masked_loss(a):
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "reference"))
+    import llama_reference
+    tokens = read_token_shard(a.shard)
+    mask, T = read_mask_shard(a.shard + ".mask")
+    n = a.windows * T
+    if n + 1 > len(tokens):
+        raise InputError(f"{a.shard}: {len(tokens)} tokens, fewer than {a.windows} windows of {T} and one")
+    inputs = torch.from_numpy(tokens[:n].astype("int64")).view(a.windows, T)
+    targets = torch.from_numpy(tokens[1:n + 1].astype("int64")).view(a.windows, T)
+    targets[torch.from_numpy(mask[1:n + 1] == 0).view(a.windows, T)] = -1
+    model = llama_reference.read_model(a.model).float().eval()
+    total, counted = 0.0, int((targets >= 0).sum())
+    with torch.no_grad():
+        for rows in range(0, a.windows, 8):  # 8 windows at a time bound the logits' memory
+            logits, _ = model(inputs[rows:rows + 8])
+            total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets[rows:rows + 8].reshape(-1),
+                                     ignore_index=-1, reduction="sum").item()
+    print(f"{total / counted:.7f} {counted}")
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -252,10 +295,15 @@ def main(argv):
     s.add_argument("base")
     s.add_argument("adapters")
     s.add_argument("merged")
+    s = sub.add_parser("masked-loss")
+    s.add_argument("model")
+    s.add_argument("shard")
+    s.add_argument("windows", type=int)
     a = p.parse_args(argv)
     try:
         {"make": cmd_make, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
-         "hf-vs-hf": cmd_hf_vs_hf, "peft-vs-merged": cmd_peft_vs_merged}[a.cmd](a)
+         "hf-vs-hf": cmd_hf_vs_hf, "peft-vs-merged": cmd_peft_vs_merged,
+         "masked-loss": cmd_masked_loss}[a.cmd](a)
     except (InputError, OSError, ValueError, KeyError, ImportError) as e:
         print(f"hf_llama_check.py: error: {e}", file=sys.stderr)
         return 1
