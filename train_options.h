@@ -20,7 +20,6 @@
 #include "model/lora.h"                     // defines: LoraSpec, read_adapter_file, parse_lora_targets
 #include "model/peft_adapters.h"            // defines: is_peft_folder_path, read_peft_folder, peft_targets_problem
 #include "model/model_file.h"               // defines: read_model_config
-#include "model/nf4.h"                      // defines: nf4_base_layout_problem (--base-quant nf4)
 #include "distributed/optimizer_file.h"     // defines: optimizer_file_bytes, offload_dir_problem, offload_dir_space_problem
 
 // ---------------------------------------------------------------------------------------------
@@ -486,9 +485,7 @@ inline RunShape validate_options(const Options& o, int world) {
     if (o.base_quant == "nf4") {
         if (!lora.enabled()) die("--base-quant nf4 quantizes the frozen base of a LoRA run: add --lora-rank (or --lora-load)");
         if (o.precision == "fp8" || o.precision == "fp16")
-            die("--base-quant nf4 runs in --precision bf16 (or fp32), got " + o.precision + ": the weights are dequantized to bf16 for the products");
-        const std::string problem = nf4_base_layout_problem(config);
-        if (!problem.empty()) die("--base-quant nf4: " + problem);
+            die("--base-quant nf4 runs in --precision bf16 (or fp32), got " + o.precision + ": the weights are dequantized to the training precision for the products");
         lora.nf4_base = true;
     }
     // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts

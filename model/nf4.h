@@ -7,7 +7,7 @@
 // defines: kNf4BlockSize, kNf4NestedBlockSize, kNf4Values, nf4_thresholds, nf4_code, dynamic_map, dynamic8_code,
 //          nf4_parallel, quantize_dynamic8, Nf4Weight, nf4_bytes, nf4_bits_per_weight, nf4_layout_problem, nf4_double_quantize,
 //          quantize_nf4, nf4_block_scales, nf4_dequantize_with, dequantize_nf4, dequantize_nf4_bf16, kNf4BaseTensors,
-//          nf4_base_tensor, nf4_base_layout_problem
+//          nf4_base_tensor
 #pragma once
 #include <algorithm>
 #include <array>
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 #include "../kernels/die.h"  // die
-#include "config.h"          // ParameterLayout, BlockTensor (the NF4 base's tensors)
+#include "config.h"          // BlockTensor (the NF4 base's tensors)
 #include "model_file.h"      // float_to_bf16_bits
 
 constexpr size_t kNf4BlockSize = 64;         // weights per absmax
@@ -299,13 +299,3 @@ inline void dequantize_nf4_bf16(const Nf4Weight& w, uint16_t* out, int threads =
 // weights; every other block tensor keeps the compute precision.
 constexpr BlockTensor kNf4BaseTensors[] = {QKVW, ATTPROJW, FCW, FCPROJW};
 inline bool nf4_base_tensor(int t) { return t == QKVW || t == ATTPROJW || t == FCW || t == FCPROJW; }
-// Why this model's blocks cannot hold an NF4 base, or "": the dequantized weights are written into a block's buffer with
-// 16-byte stores, so each linear weight must start at a multiple of 8 elements of its block.
-inline std::string nf4_base_layout_problem(const ModelConfig& c) {
-    const ParameterLayout l(c);
-    for (BlockTensor t : kNf4BaseTensors)
-        if (l.block_offset[t] % 8 != 0)
-            return std::string("the block's ") + block_tensor_name(t) + " starts at element " + std::to_string(l.block_offset[t]) +
-                   " of its block, not a multiple of 8 (16-byte stores): use --channels, the head size and --ffn multiples of 8";
-    return "";
-}

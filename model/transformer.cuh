@@ -619,9 +619,10 @@ struct Transformer {
         if (model_begins(k)) embeddings_backward(set);
     }
     // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
+    // Under LoRA the frozen base's hook only hands the block's ring slot on (the NF4 base's next block is filled there).
     void block_gradients_done(int l) {
         if (adapters) adapters->after_unit_backward(l + 1);
-        else zero->after_unit_backward(layout.block_unit(l));
+        zero->after_unit_backward(layout.block_unit(l));
     }
     // The embeddings' gradients from d(loss)/d(the model's input), which the backward of the model's first chunk
     // leaves in set.dresidual.
