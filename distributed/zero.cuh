@@ -218,18 +218,6 @@ public:
         cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
         create_streams();
     }
-    // The communication stream and the events that order it with the compute stream.
-    void create_streams() {
-        const int U = plan_.num_units();
-        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
-                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
-            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        unit_events_.resize(U);
-        gathered_.resize(U);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
-            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
 
     ~ZeroOptimizer() {
         if (offload_) offload_->stop_updates();  // first: its host thread finishes the update it runs, if any
@@ -619,6 +607,18 @@ private:
     void alloc(floatX** p, size_t n) {
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
         cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
+    }
+    // The communication stream and the events that order it with the compute stream.
+    void create_streams() {
+        const int U = plan_.num_units();
+        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
+            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        unit_events_.resize(U);
+        gathered_.resize(U);
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     // This rank's slice of unit u on the device, where AdamW reads its gradients and writes its parameters (stages
     // 1-3; one rank's slice is the whole unit).
