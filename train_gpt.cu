@@ -323,7 +323,8 @@ static std::vector<std::pair<std::string, std::string>> run_settings(const Optio
             {"batch", std::to_string(batch.B) + " x " + std::to_string(batch.T) + ", " + std::to_string(batch.tokens) + " tokens a step"},
             {"seed", std::to_string(o.seed)},
             {"train_shards", std::to_string(train_data.num_shards()) + " shards " + crc + " (" + o.train_data + ")"},
-            {"base_model", run.lora.enabled() ? base_model_identity(run.initial_model, o.seed) : std::string("none (the checkpoint holds the model)")}};
+            {"base_model", run.lora.enabled() ? base_model_identity(run.initial_model, o.seed) + (run.lora.nf4_base ? ", in NF4 (--base-quant nf4)" : "")
+                                              : std::string("none (the checkpoint holds the model)")}};
 }
 
 // What every checkpoint of this run records: its id and the settings a resume compares (run_settings).

@@ -89,6 +89,7 @@ struct Options {
     float lora_dropout = 0.0f;
     float lora_weight_decay = 0.0f;
     std::string lora_load = "", lora_save = "", lora_merge = "";
+    std::string base_quant = "none";  // nf4: the frozen base's linear weights in QLoRA's 4-bit NF4 (with LoRA)
     int deterministic = 0;
     int parameter_checksums = 0;
     int gelu_fusion = 1;
@@ -207,6 +208,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-load", nullptr, Flag::STRING, &o.lora_load, anything(), "LoRA: start from this adapter file or PEFT folder (its rank, alpha and targets)"},
         {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end (DIR/ or a folder: a PEFT folder)"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
+        {"--base-quant", nullptr, Flag::STRING, &o.base_quant, one_of({"none", "nf4"}), "LoRA: the frozen base's storage: none (the training precision) | nf4 (QLoRA: the blocks' linear weights in 4-bit NormalFloat with double quantization, 0.516 bytes a weight, dequantized to bf16 block by block for the products; embeddings, norms, biases and the LM head stay bf16)"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
         {"--offload-delayed-update", nullptr, Flag::INT, &o.offload_delayed_update, kOffOn, "1: with --offload optimizer, the CPU's AdamW of a step runs while the GPU computes the next step on the parameters without that update (one-step delayed update; the warm-up steps' updates are not delayed, and evaluations, samples and checkpoints wait for the running one)"},
@@ -479,6 +481,13 @@ inline RunShape validate_options(const Options& o, int world) {
     if (lora.enabled() && shape.pp > 1)
         die("LoRA runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
+    // QLoRA's NF4 base: frozen weights under LoRA, dequantized for bf16 (or fp32) products, whole blocks on one rank
+    if (o.base_quant == "nf4") {
+        if (!lora.enabled()) die("--base-quant nf4 quantizes the frozen base of a LoRA run: add --lora-rank (or --lora-load)");
+        if (o.precision == "fp8" || o.precision == "fp16")
+            die("--base-quant nf4 runs in --precision bf16 (or fp32), got " + o.precision + ": the weights are dequantized to the training precision for the products");
+        lora.nf4_base = true;
+    }
     // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts
     // as one rank's shard of everything), at stage 3 optionally its parameter shard too
     if (o.offload != "none") {

@@ -22,7 +22,7 @@
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
 // ZeRO-Offload (--offload: the optimizer state, at stage 3 also the parameter shard, on the host; the one-step delayed
 // update; the NVMe tier) is distributed/zero_offload.cuh's: this class keeps the device side and hands it the host's.
-// defines: ZeroMemory, zero_memory, ZeroOptimizer
+// defines: ZeroMemory, zero_memory, UnitSource, ZeroOptimizer
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -71,6 +71,16 @@ ZeroMemory zero_memory(const std::vector<size_t>& unit_sizes, const std::vector<
     return m;
 }
 
+// Where a frozen model's gathered units come from instead of an all-gather of shards (the NF4 base of
+// model/nf4_base.cuh): set_unit hands it those units' values, and each ring slot is filled by fill() on the
+// communication stream, just before the unit's forward and backward as ZeRO-3's gathers are (at any world size).
+template <typename floatX>
+struct UnitSource {
+    virtual ~UnitSource() = default;
+    virtual void store(int u, const float* values, cudaStream_t stream) = 0;  // unit u's values: fp32 on the device, padded
+    virtual void fill(int u, floatX* dst, cudaStream_t stream) = 0;           // unit u in compute precision into dst
+};
+
 // Parameters, gradients and optimizer state of one rank, and the communication between ranks.
 template <typename floatX>
 class ZeroOptimizer {
@@ -117,6 +127,11 @@ public:
 
     int stage() const { return stage_; }
     const ShardPlan& plan() const { return plan_; }
+    // Frozen parameters only, before allocate(): the gathered units come from `source` (UnitSource), which outlives this.
+    void set_unit_source(UnitSource<floatX>* source) {
+        if (trainable_ || norm_ != nullptr || comm_ != nullptr) die("internal: a unit source serves frozen parameters, set before allocate()");
+        source_ = source;
+    }
 
     // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
     // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team); with kOptimizerParameters the stage-3 parameter
@@ -155,14 +170,21 @@ public:
     void allocate() {
         const int U = plan_.num_units();
         const size_t local = plan_.local_total;
-        if (!trainable_) {
-            alloc(&params_, total_);
-            return;
-        }
-        // a sharded buffer (stage 3 parameters, stage 2-3 gradients): this rank's shards, full buffers of the
-        // persistent units, and the two-slot ring of the gathered ones
         size_t largest_gathered = 0;
         for (int u : gathered_units_) largest_gathered = std::max(largest_gathered, plan_.unit_size[u]);
+        // full buffers of the persistent units and the two-slot ring of the gathered ones
+        auto alloc_full = [&](std::vector<floatX*>& persistent, floatX* (&ring)[2]) {
+            persistent.assign(U, nullptr);
+            for (int u = 0; u < U; u++)
+                if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
+            for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
+        };
+        if (!trainable_) {  // frozen: the whole parameters, or with a unit source only the persistent units and the ring
+            if (!source_) return alloc(&params_, total_);
+            alloc_full(persistent_params_, ring_params_);
+            return create_streams();
+        }
+        // a sharded buffer (stage 3 parameters, stage 2-3 gradients): this rank's shards and the full buffers
         auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2], bool shards_on_host) {
             if (shards_on_host) {  // mapped: set_unit's conversion kernel writes it through the same address (unified addressing)
                 cudaCheck(cudaHostAlloc(shards, local * sizeof(floatX), cudaHostAllocMapped));
@@ -170,10 +192,7 @@ public:
             } else {
                 alloc(shards, local);
             }
-            persistent.assign(U, nullptr);
-            for (int u = 0; u < U; u++)
-                if (ordinal_[u] < 0) alloc(&persistent[u], plan_.unit_size[u]);
-            for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) alloc(&ring[i], largest_gathered);
+            alloc_full(persistent, ring);
         };
         if (stage_ == 3) alloc_sharded(&param_shards_, persistent_params_, ring_params_, params_on_host());
         else alloc(&params_, total_);
@@ -197,14 +216,7 @@ public:
         cudaCheck(cudaMalloc(&norm_, 2 * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
         cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
-        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
-                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
-            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        unit_events_.resize(U);
-        gathered_.resize(U);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
-            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        create_streams();
     }
 
     ~ZeroOptimizer() {
@@ -237,7 +249,7 @@ public:
     // ------------------------------------------------------------------------------------------
     // Where the compute kernels find a unit's parameters and gradients (valid inside the hooks below).
     floatX* unit_params(int u) const {
-        if (stage_ < 3) return params_ + plan_.unit_offset[u];
+        if (!gathers()) return params_ + plan_.unit_offset[u];
         return ordinal_[u] < 0 ? persistent_params_[u] : ring_params_[ordinal_[u] % 2];
     }
     floatX* unit_grads(int u) const {  // null for frozen parameters
@@ -270,8 +282,8 @@ public:
     void begin_forward() {
         for (int u = 0; u < plan_.num_units(); u++)
             if (ordinal_[u] < 0) wait_for_unit(u);
-        if (stage_ != 3) return;
-        if (!persistent_gathered_) {  // parameters change only in step(): gather the persistent units once per step
+        if (!gathers()) return;
+        if (!persistent_gathered_ && !source_) {  // parameters change only in step(): gather the persistent units once per step
             cudaCheck(cudaEventRecord(comm_done_, compute_));
             cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
             for (int u = 0; u < plan_.num_units(); u++)
@@ -284,10 +296,10 @@ public:
     }
     void before_unit_forward(int u) {
         wait_for_unit(u);
-        if (stage_ == 3 && ordinal_[u] >= 0) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[ordinal_[u] % 2]));
+        if (gathers() && ordinal_[u] >= 0) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[ordinal_[u] % 2]));
     }
     void after_unit_forward(int u) {
-        if (stage_ != 3 || ordinal_[u] < 0) return;
+        if (!gathers() || ordinal_[u] < 0) return;
         const int i = ordinal_[u];
         cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
         if (i + 2 < (int)gathered_units_.size()) ensure_gathered(i + 2);
@@ -300,10 +312,10 @@ public:
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
     }
     void before_unit_backward(int u) {
-        if (!trainable_ || ordinal_[u] < 0) return;
+        if (!(trainable_ || source_) || ordinal_[u] < 0) return;
         const int i = ordinal_[u];
         if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[i % 2]));
-        if (stage_ != 3) return;
+        if (!gathers()) return;
         ensure_gathered(i);
         cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[i % 2]));
     }
@@ -311,7 +323,7 @@ public:
     // micro-step; stages 2/3: every micro-step, into the gradient shard).
     void after_unit_backward(int u) {
         const int i = ordinal_[u];
-        if (stage_ == 3 && i >= 0) {  // its slot can take the gathered unit two before it
+        if (gathers() && i >= 0) {  // its slot can take the gathered unit two before it
             cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
             if (i - 2 >= 0) ensure_gathered(i - 2);
         }
@@ -464,13 +476,22 @@ public:
 
     // Sets the parameters (and master weights) from the full fp32 values (host, padded layout), unit by unit
     // through one unit-sized device buffer (set_unit): no full fp32 copy of the model is ever on the device.
+    // With a unit source the staging is one gathered unit: the persistent units go to their buffers that much at a time.
     void set_parameters(const std::vector<float>& full) {
+        size_t largest = 0;
+        for (int u = 0; u < plan_.num_units(); u++)
+            if (!source_ || ordinal_[u] >= 0) largest = std::max(largest, plan_.unit_size[u]);
         float* staging;
-        cudaCheck(cudaMalloc(&staging, *std::max_element(plan_.unit_size.begin(), plan_.unit_size.end()) * sizeof(float)));
+        cudaCheck(cudaMalloc(&staging, largest * sizeof(float)));
         for (int u = 0; u < plan_.num_units(); u++) {
-            cudaCheck(cudaMemcpy(staging, full.data() + plan_.unit_offset[u], plan_.unit_size[u] * sizeof(float), cudaMemcpyHostToDevice));
-            set_unit(u, staging);
-            cudaCheck(cudaStreamSynchronize(compute_));  // before the next unit overwrites the staging buffer
+            const size_t n = plan_.unit_size[u];
+            for (size_t first = 0; first < n; first += largest) {  // one piece, but a source's persistent units
+                const size_t piece = std::min(largest, n - first);
+                cudaCheck(cudaMemcpy(staging, full.data() + plan_.unit_offset[u] + first, piece * sizeof(float), cudaMemcpyHostToDevice));
+                if (piece == n) set_unit(u, staging);
+                else convert_precision(persistent_params_[u] + first, staging, (long)piece, compute_);
+                cudaCheck(cudaStreamSynchronize(compute_));  // before the next unit overwrites the staging buffer
+            }
         }
         cudaCheck(cudaFree(staging));
     }
@@ -481,7 +502,10 @@ public:
         require_landed("setting parameters");
         wait_for_parameters();
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
-        if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
+        if (source_ && comm_) cudaCheck(cudaStreamSynchronize(comm_));  // no fill reads the source while it changes
+        if (source_ && ordinal_[u] >= 0) source_->store(u, values, compute_);
+        else if (source_) convert_precision(persistent_params_[u], values, (long)plan_.unit_size[u], compute_);
+        else if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
         else convert_precision(param_shards_ + plan_.local_offset[u], values + mine, (long)shard, compute_);
         // the fp32 values the update starts from: the master weights (under offload the host's)
         if (offload_) {
@@ -507,8 +531,8 @@ public:
         wait_for_parameters();
         if (!visit && stage_ < 3) return;
         const size_t largest = *std::max_element(plan_.unit_size.begin(), plan_.unit_size.end());
-        floatX* gathered = nullptr;  // stage 3: a unit-sized buffer, so the full model need not fit one GPU
-        if (stage_ == 3) cudaCheck(cudaMalloc(&gathered, largest * sizeof(floatX)));
+        floatX* gathered = nullptr;  // stage 3, a unit source: a unit-sized buffer, so the full model need not fit one GPU
+        if (gathers()) cudaCheck(cudaMalloc(&gathered, largest * sizeof(floatX)));
         std::vector<floatX> raw(visit ? largest : 0);
         std::vector<float> values(visit ? largest : 0);
         for (int u = 0; u < plan_.num_units(); u++) {
@@ -517,6 +541,9 @@ public:
             if (stage_ == 3) {
                 gather(u, gathered, compute_);
                 unit = gathered;
+            } else if (source_) {
+                if (ordinal_[u] >= 0) source_->fill(u, gathered, compute_);
+                unit = ordinal_[u] >= 0 ? gathered : persistent_params_[u];
             }
             if (visit) cudaCheck(cudaMemcpyAsync(raw.data(), unit, n * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
             pg_.synchronize(compute_);
@@ -581,11 +608,25 @@ private:
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
         cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
     }
+    // The communication stream and the events that order it with the compute stream.
+    void create_streams() {
+        const int U = plan_.num_units();
+        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
+                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
+            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        unit_events_.resize(U);
+        gathered_.resize(U);
+        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
+            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     // This rank's slice of unit u on the device, where AdamW reads its gradients and writes its parameters (stages
     // 1-3; one rank's slice is the whole unit).
     floatX* shard_params(int u) const { return stage_ == 3 ? param_shards_ + plan_.local_offset[u] : params_ + plan_.global_begin(u); }
     floatX* shard_grads(int u) const { return stage_ >= 2 ? grad_shards_ + plan_.local_offset[u] : grads_ + plan_.global_begin(u); }
 
+    // Blocks go through the parameter ring: ZeRO-3's gathers, or a unit source's fills.
+    bool gathers() const { return stage_ == 3 || source_ != nullptr; }
     // The parameter shard lives on the host (--offload optimizer,parameters).
     bool params_on_host() const { return offload_ && offload_->parameters_on_host(); }
     // Lands the delayed update that runs on the host (ZeroOffload::land), its copy streams already behind the compute
@@ -634,7 +675,8 @@ private:
         const int slot = i % 2;
         if (ring_unit_[slot] == i) return;
         cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
-        gather(gathered_units_[i], ring_params_[slot], comm_);
+        if (source_) source_->fill(gathered_units_[i], ring_params_[slot], comm_);
+        else gather(gathered_units_[i], ring_params_[slot], comm_);
         cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
         ring_unit_[slot] = i;
     }
@@ -653,6 +695,7 @@ private:
     int stage_;
     cudaStream_t compute_, comm_ = nullptr;
     bool trainable_ = true;
+    UnitSource<floatX>* source_ = nullptr;  // set_unit_source: fills the gathered units of frozen parameters
     bool last_micro_step_ = true, persistent_gathered_ = false;
     int ring_unit_[2] = {-1, -1};  // stage 3: which gathered unit (its ordinal) each parameter ring slot holds
 

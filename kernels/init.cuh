@@ -3,17 +3,19 @@
 #pragma once
 #include "common.cuh"
 
-// out[i] = std * N(0,1), drawn from (seed, i) by Box-Muller: the same values whatever the launch shape.
-__global__ void fill_normal_kernel(float* out, long n, float std, uint64_t seed) {
+// out[i] = std * N(0,1), drawn from (seed, first + i) by Box-Muller: the same values whatever the launch shape, and
+// whatever pieces a tensor is drawn in (first: the piece's first index in the tensor).
+__global__ void fill_normal_kernel(float* out, long n, float std, uint64_t seed, long first) {
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)i));
+        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)(first + i)));
         float u1 = ((uint32_t)(r >> 40) + 1.0f) / 16777217.0f;  // (0, 1]: log is finite
         float u2 = (uint32_t)(r & 0xFFFFFF) / 16777216.0f;
         out[i] = std * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
     }
 }
-inline void fill_normal(float* out, long n, float std, uint64_t seed, cudaStream_t stream) {
-    fill_normal_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, std, seed);
+inline void fill_normal(float* out, long n, float std, uint64_t seed, cudaStream_t stream, long first = 0) {
+    if (n <= 0) return;
+    fill_normal_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, std, seed, first);
     cudaCheckLaunch();
 }
 
@@ -33,6 +35,7 @@ __global__ void fill_constant_kernel(float* out, long n, float value) {
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) out[i] = value;
 }
 inline void fill_constant(float* out, long n, float value, cudaStream_t stream) {
+    if (n <= 0) return;
     fill_constant_kernel<<<std::min<long>(ceil_div(n, 256), 65535), 256, 0, stream>>>(out, n, value);
     cudaCheckLaunch();
 }

@@ -4,7 +4,12 @@
 //   single:  w' = NF4[code] * absmax[b]
 //   double:  w' = NF4[code] * (DYNAMIC[code8[b]] * nested[b / 256] + offset)   (product, sum and product rounded apart)
 // __fmul_rn / __fadd_rn keep nvcc from fusing them into a multiply-add, which the host code never does.
-// defines: Nf4Tables, nf4_tables, Nf4DeviceWeight, upload_nf4, free_nf4, dequantize_nf4_kernel, dequantize_nf4_device
+// Quantization on the device (quantize_nf4_device), bitwise nf4.h's quantize_nf4: the 4-bit codes and block absmaxes
+// by a kernel with the host's arithmetic (max |w|, a rounded reciprocal, a rounded product, the same 15 thresholds);
+// the double quantization of the absmaxes (1/64 of the weights) on the host by nf4.h's own nf4_double_quantize, so its
+// float64 mean sums in the host's order.
+// defines: Nf4Tables, nf4_tables, Nf4DeviceWeight, upload_nf4, allocate_nf4, free_nf4, download_nf4, dequantize_nf4_kernel,
+//          dequantize_nf4_device, Nf4QuantizeScratch, quantize_nf4_kernel, quantize_nf4_device
 #pragma once
 #include <cstring>
 #include "common.cuh"
@@ -76,9 +81,52 @@ inline Nf4DeviceWeight upload_nf4(const Nf4Weight& w) {
     return d;
 }
 
+// An NF4 weight of `shape` on the device with every array allocated and zeroed, for quantize_nf4_device to fill.
+inline Nf4DeviceWeight allocate_nf4(const std::vector<size_t>& shape, bool double_quant) {
+    Nf4DeviceWeight d;
+    d.shape = shape;
+    d.count = 1;
+    for (size_t n : shape) d.count *= n;
+    if (shape.empty() || d.count == 0) die("allocate_nf4: an NF4 weight needs a shape of at least one weight");
+    d.double_quant = double_quant;
+    auto zeroed = [](auto** p, size_t bytes) {
+        cudaCheck(cudaMalloc(p, bytes));
+        cudaCheck(cudaMemset(*p, 0, bytes));
+    };
+    zeroed(&d.packed, d.padded_code_bytes());
+    if (!double_quant) {
+        zeroed(&d.absmax, d.blocks() * sizeof(float));
+    } else {
+        zeroed(&d.absmax_codes, d.blocks());
+        zeroed(&d.nested_absmax, d.nested_blocks() * sizeof(float));
+    }
+    return d;
+}
+
 inline void free_nf4(Nf4DeviceWeight& d) {
     for (void* p : {(void*)d.packed, (void*)d.absmax, (void*)d.absmax_codes, (void*)d.nested_absmax}) cudaCheck(cudaFree(p));
     d = Nf4DeviceWeight();
+}
+
+// The device weight back on the host as an Nf4Weight (synchronously): for tests, and for comparing with nf4.h.
+inline Nf4Weight download_nf4(const Nf4DeviceWeight& d) {
+    Nf4Weight w;
+    w.shape = d.shape;
+    w.count = d.count;
+    w.double_quant = d.double_quant;
+    w.packed.resize(d.code_bytes());
+    cudaCheck(cudaMemcpy(w.packed.data(), d.packed, d.code_bytes(), cudaMemcpyDeviceToHost));
+    if (!d.double_quant) {
+        w.absmax.resize(d.blocks());
+        cudaCheck(cudaMemcpy(w.absmax.data(), d.absmax, d.blocks() * sizeof(float), cudaMemcpyDeviceToHost));
+    } else {
+        w.absmax_codes.resize(d.blocks());
+        w.nested_absmax.resize(d.nested_blocks());
+        cudaCheck(cudaMemcpy(w.absmax_codes.data(), d.absmax_codes, d.blocks(), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(w.nested_absmax.data(), d.nested_absmax, d.nested_blocks() * sizeof(float), cudaMemcpyDeviceToHost));
+        w.absmax_offset = d.absmax_offset;
+    }
+    return w;
 }
 
 // A warp takes a span of 1024 weights at a time (grid-stride over spans): each lane loads one 16-byte vector of codes
@@ -170,4 +218,109 @@ void dequantize_nf4_device(OutT* out, const Nf4DeviceWeight& w, cudaStream_t str
         dequantize_nf4_kernel<OutT, false><<<grid, kNf4Threads, 0, stream>>>(out, w.packed, w.absmax, w.absmax_codes, w.nested_absmax,
                                                                               w.absmax_offset, (long)w.count, nf4_tables());
     cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization on the device
+
+// Device scratch of quantize_nf4_device for weights of up to `max_count` elements: the block absmaxes of a
+// double-quantized weight before their own quantization, and the first block holding a weight that is not finite.
+struct Nf4QuantizeScratch {
+    float* absmax = nullptr;
+    unsigned long long* first_bad_block = nullptr;
+    size_t max_blocks = 0;
+    void allocate(size_t max_count) {
+        max_blocks = (max_count + kNf4BlockSize - 1) / kNf4BlockSize;
+        cudaCheck(cudaMalloc(&absmax, max_blocks * sizeof(float)));
+        cudaCheck(cudaMalloc(&first_bad_block, sizeof(unsigned long long)));
+    }
+    void free() {
+        for (void* p : {(void*)absmax, (void*)first_bad_block})
+            if (p) cudaCheck(cudaFree(p));
+        *this = Nf4QuantizeScratch();
+    }
+    // Bytes allocate(max_count) takes (the memory plan counts it).
+    static size_t bytes(size_t max_count) { return (max_count + kNf4BlockSize - 1) / kNf4BlockSize * sizeof(float) + sizeof(unsigned long long); }
+};
+
+// dQuantizeNF4's thresholds (nf4.h's nf4_thresholds), a kernel argument.
+struct Nf4Thresholds {
+    float t[15];
+};
+
+// A warp per block of 64 weights (grid-stride over blocks): lane l takes weights 2l and 2l + 1 (past the count: 0,
+// whose code fills an odd count's last low nibble, as on the host), the block's max |w| by shuffles (a max is exact
+// in any order), then each lane's two codes from w * (1 / absmax) rounded as the host rounds it, one packed byte a
+// lane. A block holding NaN or inf records its index in first_bad_block (the smallest: atomicMin).
+constexpr int kNf4QuantizeThreads = 256;
+__global__ void __launch_bounds__(kNf4QuantizeThreads)
+quantize_nf4_kernel(uint8_t* packed, float* absmax, unsigned long long* first_bad_block, const float* weights, long count, const Nf4Thresholds th) {
+    const int lane = threadIdx.x % 32;
+    const long blocks = (count + (long)kNf4BlockSize - 1) / (long)kNf4BlockSize;
+    const long warps = (long)gridDim.x * (kNf4QuantizeThreads / 32);
+    for (long b = (long)blockIdx.x * (kNf4QuantizeThreads / 32) + threadIdx.x / 32; b < blocks; b += warps) {
+        const long i = b * (long)kNf4BlockSize + 2 * lane;
+        const float x0 = i < count ? weights[i] : 0.0f, x1 = i + 1 < count ? weights[i + 1] : 0.0f;
+        const float a0 = fabsf(x0), a1 = fabsf(x1);
+        const bool bad = !(a0 <= FLT_MAX) || !(a1 <= FLT_MAX);
+        float m = fmaxf(a0, a1);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        if (__any_sync(0xffffffffu, bad)) {
+            if (lane == 0) atomicMin(first_bad_block, (unsigned long long)b);
+            continue;
+        }
+        const float inverse = __fdiv_rn(1.0f, m);  // inf for a block of zeros: every code 0, as on the host
+        const float s0 = __fmul_rn(x0, inverse), s1 = __fmul_rn(x1, inverse);
+        int c0 = 0, c1 = 0;
+#pragma unroll
+        for (int k = 0; k < 15; k++) {
+            c0 += s0 > th.t[k];
+            c1 += s1 > th.t[k];
+        }
+        if (i < count) packed[i / 2] = (uint8_t)(c0 << 4 | c1);
+        if (lane == 0) absmax[b] = m;
+    }
+}
+
+// Quantizes `weights` (fp32 on the device, w.count of them) into w (allocate_nf4's, of the same count), bitwise
+// quantize_nf4(weights, w.count, w.double_quant): the codes and absmaxes on `stream`, then (double quantization) the
+// absmaxes' own quantization on the host. Synchronous: returns once w holds the weight. A weight that is not finite
+// stops the run with one line naming `what`, its index and value, as quantize_nf4 does.
+inline void quantize_nf4_device(Nf4DeviceWeight& w, const float* weights, Nf4QuantizeScratch& scratch, cudaStream_t stream,
+                                const std::string& what = "quantize_nf4_device") {
+    if (w.count == 0 || w.packed == nullptr) die("quantize_nf4_device: the NF4 weight is not allocated (allocate_nf4)");
+    const size_t blocks = w.blocks();
+    if (blocks > scratch.max_blocks) die("internal: quantize_nf4_device: the scratch holds fewer block absmaxes than the weight has blocks");
+    static const Nf4Thresholds thresholds = [] {
+        Nf4Thresholds t;
+        memcpy(t.t, nf4_thresholds().data(), sizeof t.t);
+        return t;
+    }();
+    float* absmax = w.double_quant ? scratch.absmax : w.absmax;
+    cudaCheck(cudaMemsetAsync(scratch.first_bad_block, 0xFF, sizeof(unsigned long long), stream));
+    const long warps_per_block = kNf4QuantizeThreads / 32;
+    const int grid = (int)std::min<long>(ceil_div((long)blocks, warps_per_block), 65535L * 8);
+    quantize_nf4_kernel<<<grid, kNf4QuantizeThreads, 0, stream>>>(w.packed, absmax, scratch.first_bad_block, weights, (long)w.count, thresholds);
+    cudaCheckLaunch();
+    unsigned long long first_bad = 0;
+    cudaCheck(cudaMemcpyAsync(&first_bad, scratch.first_bad_block, sizeof first_bad, cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    if (first_bad != ~0ull) {  // the block's weights, to name the first that is not finite
+        const size_t begin = (size_t)first_bad * kNf4BlockSize, n = std::min(kNf4BlockSize, w.count - begin);
+        std::vector<float> block(n);
+        cudaCheck(cudaMemcpy(block.data(), weights + begin, n * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t i = 0;
+        while (i + 1 < n && std::fabs(block[i]) <= FLT_MAX) i++;
+        die(what + ": weight " + std::to_string(begin + i) + " of " + std::to_string(w.count) + " is " + std::to_string(block[i]) +
+            "; NF4 quantizes finite weights only");
+    }
+    if (!w.double_quant) return;
+    std::vector<float> host_absmax(blocks);
+    cudaCheck(cudaMemcpy(host_absmax.data(), scratch.absmax, blocks * sizeof(float), cudaMemcpyDeviceToHost));
+    Nf4Weight nested;
+    nf4_double_quantize(host_absmax, nested);
+    cudaCheck(cudaMemcpy(w.absmax_codes, nested.absmax_codes.data(), blocks, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(w.nested_absmax, nested.nested_absmax.data(), nested.nested_absmax.size() * sizeof(float), cudaMemcpyHostToDevice));
+    w.absmax_offset = nested.absmax_offset;
 }

@@ -24,6 +24,7 @@
 #include "config.h"                            // defines: ModelConfig, StageModel, ParameterLayout
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 #include "fp8_linear.cuh"                      // defines: fp8_scratch_bytes
+#include "nf4_base.cuh"                        // defines: nf4_base_memory (QLoRA's NF4 base)
 
 // The activation sets a stage allocates: the blocks of each chunk, the sets per chunk (one per micro-batch in
 // flight), whether the stage ends the model (final LayerNorm, LM head, loss), and the gradient slots per chunk, each
@@ -144,6 +145,7 @@ inline void activation_counts(const ModelConfig& c, int B, int T, int tp, int sp
 // the optimizer state on the disk and its tiles on the host. fp8 (null without --precision fp8): FP8's memory (the
 // weights' copies, kept except under ZeRO-3, one layer's activation copies, the scaling states). device_scratch = false
 // (a plan made without a GPU, train_gpt's --dry-run): without the reductions' scratch, whose size is the GPU's (per SM).
+// lora.nf4_base (--base-quant nf4): the frozen base as nf4_base.cuh stores it (nf4_base_memory) instead of whole.
 template <typename floatX>
 MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int split, int zero_stage, int recompute, Offload offload = Offload::kNone,
                        bool delayed_update = false, const LoraSpec& lora = LoraSpec(), const StageModel& part = StageModel(),
@@ -158,6 +160,12 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     p.master_weights = z.master_weights;
     p.adam_state = z.adam_state;
     p.working = z.working;
+    const bool nf4 = lora.enabled() && lora.nf4_base;
+    const Nf4BaseMemory nf4_base = nf4_base_memory<floatX>(l);
+    if (nf4) {
+        p.parameters = nf4_base.parameters();
+        p.working = nf4_base.ring;
+    }
     if (lora.enabled()) {
         const AdapterLayout a(c, lora, 8 * dp);
         const ZeroMemory za = zero_memory<floatX>(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
@@ -173,10 +181,12 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);
     p.activations += x_elements * sizeof(floatX) + stat_elements * sizeof(float);  // after LoRA's buffers
     // the initialisation's transient staging included (init_parameters: a whole fp32 unit and this rank's part
-    // of one; set_parameters: one of this rank's units)
+    // of one; set_parameters: one of this rank's units; with the NF4 base one block, and its quantization's scratch)
     const std::vector<size_t>& sizes = ParameterLayout(c, 8 * dp).unit_sizes;  // init_parameters draws whole units
-    const size_t staging = *std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end());
-    p.scratch = (device_scratch ? reduce_scratch_floats<floatX>(c) * sizeof(float) : 0) + matmul_context().workspace_bytes + staging * sizeof(float) +
+    const size_t staging = nf4 ? nf4_base.staging + nf4_base.scratch
+                               : (*std::max_element(sizes.begin(), sizes.end()) + *std::max_element(l.unit_sizes.begin(), l.unit_sizes.end())) *
+                                     sizeof(float);
+    p.scratch = (device_scratch ? reduce_scratch_floats<floatX>(c) * sizeof(float) : 0) + matmul_context().workspace_bytes + staging +
                 (size_t)B * T * 5 * sizeof(int) * ap.sets() +
                 flash_attention_backward_scratch_bytes(B, T, c.num_heads / tp, c.key_value_heads() / tp, c.head_size()) +
                 (tp > 1 ? 4 * (size_t)B * T * sizeof(float) : 0) +  // the vocabulary-parallel loss's row statistics
@@ -264,6 +274,15 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
         const size_t full_states = full.parameters + full.gradients + full.master_weights + full.adam_state;
         fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
                 lora.rank, lora.alpha, lora_targets.c_str(), trainable, 100.0 * trainable / parameters, parameters, gib(states), gib(full_states));
+        if (lora.nf4_base) {
+            const Nf4BaseMemory m = nf4_base_memory<floatX>(ParameterLayout(plans.config, 8 * plans.dp, plans.tp, plans.parts[stage]));
+            const char* precision = std::is_same<floatX, float>::value ? "fp32" : "bf16";
+            fprintf(out, "base in NF4 (QLoRA, double quantization, %.4f bytes a weight): the blocks' %zu linear-layer weights with their norms and "
+                         "biases %.3f GiB | embeddings, final norm and LM head in %s %.3f GiB | ring of two %s blocks %.3f GiB | total %.3f GiB "
+                         "vs %.3f GiB for the %s base\n",
+                    nf4_bits_per_weight(true) / 8, m.weights, gib(m.packed), precision, gib(m.persistent), precision, gib(m.ring),
+                    gib(m.parameters()), gib(m.dense), precision);
+        }
     }
     fprintf(out, "memory plan per GPU (GiB): parameters %.2f | gradients %.2f | master weights %.2f | Adam m+v %.2f | activations %.2f | scratch %.2f | total %.2f of %.2f free\n",
             gib(plan.parameters), gib(plan.gradients), gib(plan.master_weights), gib(plan.adam_state), gib(plan.activations),

@@ -5,8 +5,9 @@
 //   double quantization: offset = mean(absmax); absmax - offset in 8-bit dynamic-map codes by groups of 256, each group
 //   with its own fp32 nested absmax; absmax' = DYNAMIC[code8] * nested[g] + offset.
 // defines: kNf4BlockSize, kNf4NestedBlockSize, kNf4Values, nf4_thresholds, nf4_code, dynamic_map, dynamic8_code,
-//          nf4_parallel, quantize_dynamic8, Nf4Weight, nf4_bytes, nf4_bits_per_weight, nf4_layout_problem, quantize_nf4,
-//          nf4_block_scales, nf4_dequantize_with, dequantize_nf4, dequantize_nf4_bf16
+//          nf4_parallel, quantize_dynamic8, Nf4Weight, nf4_bytes, nf4_bits_per_weight, nf4_layout_problem, nf4_double_quantize,
+//          quantize_nf4, nf4_block_scales, nf4_dequantize_with, dequantize_nf4, dequantize_nf4_bf16, kNf4BaseTensors,
+//          nf4_base_tensor
 #pragma once
 #include <algorithm>
 #include <array>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 #include "../kernels/die.h"  // die
+#include "config.h"          // BlockTensor (the NF4 base's tensors)
 #include "model_file.h"      // float_to_bf16_bits
 
 constexpr size_t kNf4BlockSize = 64;         // weights per absmax
@@ -188,6 +190,21 @@ inline std::string nf4_layout_problem(const Nf4Weight& w) {
     return "";
 }
 
+// Double quantization of a weight's block absmaxes (one per block, in order) into w's absmax_codes, nested_absmax and
+// absmax_offset. Shared by quantize_nf4 and the GPU's quantization (kernels/nf4.cuh), which hands its absmaxes here.
+inline void nf4_double_quantize(const std::vector<float>& absmax, Nf4Weight& w, int threads = 0) {
+    const size_t blocks = absmax.size();
+    // offset: a float64 sum in index order (bitsandbytes takes torch's float32 mean, whose order is the device's)
+    double sum = 0.0;
+    for (float a : absmax) sum += a;
+    w.absmax_offset = (float)(sum / (double)blocks);
+    std::vector<float> centered(blocks);
+    for (size_t b = 0; b < blocks; b++) centered[b] = absmax[b] - w.absmax_offset;
+    w.absmax_codes.resize(blocks);
+    w.nested_absmax.resize((blocks + kNf4NestedBlockSize - 1) / kNf4NestedBlockSize);
+    quantize_dynamic8(centered.data(), blocks, w.absmax_codes.data(), w.nested_absmax.data(), threads);
+}
+
 // Quantizes n finite weights (shape: the tensor's, {n} when empty). Refuses an empty array, a shape whose product is
 // not n, and a NaN or infinite weight (naming the first). threads <= 0: one per hardware thread.
 inline Nf4Weight quantize_nf4(const float* weights, size_t n, bool double_quant, const std::vector<size_t>& shape = {},
@@ -238,15 +255,7 @@ inline Nf4Weight quantize_nf4(const float* weights, size_t n, bool double_quant,
         w.absmax = std::move(absmax);
         return w;
     }
-    // offset: a float64 sum in index order (bitsandbytes takes torch's float32 mean, whose order is the device's)
-    double sum = 0.0;
-    for (float a : absmax) sum += a;
-    w.absmax_offset = (float)(sum / (double)blocks);
-    std::vector<float> centered(blocks);
-    for (size_t b = 0; b < blocks; b++) centered[b] = absmax[b] - w.absmax_offset;
-    w.absmax_codes.resize(blocks);
-    w.nested_absmax.resize((blocks + kNf4NestedBlockSize - 1) / kNf4NestedBlockSize);
-    quantize_dynamic8(centered.data(), blocks, w.absmax_codes.data(), w.nested_absmax.data(), threads);
+    nf4_double_quantize(absmax, w, threads);
     return w;
 }
 
@@ -285,3 +294,8 @@ inline void dequantize_nf4(const Nf4Weight& w, float* out, int threads = 0) {
 inline void dequantize_nf4_bf16(const Nf4Weight& w, uint16_t* out, int threads = 0) {
     nf4_dequantize_with(w, threads, [out](size_t i, float v) { out[i] = float_to_bf16_bits(v); });
 }
+
+// QLoRA's NF4 base (--base-quant nf4, model/nf4_base.cuh): the block tensors stored in NF4, the four linear layers'
+// weights; every other block tensor keeps the compute precision.
+constexpr BlockTensor kNf4BaseTensors[] = {QKVW, ATTPROJW, FCW, FCPROJW};
+inline bool nf4_base_tensor(int t) { return t == QKVW || t == ATTPROJW || t == FCW || t == FCPROJW; }

@@ -27,6 +27,7 @@
 #include "model_file.h"                        // defines: read_model_part
 #include "lora.h"                              // defines: LoraSpec, AdapterLayout
 #include "lora_hooks.cuh"                      // defines: LoraHooks
+#include "nf4_base.cuh"                        // defines: Nf4Base (QLoRA's frozen NF4 base, ZeroOptimizer's unit source)
 #include "batch_staging.h"                     // defines: BatchStaging
 #include "loss.h"                              // defines: LossSums
 #include "memory_plan.h"                       // defines: ActivationPlan, activation_counts, Recompute levels, device_memory_in_use
@@ -67,6 +68,9 @@ struct Transformer {
     TensorParallel<floatX> tensor_parallel;
     int B = 0, T = 0;  // activation shape (per rank)
     cudaStream_t stream = nullptr;
+    // QLoRA (lora.nf4_base): the frozen base's blocks in NF4, which fill zero's ring of blocks (declared first: it
+    // outlives zero)
+    std::unique_ptr<Nf4Base<floatX>> nf4_base;
     // Parameters, gradients and optimizer state: stored, sharded and communicated as the ZeRO stage says.
     // Under LoRA `zero` holds the frozen base model (parameters only) and `adapters` the trained A and B.
     std::unique_ptr<ZeroOptimizer<floatX>> zero;
@@ -129,6 +133,11 @@ struct Transformer {
             adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->unit_kinds(),
                                                      adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
                                                      zero_stage, s));
+            if (lora.nf4_base) {
+                if (layout.tp != 1) die("internal: the NF4 base runs with tp = 1");
+                nf4_base.reset(new Nf4Base<floatX>(layout));
+                zero->set_unit_source(nf4_base.get());
+            }
         }
         lora_hooks.attach(c, lora, adapter_layout.get(), adapters.get());
         spec.allocate(c);
@@ -154,6 +163,7 @@ struct Transformer {
         T = seq_len;
         recompute = recompute_level;
         const size_t in_use_before_states = device_memory_in_use();
+        if (nf4_base) nf4_base->allocate();
         zero->allocate();
         if (lora.enabled()) adapters->allocate();
         model_state_bytes = device_memory_in_use() - in_use_before_states;
@@ -609,9 +619,10 @@ struct Transformer {
         if (model_begins(k)) embeddings_backward(set);
     }
     // Block l's gradients are complete for this micro-batch (ZeRO reduces them after the last one).
+    // Under LoRA the frozen base's hook only hands the block's ring slot on (the NF4 base's next block is filled there).
     void block_gradients_done(int l) {
         if (adapters) adapters->after_unit_backward(l + 1);
-        else zero->after_unit_backward(layout.block_unit(l));
+        zero->after_unit_backward(layout.block_unit(l));
     }
     // The embeddings' gradients from d(loss)/d(the model's input), which the backward of the model's first chunk
     // leaves in set.dresidual.

@@ -115,6 +115,7 @@ gpu_suites() {
         run model bash test/test_model.sh
         run fp8_model bash test/test_fp8_model.sh  # --precision fp8 against bf16: loss, gradients, steps, checkpoints across precisions
         run training bash test/test_training.sh
+        run qlora bash test/test_qlora.sh  # --base-quant nf4: the loaded and initialised base against the NF4 reference, bitwise; its loss against the dequantized model's; QLoRA training and merge
         run chat_training bash test/test_chat_training.sh  # masked targets: all ones bitwise unmasked, uncounted tokens change nothing
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
         run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
@@ -158,7 +159,7 @@ if [ "$gpu_count" -ge 1 ]; then
     cat "$WORK/cpu_suites.log" >> "$LOG"
 else
     cpu_suites
-        gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16"
+        gpu_suites=("kernels vs CPU reference" "attention (flash) vs CPU reference and SDPA" "model vs PyTorch (fp32, bf16, fp16)" "fp8_model against bf16" "qlora NF4 base"
                     "training determinism, resume and curve parity" "chat_training with masked targets" "checkpoint_resume after a kill inside a save, LoRA resume" "hf_interop export to and import from Hugging Face"
                     "sampling with the KV cache against sampling without it" "mesh_nccl communicators" "tensor_parallel training" "tensor_parallel_layers vs dense" "pipeline and 3D"
                     "zero on 2 ranks")

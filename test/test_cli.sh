@@ -77,6 +77,10 @@ expect_error "bad LoRA targets" "--lora-targets 'qkv,mlp': expected a comma list
 expect_error "LoRA gate on GPT-2" "--lora-targets 'q,gate': gate and up adapt the Llama family's SwiGLU MLP; GPT-2's MLP input is one product, fc" $SMALL --lora-rank 4 --lora-targets q,gate
 expect_error "adapter file with gate on GPT-2" "gate_adapters.bin: adapter targets 128: gate and up adapt the Llama family's SwiGLU MLP; GPT-2's MLP input is one product, fc" $SMALL --lora-load "$W/gate_adapters.bin"
 expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $SMALL --lora-save "$W/a.bin"
+expect_error "bad base quantization" "--base-quant must be one of none, nf4, got 'nf8'" $SMALL --lora-rank 4 --base-quant nf8
+expect_error "NF4 base without LoRA" "--base-quant nf4 quantizes the frozen base of a LoRA run: add --lora-rank (or --lora-load)" $SMALL --base-quant nf4
+expect_error "NF4 base in fp16" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp16" $SMALL --lora-rank 4 --base-quant nf4 --precision fp16
+expect_error "NF4 base in fp8" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp8" $SMALL --lora-rank 4 --base-quant nf4 --precision fp8
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"
 # PEFT folders (a --lora-save path ending in '/'): the Llama family's per-projection targets only, refused before any GPU work

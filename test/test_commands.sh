@@ -4,6 +4,7 @@
 # code span, joined over its backslash continuations, runs with --dry-run 1 appended as rank 0 of the launcher's world;
 # every scripts/... and build/prepare_shards command shown runs as shown where it needs no GPU and ends in seconds. One
 # line per command, naming the file and line. Then: a dry run connects to no rank, refuses a plan that does not fit,
+# plans QLoRA's Llama 3 8B within 10 GiB and a 70B shape within 79 GiB,
 # evaluates a validation split shorter than a batch over what it holds, and gives docs/training.md's defaults as --help
 # does; on a machine with a GPU, its memory plan is the run's.
 #
@@ -310,6 +311,20 @@ if [ $rc -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
    [[ $err == "error: the plan needs "*" GiB but the GPU has 24.00 GiB free: lower --batch-size (and raise --total-batch-tokens to keep the step size)" ]]; then
     echo "PASS commands a dry run refuses a plan beyond --dry-run-gpu-gib as the run does"
 else echo "FAIL commands a dry run with a plan beyond the GPU: rc=$rc: $err"; fi
+# QLoRA's NF4 base (docs/lora.md): Llama 3 8B at T = 2048, B = 1, rank 16 on every linear layer plans within 10 GiB, and a
+# 70B shape within one 80 GB GPU (79 GiB free), with --recompute 3; each plan's figures on the PASS line
+QLORA=(--batch-size 1 --seq-len 2048 --recompute 3 --lora-rank 16 --lora-targets q,k,v,o,gate,up,down --base-quant nf4 --dry-run 1)
+qlora_plan() {
+    local name=$1 gib=$2 out plan; shift 2
+    out=$(./train_gpt "$@" "${QLORA[@]}" --dry-run-gpu-gib "$gib" 2>&1); local rc=$?
+    plan=$(printf '%s\n' "$out" | grep -m1 '^memory plan per GPU' | sed 's/^memory plan per GPU (GiB): //')
+    if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q '^base in NF4 (QLoRA, double quantization, 0.5159 bytes a weight)' && [ -n "$plan" ]; then
+        echo "PASS commands QLoRA $name plans within $gib GiB: $plan; $(printf '%s\n' "$out" | grep -m1 '^base in NF4' | sed 's/.*| total/NF4 base/')"
+    else echo "FAIL commands QLoRA $name within $gib GiB: rc=$rc: $(printf '%s\n' "$out" | grep -m1 'error\|^memory plan')"; fi
+}
+qlora_plan "llama3-8b (T 2048, B 1, r 16, every linear layer)" 10 --model llama3-8b
+qlora_plan "70B shape (80 layers, C 8192, 64 heads, 8 kv heads, ffn 28672)" 79 --model llama3-8b --layers 80 --channels 8192 --heads 64 --kv-heads 8 \
+    --ffn 28672
 err=$(./train_gpt "${SMALL[@]}" --dry-run-gpu-gib 40 2>&1 > /dev/null); rc=$?
 if [ $rc -ne 0 ] && [ "$err" = "error: --dry-run-gpu-gib 40 runs with --dry-run 1 (got 0): a run checks its memory plan against the GPU's free memory" ]; then
     echo "PASS commands --dry-run-gpu-gib without --dry-run 1 is refused"

@@ -6,11 +6,15 @@
 //     quantized on the host by nf4.h with and without double quantization, uploaded and dequantized to bf16 and to fp32
 //     on shapes 4096 x 4096, 14336 x 4096 (Llama 3 8B's gate and up projections), 1000 x 777 (a partial last block and
 //     nested group), 37 x 3 (odd, less than one warp's span) and 1 x 1: every element's bits equal to
-//     dequantize_nf4_bf16 / dequantize_nf4's, and nothing written past the end. Then, as '# ' information lines, the
-//     kernel's bandwidth on 14336 x 4096 against the GPU's memory bandwidth (speed is not checked here).
+//     dequantize_nf4_bf16 / dequantize_nf4's, and nothing written past the end; the same weights quantized on the GPU
+//     (quantize_nf4_device: codes and absmaxes by the kernel, the absmaxes' double quantization on the host), every
+//     byte of codes, absmaxes, absmax codes, nested absmaxes and the offset equal to quantize_nf4's. Then, as '# '
+//     information lines, the kernels' bandwidth on 14336 x 4096 against the GPU's memory bandwidth (speed is not
+//     checked here).
 // Usage: test_nf4_gpu
 #include <sys/wait.h>
 #include <unistd.h>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -92,6 +96,11 @@ static void check_refusals() {
     expect_refusal("dequantization of a weight never uploaded refused",
                    "dequantize_nf4_device: the NF4 weight holds no weights (not uploaded?)",
                    [] { dequantize_nf4_device(reinterpret_cast<__nv_bfloat16*>(256), Nf4DeviceWeight(), 0); });
+    expect_refusal("quantization into a weight never allocated refused", "quantize_nf4_device: the NF4 weight is not allocated (allocate_nf4)", [] {
+        Nf4DeviceWeight w;
+        Nf4QuantizeScratch scratch;
+        quantize_nf4_device(w, nullptr, scratch, 0);
+    });
     expect_refusal("dequantization into a misaligned output refused",
                    "dequantize_nf4_device: the output must be 16-byte aligned (vector stores)", [] {
                        Nf4DeviceWeight w;
@@ -176,6 +185,40 @@ template <typename OutT> static void report_bandwidth(const std::string& name, c
     fflush(stdout);
 }
 
+// The weights quantized on the GPU against quantize_nf4's arrays, byte for byte (the offset's bits too).
+static void check_quantization(const std::string& name, const std::vector<float>& weights, const Nf4Weight& expected, cudaStream_t stream,
+                               bool timed) {
+    DeviceBuffer<float> device_weights(weights.size());
+    cudaCheck(cudaMemcpy(device_weights.ptr, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice));
+    Nf4DeviceWeight d = allocate_nf4(expected.shape, expected.double_quant);
+    Nf4QuantizeScratch scratch;
+    scratch.allocate(weights.size());
+    quantize_nf4_device(d, device_weights.ptr, scratch, stream);
+    const Nf4Weight got = download_nf4(d);
+    std::string detail;
+    auto compare = [&](const char* what, const void* a, const void* b, size_t bytes) {
+        if (bytes == 0 || memcmp(a, b, bytes) == 0) return;
+        size_t i = 0;
+        while (((const uint8_t*)a)[i] == ((const uint8_t*)b)[i]) i++;
+        detail += (detail.empty() ? "" : "; ") + std::string(what) + " differ from byte " + std::to_string(i);
+    };
+    compare("codes", got.packed.data(), expected.packed.data(), expected.packed.size());
+    compare("absmax", got.absmax.data(), expected.absmax.data(), expected.absmax.size() * sizeof(float));
+    compare("absmax codes", got.absmax_codes.data(), expected.absmax_codes.data(), expected.absmax_codes.size());
+    compare("nested absmax", got.nested_absmax.data(), expected.nested_absmax.data(), expected.nested_absmax.size() * sizeof(float));
+    compare("offset", &got.absmax_offset, &expected.absmax_offset, sizeof(float));
+    expect(detail.empty(), name + (expected.double_quant ? " double-quantized" : "") + " quantized on the GPU bitwise quantize_nf4's", detail);
+    if (timed) {  // the kernel and the host's part together, as a load pays them
+        const auto start = std::chrono::steady_clock::now();
+        for (int rep = 0; rep < 5; rep++) quantize_nf4_device(d, device_weights.ptr, scratch, stream);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 5;
+        printf("# nf4_gpu %s%s quantized on the GPU: %.2f ms (%.0f M weights a second)\n", name.c_str(),
+               expected.double_quant ? " double-quantized" : "", seconds * 1e3, weights.size() / seconds / 1e6);
+    }
+    scratch.free();
+    free_nf4(d);
+}
+
 struct Case {
     std::string name;
     std::vector<size_t> shape;
@@ -193,6 +236,7 @@ static void run_case(const Case& c, cudaStream_t stream) {
     }
     for (bool double_quant : {false, true}) {
         const Nf4Weight w = quantize_nf4(weights.data(), n, double_quant, c.shape);
+        check_quantization(c.name, weights, w, stream, c.timed);
         Nf4DeviceWeight d = upload_nf4(w);
         check_dequantization<__nv_bfloat16>(c.name, w, d, stream);
         check_dequantization<float>(c.name, w, d, stream);

@@ -105,6 +105,7 @@ const PinnedFlag kPinnedFlags[] = {
     {"--lora-load", "", "", ""},
     {"--lora-save", "", "", ""},
     {"--lora-merge", "", "", ""},
+    {"--base-quant", "", "none", "one of none, nf4"},
     {"--zero-stage", "-z", "1", "one of 0, 1, 2, 3"},
     {"--offload", "", "none", "one of none, optimizer, optimizer,parameters"},
     {"--offload-delayed-update", "", "0", "one of 0, 1"},
@@ -357,6 +358,17 @@ void test_cross_flag_bounds() {
              "--offload optimizer runs with --zero-stage 1, 2 or 3 (got 0)");
     boundary("host memory without offload", at({"--host-memory-gib", "-1"}), at({"--host-memory-gib", "1"}),
              "--host-memory-gib bounds the pinned host memory of --offload, which is none");
+    // QLoRA's NF4 base: with LoRA, in bf16 or fp32, on one tensor-parallel rank
+    boundary("NF4 base with LoRA", at({"--lora-rank", "4", "--base-quant", "nf4"}), at({"--lora-rank", "0", "--base-quant", "nf4"}),
+             "--base-quant nf4 quantizes the frozen base of a LoRA run: add --lora-rank (or --lora-load)");
+    boundary("NF4 base in fp32, not fp16", at({"--lora-rank", "4", "--base-quant", "nf4", "--precision", "fp32"}),
+             at({"--lora-rank", "4", "--base-quant", "nf4", "--precision", "fp16"}),
+             "--base-quant nf4 runs in --precision bf16 (or fp32), got fp16");
+    boundary("NF4 base without fp8", at({"--lora-rank", "4", "--base-quant", "nf4", "--precision", "bf16"}),
+             at({"--lora-rank", "4", "--base-quant", "nf4", "--precision", "fp8"}), "--base-quant nf4 runs in --precision bf16 (or fp32), got fp8");
+    boundary("NF4 base on one tensor-parallel rank", 2, at({"--lora-rank", "4", "--base-quant", "nf4"}), 2,
+             at({"--lora-rank", "4", "--base-quant", "nf4", "--heads", "2", "--channels", "128", "--tensor-parallel", "2"}),
+             "LoRA runs with --tensor-parallel 1 (got 2)");
     // FP8 scaling, checkpoints and the output folder
     boundary("fp8 amax history", at({"--precision", "fp8", "--fp8-scaling", "delayed", "--fp8-amax-history", "1"}),
              at({"--precision", "fp8", "--fp8-amax-history", "1"}), "--fp8-amax-history 1 runs with --fp8-scaling delayed (got current)");

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# QLoRA's NF4 base (--base-quant nf4) on a GPU, with train_gpt on a small Llama-family model (--model d2 --arch llama:
+# 2 layers, C = 128, a 512-unit SwiGLU MLP, GPT-2's vocabulary) and tinyshakespeare:
+#   1. a base trained 20 steps in bf16 is loaded with --base-quant nf4 and adapters on every linear layer whose B is zero
+#      (--steps 0): --lora-merge writes the dequantized base, whose four linear weights of each block equal
+#      scripts/reference/nf4_reference.py's quantization and dequantization (double quantization) of the base's, rounded
+#      to bf16, bit for bit, and whose other tensors equal the base's; the same for the initialisation (no --model), against
+#      the merge of an fp32 run without --base-quant (the fp32 values the NF4 run quantizes): the embeddings and LM head,
+#      drawn in pieces, equal those drawn whole;
+#   2. the NF4 run's validation loss (its products read the dequantized weights, the adapters add zeros) equals, as
+#      printed, the validation loss of a bf16 run of the dequantized model file (--deterministic 1: the same products), or
+#      is within 1e-4 of it (the PASS line says which);
+#   3. QLoRA training from the base (40 steps, rank 8, every linear layer) lowers the loss (the mean of the last 5 steps
+#      below the mean of the first 5 by at least 0.1), and its merged model's validation loss is within 0.02 of the
+#      run's last one (the merge adds B A into the dequantized weights in bf16).
+# Needs a GPU and NumPy (for the reference); skips without them.
+set -u
+cd "$(dirname "$0")/.."
+W=build/test_work/qlora
+rm -rf "$W"; mkdir -p "$W"
+PY=${PYTHON:-python3}
+[ "$(scripts/visible_gpus.sh)" -gt 0 ] || { echo "SKIP qlora: no GPU"; exit 0; }
+$PY -c "import numpy" 2> /dev/null || { echo "SKIP qlora: no numpy (the NF4 reference)"; exit 0; }
+SHAPE=(--model d2 --arch llama)
+RUN=(--seq-len 256 --batch-size 8 --sample-every 0 --deterministic 1 --val-batches 4)
+LORA=(--lora-rank 8 --lora-alpha 16 --lora-targets q,k,v,o,gate,up,down)
+
+# run NAME ARGS...: train_gpt's output in $W/NAME.out; a FAIL line (and status 1) when it exits non-zero
+run() {
+    local name=$1; shift
+    if ! ./train_gpt "$@" > "$W/$name.out" 2>&1; then
+        echo "FAIL qlora $name: train_gpt exited non-zero: $(grep -m1 error "$W/$name.out" || tail -n 1 "$W/$name.out")"
+        return 1
+    fi
+}
+val_loss() { grep -m1 "val loss" "$1" | sed 's/.*val loss \([0-9.]*\).*/\1/'; }
+last_val_loss() { grep "val loss" "$1" | tail -n 1 | sed 's/.*val loss \([0-9.]*\).*/\1/'; }
+
+# compare_nf4 NAME BASE MERGED: MERGED's linear weights are the NF4 reference's of BASE's rounded to bf16, the rest BASE's
+# rounded to bf16 (bitwise)
+compare_nf4() {
+    local name=$1 out
+    out=$($PY - "$2" "$3" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, "scripts/reference")
+import nf4_reference as nf4
+
+def read(path):
+    header = np.fromfile(path, dtype="<i4", count=256)
+    raw = np.fromfile(path, dtype="<f4" if header[1] == 3 else "<u2", offset=1024)
+    if header[1] != 3:
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return header, raw
+
+h, base = read(sys.argv[1])
+_, merged = read(sys.argv[2])
+L, NH, C, Vp, KV, F, flags = (int(h[i]) for i in (4, 5, 6, 7, 8, 9, 10))
+hs = C // NH
+Q = C + 2 * KV * hs
+tensors = [("wte", Vp * C, None), ("ln1w", L * C, None), ("qkvw", L * Q * C, Q * C)]
+if flags & 1:
+    tensors.append(("qkvb", L * Q, None))
+tensors += [("attprojw", L * C * C, C * C), ("ln2w", L * C, None), ("fcw", L * 2 * F * C, 2 * F * C),
+            ("fcprojw", L * C * F, C * F), ("lnfw", C, None)]
+if not flags & 2:
+    tensors.append(("lm_head", Vp * C, None))
+assert sum(n for _, n, _ in tensors) == base.size == merged.size, "file sizes"
+problems, offset, quantized = [], 0, 0
+for name, n, per_layer in tensors:
+    b, m = base[offset:offset + n], merged[offset:offset + n]
+    if per_layer is None:  # kept in bf16
+        expected = (nf4.bf16_bits(b).astype(np.uint32) << 16).view(np.float32)
+    else:
+        expected = np.concatenate([nf4.dequantize(nf4.quantize(b[l * per_layer:(l + 1) * per_layer].copy(), True))
+                                   for l in range(L)]).astype(np.float32)
+        expected = (nf4.bf16_bits(expected).astype(np.uint32) << 16).view(np.float32)
+        quantized += n
+    differ = np.flatnonzero(expected.view(np.uint32) != m.view(np.uint32))
+    if differ.size:
+        problems.append(f"{name}: {differ.size} of {n} differ, the first at {differ[0]}: {m[differ[0]]!r} vs {expected[differ[0]]!r}")
+    offset += n
+print("; ".join(problems) if problems else f"{quantized} weights")
+PY
+)
+    if [ $? -eq 0 ] && [[ $out =~ ^[0-9]+\ weights$ ]]; then
+        echo "PASS qlora $name: the merged base's linear weights are the NF4 reference's of the base ($out), bitwise; the rest unchanged"
+    else
+        echo "FAIL qlora $name: $out"
+    fi
+}
+
+# 1-2. a trained base, loaded in NF4
+if run base "${SHAPE[@]}" "${RUN[@]}" --steps 20 --lr 1e-3 --val-every 0 --checkpoint-every 20 -o "$W/base"; then
+    BASE=$W/base/model_00000020.bin
+    if run load_nf4 --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/load_merged.bin"; then
+        grep -q "^base in NF4" "$W/load_nf4.out" || echo "FAIL qlora the start-up report names the NF4 base: $(grep -m1 '^memory plan' "$W/load_nf4.out")"
+        compare_nf4 "model file loaded in NF4" "$BASE" "$W/load_merged.bin"
+        if run dequantized --model "$W/load_merged.bin" "${RUN[@]}" --steps 0 && run bf16_base --model "$BASE" "${RUN[@]}" --steps 0; then
+            nf4=$(val_loss "$W/load_nf4.out") dense=$(val_loss "$W/dequantized.out") original=$(val_loss "$W/bf16_base.out")
+            if [ -n "$nf4" ] && [ "$nf4" = "$dense" ]; then
+                echo "PASS qlora the NF4 base's validation loss $nf4 equals the dequantized bf16 model's as printed (the unquantized base: $original)"
+            elif [ -n "$nf4" ] && [ -n "$dense" ] && awk -v a="$nf4" -v b="$dense" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; then
+                echo "PASS qlora the NF4 base's validation loss $nf4 is within 1e-4 of the dequantized bf16 model's $dense, not equal (the unquantized base: $original)"
+            else
+                echo "FAIL qlora the NF4 base's validation loss '$nf4' against the dequantized bf16 model's '$dense'"
+            fi
+        fi
+    fi
+fi
+# 1. the initialisation, drawn block by block (and the embeddings and LM head in pieces)
+if run init_nf4 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/init_nf4.bin" &&
+   run init_fp32 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --precision fp32 --steps 0 --lora-merge "$W/init_fp32.bin"; then
+    compare_nf4 "initialisation in NF4" "$W/init_fp32.bin" "$W/init_nf4.bin"
+fi
+
+# 3. training
+if [ -f "${BASE:-}" ] && run train --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 40 --lr 3e-3 --val-every 40 \
+       --lora-save "$W/adapters.bin" --lora-merge "$W/trained_merged.bin"; then
+    read -r first last <<< "$(grep '^step ' "$W/train.out" | grep -v 'val loss' | sed 's/.*| loss \([0-9.]*\) |.*/\1/' |
+                              awk '{ l[NR] = $1 } END { for (i = 1; i <= 5; i++) { f += l[i]; t += l[NR - i + 1] } printf "%.4f %.4f", f / 5, t / 5 }')"
+    if awk -v f="$first" -v t="$last" 'BEGIN { exit !(t < f - 0.1) }'; then
+        echo "PASS qlora 40 QLoRA steps lower the loss: mean of the first 5 $first, of the last 5 $last"
+    else
+        echo "FAIL qlora 40 QLoRA steps: mean loss of the first 5 steps $first, of the last 5 $last (expected at least 0.1 lower)"
+    fi
+    if run merged --model "$W/trained_merged.bin" "${RUN[@]}" --steps 0; then
+        trained=$(last_val_loss "$W/train.out") merged=$(val_loss "$W/merged.out")
+        if [ -n "$trained" ] && awk -v a="$trained" -v b="$merged" 'BEGIN { d = a - b; exit !(d < 0.02 && d > -0.02) }'; then
+            echo "PASS qlora the merged model's validation loss $merged is within 0.02 of the QLoRA run's $trained"
+        else
+            echo "FAIL qlora the merged model's validation loss '$merged' against the QLoRA run's '$trained'"
+        fi
+    fi
+fi
