@@ -10,7 +10,17 @@
 //     (quantize_nf4_device: codes and absmaxes by the kernel, the absmaxes' double quantization on the host), every
 //     byte of codes, absmaxes, absmax codes, nested absmaxes and the offset equal to quantize_nf4's. Then, as '# '
 //     information lines, the kernels' bandwidth on 14336 x 4096 against the GPU's memory bandwidth (speed is not
-//     checked here).
+//     checked here);
+//   the products with the NF4 weight dequantized inside the kernel (kernels/nf4_matmul.cuh), forward out = x W^T and
+//     backward_input dx = dout W (overwriting and accumulating), single and double quantization, against a reference
+//     product over dequantize_nf4_device's bf16 weight with fp32 sums in k order (an N(0, 1) weight [OC, IC], N(0, 1)
+//     bf16 inputs): (N, IC, OC) = (256, 512, 768), (2048, 4096, 1024), (192, 448, 320) and (64, 64, 64) (partial row and
+//     column tiles), backward with IC != OC; nothing written past the output. Both products' operands are the same
+//     bf16 values, so only the order of the fp32 sums and the output's rounding differ: each element within
+//     2^-8 |ref| (bf16's half ulp) + (K + 1) 2^-22 sum_k |a_k b_k| (a worst-case bound on two fp32 sums of K terms in
+//     any order, tensor cores' truncating adds included). The tolerance is shown to reject a weight read transposed
+//     and codes read with their half-bytes swapped (references made that way fail on most elements). Without a GPU:
+//     the products' refusals (a weight never uploaded or not 2-D, N / IC / OC not multiples of 64, misaligned pointers).
 // Usage: test_nf4_gpu
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 #include "../kernels/nf4.cuh"
+#include "../kernels/nf4_matmul.cuh"
 #include "gpu_check.h"
 
 static void expect_refusal(const std::string& name, const std::string& line, const std::function<void()>& body) {
@@ -101,6 +112,39 @@ static void check_refusals() {
         Nf4QuantizeScratch scratch;
         quantize_nf4_device(w, nullptr, scratch, 0);
     });
+    // the products' refusals: a fake weight of the given shape at aligned (never dereferenced) addresses
+    auto fake = [](std::vector<size_t> shape) {
+        Nf4DeviceWeight w;
+        w.shape = shape;
+        w.count = 1;
+        for (size_t d : shape) w.count *= d;
+        w.packed = reinterpret_cast<uint8_t*>(256);
+        w.absmax = reinterpret_cast<float*>(512);
+        return w;
+    };
+    auto bf16_at = [](uintptr_t address) { return reinterpret_cast<__nv_bfloat16*>(address); };
+    expect_refusal("product with a weight never uploaded refused", "nf4_matmul_forward: the NF4 weight holds no weights (not uploaded?)",
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), Nf4DeviceWeight(), 64, 0); });
+    expect_refusal("product with a 1-D weight refused",
+                   "nf4_matmul_forward: the NF4 weight must be 2-D [out_features, in_features], it has 1 dimensions",
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({4096}), 64, 0); });
+    expect_refusal("product with N not a multiple of 64 refused",
+                   "nf4_matmul_forward: N, in_features and out_features must be positive multiples of 64, got N 100, weight [128, 64]",
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({128, 64}), 100, 0); });
+    expect_refusal("input-gradient product with in_features not a multiple of 64 refused",
+                   "nf4_matmul_backward_input: N, in_features and out_features must be positive multiples of 64, got N 64, weight [64, 96]",
+                   [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({64, 96}), 64, false, 0); });
+    expect_refusal("input-gradient product with out_features not a multiple of 64 refused",
+                   "nf4_matmul_backward_input: N, in_features and out_features must be positive multiples of 64, got N 64, weight [32, 64]",
+                   [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({32, 64}), 64, true, 0); });
+    expect_refusal("product into a misaligned output refused", "nf4_matmul_forward: the input and the output must be 16-byte aligned",
+                   [&] { nf4_matmul_forward(bf16_at(1026), bf16_at(2048), fake({64, 64}), 64, 0); });
+    expect_refusal("product with misaligned absmaxes refused",
+                   "nf4_matmul_backward_input: the NF4 weight's codes must be 16-byte aligned and its absmax arrays 4-byte aligned", [&] {
+                       Nf4DeviceWeight w = fake({64, 64});
+                       w.absmax = reinterpret_cast<float*>(514);
+                       nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), w, 64, false, 0);
+                   });
     expect_refusal("dequantization into a misaligned output refused",
                    "dequantize_nf4_device: the output must be 16-byte aligned (vector stores)", [] {
                        Nf4DeviceWeight w;
@@ -248,11 +292,174 @@ static void run_case(const Case& c, cudaStream_t stream) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The products with an NF4 weight (kernels/nf4_matmul.cuh)
+
+using bf16 = __nv_bfloat16;
+
+// ref[n][m] = start[n][m] + sum_k a[n][k] B(k, m) in fp32, k in order, and abssum the same sum of absolute values; B(k, m)
+// = wd[m][k] (forward: wd is [M][K]) or wd[k][m] (kTransposedRead: wd is [K][M], the input gradient's read). 16 x 16
+// tiles through shared memory; every dimension a multiple of 16.
+template <bool kTransposedRead>
+__global__ void reference_product_kernel(float* ref, float* abssum, const bf16* a, const bf16* wd, const bf16* start, int K, int M) {
+    __shared__ float as[16][17], bs[16][17];
+    const int tx = threadIdx.x, ty = threadIdx.y, n = blockIdx.y * 16 + ty, m = blockIdx.x * 16 + tx;
+    float sum = start != nullptr ? __bfloat162float(start[(long)n * M + m]) : 0.0f, abs_sum = fabsf(sum);
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        as[ty][tx] = __bfloat162float(a[(long)n * K + k0 + tx]);
+        const int k = k0 + ty, column = blockIdx.x * 16 + tx;
+        bs[ty][tx] = __bfloat162float(kTransposedRead ? wd[(long)k * M + column] : wd[(long)column * K + k]);
+        __syncthreads();
+        for (int j = 0; j < 16; j++) {
+            const float p = as[ty][j] * bs[j][tx];
+            sum += p;
+            abs_sum += fabsf(p);
+        }
+        __syncthreads();
+    }
+    ref[(long)n * M + m] = sum;
+    abssum[(long)n * M + m] = abs_sum;
+}
+
+struct Reference {
+    std::vector<float> value, abssum;
+};
+// The reference product over w's bf16 dequantization (dequantize_nf4_device): forward out[N, M = OC] = a[N, K = IC]
+// W^T, or (transposed_read) a[N, K = OC] W, out[N, M = IC]; plus start when given.
+static Reference reference_product(const Nf4DeviceWeight& w, const bf16* a, const bf16* start, int N, int K, int M, bool transposed_read,
+                                   cudaStream_t stream) {
+    DeviceBuffer<bf16> wd(w.count);
+    dequantize_nf4_device(wd.ptr, w, stream);
+    DeviceBuffer<float> value((size_t)N * M), abssum((size_t)N * M);
+    const dim3 grid(M / 16, N / 16), block(16, 16);
+    if (transposed_read) reference_product_kernel<true><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, K, M);
+    else reference_product_kernel<false><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, K, M);
+    cudaCheckLaunch();
+    cudaCheck(cudaStreamSynchronize(stream));
+    return {value.download(), abssum.download()};
+}
+
+// How far got is from ref, element by element, against the tolerance 2^-8 |ref| + (K + 1) 2^-22 abssum (see the top).
+struct ProductComparison {
+    size_t outside = 0, first = 0;  // elements past the tolerance (or not finite), the first of them
+    double worst = 0.0;             // the largest |got - ref| / tolerance
+};
+static ProductComparison compare_product(const std::vector<float>& got, const Reference& ref, int K) {
+    ProductComparison c;
+    const double order = (K + 1) * std::ldexp(1.0, -22);
+    for (size_t i = 0; i < ref.value.size(); i++) {
+        const double tolerance = std::ldexp(std::fabs((double)ref.value[i]), -8) + order * ref.abssum[i];
+        const double ratio = std::fabs((double)got[i] - ref.value[i]) / tolerance;
+        if (!(ratio <= 1.0)) {
+            if (c.outside++ == 0) c.first = i;
+        }
+        if (std::isfinite(ratio)) c.worst = std::max(c.worst, ratio);
+        else c.worst = INFINITY;
+    }
+    return c;
+}
+
+struct ProductCase {
+    int N, IC, OC;
+};
+
+static std::string product_name(const char* what, const ProductCase& c, bool double_quant, bool accumulate) {
+    return std::string(what) + " N " + std::to_string(c.N) + " IC " + std::to_string(c.IC) + " OC " + std::to_string(c.OC) +
+           (double_quant ? " double-quantized" : "") + (accumulate ? " accumulating" : "");
+}
+
+// An N(0, 1) weight [OC, IC] quantized on the host and uploaded, and N(0, 1) bf16 activations.
+struct ProductOperands {
+    Nf4Weight host;
+    Nf4DeviceWeight w;
+    ProductOperands(const ProductCase& c, bool double_quant, uint64_t seed) {
+        const std::vector<float> weights = normal_weights((size_t)c.OC * c.IC, seed);
+        host = quantize_nf4(weights.data(), weights.size(), double_quant, {(size_t)c.OC, (size_t)c.IC});
+        w = upload_nf4(host);
+    }
+    ~ProductOperands() { free_nf4(w); }
+};
+
+// The product (forward, or backward_input) of case c against the reference; negative controls: the same output
+// against references made from the weight read transposed (square weights only) and from codes with swapped
+// half-bytes, which the tolerance must reject on most elements.
+static void check_product(bool backward, const ProductCase& c, bool double_quant, bool accumulate, bool controls, cudaStream_t stream) {
+    const std::string name = product_name(backward ? "nf4_matmul_backward_input" : "nf4_matmul_forward", c, double_quant, accumulate);
+    const uint64_t seed = 99 + (uint64_t)c.N * 7919 + (uint64_t)c.IC * 31 + (uint64_t)c.OC + (double_quant ? 1 : 0);
+    ProductOperands op(c, double_quant, seed);
+    const int K = backward ? c.OC : c.IC, M = backward ? c.IC : c.OC;
+    const size_t outputs = (size_t)c.N * M;
+    DeviceBuffer<bf16> a(normal_weights((size_t)c.N * K, seed + 1));
+    DeviceBuffer<bf16> out(outputs + kGuard);  // poisoned: an element never written stays NaN
+    DeviceBuffer<bf16> start((size_t)(accumulate ? outputs : 1));
+    if (accumulate) {
+        start.upload(normal_weights(outputs, seed + 2));
+        cudaCheck(cudaMemcpy(out.ptr, start.ptr, outputs * sizeof(bf16), cudaMemcpyDeviceToDevice));
+    }
+    if (backward) nf4_matmul_backward_input(out.ptr, a.ptr, op.w, c.N, accumulate, stream);
+    else nf4_matmul_forward(out.ptr, a.ptr, op.w, c.N, stream);
+    cudaCheck(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> raw(outputs + kGuard);
+    cudaCheck(cudaMemcpy(raw.data(), out.ptr, raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+    std::vector<float> got(outputs);
+    for (size_t i = 0; i < outputs; i++) {
+        const uint32_t bits = (uint32_t)raw[i] << 16;
+        memcpy(&got[i], &bits, sizeof bits);
+    }
+    size_t overwritten = 0;
+    for (size_t i = outputs; i < raw.size(); i++) overwritten += raw[i] != 0xFFFFu;
+
+    const Reference ref = reference_product(op.w, a.ptr, accumulate ? start.ptr : nullptr, c.N, K, M, backward, stream);
+    const ProductComparison cmp = compare_product(got, ref, K);
+    std::string detail;
+    if (cmp.outside)
+        detail = std::to_string(cmp.outside) + " of " + std::to_string(outputs) + " elements past the tolerance, the first (" +
+                 std::to_string(cmp.first / M) + ", " + std::to_string(cmp.first % M) + "): " + fmt("%.6g against %.6g, abs-sum %.4g", got[cmp.first],
+                 ref.value[cmp.first], ref.abssum[cmp.first]);
+    if (overwritten) detail += (detail.empty() ? "" : "; ") + std::to_string(overwritten) + " elements written past the end";
+    check(detail.empty(), name + " against the dequantized weight's fp32 product",
+          detail.empty() ? fmt("largest |diff| %.3f of the tolerance 2^-8 |ref| + (K + 1) 2^-22 abs-sum", cmp.worst) : detail);
+    if (!controls) return;
+
+    auto rejected = [&](const std::string& what, const Reference& wrong) {
+        const ProductComparison bad = compare_product(got, wrong, K);
+        expect(bad.outside > outputs / 2, name + ": the tolerance rejects " + what,
+               "only " + std::to_string(bad.outside) + " of " + std::to_string(outputs) + " elements outside it");
+    };
+    Nf4Weight swapped = op.host;
+    for (uint8_t& byte : swapped.packed) byte = (uint8_t)(byte << 4 | byte >> 4);
+    Nf4DeviceWeight swapped_w = upload_nf4(swapped);
+    rejected("codes read with their half-bytes swapped",
+             reference_product(swapped_w, a.ptr, accumulate ? start.ptr : nullptr, c.N, K, M, backward, stream));
+    free_nf4(swapped_w);
+    if (c.IC == c.OC)
+        rejected("the weight read transposed", reference_product(op.w, a.ptr, accumulate ? start.ptr : nullptr, c.N, K, M, !backward, stream));
+}
+
+static void check_products(cudaStream_t stream) {
+    const ProductCase small{256, 512, 768}, large{2048, 4096, 1024}, partial{192, 448, 320}, tiny{64, 64, 64}, square{256, 512, 512};
+    for (bool double_quant : {false, true}) {
+        for (const ProductCase& c : {small, large, partial, tiny})
+            guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
+        for (const ProductCase& c : {small, large, partial, tiny})
+            for (bool accumulate : {false, true})
+                guarded(product_name("nf4_matmul_backward_input", c, double_quant, accumulate),
+                        [&] { check_product(true, c, double_quant, accumulate, false, stream); });
+        guarded("controls", [&] {
+            check_product(false, square, double_quant, false, true, stream);
+            check_product(true, square, double_quant, true, true, stream);
+        });
+    }
+}
+
 int main() {
     check_suite("nf4_gpu");
     check_device_bytes();
     check_refusals();
-    if (!gpu_present("NF4 dequantization on the GPU")) return check_failures() ? 1 : 0;
+    if (!gpu_present("NF4 dequantization on the GPU")) {
+        skip("NF4 products (nf4_matmul_forward, nf4_matmul_backward_input) on the GPU", "no GPU");
+        return check_failures() ? 1 : 0;
+    }
     current_gpu();
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
@@ -265,6 +472,7 @@ int main() {
         {"1 x 1", {1, 1}},
     };
     for (const Case& c : cases) guarded(c.name, [&] { run_case(c, stream); });
+    check_products(stream);
     cudaCheck(cudaStreamDestroy(stream));
     return check_failures() ? 1 : 0;
 }
