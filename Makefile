@@ -49,7 +49,8 @@ CPU_TESTS = $(BUILD)/test_cpu_reference $(BUILD)/test_cpu_lora $(BUILD)/test_tok
 GPU_TESTS = $(BUILD)/test_kernels $(BUILD)/test_attention $(BUILD)/test_model $(BUILD)/test_sharding $(BUILD)/test_lora_files $(BUILD)/test_formats \
             $(BUILD)/test_mesh_nccl $(BUILD)/test_tensor_parallel_layers $(BUILD)/test_fp8_gpu $(BUILD)/test_fp8_model \
             $(BUILD)/test_nf4_gpu
-BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8
+BENCHES = $(BUILD)/bench_attention $(BUILD)/bench_memory_bound $(BUILD)/bench_adamw_cpu $(BUILD)/bench_offload_dir $(BUILD)/bench_fp8 \
+          $(BUILD)/bench_nf4
 
 .PHONY: all tests benches test test-full test-portable train clean fuzz fuzz-build
 all: train_gpt $(BUILD)/prepare_shards
@@ -142,6 +143,10 @@ $(BUILD)/bench_memory_bound: bench/bench_memory_bound.cu bench/bench_util.h $(KE
 
 $(BUILD)/bench_fp8: bench/bench_fp8.cu bench/bench_util.h $(KERNELS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) bench/bench_fp8.cu $(CUDA_LIBS) -o $@
+
+# NF4 products dequantized in the kernel against dequantization + cuBLASLt (kernels/nf4_matmul.cuh)
+$(BUILD)/bench_nf4: bench/bench_nf4.cu bench/bench_util.h $(KERNELS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) bench/bench_nf4.cu $(CUDA_LIBS) -o $@
 
 # ZeRO-Offload's CPU AdamW against the same memory traffic (plain C++ with OpenMP, as test_adamw_cpu)
 $(BUILD)/bench_adamw_cpu: bench/bench_adamw_cpu.cpp kernels/adamw_cpu.h kernels/host_device.h kernels/die.h | $(BUILD)

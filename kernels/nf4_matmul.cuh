@@ -13,9 +13,10 @@
 // are dequantized into a double-buffered bf16 tile in shared memory, one k-tile ahead of the MMAs, so one barrier a
 // k-tile suffices. Both operands are XOR-swizzled and read by ldmatrix (flash_attention.cuh's helpers); a warp owns 64
 // output rows x 32 columns (64 fp32 accumulators a thread).
-// Limits: N, IC and OC positive multiples of 64 (every product of the NF4 base: qkv, attproj, fc, fcproj of the model
-// shapes here), so an NF4 block (64 consecutive weights of a row) never straddles a tile; tiles past N or the output
-// width are masked (N or a width of 64 modulo 128). Operand and output pointers 16-byte aligned; the weight's arrays
+// Limits: IC and OC positive multiples of 64 (every weight of the NF4 base: qkv, attproj, fc, fcproj of the model
+// shapes here), so an NF4 block (64 consecutive weights of a row) never straddles a tile; N any positive count (rows
+// past N are zero-filled and never stored: sampling's few rows too); a partial last tile (N, or a width of 64 modulo
+// 128) is masked. Operand and output pointers 16-byte aligned; the weight's arrays
 // as upload_nf4 / allocate_nf4 / the NF4 base allocate them (codes 16-byte, absmax codes and absmaxes 4-byte
 // aligned). Anything else is refused in one line before any CUDA call. A small N under-fills the GPU (one row tile
 // of CTAs; no split over k): which of this and dequantize + cuBLASLt to take is for measurement (bench/bench_nf4.cu).
@@ -286,16 +287,17 @@ void launch(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4DeviceWeight& w
 
 }  // namespace nf4mm
 
-// Why `what` cannot run on these operands ("" when it can): a weight never uploaded or not 2-D, N / IC / OC not
-// positive multiples of 64 (or past int), misaligned pointers. Reads no device memory.
+// Why `what` cannot run on these operands ("" when it can): a weight never uploaded or not 2-D, IC / OC not positive
+// multiples of 64 (or past int), N not positive, misaligned pointers. Reads no device memory.
 inline std::string nf4_matmul_shape_problem(const char* what, const Nf4DeviceWeight& w, int N, const void* out, const void* in) {
     const std::string name(what);
     if (w.count == 0 || w.packed == nullptr) return name + ": the NF4 weight holds no weights (not uploaded?)";
     if (w.shape.size() != 2) return name + ": the NF4 weight must be 2-D [out_features, in_features], it has " + std::to_string(w.shape.size()) + " dimensions";
     const size_t OC = w.shape[0], IC = w.shape[1];
-    if (N <= 0 || N % 64 != 0 || OC % 64 != 0 || IC % 64 != 0 || OC > (size_t)INT_MAX || IC > (size_t)INT_MAX)
-        return name + ": N, in_features and out_features must be positive multiples of 64, got N " + std::to_string(N) +
-               ", weight [" + std::to_string(OC) + ", " + std::to_string(IC) + "]";
+    if (OC == 0 || IC == 0 || OC % 64 != 0 || IC % 64 != 0 || OC > (size_t)INT_MAX || IC > (size_t)INT_MAX)
+        return name + ": the weight's in_features and out_features must be multiples of 64, got [" + std::to_string(OC) + ", " +
+               std::to_string(IC) + "]";
+    if (N <= 0) return name + ": N must be positive, got " + std::to_string(N);
     if ((uintptr_t)out % 16 != 0 || (uintptr_t)in % 16 != 0) return name + ": the input and the output must be 16-byte aligned";
     const bool arrays_aligned = w.double_quant ? (uintptr_t)w.absmax_codes % 4 == 0 && (uintptr_t)w.nested_absmax % 4 == 0
                                                : (uintptr_t)w.absmax % 4 == 0;

@@ -14,13 +14,14 @@
 //   the products with the NF4 weight dequantized inside the kernel (kernels/nf4_matmul.cuh), forward out = x W^T and
 //     backward_input dx = dout W (overwriting and accumulating), single and double quantization, against a reference
 //     product over dequantize_nf4_device's bf16 weight with fp32 sums in k order (an N(0, 1) weight [OC, IC], N(0, 1)
-//     bf16 inputs): (N, IC, OC) = (256, 512, 768), (2048, 4096, 1024), (192, 448, 320) and (64, 64, 64) (partial row and
-//     column tiles), backward with IC != OC; nothing written past the output. Both products' operands are the same
+//     bf16 inputs): (N, IC, OC) = (256, 512, 768), (2048, 4096, 1024), (192, 448, 320), (64, 64, 64), (16, 512, 768)
+//     and (77, 320, 448) (partial row and column tiles, N not a multiple of 64), backward with IC != OC; nothing written
+//     past the output. Both products' operands are the same
 //     bf16 values, so only the order of the fp32 sums and the output's rounding differ: each element within
 //     2^-8 |ref| (bf16's half ulp) + (K + 1) 2^-22 sum_k |a_k b_k| (a worst-case bound on two fp32 sums of K terms in
 //     any order, tensor cores' truncating adds included). The tolerance is shown to reject a weight read transposed
 //     and codes read with their half-bytes swapped (references made that way fail on most elements). Without a GPU:
-//     the products' refusals (a weight never uploaded or not 2-D, N / IC / OC not multiples of 64, misaligned pointers).
+//     the products' refusals (a weight never uploaded or not 2-D, IC / OC not multiples of 64, N 0, misaligned pointers).
 // Usage: test_nf4_gpu
 #include <sys/wait.h>
 #include <unistd.h>
@@ -128,15 +129,17 @@ static void check_refusals() {
     expect_refusal("product with a 1-D weight refused",
                    "nf4_matmul_forward: the NF4 weight must be 2-D [out_features, in_features], it has 1 dimensions",
                    [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({4096}), 64, 0); });
-    expect_refusal("product with N not a multiple of 64 refused",
-                   "nf4_matmul_forward: N, in_features and out_features must be positive multiples of 64, got N 100, weight [128, 64]",
-                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({128, 64}), 100, 0); });
+    expect_refusal("product with N 0 refused", "nf4_matmul_forward: N must be positive, got 0",
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({128, 64}), 0, 0); });
     expect_refusal("input-gradient product with in_features not a multiple of 64 refused",
-                   "nf4_matmul_backward_input: N, in_features and out_features must be positive multiples of 64, got N 64, weight [64, 96]",
+                   "nf4_matmul_backward_input: the weight's in_features and out_features must be multiples of 64, got [64, 96]",
                    [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({64, 96}), 64, false, 0); });
     expect_refusal("input-gradient product with out_features not a multiple of 64 refused",
-                   "nf4_matmul_backward_input: N, in_features and out_features must be positive multiples of 64, got N 64, weight [32, 64]",
+                   "nf4_matmul_backward_input: the weight's in_features and out_features must be multiples of 64, got [32, 64]",
                    [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({32, 64}), 64, true, 0); });
+    expect_refusal("product with out_features not a multiple of 64 refused",
+                   "nf4_matmul_forward: the weight's in_features and out_features must be multiples of 64, got [100, 64]",
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({100, 64}), 64, 0); });
     expect_refusal("product into a misaligned output refused", "nf4_matmul_forward: the input and the output must be 16-byte aligned",
                    [&] { nf4_matmul_forward(bf16_at(1026), bf16_at(2048), fake({64, 64}), 64, 0); });
     expect_refusal("product with misaligned absmaxes refused",
@@ -299,14 +302,15 @@ using bf16 = __nv_bfloat16;
 
 // ref[n][m] = start[n][m] + sum_k a[n][k] B(k, m) in fp32, k in order, and abssum the same sum of absolute values; B(k, m)
 // = wd[m][k] (forward: wd is [M][K]) or wd[k][m] (kTransposedRead: wd is [K][M], the input gradient's read). 16 x 16
-// tiles through shared memory; every dimension a multiple of 16.
+// tiles through shared memory; K and M multiples of 16.
 template <bool kTransposedRead>
-__global__ void reference_product_kernel(float* ref, float* abssum, const bf16* a, const bf16* wd, const bf16* start, int K, int M) {
+__global__ void reference_product_kernel(float* ref, float* abssum, const bf16* a, const bf16* wd, const bf16* start, int N, int K, int M) {
     __shared__ float as[16][17], bs[16][17];
     const int tx = threadIdx.x, ty = threadIdx.y, n = blockIdx.y * 16 + ty, m = blockIdx.x * 16 + tx;
-    float sum = start != nullptr ? __bfloat162float(start[(long)n * M + m]) : 0.0f, abs_sum = fabsf(sum);
+    const bool row = n < N;
+    float sum = start != nullptr && row ? __bfloat162float(start[(long)n * M + m]) : 0.0f, abs_sum = fabsf(sum);
     for (int k0 = 0; k0 < K; k0 += 16) {
-        as[ty][tx] = __bfloat162float(a[(long)n * K + k0 + tx]);
+        as[ty][tx] = row ? __bfloat162float(a[(long)n * K + k0 + tx]) : 0.0f;
         const int k = k0 + ty, column = blockIdx.x * 16 + tx;
         bs[ty][tx] = __bfloat162float(kTransposedRead ? wd[(long)k * M + column] : wd[(long)column * K + k]);
         __syncthreads();
@@ -317,6 +321,7 @@ __global__ void reference_product_kernel(float* ref, float* abssum, const bf16* 
         }
         __syncthreads();
     }
+    if (!row) return;
     ref[(long)n * M + m] = sum;
     abssum[(long)n * M + m] = abs_sum;
 }
@@ -331,9 +336,9 @@ static Reference reference_product(const Nf4DeviceWeight& w, const bf16* a, cons
     DeviceBuffer<bf16> wd(w.count);
     dequantize_nf4_device(wd.ptr, w, stream);
     DeviceBuffer<float> value((size_t)N * M), abssum((size_t)N * M);
-    const dim3 grid(M / 16, N / 16), block(16, 16);
-    if (transposed_read) reference_product_kernel<true><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, K, M);
-    else reference_product_kernel<false><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, K, M);
+    const dim3 grid(M / 16, ceil_div(N, 16)), block(16, 16);
+    if (transposed_read) reference_product_kernel<true><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, N, K, M);
+    else reference_product_kernel<false><<<grid, block, 0, stream>>>(value.ptr, abssum.ptr, a, wd.ptr, start, N, K, M);
     cudaCheckLaunch();
     cudaCheck(cudaStreamSynchronize(stream));
     return {value.download(), abssum.download()};
@@ -437,11 +442,12 @@ static void check_product(bool backward, const ProductCase& c, bool double_quant
 }
 
 static void check_products(cudaStream_t stream) {
-    const ProductCase small{256, 512, 768}, large{2048, 4096, 1024}, partial{192, 448, 320}, tiny{64, 64, 64}, square{256, 512, 512};
+    const ProductCase small{256, 512, 768}, large{2048, 4096, 1024}, partial{192, 448, 320}, tiny{64, 64, 64}, few{16, 512, 768},
+        ragged{77, 320, 448}, square{256, 512, 512};
     for (bool double_quant : {false, true}) {
-        for (const ProductCase& c : {small, large, partial, tiny})
+        for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
             guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
-        for (const ProductCase& c : {small, large, partial, tiny})
+        for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
             for (bool accumulate : {false, true})
                 guarded(product_name("nf4_matmul_backward_input", c, double_quant, accumulate),
                         [&] { check_product(true, c, double_quant, accumulate, false, stream); });
