@@ -16,16 +16,16 @@
 // Limits: IC and OC positive multiples of 64 (every weight of the NF4 base: qkv, attproj, fc, fcproj of the model
 // shapes here), so an NF4 block (64 consecutive weights of a row) never straddles a tile; N any positive count (rows
 // past N are zero-filled and never stored: sampling's few rows too); a partial last tile (N, or a width of 64 modulo
-// 128) is masked. Operand and output pointers 16-byte aligned; the weight's arrays
-// as upload_nf4 / allocate_nf4 / the NF4 base allocate them (codes 16-byte, absmax codes and absmaxes 4-byte
-// aligned). Anything else is refused in one line before any CUDA call. A small N under-fills the GPU (one row tile
+// 128) is masked. Operand and output pointers 16-byte aligned; the weight's arrays as upload_nf4 / allocate_nf4 / the
+// NF4 base allocate them (codes 16-byte, absmax codes and absmaxes 4-byte aligned). Anything else is refused in one
+// line before any CUDA call. A small N under-fills the GPU (one row tile
 // of CTAs; no split over k): which of this and dequantize + cuBLASLt to take is for measurement (bench/bench_nf4.cu).
 // defines: nf4_matmul_shape_problem, nf4_matmul_forward, nf4_matmul_backward_input
 #pragma once
 #include <climits>
 #include <string>
 #include "common.cuh"
-#include "flash_attention.cuh"  // flash::: cp.async, ldmatrix, mma.sync wrappers, the swizzled tile layout, set_smem
+#include "flash_attention.cuh"  // flash:: cp.async, ldmatrix, mma.sync wrappers, the swizzled tile layout, set_smem
 #include "nf4.cuh"              // Nf4DeviceWeight, Nf4Tables, nf4_tables
 
 namespace nf4mm {
@@ -43,7 +43,7 @@ constexpr int kThreads = 256, kBM = 128, kBN = 128, kBK = 64, kStages = 3;
 constexpr int kWarpRows = 64, kWarpCols = 32;  // 2 x 4 warps
 constexpr int kTileBlocks = kBN * kBK / (int)kNf4BlockSize;  // NF4 blocks in a weight tile (128)
 constexpr int kPackedTileBytes = kBN * kBK / 2;              // their codes (4 KB)
-static_assert(kNf4BlockSize == 64 && kBK == 64, "a k-tile is one NF4 block wide (forward) / tall (backward)");
+static_assert(kNf4BlockSize == 64 && kBK == 64, "weight tiles of whole NF4 blocks: a forward k-tile is one block wide");
 static_assert(kPackedTileBytes == 16 * kThreads, "one 16-byte vector of codes a thread: each dequantizes what it loaded");
 static_assert(2 * kTileBlocks == kThreads, "two threads per NF4 block (32 weights each)");
 static_assert((kBM / kWarpRows) * (kBN / kWarpCols) * 32 == kThreads, "warp grid");
@@ -85,7 +85,7 @@ __device__ __forceinline__ long tile_block(int i, int row0, int col0, long IC) {
 }
 
 // cp.async of a weight tile's codes (thread t: bytes 16t .. 16t + 15 of the tile, row-major) and of what its blocks'
-// absmaxes are made of (threads 0..127: the fp32 absmax, or the aligned 4-byte word holding the 8-bit absmax code: 
+// absmaxes are made of (threads 0..127: the fp32 absmax, or the aligned 4-byte word holding the 8-bit absmax code:
 // cp.async moves 4 bytes at least, and a weight's block count is a multiple of 64 here, so the word is inside the
 // array; threads 128..255: the nested absmax).
 template <int WR, int WC, bool kDoubleQuant>
