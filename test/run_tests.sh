@@ -75,7 +75,7 @@ cpu_suites() {
     run lora_files build/test_lora_files
     run formats build/test_formats
     run fp8_gpu build/test_fp8_gpu  # the FP8 cast, amax, products and the casts fused with LayerNorm and GELU on the GPU (skipped without one; its host checks run)
-    run nf4_gpu build/test_nf4_gpu  # NF4 dequantization on the GPU to bf16 and fp32, bitwise model/nf4.h's (skipped without one; its host checks run)
+    run nf4_gpu build/test_nf4_gpu  # NF4 dequantization on the GPU to bf16 and fp32, bitwise model/nf4.h's; the fused 4-bit products against the dequantized weight's (skipped without one; its host checks run)
     fixture_rc=3  # not selected
     selected cpu_reference && { start=$SECONDS; fixture_out=$(bash test/tools/make_cpu_fixture.sh "$WORK/cpu_fixture" 2>&1); fixture_rc=$?
                                 echo "# cpu_reference fixture (PyTorch on the CPU): $((SECONDS - start)) s" | tee -a "$LOG"; }
