@@ -22,7 +22,7 @@
 // micro-step; stages 2 and 3 reduce-scatter every micro-step and add the result into the gradient shard.
 // ZeRO-Offload (--offload: the optimizer state, at stage 3 also the parameter shard, on the host; the one-step delayed
 // update; the NVMe tier) is distributed/zero_offload.cuh's: this class keeps the device side and hands it the host's.
-// defines: ZeroMemory, zero_memory, UnitSource, ZeroOptimizer
+// defines: ZeroMemory, zero_memory, UnitSource, LossScaler, ZeroStreams, ZeroOptimizer
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -81,6 +81,57 @@ struct UnitSource {
     virtual void fill(int u, floatX* dst, cudaStream_t stream) = 0;           // unit u in compute precision into dst
 };
 
+// fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale` before backward;
+// a step whose gradients hold inf/NaN is skipped and the scale halved; after `growth_interval` clean steps in a row
+// the scale doubles.
+struct LossScaler {
+    float scale = 1.0f;
+    int growth_interval = 2000;
+    int clean_steps = 0;
+    long skipped_steps = 0;
+    void after_step(bool skipped, bool grows) {  // grows: fp16 (the other precisions keep the scale at 1)
+        if (skipped) {
+            skipped_steps++;
+            clean_steps = 0;
+            scale = std::max(scale * 0.5f, 1.0f);
+        } else if (grows && ++clean_steps >= growth_interval) {
+            scale *= 2.0f;
+            clean_steps = 0;
+        }
+    }
+};
+
+// A ZeroOptimizer's communication stream and the events that order it with the compute stream (created by create(),
+// destroyed with this).
+struct ZeroStreams {
+    cudaStream_t comm = nullptr;
+    cudaEvent_t comm_done = nullptr, persistent_grads_free = nullptr;
+    cudaEvent_t ring_params_ready[2] = {}, ring_params_free[2] = {}, ring_grads_free[2] = {};
+    std::vector<cudaEvent_t> unit_events;  // unit u: the compute stream's point that its reduction or gather waits for
+    std::vector<cudaEvent_t> gathered;     // stages 1/2: unit u's gather after the last step() is done
+    ZeroStreams() = default;
+    ZeroStreams(const ZeroStreams&) = delete;
+    ZeroStreams& operator=(const ZeroStreams&) = delete;
+    void create(int units) {
+        cudaCheck(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+        for (auto* e : {&comm_done, &persistent_grads_free, &ring_params_ready[0], &ring_params_ready[1], &ring_params_free[0],
+                        &ring_params_free[1], &ring_grads_free[0], &ring_grads_free[1]})
+            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        unit_events.resize(units);
+        gathered.resize(units);
+        for (std::vector<cudaEvent_t>* events : {&unit_events, &gathered})
+            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    ~ZeroStreams() {
+        for (const std::vector<cudaEvent_t>* events : {&unit_events, &gathered})
+            for (cudaEvent_t e : *events) cudaEventDestroy(e);
+        for (cudaEvent_t e : {comm_done, persistent_grads_free, ring_params_ready[0], ring_params_ready[1], ring_params_free[0],
+                              ring_params_free[1], ring_grads_free[0], ring_grads_free[1]})
+            if (e) cudaEventDestroy(e);
+        if (comm) cudaStreamDestroy(comm);
+    }
+};
+
 // Parameters, gradients and optimizer state of one rank, and the communication between ranks.
 template <typename floatX>
 class ZeroOptimizer {
@@ -92,15 +143,7 @@ public:
         bool skipped;         // non-finite gradients: no update
         bool stop_requested;  // a rank asked to stop after this step (step()'s stop_votes): every rank learns the same
     };
-    // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale`
-    // before backward; a step whose gradients hold inf/NaN is skipped and the scale halved; after
-    // `growth_interval` clean steps in a row the scale doubles.
-    struct LossScaler {
-        float scale = 1.0f;
-        int growth_interval = 2000;
-        int clean_steps = 0;
-        long skipped_steps = 0;
-    } scaler;
+    LossScaler scaler;  // fp16's dynamic loss scale
 
     // offsets/sizes/kinds: the padded units of the parameter layout (their sizes divisible by 8 x the data-parallel
     // degree). Sharding and its collectives run over mesh.data; pg bounds every wait. Under tensor parallelism
@@ -129,7 +172,7 @@ public:
     const ShardPlan& plan() const { return plan_; }
     // Frozen parameters only, before allocate(): the gathered units come from `source` (UnitSource), which outlives this.
     void set_unit_source(UnitSource<floatX>* source) {
-        if (trainable_ || norm_ != nullptr || comm_ != nullptr) die("internal: a unit source serves frozen parameters, set before allocate()");
+        if (trainable_ || norm_ != nullptr || streams_.comm != nullptr) die("internal: a unit source serves frozen parameters, set before allocate()");
         source_ = source;
     }
 
@@ -182,7 +225,7 @@ public:
         if (!trainable_) {  // frozen: the whole parameters, or with a unit source only the persistent units and the ring
             if (!source_) return alloc(&params_, total_);
             alloc_full(persistent_params_, ring_params_);
-            return create_streams();
+            return streams_.create(plan_.num_units());
         }
         // a sharded buffer (stage 3 parameters, stage 2-3 gradients): this rank's shards and the full buffers
         auto alloc_sharded = [&](floatX** shards, std::vector<floatX*>& persistent, floatX* (&ring)[2], bool shards_on_host) {
@@ -216,7 +259,7 @@ public:
         cudaCheck(cudaMalloc(&norm_, 2 * sizeof(float)));
         cudaCheck(cudaMalloc(&norm_scratch_, global_norm_scratch_floats() * sizeof(float)));
         cudaCheck(cudaMallocHost(&norm_host_, 2 * sizeof(float)));
-        create_streams();
+        streams_.create(plan_.num_units());
     }
 
     ~ZeroOptimizer() {
@@ -234,12 +277,6 @@ public:
             for (floatX* p : *buffers)
                 if (p) cudaFree(p);
         if (norm_host_) cudaFreeHost(norm_host_);
-        for (const std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
-            for (cudaEvent_t e : *events) cudaEventDestroy(e);
-        for (cudaEvent_t e : {comm_done_, persistent_grads_free_, ring_params_ready_[0], ring_params_ready_[1], ring_params_free_[0],
-                              ring_params_free_[1], ring_grads_free_[0], ring_grads_free_[1]})
-            if (e) cudaEventDestroy(e);
-        if (comm_) cudaStreamDestroy(comm_);
     }
 
     // Counts the changes of the parameters (step, set_unit, a landed delayed update): what is derived from them and
@@ -284,24 +321,24 @@ public:
             if (ordinal_[u] < 0) wait_for_unit(u);
         if (!gathers()) return;
         if (!persistent_gathered_ && !source_) {  // parameters change only in step(): gather the persistent units once per step
-            cudaCheck(cudaEventRecord(comm_done_, compute_));
-            cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
+            cudaCheck(cudaEventRecord(streams_.comm_done, compute_));
+            cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.comm_done));
             for (int u = 0; u < plan_.num_units(); u++)
-                if (ordinal_[u] < 0) gather(u, persistent_params_[u], comm_);
-            cudaCheck(cudaEventRecord(comm_done_, comm_));
-            cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
+                if (ordinal_[u] < 0) gather(u, persistent_params_[u], streams_.comm);
+            cudaCheck(cudaEventRecord(streams_.comm_done, streams_.comm));
+            cudaCheck(cudaStreamWaitEvent(compute_, streams_.comm_done));
             persistent_gathered_ = true;
         }
         for (int i = 0; i < 2 && i < (int)gathered_units_.size(); i++) ensure_gathered(i);
     }
     void before_unit_forward(int u) {
         wait_for_unit(u);
-        if (gathers() && ordinal_[u] >= 0) cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[ordinal_[u] % 2]));
+        if (gathers() && ordinal_[u] >= 0) cudaCheck(cudaStreamWaitEvent(compute_, streams_.ring_params_ready[ordinal_[u] % 2]));
     }
     void after_unit_forward(int u) {
         if (!gathers() || ordinal_[u] < 0) return;
         const int i = ordinal_[u];
-        cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
+        cudaCheck(cudaEventRecord(streams_.ring_params_free[i % 2], compute_));
         if (i + 2 < (int)gathered_units_.size()) ensure_gathered(i + 2);
     }
 
@@ -309,41 +346,41 @@ public:
         if (!trainable_) return;
         last_micro_step_ = last_micro_step;
         if (offload_) offload_->before_backward();
-        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, persistent_grads_free_));  // previous micro-step's reductions
+        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, streams_.persistent_grads_free));  // previous micro-step's reductions
     }
     void before_unit_backward(int u) {
         if (!(trainable_ || source_) || ordinal_[u] < 0) return;
         const int i = ordinal_[u];
-        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, ring_grads_free_[i % 2]));
+        if (stage_ >= 2) cudaCheck(cudaStreamWaitEvent(compute_, streams_.ring_grads_free[i % 2]));
         if (!gathers()) return;
         ensure_gathered(i);
-        cudaCheck(cudaStreamWaitEvent(compute_, ring_params_ready_[i % 2]));
+        cudaCheck(cudaStreamWaitEvent(compute_, streams_.ring_params_ready[i % 2]));
     }
     // Unit u's gradients are complete for this micro-step: reduce them (stages 0/1: only after the last
     // micro-step; stages 2/3: every micro-step, into the gradient shard).
     void after_unit_backward(int u) {
         const int i = ordinal_[u];
         if (gathers() && i >= 0) {  // its slot can take the gathered unit two before it
-            cudaCheck(cudaEventRecord(ring_params_free_[i % 2], compute_));
+            cudaCheck(cudaEventRecord(streams_.ring_params_free[i % 2], compute_));
             if (i - 2 >= 0) ensure_gathered(i - 2);
         }
         if (!trainable_ || data_.size == 1 || (stage_ < 2 && !last_micro_step_)) return;
-        cudaCheck(cudaEventRecord(unit_events_[u], compute_));
-        cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+        cudaCheck(cudaEventRecord(streams_.unit_events[u], compute_));
+        cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.unit_events[u]));
         floatX* unit = unit_grads(u);
         const size_t n = plan_.unit_size[u], shard = plan_.shard_size[u];
         if (stage_ == 0) {
-            ncclCheck(ncclAllReduce(unit, unit, n, nccl_type<floatX>(), ncclAvg, data_.comm, comm_));
+            ncclCheck(ncclAllReduce(unit, unit, n, nccl_type<floatX>(), ncclAvg, data_.comm, streams_.comm));
             return;
         }
         // in place: this rank's slice of the unit receives the reduced slice
         floatX* slice = unit + data_.rank * shard;
-        ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, data_.comm, comm_));
+        ncclCheck(ncclReduceScatter(unit, slice, shard, nccl_type<floatX>(), ncclAvg, data_.comm, streams_.comm));
         if (stage_ >= 2) {
-            accumulate_into(grad_shards_ + plan_.local_offset[u], slice, (long)shard, comm_);
-            cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), comm_));  // ready for the next micro-step
+            accumulate_into(grad_shards_ + plan_.local_offset[u], slice, (long)shard, streams_.comm);
+            cudaCheck(cudaMemsetAsync(unit, 0, n * sizeof(floatX), streams_.comm));  // ready for the next micro-step
             // the latest record is what the next wait sees: the comm stream runs in order
-            cudaCheck(cudaEventRecord(i >= 0 ? ring_grads_free_[i % 2] : persistent_grads_free_, comm_));
+            cudaCheck(cudaEventRecord(i >= 0 ? streams_.ring_grads_free[i % 2] : streams_.persistent_grads_free, streams_.comm));
         }
     }
     // Whether the gradients of this micro-step are reduced now (stages 2/3: every micro-step; 0/1: the last one).
@@ -353,14 +390,14 @@ public:
         if (last_micro_step_ && has_tied_ && embedding_.size > 1) {
             // the two copies of the tied token embedding get the sum of both stages' (reduced) gradients: the
             // whole unit at stage 0, this data-parallel rank's slice at stage 1 (the same slice on both stages)
-            cudaCheck(cudaEventRecord(comm_done_, compute_));
-            cudaCheck(cudaStreamWaitEvent(comm_, comm_done_));
+            cudaCheck(cudaEventRecord(streams_.comm_done, compute_));
+            cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.comm_done));
             for (int u = 0; u < plan_.num_units(); u++) {
                 if (kinds_[u] != UnitKind::kTied && kinds_[u] != UnitKind::kTiedCopy) continue;
                 const bool sliced = stage_ == 1 && data_.size > 1;
                 floatX* g = grads_ + (sliced ? plan_.global_begin(u) : plan_.unit_offset[u]);
                 const size_t n = sliced ? plan_.shard_size[u] : plan_.unit_size[u];
-                ncclCheck(ncclAllReduce(g, g, n, nccl_type<floatX>(), ncclSum, embedding_.comm, comm_));
+                ncclCheck(ncclAllReduce(g, g, n, nccl_type<floatX>(), ncclSum, embedding_.comm, streams_.comm));
             }
         } else if (data_.size == 1) {
             return;
@@ -369,8 +406,8 @@ public:
         // backward waits for its gradient buffers through the *_grads_free_ events), so the last units'
         // reduce-scatters overlap the next forward instead of delaying it.
         if (stage_ >= 2 && !last_micro_step_) return;
-        cudaCheck(cudaEventRecord(comm_done_, comm_));
-        cudaCheck(cudaStreamWaitEvent(compute_, comm_done_));
+        cudaCheck(cudaEventRecord(streams_.comm_done, streams_.comm));
+        cudaCheck(cudaStreamWaitEvent(compute_, streams_.comm_done));
     }
 
     // ------------------------------------------------------------------------------------------
@@ -456,14 +493,7 @@ public:
         const float norm = sqrtf(norm_host_[0]) / step_hyper_.loss_scale;
         const bool stop = norm_host_[1] > 0.0f;
         const bool skipped = adamw_grad_scale(norm_host_[0], step_hyper_) == 0.0f;  // the kernels' own test: they skipped the step
-        if (skipped) {
-            scaler.skipped_steps++;
-            scaler.clean_steps = 0;
-            scaler.scale = std::max(scaler.scale * 0.5f, 1.0f);
-        } else if (std::is_same<floatX, __half>::value && ++scaler.clean_steps >= scaler.growth_interval) {
-            scaler.scale *= 2.0f;
-            scaler.clean_steps = 0;
-        }
+        scaler.after_step(skipped, std::is_same<floatX, __half>::value);
         if (offload_ && offload_->delayed() && !skipped) {
             offload_->start_update(adamw_cpu::make_step(step_hyper_, norm_host_[0]));
             if (!offload_->update_may_run_on()) finish_update();
@@ -502,7 +532,7 @@ public:
         require_landed("setting parameters");
         wait_for_parameters();
         const size_t shard = plan_.shard_size[u], mine = (size_t)plan_.rank * shard;
-        if (source_ && comm_) cudaCheck(cudaStreamSynchronize(comm_));  // no fill reads the source while it changes
+        if (source_ && streams_.comm) cudaCheck(cudaStreamSynchronize(streams_.comm));  // no fill reads the source while it changes
         if (source_ && ordinal_[u] >= 0) source_->store(u, values, compute_);
         else if (source_) convert_precision(persistent_params_[u], values, (long)plan_.unit_size[u], compute_);
         else if (stage_ < 3) convert_precision(params_ + plan_.unit_offset[u], values, (long)plan_.unit_size[u], compute_);
@@ -608,18 +638,6 @@ private:
         cudaCheck(cudaMalloc(p, n * sizeof(floatX)));
         cudaCheck(cudaMemset(*p, 0, n * sizeof(floatX)));
     }
-    // The communication stream and the events that order it with the compute stream.
-    void create_streams() {
-        const int U = plan_.num_units();
-        cudaCheck(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-        for (auto* e : {&comm_done_, &persistent_grads_free_, &ring_params_ready_[0], &ring_params_ready_[1], &ring_params_free_[0],
-                        &ring_params_free_[1], &ring_grads_free_[0], &ring_grads_free_[1]})
-            cudaCheck(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        unit_events_.resize(U);
-        gathered_.resize(U);
-        for (std::vector<cudaEvent_t>* events : {&unit_events_, &gathered_})
-            for (auto& e : *events) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
     // This rank's slice of unit u on the device, where AdamW reads its gradients and writes its parameters (stages
     // 1-3; one rank's slice is the whole unit).
     floatX* shard_params(int u) const { return stage_ == 3 ? param_shards_ + plan_.local_offset[u] : params_ + plan_.global_begin(u); }
@@ -646,13 +664,13 @@ private:
         if (offload_ && offload_->update_running()) die(std::string("internal: ") + what + " while a delayed update runs (finish_update() first)");
     }
     // Stages 1/2: unit u's updated slice goes to every rank, all-gathered in place on the communication stream once the
-    // compute stream has come here; gathered_[u] marks it for the next forward.
+    // compute stream has come here; streams_.gathered[u] marks it for the next forward.
     void gather_updated_unit(int u) {
-        cudaCheck(cudaEventRecord(unit_events_[u], compute_));
-        cudaCheck(cudaStreamWaitEvent(comm_, unit_events_[u]));
+        cudaCheck(cudaEventRecord(streams_.unit_events[u], compute_));
+        cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.unit_events[u]));
         floatX* unit = params_ + plan_.unit_offset[u];
-        ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u], nccl_type<floatX>(), data_.comm, comm_));
-        cudaCheck(cudaEventRecord(gathered_[u], comm_));
+        ncclCheck(ncclAllGather(unit + data_.rank * plan_.shard_size[u], unit, plan_.shard_size[u], nccl_type<floatX>(), data_.comm, streams_.comm));
+        cudaCheck(cudaEventRecord(streams_.gathered[u], streams_.comm));
     }
     // All-gather unit u from the parameter shards into `dst` on `stream`. Shards on the host (--offload
     // optimizer,parameters): this rank's slice is copied up to its place in `dst`, then gathered in place.
@@ -667,17 +685,17 @@ private:
     }
     // Stages 1/2: the compute stream waits for the gather of unit u after the last step() (a no-op before the first).
     void wait_for_unit(int u) {
-        if (stage_ == 1 || stage_ == 2) cudaCheck(cudaStreamWaitEvent(compute_, gathered_[u]));
+        if (stage_ == 1 || stage_ == 2) cudaCheck(cudaStreamWaitEvent(compute_, streams_.gathered[u]));
     }
     // Stage 3: unless the i-th gathered unit already sits in its ring slot, gather it there once the compute
     // stream is done with the slot's previous unit.
     void ensure_gathered(int i) {
         const int slot = i % 2;
         if (ring_unit_[slot] == i) return;
-        cudaCheck(cudaStreamWaitEvent(comm_, ring_params_free_[slot]));
-        if (source_) source_->fill(gathered_units_[i], ring_params_[slot], comm_);
-        else gather(gathered_units_[i], ring_params_[slot], comm_);
-        cudaCheck(cudaEventRecord(ring_params_ready_[slot], comm_));
+        cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.ring_params_free[slot]));
+        if (source_) source_->fill(gathered_units_[i], ring_params_[slot], streams_.comm);
+        else gather(gathered_units_[i], ring_params_[slot], streams_.comm);
+        cudaCheck(cudaEventRecord(streams_.ring_params_ready[slot], streams_.comm));
         ring_unit_[slot] = i;
     }
 
@@ -693,7 +711,7 @@ private:
     LayoutMask split_;
     bool count_split_only_;  // a tensor-parallel rank other than 0: the norm counts only its own slices
     int stage_;
-    cudaStream_t compute_, comm_ = nullptr;
+    cudaStream_t compute_;
     bool trainable_ = true;
     UnitSource<floatX>* source_ = nullptr;  // set_unit_source: fills the gathered units of frozen parameters
     bool last_micro_step_ = true, persistent_gathered_ = false;
@@ -708,10 +726,7 @@ private:
     float *norm_ = nullptr, *norm_scratch_ = nullptr;  // norm_: the squared gradient norm, then the stop votes
     float* norm_host_ = nullptr;  // pinned: norm_'s copy
     AdamWHyper step_hyper_ = {};  // the last step()'s hyperparameters, loss scale included, for finish_step()
-    cudaEvent_t comm_done_ = nullptr, persistent_grads_free_ = nullptr;
-    cudaEvent_t ring_params_ready_[2] = {}, ring_params_free_[2] = {}, ring_grads_free_[2] = {};
-    std::vector<cudaEvent_t> unit_events_;
-    std::vector<cudaEvent_t> gathered_;  // stages 1/2: unit u's gather after the last step() is done
+    ZeroStreams streams_;  // the communication stream and its events
     // ZeRO-Offload's host and disk tiers (set_offload), or null: the state is the device's
     std::unique_ptr<ZeroOffload<floatX>> offload_;
 };
