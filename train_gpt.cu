@@ -896,7 +896,7 @@ int train(const Options& o, ProcessGroup& pg, const RunShape& run) {
     model.stage_parts = stages.parts;
     std::unique_ptr<PipelineParallel<Transformer<floatX>>> pipeline;
     const size_t in_use_before = plan_and_allocate(out, model, pipeline, o, pg, run, stages, batch, steps, start.run_id);
-    if (std::is_same<floatX, __half>::value) model.enable_loss_scaling(o.fp16_initial_scale, o.fp16_growth_interval);
+    if (std::is_same<floatX, __half>::value) model.trained().scaler = {o.fp16_initial_scale, o.fp16_growth_interval};
     const int start_step = start_parameters(out, model, *data.train, o, run, settings, start);
     const CheckpointIdentity identity{start.run_id, settings};
     StepLog<floatX> log(out, o, pg.is_main(), start_step, model, gpu, pg.world, batch, steps, in_use_before);

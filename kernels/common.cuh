@@ -79,6 +79,12 @@ template <typename T> std::vector<float> host_floats(const std::vector<T>& raw) 
     for (size_t i = 0; i < raw.size(); i++) out[i] = host_float(raw[i]);
     return out;
 }
+// A device buffer of `count` elements copied to fp32 on the host.
+template <typename T> std::vector<float> device_to_host_floats(const T* device, size_t count) {
+    std::vector<T> raw(count);
+    cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return host_floats(raw);
+}
 
 // ---------------------------------------------------------------------------------------------
 // 128-bit packed vectors: memory-bound kernels move 16 bytes per thread per access.

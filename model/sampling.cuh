@@ -108,7 +108,7 @@ std::vector<int> generate(Transformer<floatX>& model, std::vector<int> tokens, i
         const Communicator& stages = model.mesh.pipeline;
         if (stages.size > 1) ncclCheck(ncclBroadcast(row, row, Vp, nccl_type<floatX>(), stages.size - 1, stages.comm, model.stream));
         model.pg.synchronize(model.stream);
-        logits = Transformer<floatX>::to_host(row, V);
+        logits = device_to_host_floats(row, V);
         tokens.push_back(choose_token(logits, rule, i, candidates, weights));
         if (std::find(rule.end_tokens.begin(), rule.end_tokens.end(), tokens.back()) != rule.end_tokens.end()) break;
     }

@@ -212,13 +212,6 @@ struct Transformer {
     // assembles the whole model from them.
     std::vector<StageModel> stage_parts = {StageModel()};
 
-    // Copies a device buffer of `count` elements to fp32 on the host.
-    template <typename T> static std::vector<float> to_host(const T* device, size_t count) {
-        std::vector<T> raw(count);
-        cudaCheck(cudaMemcpy(raw.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return host_floats(raw);
-    }
-
     // Where each tensor lives now (under ZeRO-3 a block's parameters are a gathered copy); l is a local block.
     floatX* param(int l, BlockTensor t) const { return zero->unit_params(layout.block_unit(l)) + layout.block_offset[t]; }
     floatX* grad(int l, BlockTensor t) const {  // null when frozen
@@ -667,10 +660,6 @@ struct Transformer {
     // is dloss(grad_accum_steps) bitwise: counted / ranks is B*T*grad_accum_steps exactly.
     float dloss_over_counted(uint64_t counted_targets) const {
         return (lora.enabled() ? adapters : zero)->scaler.scale / (float)((double)counted_targets / mesh.data.size);
-    }
-    void enable_loss_scaling(float initial_scale, int growth_interval) {
-        trained().scaler.scale = initial_scale;
-        trained().scaler.growth_interval = growth_interval;
     }
 
     void init_adapters(uint64_t seed) { lora_hooks.init(seed, stream); }

@@ -41,7 +41,7 @@ static std::vector<float> unpadded_logits(Transformer<floatX>& model) {
     const int Vp = model.config.padded_vocab_size, V = model.config.vocab_size;
     const size_t rows = (size_t)model.B * model.T;
     model.forward(false, 0.0f);
-    std::vector<float> padded = Transformer<floatX>::to_host(model.logits, rows * Vp);
+    std::vector<float> padded = device_to_host_floats(model.logits, rows * Vp);
     std::vector<float> logits(rows * V);
     for (size_t r = 0; r < rows; r++) memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
     return logits;
@@ -78,7 +78,7 @@ static void check_offload(const ModelConfig& config, const std::vector<float>& v
         Transformer<floatX>& m = *models[i];
         m.allocate(state.B, state.T);
         set_parameters(m, values);
-        if (precision == Precision::FP16) m.enable_loss_scaling(1024.0f, 2000);
+        if (precision == Precision::FP16) m.trained().scaler.scale = 1024.0f;
         m.upload_batch(state.inputs.data(), state.targets.data());
         for (int step = 0; step < state.steps; step++) {
             forward_backward(m);
@@ -125,7 +125,7 @@ static void run(const std::string& model_path, const DebugState& state, const st
     model.allocate(B, T);
     set_parameters(model, values);
     if (lora.enabled()) model.adapters->set_parameters(adapter_values);
-    if (precision == Precision::FP16) model.enable_loss_scaling(1024.0f, 2000);
+    if (precision == Precision::FP16) model.trained().scaler.scale = 1024.0f;
     model.upload_batch(state.inputs.data(), state.targets.data());
     const std::vector<float> logits = unpadded_logits(model);
     double max_abs = 0.0;

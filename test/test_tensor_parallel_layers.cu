@@ -102,8 +102,8 @@ void model_checks(const ModelConfig& config, const ProcessGroup& pg, const Proce
     model.forward(true, 0.0f);
     reference.forward(true, 0.0f);
     pg.synchronize(stream);
-    const std::vector<float> logits = Transformer<float>::to_host(model.logits, (size_t)N * Vl);
-    const std::vector<float> all_columns = Transformer<float>::to_host(reference.logits, (size_t)N * Vp);
+    const std::vector<float> logits = device_to_host_floats(model.logits, (size_t)N * Vl);
+    const std::vector<float> all_columns = device_to_host_floats(reference.logits, (size_t)N * Vp);
     std::vector<float> columns((size_t)N * Vl);
     for (size_t n = 0; n < (size_t)N; n++)
         std::copy_n(all_columns.begin() + n * Vp + (size_t)r * Vl, Vl, columns.begin() + n * Vl);
@@ -151,7 +151,7 @@ struct Device {
     }
     Device(const Device&) = delete;
     ~Device() { cudaFree(p); }
-    std::vector<float> host() const { return Transformer<float>::to_host(p, n); }
+    std::vector<float> host() const { return device_to_host_floats(p, n); }
 };
 
 // Rank `rank`'s slice of block 0's tensor t, cut from the dense tensor by for_each_full_run.
