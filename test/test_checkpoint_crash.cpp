@@ -14,6 +14,7 @@
 // before loaded, another run's file refused by the cheap check.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <cstdio>
 #include <random>
@@ -133,28 +134,41 @@ private:
     _exit(committed ? 0 : 2);
 }
 
-// Runs one save of `step` with `world` ranks; kill_rank/kill_at: the rank killed at its kill_at-th fault point (-1:
-// none); kill_after_us >= 0: the hub kills a random rank after that many microseconds instead. The hub ends every
-// rank once one dies. Returns true when every rank exited 0 (committed and pruned).
-bool run_save(const std::string& dir, int world, int step, int keep, int kill_rank, long kill_at, long kill_after_us = -1,
-              const std::string& count_prefix = "", std::mt19937* random = nullptr) {
-    std::vector<int> fds(world);
-    std::vector<pid_t> pids(world);
+// Forks `world` rank processes, each joined to this process (the hub) by a socket pair: rank r runs body(its socket,
+// r), which ends the process. The hub's sockets and the ranks' pids, by rank.
+struct RankProcesses {
+    std::vector<int> fds;
+    std::vector<pid_t> pids;
+};
+RankProcesses fork_ranks(int world, const std::function<void(int, int)>& body) {
+    RankProcesses ranks{std::vector<int>(world), std::vector<pid_t>(world)};
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < world; r++) {
         int pair[2];
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair failed");
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            for (int q = 0; q < r; q++) close(fds[q]);
+        ranks.pids[r] = fork();
+        if (ranks.pids[r] == 0) {
+            for (int q = 0; q < r; q++) close(ranks.fds[q]);
             close(pair[0]);
-            rank_process(pair[1], r, world, step, dir, keep, r == kill_rank ? kill_at : 0,
-                         count_prefix.empty() ? "" : count_prefix + std::to_string(r));
+            body(pair[1], r);
         }
         close(pair[1]);
-        fds[r] = pair[0];
+        ranks.fds[r] = pair[0];
     }
+    return ranks;
+}
+
+// Runs one save of `step` with `world` ranks; kill_rank/kill_at: the rank killed at its kill_at-th fault point (-1:
+// none); kill_after_us >= 0: the hub kills a random rank after that many microseconds instead. The hub ends every
+// rank once one dies. Returns true when every rank exited 0 (committed and pruned).
+bool run_save(const std::string& dir, int world, int step, int keep, int kill_rank, long kill_at, long kill_after_us = -1,
+              const std::string& count_prefix = "", std::mt19937* random = nullptr) {
+    const RankProcesses ranks = fork_ranks(world, [&](int fd, int r) {
+        rank_process(fd, r, world, step, dir, keep, r == kill_rank ? kill_at : 0, count_prefix.empty() ? "" : count_prefix + std::to_string(r));
+    });
+    const std::vector<int>& fds = ranks.fds;
+    const std::vector<pid_t>& pids = ranks.pids;
     if (kill_after_us >= 0) {
         usleep((useconds_t)kill_after_us);
         kill(pids[(*random)() % world], SIGKILL);
@@ -325,24 +339,13 @@ struct ResumeRun {
 };
 ResumeRun run_resume(const std::string& dir, int world) {
     const std::string prefix = dir + "/../resume_report_";
-    std::vector<int> fds(world);
-    std::vector<pid_t> pids(world);
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < world; r++) {
-        unlink((prefix + std::to_string(r)).c_str());
-        int pair[2];
-        if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) die("socketpair failed");
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            for (int q = 0; q < r; q++) close(fds[q]);
-            close(pair[0]);
-            if (freopen((prefix + std::to_string(r) + ".err").c_str(), "w", stderr) == nullptr) _exit(4);
-            resume_rank_process(pair[1], r, world, dir, prefix + std::to_string(r));
-        }
-        close(pair[1]);
-        fds[r] = pair[0];
-    }
+    for (int r = 0; r < world; r++) unlink((prefix + std::to_string(r)).c_str());
+    const RankProcesses ranks = fork_ranks(world, [&](int fd, int r) {
+        if (freopen((prefix + std::to_string(r) + ".err").c_str(), "w", stderr) == nullptr) _exit(4);
+        resume_rank_process(fd, r, world, dir, prefix + std::to_string(r));
+    });
+    const std::vector<int>& fds = ranks.fds;
+    const std::vector<pid_t>& pids = ranks.pids;
     // the hub: a round takes one value from each rank and gives every rank all of them; once a rank's socket closes,
     // the job is over: a rank that ended with an error ends the others, as the heartbeats do
     ResumeRun run;
