@@ -78,7 +78,7 @@ done
 make -s -j"$(nproc)" train_gpt || exit 1
 [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 8000000 > /dev/null || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }  # kv LINE KEY
+source bench/bench_util.sh  # kv, ratio_of
 failed=0
 SUMMARY=()
 torch_version=""
@@ -118,7 +118,7 @@ for c in "${CONFIGS[@]}"; do
             ratio=-; tb=-; tback=-; tpeak=-
             if [ -n "$ref" ]; then
                 tb=$(kv "$ref" tokens_per_s); tback=$(kv "$ref" backend); tpeak=$(kv "$ref" peak_mem_gib)/$(kv "$ref" peak_reserved_gib)
-                ratio=$(awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$tb" 'BEGIN { printf "%.3f", a / b }')
+                ratio=$(ratio_of "$(kv "$OURS" tokens_per_s)" "$tb")
                 echo "  ratio train_gpt --deterministic 1 / PyTorch ($tback, from 124M-$B above): $ratio"
             fi
             SUMMARY+=("$(printf '%-16s %12s %12s %-22s %6s %9s %s' "124M-$B det" "$(kv "$OURS" tokens_per_s)" "$tb" "$tback" "$ratio" \
@@ -134,7 +134,7 @@ for c in "${CONFIGS[@]}"; do
         for scaling in ${FP8_SCALING:-current delayed}; do
             ours "$W/ours_${label}_b${B}_fp8_$scaling.log" "$size" "$B" "${shape[@]}" --precision fp8 --fp8-scaling "$scaling"
             if [ -n "$OURS" ] && [ -n "$bf16_line" ]; then
-                ratio=$(awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$(kv "$bf16_line" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }')
+                ratio=$(ratio_of "$(kv "$OURS" tokens_per_s)" "$(kv "$bf16_line" tokens_per_s)")
                 echo "  ratio fp8 ($scaling scaling) / bf16: $ratio (MFU against the bf16 peak: fp8 $(kv "$OURS" mfu)%, bf16 $(kv "$bf16_line" mfu)%)"
                 SUMMARY+=("$(printf '%-16s %12s %12s %-22s %6s %9s %s' "$label-$B fp8 ${scaling:0:3}" "$(kv "$OURS" tokens_per_s)" \
                     "$(kv "$bf16_line" tokens_per_s)" "train_gpt bf16" "$ratio" "$(kv "$OURS" peak_mem_gib)" "$(kv "$bf16_line" peak_mem_gib) (bf16)")")
@@ -175,7 +175,7 @@ for c in "${CONFIGS[@]}"; do
         torch_version=$(grep -o -m 1 'torch [0-9][^,]*' "$log" | head -n 1)
         TORCH_BEST[$label-$B]=$best
         [ -n "$ours_line" ] || continue
-        ratio=$(awk -v a="$(kv "$ours_line" tokens_per_s)" -v b="$(kv "$best" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }')
+        ratio=$(ratio_of "$(kv "$ours_line" tokens_per_s)" "$(kv "$best" tokens_per_s)")
         echo "  ratio train_gpt / PyTorch ($best_mode, $(kv "$best" backend): the fastest): $ratio"
         SUMMARY+=("$(printf '%-16s %12s %12s %-22s %6s %9s %s' "$label-$B" "$(kv "$ours_line" tokens_per_s)" \
             "$(kv "$best" tokens_per_s)" "$best_mode/$(kv "$best" backend)" "$ratio" "$(kv "$ours_line" peak_mem_gib)" \

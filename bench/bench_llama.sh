@@ -73,8 +73,7 @@ case $COMPILE_SCOPE in blocks|model) ;; *) echo "bench_llama.sh: COMPILE_SCOPE t
 
 make -s -j"$(nproc)" train_gpt || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }  # kv LINE KEY
-ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else printf "-" }'; }
+source bench/bench_util.sh  # kv, ratio_of
 failed=0
 SUMMARY=()
 torch_version=""

@@ -38,7 +38,7 @@ W=build/bench_offload; mkdir -p "$W"
 PY=${PYTHON:-python3}
 SECTIONS=${SECTIONS:-cpu_adam single}
 THREADS=${THREADS:-$(nproc)}
-kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }
+source bench/bench_util.sh  # kv, ratio_of
 for s in $SECTIONS; do
     case $s in cpu_adam|single|fsdp|large|nvme) ;; *) echo "bench_offload: SECTIONS takes cpu_adam, single, fsdp, large and nvme, got '$s'" >&2; exit 2 ;; esac
 done

@@ -50,7 +50,7 @@ if [ "$SMOKE" = 1 ]; then G=2; ONE_GPU=(--one-gpu); TORCH_ONE_GPU=(--one-gpu); f
 [ -f "$W/random.bin" ] || $PY scripts/reference/gpt2_reference.py make-shard --out "$W/random.bin" --tokens 4000000 > /dev/null || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 echo "bench_parallel: $G x $gpu, T=$T, bf16, $STEPS timed steps"
-kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }
+source bench/bench_util.sh  # kv, ratio_of
 counts_upto() { local n; for n in "$@"; do [ "$n" -le "$G" ] && printf '%s ' "$n"; done; }
 
 # ours NAME RANKS FLAGS...: train_gpt on RANKS GPUs; leaves its RESULT line in OURS ("" if it failed)
@@ -74,7 +74,7 @@ torch_run() {
     fi
     [ -n "$TORCH" ] || echo "  PyTorch $name failed: $(grep -m1 -iE 'Error|out of memory' "$W/torch_$name.log" || tail -n 1 "$W/torch_$name.log")"
 }
-ratio() { [ -n "$OURS" ] && [ -n "$TORCH" ] && awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$(kv "$TORCH" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }' || printf -- "-"; }
+ratio() { ratio_of "$(kv "$OURS" tokens_per_s)" "$(kv "$TORCH" tokens_per_s)"; }
 row() {  # row LABEL: one summary line from OURS and TORCH
     printf '| %-34s | %10s | %5s | %6s | %10s | %5s | %6s | %5s |\n' "$1" "$(kv "$OURS" tokens_per_s)" "$(kv "$OURS" mfu)" \
         "$(kv "$OURS" peak_mem_gib)" "$(kv "$TORCH" tokens_per_s)" "$(kv "$TORCH" mfu)" "$(kv "$TORCH" peak_mem_gib)" "$(ratio)"
@@ -161,7 +161,7 @@ for section in "${SECTIONS[@]}"; do
         echo "| bf16 | $(kv "$BF16" tokens_per_s) | $(kv "$BF16" mfu) | $(kv "$BF16" peak_mem_gib) | |"
         for scaling in ${FP8_SCALING:-current delayed}; do
             ours "fp8_13b_$scaling" 4 "${FP8_13B[@]}" --precision fp8 --fp8-scaling "$scaling"
-            ratio=$([ -n "$OURS" ] && [ -n "$BF16" ] && awk -v a="$(kv "$OURS" tokens_per_s)" -v b="$(kv "$BF16" tokens_per_s)" 'BEGIN { printf "%.3f", a / b }' || printf -- "-")
+            ratio=$(ratio_of "$(kv "$OURS" tokens_per_s)" "$(kv "$BF16" tokens_per_s)")
             echo "| fp8 $scaling | $(kv "$OURS" tokens_per_s) | $(kv "$OURS" mfu) | $(kv "$OURS" peak_mem_gib) | $ratio |"
         done ;;
     largest)

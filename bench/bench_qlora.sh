@@ -42,8 +42,7 @@ done
 
 make -s -j"$(nproc)" train_gpt build/prepare_shards build/bench_nf4 || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-kv() { tr ' ' '\n' <<< "$1" | grep "^$2=" | head -n 1 | cut -d= -f2; }  # kv LINE KEY
-ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else printf "-" }'; }
+source bench/bench_util.sh  # kv, ratio_of
 failed=0
 SUMMARY=()
 LORA=(--lora-rank 16 --lora-alpha 32 --lora-targets q,k,v,o,gate,up,down)
