@@ -22,7 +22,7 @@
 # with torch also llama_reference.py's model files through export and import, and its reading of imported files.
 # The rest needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
 # (TEST_TIER=quick) runs 2, 2b and 2c in fp32 only (export, transformers' loss, import back, PEFT): each
-# transformers process takes seconds to start; 1, 3, 4 and the bad input are full-tier checks. The
+# transformers process takes seconds to start, so 2 runs beside 2b-2c; 1, 3, 4 and the bad input are full-tier checks. The
 # modules are looked for, not imported, before the checks (an import costs seconds).
 # Usage: test_hf_interop.sh [files | transformers]: only the NumPy section (a CPU suite, hf_files: no GPU) or only
 # the rest (the GPU suite, hf_interop); both without an argument.
@@ -168,6 +168,8 @@ fi
 # ---- 2. train_gpt's model files (fp32 and bf16) -> transformers: the same validation loss
 SMALL=(--model d2 --max-seq-len $T --seq-len $T --batch-size $B --train-data "$TRAIN" --val-data "$VAL" --val-batches $NB
        --val-every 10 --sample-every 0 --steps 10 --lr 1e-3 --warmup-steps 2 --seed 3 --deterministic 1 --checkpoint-every 10)
+# 2 and 2b-2c run side by side (each mostly waits for Python processes to import torch and transformers)
+gpt2_files() {
 for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     tol=$([ $p = fp32 ] && echo 1e-5 || echo 1e-3)
     ./train_gpt "${SMALL[@]}" --precision $p -o "$W/train_$p" > "$W/train_$p.out" 2>&1 \
@@ -190,6 +192,8 @@ for p in fp32 $([ "$TIER" = full ] && echo bf16); do
     else echo "FAIL hf_interop $p model file -> export -> import: files differ ($(tail -n 1 "$W/reimport_$p.out"))"; fi
 done
 
+}
+llama_files() {
 # ---- 2b. a Llama-family train_gpt checkpoint (d2 --arch llama) exported: transformers' logits are llama_reference.py's
 # of the checkpoint (tol 1e-4 of the largest); imported back, the same bytes but the run identity and the checksum
 for p in fp32 $([ "$TIER" = full ] && echo bf16); do
@@ -229,6 +233,12 @@ else
         else echo "FAIL hf_interop PEFT adapters: PeftModel vs merged '$r' (tol 1e-5), base vs merged '$d' (must differ) $(tail -n 1 "$o.peft.err")"; fi
     else echo "FAIL hf_interop PEFT adapters: $(tail -q -n 1 "$o.out" "$o.export.out" 2>/dev/null | grep -i error | head -n 1)"; fi
 fi
+
+}
+gpt2_files > "$W/gpt2_files.out" 2>&1 &
+llama_files > "$W/llama_files.out" 2>&1
+wait
+cat "$W/gpt2_files.out" "$W/llama_files.out"
 
 # ---- 3. a transformers model evaluated by train_gpt (--steps 0: only the validation at step 0)
 if [ -f "$W/imported.bin" ]; then
