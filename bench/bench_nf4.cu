@@ -1,6 +1,7 @@
 // The products with an NF4 weight (kernels/nf4_matmul.cuh: dequantized inside the kernel) against what they replace,
 // at Llama 3 8B's linear layers (C = 4096, F = 14336): qkv (4096 -> 6144), o (4096 -> 4096), gate/up (4096 -> 28672,
-// the fused [2F, C] weight) and down (14336 -> 4096), for N = 2048, 512 and 16 rows (tokens) unless given:
+// the fused [2F, C] weight) and down (14336 -> 4096), for N = 2048, 512, 16, 8 and 1 rows (tokens) unless given
+// (forwards of at most 8 rows run nf4_matmul.cuh's small-rows kernel):
 //   forward out[N, OC] = x[N, IC] W^T and the input gradient dx[N, IC] = dout[N, OC] W (overwriting), each as
 //   (a) nf4_matmul_forward / nf4_matmul_backward_input, (b) dequantize_nf4_device to bf16 then cuBLASLt's bf16 product
 //   (matmul_forward / matmul_backward_input, as the NF4 base runs them now), (c) that bf16 product alone (a bf16
@@ -67,7 +68,7 @@ static void compare(const char* direction, const Layer& layer, int N, Fused fuse
 int main(int argc, char** argv) {
     std::vector<int> rows;
     for (int i = 1; i < argc; i++) rows.push_back(atoi(argv[i]));
-    if (rows.empty()) rows = {2048, 512, 16};
+    if (rows.empty()) rows = {2048, 512, 16, 8, 1};
     for (int N : rows)
         if (N <= 0) die("bench_nf4: rows must be positive, got " + std::to_string(N));
     const GpuInfo gpu = current_gpu();
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
         for (bf16** p : {&dx, &dx_ref}) cudaCheck(cudaMalloc(p, (size_t)max_rows * layer.IC * sizeof(bf16)));
         auto dequantize = [&] { dequantize_nf4_device(dense, w, stream); };
         for (int N : rows) {
-            compare("forward", layer, N, [&] { nf4_matmul_forward(out, x, w, N, stream); }, dequantize,
+            compare("forward", layer, N, [&] { nf4_matmul_forward(out, x, w, nullptr, N, stream); }, dequantize,
                     [&] { matmul_forward(out_ref, x, dense, (const bf16*)nullptr, N, layer.IC, layer.OC, stream); }, out, out_ref,
                     (size_t)N * layer.OC, stream);
             compare("backward", layer, N, [&] { nf4_matmul_backward_input(dx, dout, w, N, false, stream); }, dequantize,

@@ -107,7 +107,7 @@ for c in "${CONFIGS[@]}"; do
         ;;
     kernels)
         printf '\n== the 4-bit products (build/bench_nf4) ==\n'
-        build/bench_nf4 2048 512 16 | tee "$W/bench_nf4.log" || failed=1
+        build/bench_nf4 | tee "$W/bench_nf4.log" || failed=1
         ;;
     loss)
         printf '\n== loss: %s LoRA steps from a d6 Llama pre-trained %s steps, bf16 base against NF4 base ==\n' "$LORA_STEPS" "$PRE_STEPS"

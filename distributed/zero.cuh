@@ -78,7 +78,9 @@ template <typename floatX>
 struct UnitSource {
     virtual ~UnitSource() = default;
     virtual void store(int u, const float* values, cudaStream_t stream) = 0;  // unit u's values: fp32 on the device, padded
-    virtual void fill(int u, floatX* dst, cudaStream_t stream) = 0;           // unit u in compute precision into dst
+    // unit u in compute precision into dst; `whole`: every tensor (reading the parameters), else what the products of
+    // the ring's users read (the source may leave out what they read elsewhere)
+    virtual void fill(int u, floatX* dst, bool whole, cudaStream_t stream) = 0;
 };
 
 // fp16 dynamic loss scaling (a no-op scale of 1 in bf16 and fp32): the loss is multiplied by `scale` before backward;
@@ -174,6 +176,12 @@ public:
     void set_unit_source(UnitSource<floatX>* source) {
         if (trainable_ || norm_ != nullptr || streams_.comm != nullptr) die("internal: a unit source serves frozen parameters, set before allocate()");
         source_ = source;
+    }
+    // The unit source changed what it fills: the ring's slots are filled again on their next use (each fill still
+    // waits for the compute stream's last read of its slot).
+    void refill_ring() {
+        if (!source_) die("internal: refill_ring() serves a unit source");
+        ring_unit_[0] = ring_unit_[1] = -1;
     }
 
     // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
@@ -572,7 +580,7 @@ public:
                 gather(u, gathered, compute_);
                 unit = gathered;
             } else if (source_) {
-                if (ordinal_[u] >= 0) source_->fill(u, gathered, compute_);
+                if (ordinal_[u] >= 0) source_->fill(u, gathered, true, compute_);
                 unit = ordinal_[u] >= 0 ? gathered : persistent_params_[u];
             }
             if (visit) cudaCheck(cudaMemcpyAsync(raw.data(), unit, n * sizeof(floatX), cudaMemcpyDeviceToHost, compute_));
@@ -693,7 +701,7 @@ private:
         const int slot = i % 2;
         if (ring_unit_[slot] == i) return;
         cudaCheck(cudaStreamWaitEvent(streams_.comm, streams_.ring_params_free[slot]));
-        if (source_) source_->fill(gathered_units_[i], ring_params_[slot], streams_.comm);
+        if (source_) source_->fill(gathered_units_[i], ring_params_[slot], false, streams_.comm);
         else gather(gathered_units_[i], ring_params_[slot], streams_.comm);
         cudaCheck(cudaEventRecord(streams_.ring_params_ready[slot], streams_.comm));
         ring_unit_[slot] = i;

@@ -1,6 +1,6 @@
 // Products with a frozen NF4 weight (QLoRA's base, kernels/nf4.cuh), dequantized inside the product: no bf16 copy of
 // the weight is ever written to global memory. W is an Nf4DeviceWeight of shape [OC, IC] (nn.Linear's layout):
-//   nf4_matmul_forward:        out[N, OC] = x[N, IC] W^T
+//   nf4_matmul_forward:        out[N, OC] = x[N, IC] W^T (+ bias[OC], added to the fp32 sums before the rounding)
 //   nf4_matmul_backward_input: dx[N, IC]  = dout[N, OC] W   (overwriting dx, or adding into it: `accumulate`)
 // (the frozen base has no weight gradient). Activations and outputs are bf16, row-major; the products accumulate in
 // fp32 on tensor cores (mma.sync m16n8k16, sm_80 and later) and round to bf16 once, at the end.
@@ -18,8 +18,9 @@
 // past N are zero-filled and never stored: sampling's few rows too); a partial last tile (N, or a width of 64 modulo
 // 128) is masked. Operand and output pointers 16-byte aligned; the weight's arrays as upload_nf4 / allocate_nf4 / the
 // NF4 base allocate them (codes 16-byte, absmax codes and absmaxes 4-byte aligned). Anything else is refused in one
-// line before any CUDA call. A small N under-fills the GPU (one row tile
-// of CTAs; no split over k): which of this and dequantize + cuBLASLt to take is for measurement (bench/bench_nf4.cu).
+// line before any CUDA call. A small N under-fills the GPU (one row tile of CTAs; no split over k): forwards of at most
+// kNf4PackedMaxRows rows run a small-rows kernel instead (a warp per output feature). Which of these and dequantize +
+// cuBLASLt a model takes is model/nf4.h's nf4_packed_products, from bench/bench_nf4.cu's measurements.
 // defines: nf4_matmul_shape_problem, nf4_matmul_forward, nf4_matmul_backward_input
 #pragma once
 #include <climits>
@@ -153,8 +154,8 @@ __device__ __forceinline__ void dequantize_weight_tile(unsigned char* tile, cons
 // Grid: x over row tiles (consecutive CTAs share a weight tile, read from DRAM once), y over column tiles.
 template <bool kBackward, bool kDoubleQuant>
 __global__ void __launch_bounds__(kThreads, 2)
-nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w, int N, int K, int M, bool accumulate,
-                  const Nf4Tables tables) {
+nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w, const __nv_bfloat16* bias, int N, int K, int M,
+                  bool accumulate, const Nf4Tables tables) {
     constexpr int WR = kBackward ? kBK : kBN, WC = kBackward ? kBN : kBK;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = smem_u32(smem);
@@ -264,6 +265,10 @@ nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w
                 if (col >= M) continue;
                 uint32_t* p = reinterpret_cast<uint32_t*>(out + (long)row * M + col);
                 float v0 = acc[mt][nt][2 * hf], v1 = acc[mt][nt][2 * hf + 1];
+                if (bias != nullptr) {
+                    v0 += __bfloat162float(bias[col]);
+                    v1 += __bfloat162float(bias[col + 1]);
+                }
                 if (accumulate) {
                     const float2 old = flash::unpack2<__nv_bfloat16>(*p);
                     v0 += old.x;
@@ -274,14 +279,80 @@ nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w
         }
 }
 
+// Forwards of at most kNf4PackedMaxRows rows (sampling's one new position): a warp per output feature streams its
+// weight row's codes once, 16 bytes (32 weights, half an NF4 block) a lane a step, the warp's 512 bytes contiguous;
+// each lane dequantizes its 32 weights to bf16 as the tiled kernel does and adds their products with every input
+// row into fp32 sums, which the warp reduces; the bias is added before the one rounding. Bound by memory: 0.52 bytes
+// a weight read once, where dequantizing first writes 2 and the product reads them back.
+constexpr int kSmallRowsThreads = 256;
+template <bool kDoubleQuant>
+__global__ void __launch_bounds__(kSmallRowsThreads)
+nf4_small_rows_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4Operand w, const __nv_bfloat16* bias, int N, int IC, int OC,
+                      const Nf4Tables tables) {
+    __shared__ float nf4[16];
+    __shared__ float dynamic[kDoubleQuant ? 256 : 1];
+    if (threadIdx.x < 16) nf4[threadIdx.x] = tables.nf4[threadIdx.x];
+    if constexpr (kDoubleQuant) dynamic[threadIdx.x] = tables.dynamic[threadIdx.x];
+    __syncthreads();
+    const int row = blockIdx.x * (kSmallRowsThreads / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= OC) return;
+    float acc[kNf4PackedMaxRows] = {};
+    for (int k = lane * 32; k < IC; k += 32 * 32) {
+        const long first = (long)row * IC + k;  // the lane's first weight: a multiple of 32, in one NF4 block
+        const int4 codes = __ldcs(reinterpret_cast<const int4*>(w.packed + first / 2));
+        const long block = first / 64;
+        float scale;
+        if constexpr (kDoubleQuant) scale = __fadd_rn(__fmul_rn(dynamic[w.absmax_codes[block]], w.nested_absmax[block / 256]), w.absmax_offset);
+        else scale = w.absmax[block];
+        // weight 2b is byte b's high nibble, 2b + 1 its low one
+        const uint32_t words[4] = {(uint32_t)codes.x, (uint32_t)codes.y, (uint32_t)codes.z, (uint32_t)codes.w};
+        float wv[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint32_t code = (words[i / 8] >> (8 * ((i % 8) / 2) + (i % 2 ? 0 : 4))) & 0xF;
+            wv[i] = __bfloat162float(__float2bfloat16(__fmul_rn(nf4[code], scale)));
+        }
+#pragma unroll
+        for (int r = 0; r < kNf4PackedMaxRows; r++) {
+            if (r >= N) break;
+            const int4* xr = reinterpret_cast<const int4*>(x + (long)r * IC + k);
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int4 packed = xr[v];
+                const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 f = __bfloat1622float2(pairs[j]);
+                    acc[r] += wv[8 * v + 2 * j] * f.x + wv[8 * v + 2 * j + 1] * f.y;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kNf4PackedMaxRows; r++) {
+        if (r >= N) break;
+        const float sum = warp_reduce_sum(acc[r]);
+        if (lane == 0) out[(long)r * OC + row] = __float2bfloat16(sum + (bias != nullptr ? __bfloat162float(bias[row]) : 0.0f));
+    }
+}
+
 template <bool kBackward>
-void launch(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4DeviceWeight& w, int N, int K, int M, bool accumulate,
-            cudaStream_t stream) {
+void launch(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N, int K, int M,
+            bool accumulate, cudaStream_t stream) {
     const Nf4Operand operand{w.packed, w.absmax, w.absmax_codes, w.nested_absmax, w.absmax_offset};
     const dim3 grid(ceil_div(N, kBM), ceil_div(M, kBN));
     auto kernel = w.double_quant ? nf4_matmul_kernel<kBackward, true> : nf4_matmul_kernel<kBackward, false>;
     flash::set_smem(kernel, kSmemBytes);
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(out, a, operand, N, K, M, accumulate, nf4_tables());
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(out, a, operand, bias, N, K, M, accumulate, nf4_tables());
+    cudaCheckLaunch();
+}
+
+void launch_small_rows(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N, int IC, int OC,
+                       cudaStream_t stream) {
+    const Nf4Operand operand{w.packed, w.absmax, w.absmax_codes, w.nested_absmax, w.absmax_offset};
+    const int grid = ceil_div(OC, kSmallRowsThreads / 32);
+    if (w.double_quant) nf4_small_rows_kernel<true><<<grid, kSmallRowsThreads, 0, stream>>>(out, x, operand, bias, N, IC, OC, nf4_tables());
+    else nf4_small_rows_kernel<false><<<grid, kSmallRowsThreads, 0, stream>>>(out, x, operand, bias, N, IC, OC, nf4_tables());
     cudaCheckLaunch();
 }
 
@@ -306,10 +377,13 @@ inline std::string nf4_matmul_shape_problem(const char* what, const Nf4DeviceWei
     return "";
 }
 
-// out[N, OC] = x[N, IC] W^T (bf16, row-major), W the NF4 weight [OC, IC], on `stream`.
-inline void nf4_matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, int N, cudaStream_t stream) {
+// out[N, OC] = x[N, IC] W^T + bias (bf16, row-major; bias [OC] or nullptr), W the NF4 weight [OC, IC], on `stream`:
+// the small-rows kernel for N <= kNf4PackedMaxRows, the tiled one above.
+inline void nf4_matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N,
+                               cudaStream_t stream) {
     if (const std::string problem = nf4_matmul_shape_problem("nf4_matmul_forward", w, N, out, x); !problem.empty()) die(problem);
-    nf4mm::launch<false>(out, x, w, N, (int)w.shape[1], (int)w.shape[0], false, stream);
+    if (N <= kNf4PackedMaxRows) nf4mm::launch_small_rows(out, x, w, bias, N, (int)w.shape[1], (int)w.shape[0], stream);
+    else nf4mm::launch<false>(out, x, w, bias, N, (int)w.shape[1], (int)w.shape[0], false, stream);
 }
 
 // dx[N, IC] = dout[N, OC] W (bf16, row-major) on `stream`; accumulate: dx = bf16(dx + the fp32 product) instead, one
@@ -317,5 +391,5 @@ inline void nf4_matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const
 inline void nf4_matmul_backward_input(__nv_bfloat16* dx, const __nv_bfloat16* dout, const Nf4DeviceWeight& w, int N, bool accumulate,
                                       cudaStream_t stream) {
     if (const std::string problem = nf4_matmul_shape_problem("nf4_matmul_backward_input", w, N, dx, dout); !problem.empty()) die(problem);
-    nf4mm::launch<true>(dx, dout, w, N, (int)w.shape[0], (int)w.shape[1], accumulate, stream);
+    nf4mm::launch<true>(dx, dout, w, nullptr, N, (int)w.shape[0], (int)w.shape[1], accumulate, stream);
 }

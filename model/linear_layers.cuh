@@ -1,8 +1,10 @@
 // The products of a block's four linear layers (qkv, attention projection, fc, fc projection) and their backward:
 // bf16 (or the model's precision) on cuBLASLt, or under --precision fp8 in FP8 (fp8_linear.cuh), where the
 // kernels that produce the layers' inputs (GPT-2's LayerNorms and GELU) may cast them as they write them
-// (kernels/fp8_fused.cuh). The model (transformer.cuh) calls these for every product of a block and asks which of
-// its producers write FP8 copies; the head's product is always the model's precision.
+// (kernels/fp8_fused.cuh), or under QLoRA's NF4 base (--base-quant nf4) with the weights read packed by
+// kernels/nf4_matmul.cuh where nf4_packed (the model chooses per pass, by its rows: nf4_packed_products). The model
+// (transformer.cuh) calls these for every product of a block and asks which of its producers write FP8 copies; the
+// head's product is always the model's precision.
 // defines: Fp8Copies, LinearLayers
 #pragma once
 #include <type_traits>
@@ -13,6 +15,8 @@
 #include "config.h"                  // defines: ModelConfig, ParameterLayout
 #include "memory_plan.h"             // defines: activation_shared, Recompute levels
 #include "fp8_linear.cuh"            // defines: Fp8Linear, Fp8Layer, Fp8Options, Fp8Stats
+#include "../kernels/nf4_matmul.cuh"  // defines: nf4_matmul_forward, nf4_matmul_backward_input
+#include "nf4_base.cuh"               // defines: Nf4Base
 
 // Which E4M3 copies a producer writes: the row-major one for the product that follows it, the transposed one for the
 // backward.
@@ -30,6 +34,10 @@ struct LinearLayers {
     // (fp8_inputs_from_producers); false: the layers cast them (test_fp8_model checks that both train alike)
     bool fp8_producer_casts = true;
     Fp8Linear fp8_linear;
+    // QLoRA: the frozen NF4 base (set by the model), and whether this pass's products read its weights packed (the
+    // ring then holds the blocks' other tensors only) instead of as the ring's dequantized bf16 copies
+    const Nf4Base<floatX>* nf4_base = nullptr;
+    bool nf4_packed = false;
     // The MLP's GELU runs in cuBLASLt epilogues (the model's matmul_forward_gelu; backward's gelu_inp) where
     // gelu_epilogue allows it. false: separate GELU kernels everywhere (test_model's base model, which must match a
     // model with an fc adapter bit for bit).
@@ -102,10 +110,26 @@ struct LinearLayers {
         return gelu_fusion && !fp8 && matmul_gelu_epilogues<floatX>() && !adapter && (recompute == kKeepAll || recompute >= kRecomputeBlock);
     }
 
+    // Block l's NF4 weight of layer `layer` ([OC, C]: the product's shape, checked).
+    static_assert(kNf4BaseTensors[kFp8Qkv] == QKVW && kNf4BaseTensors[kFp8AttnProj] == ATTPROJW && kNf4BaseTensors[kFp8Fc] == FCW &&
+                      kNf4BaseTensors[kFp8FcProj] == FCPROJW,
+                  "the NF4 base's weights in the layers' order");
+    const Nf4DeviceWeight& nf4_weight(int l, Fp8Layer layer, int C, int OC) const {
+        const Nf4DeviceWeight& w = nf4_base->weight(l, (int)layer);
+        if (w.shape.size() != 2 || w.shape[0] != (size_t)OC || w.shape[1] != (size_t)C)
+            die("internal: block " + std::to_string(l) + "'s NF4 weight " + std::to_string((int)layer) + " is not [" + std::to_string(OC) + ", " +
+                std::to_string(C) + "]");
+        return w;
+    }
+
     // out[N,OC] = x[N,C] weight^T + bias of layer `layer` in local block l: in FP8 where fp8_products(), else bf16.
     // Under fp8_input_from_producer(layer), x's producer has cast it already: x is not read.
     void forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int N, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (nf4_packed) {
+                nf4_matmul_forward(out, x, nf4_weight(l, layer, C, OC), bias, N, stream);
+                return;
+            }
             if (fp8_input_from_producer(layer)) {
                 fp8_linear.forward_precast(out, weight, bias, N, C, OC, l, layer, zero->parameters_version(), stream);
                 return;
@@ -122,6 +146,11 @@ struct LinearLayers {
     // the transposed E4M3 copy that its producer wrote.
     void backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int N, int C, int OC,
                   int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
+        if (nf4_packed) {
+            if (gelu_inp != nullptr || dweight != nullptr || dbias != nullptr) die("internal: the NF4 base's products have no GELU epilogue and no gradients");
+            backward_input(dx, dy, weight, N, C, OC, l, layer);
+            return;
+        }
         if (fp8_products()) {
             if (gelu_inp != nullptr) die("internal: FP8 products take no GELU epilogue");
             backward_input(dx, dy, weight, N, C, OC, l, layer);
@@ -135,6 +164,10 @@ struct LinearLayers {
     // FP8 dy's copy is cast again, with the scale its backward_input took (fp8_linear.cuh).
     void backward_input(floatX* dx, const floatX* dy, const floatX* weight, int N, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
+            if (nf4_packed) {
+                nf4_matmul_backward_input(dx, dy, nf4_weight(l, layer, C, OC), N, false, stream);
+                return;
+            }
             if (fp8_products()) {
                 fp8_linear.backward_input(dx, dy, weight, N, C, OC, l, layer, zero->parameters_version(), stream);
                 return;

@@ -143,11 +143,16 @@ public:
                 convert_precision(rest(b, t), values + layout_.block_offset[t], (long)layout_.block_tensor_size[t], stream);
     }
 
+    // Whether the ring's fills leave the four weights out: the products read them packed (LinearLayers::nf4_packed).
+    // The caller has the ring refilled when this changes (ZeroOptimizer::refill_ring).
+    bool packed_products = false;
+
     // Unit u (a block) in the compute precision into dst (a ring slot of the unit's size) on `stream`: the weights
-    // dequantized, the small tensors copied; the padding is left as it is (nothing reads it).
-    void fill(int u, floatX* dst, cudaStream_t stream) override {
+    // dequantized (unless packed_products and not `whole`), the small tensors copied; the padding is left as it is
+    // (nothing reads it).
+    void fill(int u, floatX* dst, bool whole, cudaStream_t stream) override {
         const int b = block_of(u);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 4 && (whole || !packed_products); k++) {
             floatX* out = dst + layout_.block_offset[kNf4BaseTensors[k]];
             if constexpr (std::is_same<floatX, __nv_bfloat16>::value || std::is_same<floatX, float>::value)
                 dequantize_nf4_device(out, weights_[b][k], stream);

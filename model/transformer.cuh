@@ -137,6 +137,7 @@ struct Transformer {
                 if (layout.tp != 1) die("internal: the NF4 base runs with tp = 1");
                 nf4_base.reset(new Nf4Base<floatX>(layout));
                 zero->set_unit_source(nf4_base.get());
+                linear.nf4_base = nf4_base.get();
             }
         }
         lora_hooks.attach(c, lora, adapter_layout.get(), adapters.get());
@@ -252,8 +253,17 @@ struct Transformer {
 
     // GPT-2's GELU in the epilogue of fc's product (forward) and of the fc projection's (backward), where
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
-    bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
-    bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
+    bool fc_gelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
+    bool fcproj_dgelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
+    // QLoRA: whether this pass's products read the NF4 base packed (--nf4-products, by the pass's rows); a change has the
+    // ring filled again, with or without the weights. Before the pass's first use of the ring.
+    void choose_nf4_products() {
+        if (!nf4_base) return;
+        const bool packed = std::is_same<floatX, __nv_bfloat16>::value && nf4_packed_products(lora.nf4_products, N());
+        if (packed == linear.nf4_packed) return;
+        linear.nf4_packed = nf4_base->packed_products = packed;
+        zero->refill_ring();
+    }
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }
@@ -367,6 +377,7 @@ struct Transformer {
     void forward_chunk(int k, ActivationSet<floatX>& set) {
         const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        choose_nf4_products();
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
         if (model_begins(k)) {

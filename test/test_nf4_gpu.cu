@@ -15,7 +15,9 @@
 //     backward_input dx = dout W (overwriting and accumulating), single and double quantization, against a reference
 //     product over dequantize_nf4_device's bf16 weight with fp32 sums in k order (an N(0, 1) weight [OC, IC], N(0, 1)
 //     bf16 inputs): (N, IC, OC) = (256, 512, 768), (2048, 4096, 1024), (192, 448, 320), (64, 64, 64), (16, 512, 768)
-//     and (77, 320, 448) (partial row and column tiles, N not a multiple of 64), backward with IC != OC; nothing written
+//     and (77, 320, 448) (partial row and column tiles, N not a multiple of 64), backward with IC != OC; the forward's
+//     small-rows kernel (N <= kNf4PackedMaxRows) at (1, 512, 768), (5, 448, 320) and (8, 4096, 1024); the forward with a
+//     bias (added to every row) at (192, 448, 320), (77, 320, 448), (1, 512, 768) and (5, 448, 320); nothing written
 //     past the output. Both products' operands are the same
 //     bf16 values, so only the order of the fp32 sums and the output's rounding differ: each element within
 //     2^-8 |ref| (bf16's half ulp) + (K + 1) 2^-22 sum_k |a_k b_k| (a worst-case bound on two fp32 sums of K terms in
@@ -125,12 +127,12 @@ static void check_refusals() {
     };
     auto bf16_at = [](uintptr_t address) { return reinterpret_cast<__nv_bfloat16*>(address); };
     expect_refusal("product with a weight never uploaded refused", "nf4_matmul_forward: the NF4 weight holds no weights (not uploaded?)",
-                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), Nf4DeviceWeight(), 64, 0); });
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), Nf4DeviceWeight(), nullptr, 64, 0); });
     expect_refusal("product with a 1-D weight refused",
                    "nf4_matmul_forward: the NF4 weight must be 2-D [out_features, in_features], it has 1 dimensions",
-                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({4096}), 64, 0); });
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({4096}), nullptr, 64, 0); });
     expect_refusal("product with N 0 refused", "nf4_matmul_forward: N must be positive, got 0",
-                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({128, 64}), 0, 0); });
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({128, 64}), nullptr, 0, 0); });
     expect_refusal("input-gradient product with in_features not a multiple of 64 refused",
                    "nf4_matmul_backward_input: the weight's in_features and out_features must be multiples of 64, got [64, 96]",
                    [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({64, 96}), 64, false, 0); });
@@ -139,9 +141,9 @@ static void check_refusals() {
                    [&] { nf4_matmul_backward_input(bf16_at(1024), bf16_at(2048), fake({32, 64}), 64, true, 0); });
     expect_refusal("product with out_features not a multiple of 64 refused",
                    "nf4_matmul_forward: the weight's in_features and out_features must be multiples of 64, got [100, 64]",
-                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({100, 64}), 64, 0); });
+                   [&] { nf4_matmul_forward(bf16_at(1024), bf16_at(2048), fake({100, 64}), nullptr, 64, 0); });
     expect_refusal("product into a misaligned output refused", "nf4_matmul_forward: the input and the output must be 16-byte aligned",
-                   [&] { nf4_matmul_forward(bf16_at(1026), bf16_at(2048), fake({64, 64}), 64, 0); });
+                   [&] { nf4_matmul_forward(bf16_at(1026), bf16_at(2048), fake({64, 64}), nullptr, 64, 0); });
     expect_refusal("product with misaligned absmaxes refused",
                    "nf4_matmul_backward_input: the NF4 weight's codes must be 16-byte aligned and its absmax arrays 4-byte aligned", [&] {
                        Nf4DeviceWeight w = fake({64, 64});
@@ -368,9 +370,11 @@ struct ProductCase {
     int N, IC, OC;
 };
 
+// accumulate: the backward adds into dx; the forward adds a bias
 static std::string product_name(const char* what, const ProductCase& c, bool double_quant, bool accumulate) {
+    const bool forward = std::string(what) == "nf4_matmul_forward";
     return std::string(what) + " N " + std::to_string(c.N) + " IC " + std::to_string(c.IC) + " OC " + std::to_string(c.OC) +
-           (double_quant ? " double-quantized" : "") + (accumulate ? " accumulating" : "");
+           (double_quant ? " double-quantized" : "") + (accumulate ? (forward ? " with bias" : " accumulating") : "");
 }
 
 // An N(0, 1) weight [OC, IC] quantized on the host and uploaded, and N(0, 1) bf16 activations.
@@ -385,7 +389,8 @@ struct ProductOperands {
     ~ProductOperands() { free_nf4(w); }
 };
 
-// The product (forward, or backward_input) of case c against the reference; negative controls: the same output
+// The product (forward, or backward_input) of case c against the reference (accumulate: the backward adds into dx, the
+// forward adds a bias, the reference adding it to every row); negative controls: the same output
 // against references made from the weight read transposed (square weights only) and from codes with swapped
 // half-bytes, which the tolerance must reject on most elements.
 static void check_product(bool backward, const ProductCase& c, bool double_quant, bool accumulate, bool controls, cudaStream_t stream) {
@@ -396,13 +401,15 @@ static void check_product(bool backward, const ProductCase& c, bool double_quant
     const size_t outputs = (size_t)c.N * M;
     DeviceBuffer<bf16> a(normal_weights((size_t)c.N * K, seed + 1));
     DeviceBuffer<bf16> out(outputs + kGuard);  // poisoned: an element never written stays NaN
-    DeviceBuffer<bf16> start((size_t)(accumulate ? outputs : 1));
+    DeviceBuffer<bf16> start((size_t)(accumulate ? outputs : 1));  // what the product adds to: dx, or the bias in every row
     if (accumulate) {
-        start.upload(normal_weights(outputs, seed + 2));
-        cudaCheck(cudaMemcpy(out.ptr, start.ptr, outputs * sizeof(bf16), cudaMemcpyDeviceToDevice));
+        std::vector<float> added = normal_weights(outputs, seed + 2);
+        for (size_t i = M; !backward && i < outputs; i++) added[i] = added[i % M];
+        start.upload(added);
+        if (backward) cudaCheck(cudaMemcpy(out.ptr, start.ptr, outputs * sizeof(bf16), cudaMemcpyDeviceToDevice));
     }
     if (backward) nf4_matmul_backward_input(out.ptr, a.ptr, op.w, c.N, accumulate, stream);
-    else nf4_matmul_forward(out.ptr, a.ptr, op.w, c.N, stream);
+    else nf4_matmul_forward(out.ptr, a.ptr, op.w, accumulate ? start.ptr : nullptr, c.N, stream);
     cudaCheck(cudaStreamSynchronize(stream));
     std::vector<uint16_t> raw(outputs + kGuard);
     cudaCheck(cudaMemcpy(raw.data(), out.ptr, raw.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
@@ -444,9 +451,15 @@ static void check_product(bool backward, const ProductCase& c, bool double_quant
 static void check_products(cudaStream_t stream) {
     const ProductCase small{256, 512, 768}, large{2048, 4096, 1024}, partial{192, 448, 320}, tiny{64, 64, 64}, few{16, 512, 768},
         ragged{77, 320, 448}, square{256, 512, 512};
+    // forwards of at most kNf4PackedMaxRows rows: the small-rows kernel
+    const ProductCase one{1, 512, 768}, some{5, 448, 320}, most{kNf4PackedMaxRows, 4096, 1024};
     for (bool double_quant : {false, true}) {
         for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
             guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
+        for (const ProductCase& c : {one, some, most})
+            guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
+        for (const ProductCase& c : {partial, ragged, one, some})
+            guarded(product_name("nf4_matmul_forward", c, double_quant, true), [&] { check_product(false, c, double_quant, true, false, stream); });
         for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
             for (bool accumulate : {false, true})
                 guarded(product_name("nf4_matmul_backward_input", c, double_quant, accumulate),
