@@ -90,7 +90,7 @@ struct Options {
     float lora_weight_decay = 0.0f;
     std::string lora_load = "", lora_save = "", lora_merge = "";
     std::string base_quant = "none";  // nf4: the frozen base's linear weights in QLoRA's 4-bit NF4 (with LoRA)
-    std::string nf4_products = "auto";  // how the products read the NF4 base: auto | packed | dequantized
+    std::string nf4_products = "dequantized";  // how the products read the NF4 base: dequantized | packed
     int deterministic = 0;
     int parameter_checksums = 0;
     int gelu_fusion = 1;
@@ -210,7 +210,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end (DIR/ or a folder: a PEFT folder)"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--base-quant", nullptr, Flag::STRING, &o.base_quant, one_of({"none", "nf4"}), "LoRA: the frozen base's storage: none (the training precision) | nf4 (QLoRA: the blocks' linear weights in 4-bit NormalFloat with double quantization, 0.516 bytes a weight; embeddings, norms, biases and the LM head stay bf16)"},
-        {"--nf4-products", nullptr, Flag::STRING, &o.nf4_products, one_of({"auto", "packed", "dequantized"}), "with --base-quant nf4, how the blocks' products read the base: packed (our kernel dequantizes it tile by tile inside the product) | dequantized (each block written to bf16 ahead of its products, which cuBLASLt runs) | auto: packed for passes of at most 8 rows (sampling's one new position), else dequantized"},
+        {"--nf4-products", nullptr, Flag::STRING, &o.nf4_products, one_of({"dequantized", "packed"}), "with --base-quant nf4, how the blocks' products read the base: dequantized (each block written to bf16 ahead of its products, which cuBLASLt runs; faster at every shape measured) | packed (our kernels dequantize it inside the product; forwards of at most 8 rows, sampling's, in a small-rows kernel)"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
         {"--offload-delayed-update", nullptr, Flag::INT, &o.offload_delayed_update, kOffOn, "1: with --offload optimizer, the CPU's AdamW of a step runs while the GPU computes the next step on the parameters without that update (one-step delayed update; the warm-up steps' updates are not delayed, and evaluations, samples and checkpoints wait for the running one)"},
@@ -490,10 +490,9 @@ inline RunShape validate_options(const Options& o, int world) {
             die("--base-quant nf4 runs in --precision bf16 (or fp32), got " + o.precision + ": the weights are dequantized to the training precision for the products");
         lora.nf4_base = true;
         if (o.nf4_products == "packed" && o.precision != "bf16")
-            die("--nf4-products packed multiplies in bf16, got --precision " + o.precision + ": use --nf4-products dequantized (or auto)");
-        lora.nf4_products = o.nf4_products == "packed" ? Nf4Products::kPacked : o.nf4_products == "dequantized" ? Nf4Products::kDequantized
-                                                                                                            : Nf4Products::kAuto;
-    } else if (o.nf4_products != "auto") {
+            die("--nf4-products packed multiplies in bf16, got --precision " + o.precision + ": use --nf4-products dequantized");
+        lora.nf4_products = o.nf4_products == "packed" ? Nf4Products::kPacked : Nf4Products::kDequantized;
+    } else if (o.nf4_products != "dequantized") {
         die("--nf4-products " + o.nf4_products + " chooses how the products read an NF4 base: add --base-quant nf4");
     }
     // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts

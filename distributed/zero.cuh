@@ -177,12 +177,6 @@ public:
         if (trainable_ || norm_ != nullptr || streams_.comm != nullptr) die("internal: a unit source serves frozen parameters, set before allocate()");
         source_ = source;
     }
-    // The unit source changed what it fills: the ring's slots are filled again on their next use (each fill still
-    // waits for the compute stream's last read of its slot).
-    void refill_ring() {
-        if (!source_) die("internal: refill_ring() serves a unit source");
-        ring_unit_[0] = ring_unit_[1] = -1;
-    }
 
     // ZeRO-Offload, before allocate(): this rank's master weights and Adam moments in pinned host memory, AdamW on the
     // CPU with `cpu_threads` OpenMP threads (0: OpenMP's default team); with kOptimizerParameters the stage-3 parameter

@@ -19,8 +19,8 @@
 // 128) is masked. Operand and output pointers 16-byte aligned; the weight's arrays as upload_nf4 / allocate_nf4 / the
 // NF4 base allocate them (codes 16-byte, absmax codes and absmaxes 4-byte aligned). Anything else is refused in one
 // line before any CUDA call. A small N under-fills the GPU (one row tile of CTAs; no split over k): forwards of at most
-// kNf4PackedMaxRows rows run a small-rows kernel instead (a warp per output feature). Which of these and dequantize +
-// cuBLASLt a model takes is model/nf4.h's nf4_packed_products, from bench/bench_nf4.cu's measurements.
+// kNf4SmallRows rows run a small-rows kernel instead (a warp per output feature). The model takes these or dequantize +
+// cuBLASLt by --nf4-products (model/nf4.h's Nf4Products); bench/bench_nf4.cu times them against each other.
 // defines: nf4_matmul_shape_problem, nf4_matmul_forward, nf4_matmul_backward_input
 #pragma once
 #include <climits>
@@ -28,6 +28,9 @@
 #include "common.cuh"
 #include "flash_attention.cuh"  // flash:: cp.async, ldmatrix, mma.sync wrappers, the swizzled tile layout, set_smem
 #include "nf4.cuh"              // Nf4DeviceWeight, Nf4Tables, nf4_tables
+
+// Forwards of at most this many rows take the small-rows kernel.
+constexpr int kNf4SmallRows = 8;
 
 namespace nf4mm {
 
@@ -279,7 +282,7 @@ nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w
         }
 }
 
-// Forwards of at most kNf4PackedMaxRows rows (sampling's one new position): a warp per output feature streams its
+// Forwards of at most kNf4SmallRows rows (sampling's one new position): a warp per output feature streams its
 // weight row's codes once, 16 bytes (32 weights, half an NF4 block) a lane a step, the warp's 512 bytes contiguous;
 // each lane dequantizes its 32 weights to bf16 as the tiled kernel does and adds their products with every input
 // row into fp32 sums, which the warp reduces; the bias is added before the one rounding. Bound by memory: 0.52 bytes
@@ -296,7 +299,7 @@ nf4_small_rows_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4Opera
     __syncthreads();
     const int row = blockIdx.x * (kSmallRowsThreads / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= OC) return;
-    float acc[kNf4PackedMaxRows] = {};
+    float acc[kNf4SmallRows] = {};
     for (int k = lane * 32; k < IC; k += 32 * 32) {
         const long first = (long)row * IC + k;  // the lane's first weight: a multiple of 32, in one NF4 block
         const int4 codes = __ldcs(reinterpret_cast<const int4*>(w.packed + first / 2));
@@ -313,7 +316,7 @@ nf4_small_rows_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4Opera
             wv[i] = __bfloat162float(__float2bfloat16(__fmul_rn(nf4[code], scale)));
         }
 #pragma unroll
-        for (int r = 0; r < kNf4PackedMaxRows; r++) {
+        for (int r = 0; r < kNf4SmallRows; r++) {
             if (r >= N) break;
             const int4* xr = reinterpret_cast<const int4*>(x + (long)r * IC + k);
 #pragma unroll
@@ -329,7 +332,7 @@ nf4_small_rows_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4Opera
         }
     }
 #pragma unroll
-    for (int r = 0; r < kNf4PackedMaxRows; r++) {
+    for (int r = 0; r < kNf4SmallRows; r++) {
         if (r >= N) break;
         const float sum = warp_reduce_sum(acc[r]);
         if (lane == 0) out[(long)r * OC + row] = __float2bfloat16(sum + (bias != nullptr ? __bfloat162float(bias[row]) : 0.0f));
@@ -378,11 +381,11 @@ inline std::string nf4_matmul_shape_problem(const char* what, const Nf4DeviceWei
 }
 
 // out[N, OC] = x[N, IC] W^T + bias (bf16, row-major; bias [OC] or nullptr), W the NF4 weight [OC, IC], on `stream`:
-// the small-rows kernel for N <= kNf4PackedMaxRows, the tiled one above.
+// the small-rows kernel for N <= kNf4SmallRows, the tiled one above.
 inline void nf4_matmul_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N,
                                cudaStream_t stream) {
     if (const std::string problem = nf4_matmul_shape_problem("nf4_matmul_forward", w, N, out, x); !problem.empty()) die(problem);
-    if (N <= kNf4PackedMaxRows) nf4mm::launch_small_rows(out, x, w, bias, N, (int)w.shape[1], (int)w.shape[0], stream);
+    if (N <= kNf4SmallRows) nf4mm::launch_small_rows(out, x, w, bias, N, (int)w.shape[1], (int)w.shape[0], stream);
     else nf4mm::launch<false>(out, x, w, bias, N, (int)w.shape[1], (int)w.shape[0], false, stream);
 }
 

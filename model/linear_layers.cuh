@@ -2,7 +2,7 @@
 // bf16 (or the model's precision) on cuBLASLt, or under --precision fp8 in FP8 (fp8_linear.cuh), where the
 // kernels that produce the layers' inputs (GPT-2's LayerNorms and GELU) may cast them as they write them
 // (kernels/fp8_fused.cuh), or under QLoRA's NF4 base (--base-quant nf4) with the weights read packed by
-// kernels/nf4_matmul.cuh where nf4_packed (the model chooses per pass, by its rows: nf4_packed_products). The model
+// kernels/nf4_matmul.cuh where nf4_packed (--nf4-products packed). The model
 // (transformer.cuh) calls these for every product of a block and asks which of its producers write FP8 copies; the
 // head's product is always the model's precision.
 // defines: Fp8Copies, LinearLayers

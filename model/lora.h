@@ -72,7 +72,7 @@ struct LoraSpec {
     unsigned targets = 0;  // bit t = LoraTargetIndex t
     float dropout = 0.0f;
     bool nf4_base = false;  // the frozen base's blocks' linear weights in QLoRA's NF4 (--base-quant nf4; model/nf4_base.cuh)
-    Nf4Products nf4_products = Nf4Products::kAuto;  // --nf4-products
+    Nf4Products nf4_products = Nf4Products::kDequantized;  // --nf4-products
     bool enabled() const { return rank > 0; }
     bool targets_has(int t) const { return (targets >> t) & 1u; }
     float scale() const { return alpha / (float)rank; }

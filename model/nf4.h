@@ -7,7 +7,7 @@
 // defines: kNf4BlockSize, kNf4NestedBlockSize, kNf4Values, nf4_thresholds, nf4_code, dynamic_map, dynamic8_code,
 //          nf4_parallel, quantize_dynamic8, Nf4Weight, nf4_bytes, nf4_bits_per_weight, nf4_layout_problem, nf4_double_quantize,
 //          quantize_nf4, nf4_block_scales, nf4_dequantize_with, dequantize_nf4, dequantize_nf4_bf16, kNf4BaseTensors,
-//          nf4_base_tensor, Nf4Products, kNf4PackedMaxRows, nf4_packed_products
+//          nf4_base_tensor, Nf4Products
 #pragma once
 #include <algorithm>
 #include <array>
@@ -300,14 +300,8 @@ inline void dequantize_nf4_bf16(const Nf4Weight& w, uint16_t* out, int threads =
 constexpr BlockTensor kNf4BaseTensors[] = {QKVW, ATTPROJW, FCW, FCPROJW};
 inline bool nf4_base_tensor(int t) { return t == QKVW || t == ATTPROJW || t == FCW || t == FCPROJW; }
 
-// How the blocks' products read the NF4 base (--nf4-products): packed, by kernels/nf4_matmul.cuh (the weights
-// dequantized inside the product), or dequantized: each block's weights written to bf16 in the parameter ring, ahead
-// of its products, which cuBLASLt runs (the dequantization overlapping the previous block's products). auto: packed
-// for passes of at most kNf4PackedMaxRows rows (sampling's one new position), where the small-rows kernel reads 0.52
-// bytes a weight once instead of dequantizing 2; dequantized above, where cuBLASLt's products outrun our tiled kernel
-// at every shape measured (bench/bench_nf4.cu, docs/perf.md).
-enum class Nf4Products { kAuto, kPacked, kDequantized };
-constexpr int kNf4PackedMaxRows = 8;
-inline bool nf4_packed_products(Nf4Products choice, int rows) {
-    return choice == Nf4Products::kPacked || (choice == Nf4Products::kAuto && rows <= kNf4PackedMaxRows);
-}
+// How the blocks' products read the NF4 base (--nf4-products): dequantized (the default), each block's weights written
+// to bf16 in the parameter ring ahead of its products, which cuBLASLt runs (the dequantization overlapping the previous
+// block's products); or packed, by kernels/nf4_matmul.cuh, which dequantizes the weights inside the product. cuBLASLt's
+// products outrun our tiled kernel at every shape measured, 16 to 2,048 rows (bench/bench_nf4.cu, docs/perf.md).
+enum class Nf4Products { kDequantized, kPacked };

@@ -143,8 +143,8 @@ public:
                 convert_precision(rest(b, t), values + layout_.block_offset[t], (long)layout_.block_tensor_size[t], stream);
     }
 
-    // Whether the ring's fills leave the four weights out: the products read them packed (LinearLayers::nf4_packed).
-    // The caller has the ring refilled when this changes (ZeroOptimizer::refill_ring).
+    // Whether the ring's fills leave the four weights out: the products read them packed (LinearLayers::nf4_packed;
+    // set before the first fill).
     bool packed_products = false;
 
     // Unit u (a block) in the compute precision into dst (a ring slot of the unit's size) on `stream`: the weights

@@ -138,6 +138,9 @@ struct Transformer {
                 nf4_base.reset(new Nf4Base<floatX>(layout));
                 zero->set_unit_source(nf4_base.get());
                 linear.nf4_base = nf4_base.get();
+                // --nf4-products packed (bf16): the products read the packed weights, which the ring's fills leave out
+                linear.nf4_packed = nf4_base->packed_products =
+                    std::is_same<floatX, __nv_bfloat16>::value && lora.nf4_products == Nf4Products::kPacked;
             }
         }
         lora_hooks.attach(c, lora, adapter_layout.get(), adapters.get());
@@ -255,15 +258,6 @@ struct Transformer {
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
     bool fc_gelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
     bool fcproj_dgelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
-    // QLoRA: whether this pass's products read the NF4 base packed (--nf4-products, by the pass's rows); a change has the
-    // ring filled again, with or without the weights. Before the pass's first use of the ring.
-    void choose_nf4_products() {
-        if (!nf4_base) return;
-        const bool packed = std::is_same<floatX, __nv_bfloat16>::value && nf4_packed_products(lora.nf4_products, N());
-        if (packed == linear.nf4_packed) return;
-        linear.nf4_packed = nf4_base->packed_products = packed;
-        zero->refill_ring();
-    }
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }
@@ -377,7 +371,6 @@ struct Transformer {
     void forward_chunk(int k, ActivationSet<floatX>& set) {
         const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
-        choose_nf4_products();
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
         if (model_begins(k)) {

@@ -80,10 +80,10 @@ expect_error "LoRA save without LoRA" "--lora-save and --lora-merge need LoRA" $
 expect_error "bad base quantization" "--base-quant must be one of none, nf4, got 'nf8'" $SMALL --lora-rank 4 --base-quant nf8
 expect_error "NF4 base without LoRA" "--base-quant nf4 quantizes the frozen base of a LoRA run: add --lora-rank (or --lora-load)" $SMALL --base-quant nf4
 expect_error "NF4 base in fp16" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp16" $SMALL --lora-rank 4 --base-quant nf4 --precision fp16
-expect_error "packed NF4 products in bf16, not fp32" "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized (or auto)" \
+expect_error "packed NF4 products in bf16, not fp32" "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized" \
     $SMALL --lora-rank 4 --base-quant nf4 --nf4-products packed --precision fp32
-expect_error "NF4 products with an NF4 base" "--nf4-products dequantized chooses how the products read an NF4 base: add --base-quant nf4" \
-    $SMALL --lora-rank 4 --nf4-products dequantized
+expect_error "NF4 products with an NF4 base" "--nf4-products packed chooses how the products read an NF4 base: add --base-quant nf4" \
+    $SMALL --lora-rank 4 --nf4-products packed
 expect_error "NF4 base in fp8" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp8" $SMALL --lora-rank 4 --base-quant nf4 --precision fp8
 expect_error "missing adapter file" "none.bin: cannot open adapter file" $SMALL --lora-load "$W/none.bin"
 expect_error "adapter file with bad magic" "badmodel.bin: bad adapter magic 999 (expected 20261127)" $SMALL --lora-load "$W/badmodel.bin"

@@ -16,7 +16,7 @@
 //     product over dequantize_nf4_device's bf16 weight with fp32 sums in k order (an N(0, 1) weight [OC, IC], N(0, 1)
 //     bf16 inputs): (N, IC, OC) = (256, 512, 768), (2048, 4096, 1024), (192, 448, 320), (64, 64, 64), (16, 512, 768)
 //     and (77, 320, 448) (partial row and column tiles, N not a multiple of 64), backward with IC != OC; the forward's
-//     small-rows kernel (N <= kNf4PackedMaxRows) at (1, 512, 768), (5, 448, 320) and (8, 4096, 1024); the forward with a
+//     small-rows kernel (N <= kNf4SmallRows) at (1, 512, 768), (5, 448, 320) and (8, 4096, 1024); the forward with a
 //     bias (added to every row) at (192, 448, 320), (77, 320, 448), (1, 512, 768) and (5, 448, 320); nothing written
 //     past the output. Both products' operands are the same
 //     bf16 values, so only the order of the fp32 sums and the output's rounding differ: each element within
@@ -451,8 +451,8 @@ static void check_product(bool backward, const ProductCase& c, bool double_quant
 static void check_products(cudaStream_t stream) {
     const ProductCase small{256, 512, 768}, large{2048, 4096, 1024}, partial{192, 448, 320}, tiny{64, 64, 64}, few{16, 512, 768},
         ragged{77, 320, 448}, square{256, 512, 512};
-    // forwards of at most kNf4PackedMaxRows rows: the small-rows kernel
-    const ProductCase one{1, 512, 768}, some{5, 448, 320}, most{kNf4PackedMaxRows, 4096, 1024};
+    // forwards of at most kNf4SmallRows rows: the small-rows kernel
+    const ProductCase one{1, 512, 768}, some{5, 448, 320}, most{kNf4SmallRows, 4096, 1024};
     for (bool double_quant : {false, true}) {
         for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
             guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });

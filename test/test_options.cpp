@@ -106,7 +106,7 @@ const PinnedFlag kPinnedFlags[] = {
     {"--lora-save", "", "", ""},
     {"--lora-merge", "", "", ""},
     {"--base-quant", "", "none", "one of none, nf4"},
-    {"--nf4-products", "", "auto", "one of auto, packed, dequantized"},
+    {"--nf4-products", "", "dequantized", "one of dequantized, packed"},
     {"--zero-stage", "-z", "1", "one of 0, 1, 2, 3"},
     {"--offload", "", "none", "one of none, optimizer, optimizer,parameters"},
     {"--offload-delayed-update", "", "0", "one of 0, 1"},
@@ -369,10 +369,9 @@ void test_cross_flag_bounds() {
              at({"--lora-rank", "4", "--base-quant", "nf4", "--precision", "fp8"}), "--base-quant nf4 runs in --precision bf16 (or fp32), got fp8");
     boundary("packed NF4 products in bf16, not fp32", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed"}),
              at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed", "--precision", "fp32"}),
-             "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized (or auto)");
-    boundary("NF4 products with an NF4 base", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "dequantized"}),
-             at({"--lora-rank", "4", "--nf4-products", "dequantized"}),
-             "--nf4-products dequantized chooses how the products read an NF4 base: add --base-quant nf4");
+             "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized");
+    boundary("NF4 products with an NF4 base", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed"}),
+             at({"--lora-rank", "4", "--nf4-products", "packed"}), "--nf4-products packed chooses how the products read an NF4 base: add --base-quant nf4");
     boundary("NF4 base on one tensor-parallel rank", 2, at({"--lora-rank", "4", "--base-quant", "nf4"}), 2,
              at({"--lora-rank", "4", "--base-quant", "nf4", "--heads", "2", "--channels", "128", "--tensor-parallel", "2"}),
              "LoRA runs with --tensor-parallel 1 (got 2)");

@@ -16,7 +16,7 @@
 #      40 steps (0.031 on an H100); its merged model's validation loss is within 0.02 of the run's last one (the merge
 #      adds B A into the dequantized weights in bf16);
 #   4. the products reading the base packed (--nf4-products packed: kernels/nf4_matmul.cuh) against the dequantized
-#      ones (cuBLASLt on the ring's bf16 weights, what 1-3 ran at 2,048 rows): the loaded base's validation loss within
+#      ones (the default, cuBLASLt on the ring's bf16 weights, which 1-3 ran): the loaded base's validation loss within
 #      1e-3 (the same bf16 operands; each output's fp32 sum taken in another order, then rounded to bf16 once: relative
 #      differences of 2^-9 an element, which average out over the loss), and the same 40 training steps' losses each
 #      within 0.01 of 3's (those differences compound over the steps), with a sample drawn (sampling's one-row forwards).
