@@ -19,7 +19,10 @@
 #      ones (the default, cuBLASLt on the ring's bf16 weights, which 1-3 ran): the loaded base's validation loss within
 #      1e-3 (the same bf16 operands; each output's fp32 sum taken in another order, then rounded to bf16 once: relative
 #      differences of 2^-9 an element, which average out over the loss), and the same 40 training steps' losses each
-#      within 0.01 of 3's (those differences compound over the steps), with a sample drawn (sampling's one-row forwards).
+#      within 0.01 of 3's (those differences compound over the steps), with a sample drawn (sampling's one-row forwards);
+#   5. (full tier) data parallelism: 2 ranks sharing the GPU, ZeRO-1 over the adapters, 4 rows each, against one rank of
+#      8 rows: 10 steps' losses each within 2e-2 (bf16 products and a sum over ranks in another order: test_zero's bf16
+#      tolerance), and the parameters bitwise the same on both ranks (--parameter-checksums 1).
 # Needs a GPU and NumPy (for the reference); skips without them.
 set -u
 cd "$(dirname "$0")/.."
@@ -163,6 +166,27 @@ if [ -f "${BASE:-}" ] && [ -f "$W/load_merged.bin" ] &&
             echo "PASS qlora the merged model's validation loss $merged is within 0.02 of the QLoRA run's $trained"
         else
             echo "FAIL qlora the merged model's validation loss '$merged' against the QLoRA run's '$trained'"
+        fi
+    fi
+fi
+
+# 5. data parallelism (full tier): 2 ranks sharing the GPU (scripts/launch.sh --one-gpu), 4 rows each, ZeRO-1 over the
+#    adapters, against one rank of 8 rows (--shuffle 0: both read the same tokens)
+if [ "${TEST_TIER:-full}" = full ] && [ -f "${BASE:-}" ]; then
+    DP=(--model "$BASE" --seq-len 256 --sample-every 0 --val-every 0 --deterministic 1 --shuffle 0 "${LORA[@]}" --base-quant nf4 --steps 10
+        --lr 3e-3 --parameter-checksums 1)
+    if run dp_one "${DP[@]}" --batch-size 8; then
+        if NCCL_NVLS_ENABLE=0 scripts/launch.sh --one-gpu 2 ./train_gpt "${DP[@]}" --batch-size 4 --zero-stage 1 > "$W/dp_two.out" 2>&1; then
+            d=$(max_step_difference "$W/dp_one.out" "$W/dp_two.out")
+            sums=$(grep -o 'parameter checksum [0-9a-f]*' "$W/dp_two.out" | sort -u | wc -l)
+            ranks=$(grep -c 'parameter checksum' "$W/dp_two.out")
+            if [ -n "$d" ] && awk -v d="$d" 'BEGIN { exit !(d <= 2e-2) }' && [ "$ranks" -eq 2 ] && [ "$sums" -eq 1 ]; then
+                echo "PASS qlora 2 data-parallel ranks (ZeRO-1 over the adapters): 10 losses within 2e-2 of one rank's (largest difference $d), the same parameters on both ranks"
+            else
+                echo "FAIL qlora 2 data-parallel ranks: largest step-loss difference from one rank '$d' (tol 2e-2), $ranks ranks reported, $sums distinct parameter checksums"
+            fi
+        else
+            echo "FAIL qlora 2 data-parallel ranks: $(grep -m1 error "$W/dp_two.out" || tail -n 1 "$W/dp_two.out")"
         fi
     fi
 fi
