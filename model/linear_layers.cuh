@@ -1,10 +1,9 @@
 // The products of a block's four linear layers (qkv, attention projection, fc, fc projection) and their backward:
 // bf16 (or the model's precision) on cuBLASLt, or under --precision fp8 in FP8 (fp8_linear.cuh), where the
 // kernels that produce the layers' inputs (GPT-2's LayerNorms and GELU) may cast them as they write them
-// (kernels/fp8_fused.cuh), or under QLoRA's NF4 base (--base-quant nf4) with the weights read packed by
-// kernels/nf4_matmul.cuh where nf4_packed (--nf4-products packed). The model
-// (transformer.cuh) calls these for every product of a block and asks which of its producers write FP8 copies; the
-// head's product is always the model's precision.
+// (kernels/fp8_fused.cuh), or under QLoRA's NF4 base (--base-quant nf4 --nf4-products packed) by
+// kernels/nf4_matmul.cuh, which reads the packed weights. The model (transformer.cuh) calls these for every product of
+// a block and asks which of its producers write FP8 copies; the head's product is always the model's precision.
 // defines: Fp8Copies, LinearLayers
 #pragma once
 #include <type_traits>
@@ -34,7 +33,7 @@ struct LinearLayers {
     // (fp8_inputs_from_producers); false: the layers cast them (test_fp8_model checks that both train alike)
     bool fp8_producer_casts = true;
     Fp8Linear fp8_linear;
-    // QLoRA: the frozen NF4 base (set by the model), and whether this pass's products read its weights packed (the
+    // QLoRA: the frozen NF4 base (set by the model), and whether the products read its weights packed (bf16 only; the
     // ring then holds the blocks' other tensors only) instead of as the ring's dequantized bf16 copies
     const Nf4Base<floatX>* nf4_base = nullptr;
     bool nf4_packed = false;
