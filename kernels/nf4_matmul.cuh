@@ -285,8 +285,8 @@ nf4_matmul_kernel(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4Operand w
 // Forwards of at most kNf4SmallRows rows (sampling's one new position): a warp per output feature streams its
 // weight row's codes once, 16 bytes (32 weights, half an NF4 block) a lane a step, the warp's 512 bytes contiguous;
 // each lane dequantizes its 32 weights to bf16 as the tiled kernel does and adds their products with every input
-// row into fp32 sums, which the warp reduces; the bias is added before the one rounding. Bound by memory: 0.52 bytes
-// a weight read once, where dequantizing first writes 2 and the product reads them back.
+// row into fp32 sums, which the warp reduces; the bias is added before the one rounding. It reads 0.52 bytes a weight
+// once, where dequantizing first writes 2 and the product reads them back.
 constexpr int kSmallRowsThreads = 256;
 template <bool kDoubleQuant>
 __global__ void __launch_bounds__(kSmallRowsThreads)
@@ -350,8 +350,8 @@ void launch(__nv_bfloat16* out, const __nv_bfloat16* a, const Nf4DeviceWeight& w
     cudaCheckLaunch();
 }
 
-void launch_small_rows(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N, int IC, int OC,
-                       cudaStream_t stream) {
+inline void launch_small_rows(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4DeviceWeight& w, const __nv_bfloat16* bias, int N,
+                              int IC, int OC, cudaStream_t stream) {
     const Nf4Operand operand{w.packed, w.absmax, w.absmax_codes, w.nested_absmax, w.absmax_offset};
     const int grid = ceil_div(OC, kSmallRowsThreads / 32);
     if (w.double_quant) nf4_small_rows_kernel<true><<<grid, kSmallRowsThreads, 0, stream>>>(out, x, operand, bias, N, IC, OC, nf4_tables());
