@@ -33,10 +33,10 @@ struct LinearLayers {
     // (fp8_inputs_from_producers); false: the layers cast them (test_fp8_model checks that both train alike)
     bool fp8_producer_casts = true;
     Fp8Linear fp8_linear;
-    // QLoRA: the frozen NF4 base (set by the model), and whether the products read its weights packed (bf16 only; the
-    // ring then holds the blocks' other tensors only) instead of as the ring's dequantized bf16 copies
+    // QLoRA: the frozen NF4 base (set by the model). nf4_packed(): the products read its weights packed (the ring then
+    // holds the blocks' other tensors only) instead of as the ring's dequantized bf16 copies
     const Nf4Base<floatX>* nf4_base = nullptr;
-    bool nf4_packed = false;
+    bool nf4_packed() const { return nf4_base != nullptr && nf4_base->packed_products; }
     // The MLP's GELU runs in cuBLASLt epilogues (the model's matmul_forward_gelu; backward's gelu_inp) where
     // gelu_epilogue allows it. false: separate GELU kernels everywhere (test_model's base model, which must match a
     // model with an fc adapter bit for bit).
@@ -103,10 +103,11 @@ struct LinearLayers {
     // in its epilogue: where matmul_gelu_epilogues allows it and no LoRA adapter (`adapter`) adds to the product
     // before the GELU. --recompute levels 1-2 rebuild fch_gelu from the kept fch with gelu_forward, which differs in
     // the last bit from the fused product's GELU (of the unrounded pre-activation): those levels run the GELU as
-    // separate kernels both ways, so they equal --gelu-fusion 0 bit for bit. FP8 products have no GELU epilogue
-    // here: the GELU kernels run beside them.
+    // separate kernels both ways, so they equal --gelu-fusion 0 bit for bit. FP8 products and the packed NF4 base's
+    // have no GELU epilogue here: the GELU kernels run beside them.
     bool gelu_epilogue(bool adapter) const {
-        return gelu_fusion && !fp8 && matmul_gelu_epilogues<floatX>() && !adapter && (recompute == kKeepAll || recompute >= kRecomputeBlock);
+        return gelu_fusion && !fp8 && !nf4_packed() && matmul_gelu_epilogues<floatX>() && !adapter &&
+               (recompute == kKeepAll || recompute >= kRecomputeBlock);
     }
 
     // Block l's NF4 weight of layer `layer` ([OC, C]: the product's shape, checked).
@@ -125,7 +126,7 @@ struct LinearLayers {
     // Under fp8_input_from_producer(layer), x's producer has cast it already: x is not read.
     void forward(floatX* out, const floatX* x, const floatX* weight, const floatX* bias, int N, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (nf4_packed) {
+            if (nf4_packed()) {
                 nf4_matmul_forward(out, x, nf4_weight(l, layer, C, OC), bias, N, stream);
                 return;
             }
@@ -145,7 +146,7 @@ struct LinearLayers {
     // the transposed E4M3 copy that its producer wrote.
     void backward(floatX* dx, floatX* dweight, floatX* dbias, const floatX* dy, const floatX* x, const floatX* weight, int N, int C, int OC,
                   int l, Fp8Layer layer, const floatX* gelu_inp = nullptr) {
-        if (nf4_packed) {
+        if (nf4_packed()) {
             if (gelu_inp != nullptr || dweight != nullptr || dbias != nullptr) die("internal: the NF4 base's products have no GELU epilogue and no gradients");
             backward_input(dx, dy, weight, N, C, OC, l, layer);
             return;
@@ -163,7 +164,7 @@ struct LinearLayers {
     // FP8 dy's copy is cast again, with the scale its backward_input took (fp8_linear.cuh).
     void backward_input(floatX* dx, const floatX* dy, const floatX* weight, int N, int C, int OC, int l, Fp8Layer layer) {
         if constexpr (std::is_same<floatX, __nv_bfloat16>::value) {
-            if (nf4_packed) {
+            if (nf4_packed()) {
                 nf4_matmul_backward_input(dx, dy, nf4_weight(l, layer, C, OC), N, false, stream);
                 return;
             }

@@ -86,7 +86,9 @@ Nf4BaseMemory nf4_base_memory(const ParameterLayout& l) {
 template <typename floatX>
 class Nf4Base : public UnitSource<floatX> {
 public:
-    explicit Nf4Base(const ParameterLayout& layout) : layout_(layout) {
+    // packed: the products read the four weights packed (--nf4-products packed), so the ring's fills leave
+    // them out
+    Nf4Base(const ParameterLayout& layout, bool packed) : packed_products(packed), layout_(layout) {
         for (int t = 0; t < kBlockTensors; t++) {
             rest_offset_[t] = rest_size_;
             if (!nf4_base_tensor(t)) rest_size_ += layout.block_tensor_size[t];
@@ -143,9 +145,7 @@ public:
                 convert_precision(rest(b, t), values + layout_.block_offset[t], (long)layout_.block_tensor_size[t], stream);
     }
 
-    // Whether the ring's fills leave the four weights out: the products read them packed (LinearLayers::nf4_packed;
-    // set before the first fill).
-    bool packed_products = false;
+    const bool packed_products;  // the constructor's `packed`: fill() leaves the four weights out unless `whole`
 
     // Unit u (a block) in the compute precision into dst (a ring slot of the unit's size) on `stream`: the weights
     // dequantized (unless packed_products and not `whole`), the small tensors copied; the padding is left as it is

@@ -135,12 +135,9 @@ struct Transformer {
                                                      zero_stage, s));
             if (lora.nf4_base) {
                 if (layout.tp != 1) die("internal: the NF4 base runs with tp = 1");
-                nf4_base.reset(new Nf4Base<floatX>(layout));
+                nf4_base.reset(new Nf4Base<floatX>(layout, std::is_same<floatX, __nv_bfloat16>::value && lora.nf4_products == Nf4Products::kPacked));
                 zero->set_unit_source(nf4_base.get());
                 linear.nf4_base = nf4_base.get();
-                // --nf4-products packed (bf16): the products read the packed weights, which the ring's fills leave out
-                linear.nf4_packed = nf4_base->packed_products =
-                    std::is_same<floatX, __nv_bfloat16>::value && lora.nf4_products == Nf4Products::kPacked;
             }
         }
         lora_hooks.attach(c, lora, adapter_layout.get(), adapters.get());
@@ -256,8 +253,8 @@ struct Transformer {
 
     // GPT-2's GELU in the epilogue of fc's product (forward) and of the fc projection's (backward), where
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
-    bool fc_gelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
-    bool fcproj_dgelu_fused() const { return !config.llama() && !linear.nf4_packed && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
+    bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
+    bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
     // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
     // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
     int heads() const { return config.num_heads / layout.tp; }
