@@ -454,9 +454,7 @@ static void check_products(cudaStream_t stream) {
     // forwards of at most kNf4SmallRows rows: the small-rows kernel
     const ProductCase one{1, 512, 768}, some{5, 448, 320}, most{kNf4SmallRows, 4096, 1024};
     for (bool double_quant : {false, true}) {
-        for (const ProductCase& c : {small, large, partial, tiny, few, ragged})
-            guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
-        for (const ProductCase& c : {one, some, most})
+        for (const ProductCase& c : {small, large, partial, tiny, few, ragged, one, some, most})
             guarded(product_name("nf4_matmul_forward", c, double_quant, false), [&] { check_product(false, c, double_quant, false, false, stream); });
         for (const ProductCase& c : {partial, ragged, one, some})
             guarded(product_name("nf4_matmul_forward", c, double_quant, true), [&] { check_product(false, c, double_quant, true, false, stream); });

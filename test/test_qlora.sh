@@ -35,6 +35,9 @@ SHAPE=(--model d2 --arch llama)
 RUN=(--seq-len 256 --batch-size 8 --sample-every 0 --deterministic 1 --val-batches 4)
 LORA=(--lora-rank 8 --lora-alpha 16 --lora-targets q,k,v,o,gate,up,down)
 
+source test/loss_logs.sh  # losses, maxdiff, within, launch_mode (its multi-rank `run` gives way to this suite's below)
+# steps DIR: how many training steps DIR/log.txt holds
+steps() { losses "$1" 2> /dev/null | wc -l; }
 # run NAME ARGS...: train_gpt's output in $W/NAME.out; a FAIL line (and status 1) when it exits non-zero
 run() {
     local name=$1; shift
@@ -44,12 +47,6 @@ run() {
     fi
 }
 val_loss() { grep -m1 "val loss" "$1" | sed 's/.*val loss \([0-9.]*\).*/\1/'; }
-# max_step_difference OUT1 OUT2: the largest |difference| of two runs' training losses, step by step (empty when the
-# runs' step counts differ or are 0)
-max_step_difference() {
-    paste <(grep '^step .*| loss ' "$1" | sed 's/.*| loss \([0-9.]*\) |.*/\1/') <(grep '^step .*| loss ' "$2" | sed 's/.*| loss \([0-9.]*\) |.*/\1/') |
-        awk -F'\t' '$1 == "" || $2 == "" { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { if (n && !bad) printf "%.3g", m }'
-}
 last_val_loss() { grep "val loss" "$1" | tail -n 1 | sed 's/.*val loss \([0-9.]*\).*/\1/'; }
 
 # compare_nf4 NAME BASE MERGED: MERGED's linear weights are the NF4 reference's of BASE's rounded to bf16, the rest BASE's
@@ -142,19 +139,20 @@ fi
 # 3. training: QLoRA against LoRA on the dequantized base in bf16 (the same bf16 operands), then packed products
 if [ -f "${BASE:-}" ] && [ -f "$W/load_merged.bin" ] &&
    run train --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 40 --lr 3e-3 --val-every 40 \
-       --lora-save "$W/adapters.bin" --lora-merge "$W/trained_merged.bin" &&
-   run train_dequantized --model "$W/load_merged.bin" "${RUN[@]}" "${LORA[@]}" --steps 40 --lr 3e-3 --val-every 40; then
+       --lora-save "$W/adapters.bin" --lora-merge "$W/trained_merged.bin" -o "$W/train" &&
+   run train_dequantized --model "$W/load_merged.bin" "${RUN[@]}" "${LORA[@]}" --steps 40 --lr 3e-3 --val-every 40 -o "$W/train_dequantized"; then
     first=$(val_loss "$W/train.out") last=$(last_val_loss "$W/train.out")
-    d=$(max_step_difference "$W/train.out" "$W/train_dequantized.out")
-    if [ -n "$d" ] && awk -v d="$d" -v f="$first" -v t="$last" 'BEGIN { exit !(d <= 1e-4 && t < f - 0.01) }'; then
+    d=$(maxdiff "$W/train" "$W/train_dequantized")
+    if [ "$(steps "$W/train")" -eq 40 ] && [ "$(steps "$W/train_dequantized")" -eq 40 ] && within "$d" 1e-4 &&
+       awk -v f="$first" -v t="$last" 'BEGIN { exit !(t < f - 0.01) }'; then
         echo "PASS qlora 40 QLoRA steps: each step's loss within 1e-4 of LoRA's on the dequantized bf16 base (largest difference $d), validation loss $first -> $last"
     else
         echo "FAIL qlora 40 QLoRA steps: largest step-loss difference from LoRA on the dequantized bf16 base '$d' (tol 1e-4), validation loss '$first' -> '$last' (expected 0.01 lower)"
     fi
     if run train_packed --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --nf4-products packed --steps 40 --lr 3e-3 --val-every 40 \
-           --sample-every 40 --sample-tokens 16; then
-        d=$(max_step_difference "$W/train.out" "$W/train_packed.out")
-        if [ -n "$d" ] && awk -v d="$d" 'BEGIN { exit !(d <= 0.01) }' && grep -q "^step 40 sample: " "$W/train_packed.out"; then
+           --sample-every 40 --sample-tokens 16 -o "$W/train_packed"; then
+        d=$(maxdiff "$W/train" "$W/train_packed")
+        if [ "$(steps "$W/train_packed")" -eq 40 ] && within "$d" 0.01 && grep -q "^step 40 sample: " "$W/train_packed.out"; then
             echo "PASS qlora 40 QLoRA steps with packed products: each step's loss within 0.01 of the dequantized products' (largest difference $d), a sample drawn"
         else
             echo "FAIL qlora 40 QLoRA steps with packed products: largest step-loss difference from the dequantized products' '$d' (tol 0.01), or no sample"
@@ -170,17 +168,17 @@ if [ -f "${BASE:-}" ] && [ -f "$W/load_merged.bin" ] &&
     fi
 fi
 
-# 5. data parallelism (full tier): 2 ranks sharing the GPU (scripts/launch.sh --one-gpu), 4 rows each, ZeRO-1 over the
-#    adapters, against one rank of 8 rows (--shuffle 0: both read the same tokens)
+# 5. data parallelism (full tier): 2 ranks sharing the GPU (or one a GPU with ONE_RANK_PER_GPU=1: test/loss_logs.sh),
+#    4 rows each, ZeRO-1 over the adapters, against one rank of 8 rows (--shuffle 0: both read the same tokens)
 if [ "${TEST_TIER:-full}" = full ] && [ -f "${BASE:-}" ]; then
     DP=(--model "$BASE" --seq-len 256 --sample-every 0 --val-every 0 --deterministic 1 --shuffle 0 "${LORA[@]}" --base-quant nf4 --steps 10
         --lr 3e-3 --parameter-checksums 1)
-    if run dp_one "${DP[@]}" --batch-size 8; then
-        if NCCL_NVLS_ENABLE=0 scripts/launch.sh --one-gpu 2 ./train_gpt "${DP[@]}" --batch-size 4 --zero-stage 1 > "$W/dp_two.out" 2>&1; then
-            d=$(max_step_difference "$W/dp_one.out" "$W/dp_two.out")
+    if run dp_one "${DP[@]}" --batch-size 8 -o "$W/dp_one"; then
+        if NCCL_NVLS_ENABLE=0 scripts/launch.sh $(launch_mode 2) 2 ./train_gpt "${DP[@]}" --batch-size 4 --zero-stage 1 -o "$W/dp_two" > "$W/dp_two.out" 2>&1; then
+            d=$(maxdiff "$W/dp_one" "$W/dp_two")
             sums=$(grep -o 'parameter checksum [0-9a-f]*' "$W/dp_two.out" | sort -u | wc -l)
             ranks=$(grep -c 'parameter checksum' "$W/dp_two.out")
-            if [ -n "$d" ] && awk -v d="$d" 'BEGIN { exit !(d <= 2e-2) }' && [ "$ranks" -eq 2 ] && [ "$sums" -eq 1 ]; then
+            if [ "$(steps "$W/dp_one")" -eq 10 ] && [ "$(steps "$W/dp_two")" -eq 10 ] && within "$d" 2e-2 && [ "$ranks" -eq 2 ] && [ "$sums" -eq 1 ]; then
                 echo "PASS qlora 2 data-parallel ranks (ZeRO-1 over the adapters): 10 losses within 2e-2 of one rank's (largest difference $d), the same parameters on both ranks"
             else
                 echo "FAIL qlora 2 data-parallel ranks: largest step-loss difference from one rank '$d' (tol 2e-2), $ranks ranks reported, $sums distinct parameter checksums"
