@@ -38,6 +38,7 @@
 #include "model/transformer.cuh"          // defines: Transformer (allocation, initialisation, forward, backward), MemoryPlan
 #include "model/memory_plan.h"            // defines: StagePlans, report_memory_plan, zero_states_formula, gib, device_memory_in_use
 #include "model/initialization.cuh"         // defines: init_parameters (GPT-2's initialisation, on the device)
+#include "model/whole_model.cuh"          // defines: set_adapters (a pipeline stage keeps its blocks' adapters)
 #include "model/checkpoint.cuh"           // defines: save_checkpoint, load_checkpoint, latest_checkpoint, make_directories, save_lora_outputs
 #include "model/checksums.h"              // defines: print_parameter_checksums
 #include "model/run_identity.h"           // defines: new_run_id, run_id_text (a run's id, which its files carry)
@@ -594,7 +595,7 @@ int start_parameters(FILE* out, Transformer<floatX>& model, DataLoader& train_da
         return step;
     }
     if (run.lora.enabled()) {
-        if (!run.initial_adapters.empty()) model.adapters->set_parameters(run.initial_adapters);
+        if (!run.initial_adapters.empty()) set_adapters(model, run.initial_adapters);
         else model.init_adapters((uint64_t)o.seed + 1);
     }
     return 0;
@@ -615,6 +616,7 @@ StepReport train_step(Transformer<floatX>& model, PipelineParallel<Transformer<f
     };
     model.zero_grad();
     model.training = true;
+    model.lora_hooks.step_key = ((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8);  // with the micro-batch: LoRA's dropout masks
     // masked (chat) data: the loss is the mean over the step's counted targets, on every rank the same count
     float dloss = model.dloss(m);
     if (data.has_masks()) {
@@ -633,7 +635,7 @@ StepReport train_step(Transformer<floatX>& model, PipelineParallel<Transformer<f
         pipeline->run_step(model, inputs, targets, dloss);
     }
     for (int micro = 0; micro < m && !pipeline; micro++) {
-        model.lora_hooks.step_seed = splitmix64(((uint64_t)o.seed << 20) ^ ((uint64_t)step << 8) ^ (uint64_t)micro);
+        model.begin_micro_batch(micro);
         const Batch b = next_batch();
         model.upload_batch(b.inputs, b.targets);
         model.forward(true, dloss);
@@ -1049,7 +1051,7 @@ int dry_run(const Options& o, const ProcessGroup& pg, const RunShape& run) {
     const size_t rank_parameters = ParameterLayout(config, 8 * shape.dp, shape.tp, stages.parts[coord.pp]).count;
     fprintf(out, "batch: %d x %d tokens x %d data-parallel ranks, %d micro-steps per step = %ld tokens per step; %d steps; precision %s\n", batch.B,
             batch.T, shape.dp, batch.micro_batches, batch.tokens, steps, o.precision.c_str());
-    if (pg.world > 1)
+    if (pg.world > 1 && !run.lora.enabled())  // as the run prints it
         fprintf(out, "ZeRO stage %d: model states per GPU by the formula %.2f GiB for %zu parameters per rank (%s)\n", stage,
                 gib((size_t)zero_states_formula((double)rank_parameters, shape.dp, stage, (int)sizeof(floatX), offload)), rank_parameters,
                 zero_states_words(o.precision == "fp8" ? "bf16" : o.precision, offload).c_str());

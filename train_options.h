@@ -480,8 +480,6 @@ inline RunShape validate_options(const Options& o, int world) {
     if (lora.enabled() && o.zero_stage == 3 && world > 1) die("LoRA runs with --zero-stage 0, 1 or 2 (the frozen base is replicated)");
     if (lora.enabled() && shape.tp > 1)
         die("LoRA runs with --tensor-parallel 1 (got " + std::to_string(shape.tp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
-    if (lora.enabled() && shape.pp > 1)
-        die("LoRA runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + "): fine-tune on data-parallel ranks, whose frozen base is replicated");
     if (lora.enabled() && o.generate > 0) die("--generate runs a model file: merge the adapters first (--lora-merge)");
     // QLoRA's NF4 base: frozen weights under LoRA, dequantized for bf16 (or fp32) products, whole blocks on one rank
     if (o.base_quant == "nf4") {

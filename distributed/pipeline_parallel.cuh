@@ -163,6 +163,7 @@ public:
                 cudaCheck(cudaStreamWaitEvent(model.stream, e.gradient_ready));
             }
             cudaCheck(cudaEventRecord(timing_[2 * i], model.stream));
+            model.begin_micro_batch(a.micro_batch);
             if (a.type == PipelineAction::kForward) {
                 if (model.model_begins(a.chunk) || model.model_ends(a.chunk))
                     model.upload_batch(inputs[a.micro_batch].data(), targets[a.micro_batch].data(), a.chunk, a.slot);

@@ -26,6 +26,7 @@
 #include "state_file.h"                    // StateHeader, state_path, read_state_header, write_state_file, read_optimizer_state
 #include "checkpoint_store.h"              // CheckpointManifest, RankExchange, save_committed_checkpoint, checkpoint_path
 #include "transformer.cuh"                 // Transformer
+#include "whole_model.cuh"                 // assemble_whole_model, set_adapters, assemble_whole_adapters
 
 // The ranks' exchanges of a save or a resume over the world's NCCL communicator (ProcessGroup::all_gather_host): a
 // record is its size, CRC-32C and whether the rank wrote a file, whose name is the rank's state file of `step`.
@@ -113,8 +114,10 @@ bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
     const bool lora = model.lora.enabled(), bf16 = std::is_same<floatX, __nv_bfloat16>::value;
     const std::string model_path = checkpoint_path(dir, lora ? "adapters" : "model", step);
     NcclRankExchange exchange(pg, step);
+    std::vector<float> adapters;  // LoRA: the whole model's adapters on rank 0, gathered over the pipeline stages
     auto write_own = [&]() -> FileRecord {
         FileRecord record;
+        if (lora) adapters = assemble_whole_adapters(model, false);
         if (trained.stage() >= 1 || mesh.data.rank == 0) {
             StateHeader h{step, (int)PrecisionOf<floatX>::value, mesh.data.size, mesh.tensor.size, mesh.pipeline.size, mesh.data.rank, mesh.tensor.rank,
                           mesh.pipeline.rank, trained.stage(), ZeroOptimizer<floatX>::kHasMaster, trained.scaler.clean_steps, trained.scaler.scale,
@@ -136,7 +139,7 @@ bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
         return record;
     };
     auto write_model = [&] {
-        if (lora) return write_adapter_file(model_path, *model.adapter_layout, trained.parameters_host(), manifest.run_id, step);
+        if (lora) return write_adapter_file(model_path, AdapterLayout(model.config, model.lora, 8 * mesh.data.size), adapters, manifest.run_id, step);
         return seal_model_file(model_path, model.config, bf16, manifest.run_id, step);
     };
     return save_committed_checkpoint(dir, manifest, exchange, write_own, write_model);
@@ -155,8 +158,12 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<fl
     if (model.lora.enabled()) {
         std::vector<float> adapters;
         read_adapter_file(checkpoint_path(dir, "adapters", step), model.config, 8 * model.mesh.data.size, adapters, &reads);
-        trained.set_parameters(adapters);
-        saved = read_own_optimizer_state(dir, step, trained.stage() >= 1 ? model.pg.rank : 0, (size_t)trained.optimizer_elements(), &reads);
+        set_adapters(model, adapters);
+        // ZeRO-0 keeps whole copies: data rank 0 of this rank's stage wrote them
+        MeshCoord writer = model.mesh.coord;
+        writer.dp = 0;
+        const int rank = trained.stage() >= 1 ? model.pg.rank : mesh_rank(model.mesh.shape, writer);
+        saved = read_own_optimizer_state(dir, step, rank, (size_t)trained.optimizer_elements(), &reads);
         trained.optimizer_state_from_host(saved.master, saved.m, saved.v);
     } else {
         model.zero->set_parameters(read_model_part(checkpoint_path(dir, "model", step), model.layout, model.mesh.tensor.rank, &reads));  // this rank's part
@@ -175,15 +182,17 @@ DataLoaderState load_checkpoint(const std::string& dir, int step, Transformer<fl
 template <typename floatX>
 void save_lora_outputs(FILE* out, Transformer<floatX>& model, const std::string& adapter_path, const std::string& merged_path, bool main_rank) {
     if (adapter_path.empty() && merged_path.empty()) return;
-    const std::vector<float> adapter_values = model.adapters->parameters_host();
-    const std::vector<float> base_values = model.zero->parameters_host();
+    const std::vector<float> adapter_values = assemble_whole_adapters(model, false);
+    const std::vector<float> base_values =
+        merged_path.empty() ? std::vector<float>() : assemble_whole_model(model, model.zero->parameters_host(), model.stage_parts, false);
+    const AdapterLayout whole(model.config, model.lora, 8 * model.mesh.data.size);
     if (main_rank && !adapter_path.empty()) {
-        if (is_peft_folder_path(adapter_path)) write_peft_folder(adapter_path, *model.adapter_layout, adapter_values);
-        else write_adapter_file(adapter_path, *model.adapter_layout, adapter_values);
+        if (is_peft_folder_path(adapter_path)) write_peft_folder(adapter_path, whole, adapter_values);
+        else write_adapter_file(adapter_path, whole, adapter_values);
         fprintf(out, "wrote adapters %s\n", adapter_path.c_str());
     }
     if (main_rank && !merged_path.empty()) {
-        write_model_file(merged_path, model.layout, merge_adapters(model.layout, base_values, *model.adapter_layout, adapter_values), false);
+        write_model_file(merged_path, model.full_layout, merge_adapters(model.full_layout, base_values, whole, adapter_values), false);
         fprintf(out, "wrote the merged model %s\n", merged_path.c_str());
     }
 }

@@ -77,7 +77,8 @@ struct ParameterChecksums {
 // Feeds this rank's parameters (a unit at a time, on the host) and prints their checksums on stderr.
 template <typename Model>
 void print_parameter_checksums(Model& model, int rank, const MeshShape& shape, const ProcessMesh& mesh) {
-    const bool tied_copy = shape.pp > 1 && model.layout.part.has_wte();  // the two copies of the tied token embedding must agree
+    // the two copies of the tied token embedding must agree (a LoRA run's trained parameters are its adapters)
+    const bool tied_copy = shape.pp > 1 && model.layout.part.has_wte() && !model.lora.enabled();
     ParameterChecksums sums(model.layout.split_mask(), tied_copy ? model.layout.wte : 0, tied_copy ? model.layout.wte_end() : 0);
     model.trained().for_each_unit_host([&](size_t offset, const float* values, size_t n) { sums.feed(offset, values, n); });
     sums.finish();

@@ -2,8 +2,8 @@
 // buffer (AdapterLayout), adapter files, and the merge of adapters into the base model.
 // defines: LoraTargetIndex, kLoraProducts, lora_target_name, lora_product, lora_target_weight, lora_in, lora_out,
 //          lora_out_offset, lora_out_stride, lora_stream, LoraSpec, parse_lora_targets, kLoraTargetNames,
-//          lora_targets_problem, AdapterLayout, kAdapterMagic, write_adapter_file, parse_adapter_header, read_adapter_spec,
-//          read_adapter_file, merge_adapters
+//          lora_targets_problem, AdapterLayout, adapter_part, put_adapter_part, lora_activation_elements, kAdapterMagic,
+//          write_adapter_file, parse_adapter_header, read_adapter_spec, read_adapter_file, merge_adapters
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -103,13 +103,20 @@ inline std::string lora_targets_problem(unsigned targets, const ModelConfig& c) 
     return "";
 }
 
+// The adapters of a model's blocks, or of a pipeline stage's (`layers`: their global indices, ascending; all of them
+// by default): local block l's adapters are unit l + 1. Files, PEFT folders and the merge use the whole model's
+// layout; a stage's part is cut from it and put back by adapter_part and put_adapter_part.
 struct AdapterLayout {
     ModelConfig config;
     LoraSpec spec;
+    std::vector<int> layers;  // the global index of each local block
     size_t unit_stride = 0, total = 0;
     size_t offset_a[kLoraTargets] = {}, offset_b[kLoraTargets] = {};  // within a layer's unit
     size_t count = 0;                                                 // adapter parameters (no padding)
-    AdapterLayout(const ModelConfig& c, const LoraSpec& s, size_t unit_multiple) : config(c), spec(s) {
+    AdapterLayout(const ModelConfig& c, const LoraSpec& s, size_t unit_multiple, std::vector<int> stage_layers = {})
+        : config(c), spec(s), layers(std::move(stage_layers)) {
+        if (layers.empty())
+            for (int l = 0; l < c.num_layers; l++) layers.push_back(l);
         size_t size = 0;
         for (int t = 0; t < kLoraTargets; t++) {
             if (!s.targets_has(t)) continue;
@@ -118,28 +125,30 @@ struct AdapterLayout {
             offset_b[t] = size;
             size += (size_t)lora_out(t, c) * s.rank;
         }
-        count = size * c.num_layers;
+        count = size * num_blocks();
         unit_stride = (size + unit_multiple - 1) / unit_multiple * unit_multiple;
         edge_ = unit_multiple;
-        total = edge_ + unit_stride * c.num_layers + edge_;
+        total = edge_ + unit_stride * num_blocks() + edge_;
     }
-    size_t layer_size() const { return count / config.num_layers; }
-    size_t unit_begin(int l) const { return edge_ + l * unit_stride; }  // layer l's adapters
+    int num_blocks() const { return (int)layers.size(); }
+    bool whole() const { return num_blocks() == config.num_layers; }
+    size_t layer_size() const { return count / num_blocks(); }
+    size_t unit_begin(int l) const { return edge_ + l * unit_stride; }  // local block l's adapters
     size_t a(int l, int t) const { return edge_ + l * unit_stride + offset_a[t]; }
     size_t b(int l, int t) const { return edge_ + l * unit_stride + offset_b[t]; }
     std::vector<size_t> unit_offsets() const {
         std::vector<size_t> v = {0};
-        for (int l = 0; l <= config.num_layers; l++) v.push_back(edge_ + l * unit_stride);
+        for (int l = 0; l <= num_blocks(); l++) v.push_back(edge_ + l * unit_stride);
         return v;
     }
     std::vector<size_t> unit_sizes() const {
         std::vector<size_t> v = {edge_};
-        for (int l = 0; l < config.num_layers; l++) v.push_back(unit_stride);
+        for (int l = 0; l < num_blocks(); l++) v.push_back(unit_stride);
         v.push_back(edge_);
         return v;
     }
     std::vector<UnitKind> unit_kinds() const {  // the layers gathered on use (ZeRO-3), the edges persistent
-        std::vector<UnitKind> v(config.num_layers + 2, UnitKind::kGathered);
+        std::vector<UnitKind> v(num_blocks() + 2, UnitKind::kGathered);
         v.front() = v.back() = UnitKind::kPersistent;
         return v;
     }
@@ -152,6 +161,27 @@ struct AdapterLayout {
 private:
     size_t edge_ = 8;  // the empty first and last units (one shard slot per rank)
 };
+
+// A stage's adapters (`part`) cut from the whole model's (`whole`, values in its layout), and put back.
+inline std::vector<float> adapter_part(const AdapterLayout& part, const AdapterLayout& whole, const std::vector<float>& whole_values) {
+    std::vector<float> values(part.total, 0.0f);
+    for (int l = 0; l < part.num_blocks(); l++)
+        std::copy_n(whole_values.begin() + whole.unit_begin(part.layers[l]), part.layer_size(), values.begin() + part.unit_begin(l));
+    return values;
+}
+inline void put_adapter_part(const AdapterLayout& part, const std::vector<float>& part_values, const AdapterLayout& whole,
+                             std::vector<float>& whole_values) {
+    for (int l = 0; l < part.num_blocks(); l++)
+        std::copy_n(part_values.begin() + part.unit_begin(l), part.layer_size(), whole_values.begin() + whole.unit_begin(part.layers[l]));
+}
+
+// LoRA's activations, in elements: u = A dropout(x) of every target of every block of a stage for each of `slots`
+// micro-batches in flight (pipeline parallelism: the most activation sets of any of its chunks), the backward's du
+// and, with dropout, the dropped input.
+inline size_t lora_activation_elements(const LoraSpec& spec, const ModelConfig& c, size_t N, int blocks, int slots) {
+    return N * spec.rank * __builtin_popcount(spec.targets) * blocks * slots + N * spec.rank +
+           (spec.dropout > 0.0f ? N * std::max(c.channels, c.hidden_units()) : 0);
+}
 
 // Adapter files (docs/lora.md): header of 256 int32 (magic 20261127, version 1, rank, alpha, targets, L, C,
 // tensor count; the CRC-32C in its last ints, file_integrity.h), then fp32 A and B per layer and target. `values`
@@ -168,6 +198,7 @@ inline FileRecord write_adapter_file(const std::string& path, const AdapterLayou
     header[2] = layout.spec.rank;
     memcpy(&header[3], &layout.spec.alpha, sizeof(float));
     header[4] = (int)layout.spec.targets;
+    if (!layout.whole()) die("internal: an adapter file holds the whole model's adapters");
     header[5] = layout.config.num_layers;
     header[6] = layout.config.channels;
     header[7] = 2 * layout.config.num_layers * __builtin_popcount(layout.spec.targets);
@@ -252,6 +283,7 @@ inline LoraSpec read_adapter_file(const std::string& path, const ModelConfig& co
 // target's B A covers its rows of the product's weight.
 inline std::vector<float> merge_adapters(const ParameterLayout& base, const std::vector<float>& base_values,
                                          const AdapterLayout& adapters, const std::vector<float>& adapter_values) {
+    if (!adapters.whole()) die("internal: the merge takes the whole model's adapters");
     std::vector<float> merged = base_values;
     const int r = adapters.spec.rank;
     const double s = adapters.spec.scale();

@@ -19,11 +19,16 @@ struct LoraHooks {
     const AdapterLayout* layout = nullptr;  // the model's, with `adapters`
     ZeroOptimizer<floatX>* adapters = nullptr;
     ModelConfig config;  // the model's shape: the targets' widths
-    int layers = 0;
-    floatX* u = nullptr;        // u = A dropout(x), (N, r) per layer and target, for the backward
+    int layers = 0;      // this rank's blocks (a pipeline stage's; all of them without pipeline parallelism)
+    int slots = 1;       // micro-batches in flight on a chunk (pipeline parallelism), each with its own u
+    int slot = 0;        // the activation set whose forward or backward runs now (set_slot)
+    floatX* u = nullptr;        // u = A dropout(x), (N, r) per slot, layer and target, for the backward
     floatX* du = nullptr;       // (N, r) scratch of the backward
     floatX* dropped = nullptr;  // dropout(x), (N, the widest input) scratch, only with dropout
-    uint64_t step_seed = 0;     // set per micro-step; the backward regenerates the same masks from it
+    // Dropout's masks: step_key is set per step, step_seed per micro-batch (micro_batch); the backward regenerates
+    // the forward's masks from them.
+    uint64_t step_key = 0, step_seed = 0;
+    void micro_batch(int micro) { step_seed = splitmix64(step_key ^ (uint64_t)micro); }
 
     // The adapters of `lora_spec` on a model of shape c: their layout and their parameters (null without LoRA).
     void attach(const ModelConfig& c, const LoraSpec& lora_spec, const AdapterLayout* adapter_layout, ZeroOptimizer<floatX>* optimizer) {
@@ -31,7 +36,7 @@ struct LoraHooks {
         layout = adapter_layout;
         adapters = optimizer;
         config = c;
-        layers = c.num_layers;
+        layers = adapter_layout ? adapter_layout->num_blocks() : 0;
     }
     bool active(int t) const { return spec.enabled() && spec.targets_has(t); }
     // Whether any adapter adds to product p (kLoraQkv, kLoraAttnProj, kLoraFc, kLoraFcProj): its own or its slices'.
@@ -40,10 +45,11 @@ struct LoraHooks {
             if (lora_product(t) == p && active(t)) return true;
         return false;
     }
-    // Buffers for micro-batches of N rows.
-    void allocate(size_t N) {
+    // Buffers for micro-batches of N rows, `in_flight` of them at once on a chunk (lora_activation_elements counts them).
+    void allocate(size_t N, int in_flight) {
         if (!spec.enabled()) return;
-        cudaCheck(cudaMalloc(&u, N * spec.rank * __builtin_popcount(spec.targets) * layers * sizeof(floatX)));
+        slots = in_flight;
+        cudaCheck(cudaMalloc(&u, N * spec.rank * __builtin_popcount(spec.targets) * layers * slots * sizeof(floatX)));
         cudaCheck(cudaMalloc(&du, N * spec.rank * sizeof(floatX)));
         if (spec.dropout > 0.0f) cudaCheck(cudaMalloc(&dropped, N * std::max(config.channels, config.hidden_units()) * sizeof(floatX)));
     }
@@ -95,9 +101,10 @@ struct LoraHooks {
     floatX* u_buffer(int l, int t, int N) const {
         int index = 0;
         for (int k = 0; k < t; k++) index += spec.targets_has(k);
-        return u + ((size_t)l * __builtin_popcount(spec.targets) + index) * N * spec.rank;
+        return u + (((size_t)slot * layers + l) * __builtin_popcount(spec.targets) + index) * N * spec.rank;
     }
-    uint64_t dropout_seed(int l, int t) const { return splitmix64(step_seed ^ (lora_stream(l, t) + 1)); }
+    // the streams of the global block: the same masks and initial values with or without pipeline stages
+    uint64_t dropout_seed(int l, int t) const { return splitmix64(step_seed ^ (lora_stream(layout->layers[l], t) + 1)); }
 
     // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PyTorch's default Linear init), B = 0, from `seed`.
     void init(uint64_t seed, cudaStream_t stream) {
@@ -110,7 +117,7 @@ struct LoraHooks {
                 if (spec.targets_has(t)) {
                     const int in = lora_in(t, config);
                     fill_uniform(staging + layout->a(l, t), (long)spec.rank * in, 1.0f / sqrtf((float)in),
-                                 splitmix64(seed * 1000003ull + lora_stream(l, t)), stream);
+                                 splitmix64(seed * 1000003ull + lora_stream(layout->layers[l], t)), stream);
                 }
         std::vector<float> values(n);
         cudaCheck(cudaMemcpyAsync(values.data(), staging, n * sizeof(float), cudaMemcpyDeviceToHost, stream));

@@ -167,15 +167,14 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
         p.working = nf4_base.ring;
     }
     if (lora.enabled()) {
-        const AdapterLayout a(c, lora, 8 * dp);
+        const AdapterLayout a(c, lora, 8 * dp, l.part.layers);  // the stage's blocks'
         const ZeroMemory za = zero_memory<floatX>(a.unit_sizes(), a.unit_kinds(), a.total, dp, zero_stage);
         p.parameters += za.parameters;
         p.gradients += za.gradients;
         p.master_weights += za.master_weights;
         p.adam_state += za.adam_state;
         const size_t N = (size_t)B * T;
-        p.activations += (N * lora.rank * __builtin_popcount(lora.targets) * c.num_layers + N * lora.rank +
-                          (lora.dropout > 0.0f ? N * std::max(c.channels, c.hidden_units()) : 0)) * sizeof(floatX);
+        p.activations += lora_activation_elements(lora, c, N, a.num_blocks(), *std::max_element(ap.slots.begin(), ap.slots.end())) * sizeof(floatX);
     }
     size_t x_elements, stat_elements;
     activation_counts(c, B, T, tp, split, recompute, ap, &x_elements, &stat_elements);

@@ -98,6 +98,7 @@ inline std::string peft_safetensors_header(const AdapterLayout& layout) {
 // Writes the adapters (`values` in the device layout) as a PEFT folder, creating the folder (not its parents); each
 // file through a temporary name and a rename (write_file_atomically), the weights before the config.
 inline void write_peft_folder(const std::string& dir, const AdapterLayout& layout, const std::vector<float>& values) {
+    if (!layout.whole()) die("internal: a PEFT folder holds the whole model's adapters");
     const std::string problem = peft_targets_problem(layout.spec.targets, layout.config);
     if (!problem.empty()) die(dir + ": " + problem);
     std::string folder = dir;

@@ -112,7 +112,8 @@ struct Transformer {
     BatchStaging staging;  // a batch's tokens into a set's, through pinned buffers
     size_t tokens_buffer_ints() const { return BatchStaging::ints((size_t)B * T); }
 
-    // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks).
+    // The mesh's data group shards (ZeRO), its tensor group splits the layers; LoRA needs tp = 1 (main() checks) and
+    // holds the adapters of this stage's blocks.
     // `part`: what this pipeline stage holds (the whole model by default), in chunks of `chunk_blocks` blocks.
     Transformer(const ModelConfig& c, const ProcessGroup& process_group, const ProcessMesh& process_mesh, int zero_stage, cudaStream_t s,
                 const LoraSpec& lora_spec = LoraSpec(), const StageModel& part = StageModel(), std::vector<int> chunk_blocks = {})
@@ -129,7 +130,7 @@ struct Transformer {
         if (lora.enabled()) {
             const std::string problem = lora_targets_problem(lora.targets, c);
             if (!problem.empty()) die("LoRA targets: " + problem);
-            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size));
+            adapter_layout.reset(new AdapterLayout(c, lora, 8 * process_mesh.data.size, layout.part.layers));  // this stage's blocks'
             adapters.reset(new ZeroOptimizer<floatX>(adapter_layout->unit_offsets(), adapter_layout->unit_sizes(), adapter_layout->unit_kinds(),
                                                      adapter_layout->total, adapter_layout->decay_mask(), process_group, process_mesh,
                                                      zero_stage, s));
@@ -168,7 +169,7 @@ struct Transformer {
         zero->allocate();
         if (lora.enabled()) adapters->allocate();
         model_state_bytes = device_memory_in_use() - in_use_before_states;
-        lora_hooks.allocate((size_t)B * T);
+        lora_hooks.allocate((size_t)B * T, slots.empty() ? 1 : *std::max_element(slots.begin(), slots.end()));
 
         std::vector<int> chunk_blocks;
         for (int k = 0; k < num_chunks(); k++) chunk_blocks.push_back(chunk_begin[k + 1] - chunk_begin[k]);
@@ -250,6 +251,11 @@ struct Transformer {
     void adapt_backward(int l, int p, floatX* dx, const floatX* dout, const floatX* x) {
         lora_hooks.backward(l, p, dx, dout, x, N(), training, stream);
     }
+    // The adapters' intermediates (u) of the micro-batch in `set`, activation set `slot` of chunk k, apart from
+    // those of the other micro-batches in flight (pipeline parallelism).
+    void select_lora_slot(int k, const ActivationSet<floatX>& set) { lora_hooks.slot = (int)(&set - sets[k].data()); }
+    // The micro-batch whose forward or backward runs next: LoRA's dropout masks are drawn from it.
+    void begin_micro_batch(int micro) { lora_hooks.micro_batch(micro); }
 
     // GPT-2's GELU in the epilogue of fc's product (forward) and of the fc projection's (backward), where
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
@@ -368,6 +374,7 @@ struct Transformer {
     void forward_chunk(int k, ActivationSet<floatX>& set) {
         const int C = config.channels, Vl = layout.vocab_rows(), Nr = region_rows();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
+        select_lora_slot(k, set);
         zero->begin_forward();
         if (adapters) adapters->wait_for_parameters();
         if (model_begins(k)) {
@@ -471,7 +478,7 @@ struct Transformer {
                            lnf_rstd, Nr, stream);
         sum_layernorm_grads(final_norm_grads(), spec.norm_parameters());
         if (adapters) {
-            adapters->after_unit_backward(config.num_layers + 1);
+            adapters->after_unit_backward(adapter_layout->num_blocks() + 1);
             return;
         }
         zero->after_unit_backward(layout.lnf_unit);
@@ -486,6 +493,7 @@ struct Transformer {
     // the chunk (gradient_slots.slot(k, grad_slot)) and their weight gradients, and the embeddings', to kWeightGradient
     // (weight_gradient_chunk), which reads them from the same slot.
     void backward_chunk(int k, ActivationSet<floatX>& set, BackwardPart part = BackwardPart::kBoth, int grad_slot = -1) {
+        select_lora_slot(k, set);
         if (part == BackwardPart::kWeightGradient) {
             weight_gradient_chunk(k, set, grad_slot);
             return;

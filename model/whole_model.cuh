@@ -3,12 +3,14 @@
 // describe the whole model (`full_layout`, tp = 1). local_part cuts a rank's part out of whole-model values;
 // assemble_whole_model puts every rank's part back together (a collective of the tensor and pipeline groups).
 // Reading and writing model files is model_file.h's (a checkpoint's model file: each rank writes its part in place).
-// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model
+// LoRA's adapters likewise: a pipeline stage holds its blocks' (set_adapters, assemble_whole_adapters).
+// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model, set_adapters, assemble_whole_adapters
 #pragma once
 #include <algorithm>
 #include <vector>
 #include "../distributed/pipeline_parallel.cuh"  // defines: gather_over_pipeline
 #include "config.h"                              // defines: ParameterLayout, StageModel
+#include "lora.h"                                // defines: AdapterLayout, adapter_part, put_adapter_part
 #include "transformer.cuh"                       // defines: Transformer
 
 // Whether this rank's layout is the whole model's (one rank per layer): no cutting or gathering needed.
@@ -72,4 +74,37 @@ std::vector<float> assemble_whole_model(const Transformer<floatX>& model, std::v
         });
     }
     return full;
+}
+
+// LoRA's adapters of the whole model (`values`, the whole model's AdapterLayout as adapter files give them): this
+// rank keeps its stage's blocks'.
+template <typename floatX>
+void set_adapters(Transformer<floatX>& model, const std::vector<float>& values) {
+    const AdapterLayout& part = *model.adapter_layout;
+    if (part.whole()) model.adapters->set_parameters(values);
+    else model.adapters->set_parameters(adapter_part(part, AdapterLayout(model.config, model.lora, 8 * model.mesh.data.size), values));
+}
+
+// The whole model's adapters (fp32 host, its AdapterLayout) from every pipeline stage's: a collective of the data
+// and pipeline groups (the parameters' read gathers ZeRO-3's shards). everywhere = false: only the main rank gets
+// them, the others an empty vector.
+template <typename floatX>
+std::vector<float> assemble_whole_adapters(Transformer<floatX>& model, bool everywhere = true) {
+    std::vector<float> local = model.adapters->parameters_host();
+    const AdapterLayout& part = *model.adapter_layout;
+    if (part.whole()) return everywhere || model.pg.is_main() ? local : std::vector<float>();
+    const ProcessMesh& mesh = model.mesh;
+    if (!everywhere && mesh.data.rank != 0) return {};
+    const size_t unit_multiple = 8 * mesh.data.size;
+    size_t longest = 0;  // the stages' parts, padded to one length for the gather
+    for (const StageModel& m : model.stage_parts) longest = std::max(longest, AdapterLayout(model.config, model.lora, unit_multiple, m.layers).total);
+    local.resize(longest, 0.0f);
+    const bool keeps = everywhere || model.pg.is_main();
+    const std::vector<std::vector<float>> parts = gather_over_pipeline(model, local, keeps);
+    if (!keeps) return {};
+    const AdapterLayout whole(model.config, model.lora, unit_multiple);
+    std::vector<float> values(whole.total, 0.0f);
+    for (size_t s = 0; s < parts.size(); s++)
+        put_adapter_part(AdapterLayout(model.config, model.lora, unit_multiple, model.stage_parts[s].layers), parts[s], whole, values);
+    return values;
 }

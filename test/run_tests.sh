@@ -5,7 +5,7 @@
 # test/test_X.cpp|cu (if any). Every check prints one line that starts with its suite's name: "PASS X name",
 # "FAIL X name: why" or "SKIP X name: why" (so `grep '^PASS X '` lists a suite's checks).
 # CPU tests always run; GPU tests run when nvidia-smi lists a GPU, and are reported as skipped otherwise. With a GPU the
-# two run side by side (the CPU suites' lines come after the GPU suites').
+# two run side by side (the CPU suites' lines come after the GPU suites'), the GPU suites in two chains (gpu_suites).
 # TEST_TIER (exported to every suite): quick (`make test`) runs each GPU suite's reduced set, every component at
 # least once; full (`make test-full`, and the default) runs every check, and the
 # multi-rank suites once more with one rank per GPU on a machine with several. Each driver and program says what
@@ -105,7 +105,10 @@ cpu_suites() {
 }
 
 # ---- GPU tests
-gpu_suites() {
+# The GPU suites in two chains that share the GPU side by side (their models take a few GiB at most and leave most of
+# it idle; no quick-tier check measures the GPU's memory or time), then on a machine with several GPUs the runs that
+# need the GPUs to themselves. TEST_GPU_CHAINS=1 runs the chains one after the other.
+gpu_chain_models() {
         run kernels build/test_kernels
         sdpa=""  # PyTorch SDPA outputs to compare the flash attention with, where torch with CUDA is at hand
         if ! selected attention; then :
@@ -117,24 +120,33 @@ gpu_suites() {
         run training bash test/test_training.sh
         run qlora bash test/test_qlora.sh  # --base-quant nf4: the loaded and initialised base against the NF4 reference, bitwise; its loss against the dequantized model's; QLoRA training and merge
         run chat_training bash test/test_chat_training.sh  # masked targets: all ones bitwise unmasked, uncounted tokens change nothing
+        run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
+}
+gpu_chain_ranks() {
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
         run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
-        # scripts/train/finetune.sh end to end (full tier: it trains a stand-in model first): a Hugging Face folder
-        # fine-tuned with LoRA (and fully), exported back, against transformers and PEFT; resumed; its refusals
         [ "$TEST_TIER" = full ] && run finetune bash test/test_finetune.sh
-        run sampling bash test/test_sampling.sh  # the KV cache against sampling without it, and transformers' greedy output
         run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
         run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
         run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (ranks sharing one GPU)
         run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
-        # ZeRO on 2 ranks: one per GPU, or sharing GPU 0 on a machine with one (which skips the checks that need a GPU
-        # per rank); the full tier also on 4 GPUs
         run "zero 2 ranks" bash test/test_zero.sh 2
+}
+gpu_suites() {
+        if [ "${TEST_GPU_CHAINS:-2}" = 1 ]; then
+            gpu_chain_models
+            gpu_chain_ranks
+        else
+            (LOG=$WORK/gpu_chain_ranks.log; : > "$LOG"; gpu_chain_ranks) > "$WORK/gpu_chain_ranks.out" 2>&1 &
+            local ranks_pid=$!
+            gpu_chain_models
+            wait $ranks_pid
+            cat "$WORK/gpu_chain_ranks.out"
+            cat "$WORK/gpu_chain_ranks.log" >> "$LOG"
+        fi
         if [ "$TEST_TIER" = full ]; then
             if [ "$gpu_count" -ge 4 ]; then run "zero 4 GPUs" bash test/test_zero.sh 4; else skip "zero stages 0-3 on 4 GPUs" "$gpu_count GPU(s)"; fi
         fi
-        # the full tier: the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the
-        # others share GPU 0)
         if [ "$TEST_TIER" = full ] && [ "$gpu_count" -ge 2 ]; then
             export ONE_RANK_PER_GPU=1
             for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
@@ -147,8 +159,6 @@ gpu_suites() {
         fi
 }
 
-# With a GPU the CPU suites run beside the GPU suites (they share no files; the GPU suites use few cores), their
-# lines printed after the GPU suites' and their log appended to $LOG; without one, alone.
 if [ "$gpu_count" -ge 1 ]; then
     cpu_out=$WORK/cpu_suites.out
     (LOG=$WORK/cpu_suites.log; : > "$LOG"; cpu_suites) > "$cpu_out" 2>&1 &

@@ -342,7 +342,6 @@ expect_error "zb1 runs one chunk per stage" "--virtual-stages 2 needs --pipeline
 expect_error "zb1 refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --pipeline-schedule zb1 --zero-stage 2
 expect_error "pipeline layers list" "--pipeline-layers" $SMALL --pipeline-parallel 2 --pipeline-layers 1,2
 expect_error "pipeline refuses ZeRO-2" "--pipeline-parallel 2 runs with --zero-stage 0 or 1 (got 2)" $SMALL --pipeline-parallel 2 --zero-stage 2
-expect_error "pipeline refuses LoRA" "LoRA runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --lora-rank 4
 expect_error "pipeline refuses offload" "--offload runs with --pipeline-parallel 1 (got 2)" $SMALL --pipeline-parallel 2 --offload optimizer
 expect_error "delayed update with offloaded parameters" "--offload-delayed-update 1 runs with --offload optimizer (got optimizer,parameters)" $SMALL --zero-stage 3 --offload optimizer,parameters --offload-delayed-update 1
 expect_error "interleaved micro-batch count" "--pipeline-schedule interleaved needs the 3 micro-batches (gradient-accumulation steps) to be a multiple of --pipeline-parallel 2" --layers 4 --heads 1 --channels 64 --max-seq-len 64 --seq-len 32 --batch-size 2 --val-data= --pipeline-parallel 2 --pipeline-schedule interleaved --total-batch-tokens 192

@@ -4,7 +4,7 @@
 # code span, joined over its backslash continuations, runs with --dry-run 1 appended as rank 0 of the launcher's world;
 # every scripts/... and build/prepare_shards command shown runs as shown where it needs no GPU and ends in seconds. One
 # line per command, naming the file and line. Then: a dry run connects to no rank, refuses a plan that does not fit,
-# plans QLoRA's Llama 3 8B within 10 GiB and a 70B shape within 79 GiB,
+# plans QLoRA's Llama 3 8B within 10 GiB and a 70B shape within 79 GiB (40 GiB a GPU on 2 pipeline stages),
 # evaluates a validation split shorter than a batch over what it holds, and gives docs/training.md's defaults as --help
 # does; on a machine with a GPU, its memory plan is the run's.
 #
@@ -325,6 +325,9 @@ qlora_plan() {
 qlora_plan "llama3-8b (T 2048, B 1, r 16, every linear layer)" 10 --model llama3-8b
 qlora_plan "70B shape (80 layers, C 8192, 64 heads, 8 kv heads, ffn 28672)" 79 --model llama3-8b --layers 80 --channels 8192 --heads 64 --kv-heads 8 \
     --ffn 28672
+# on 2 pipeline stages each GPU holds its 40 blocks' NF4 base and their adapters: the 70B shape within 40 GiB a GPU
+WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 qlora_plan "70B shape on 2 pipeline stages" 40 --model llama3-8b --layers 80 \
+    --channels 8192 --heads 64 --kv-heads 8 --ffn 28672 --pipeline-parallel 2 --total-batch-tokens 4096
 err=$(./train_gpt "${SMALL[@]}" --dry-run-gpu-gib 40 2>&1 > /dev/null); rc=$?
 if [ $rc -ne 0 ] && [ "$err" = "error: --dry-run-gpu-gib 40 runs with --dry-run 1 (got 0): a run checks its memory plan against the GPU's free memory" ]; then
     echo "PASS commands --dry-run-gpu-gib without --dry-run 1 is refused"

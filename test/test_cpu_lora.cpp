@@ -302,8 +302,50 @@ void check_target_names() {
            "targets_per_family", "gate and up must be the Llama family's only, the rest both families'");
 }
 
+// Pipeline stages' adapters: each stage's AdapterLayout holds its blocks (interleaved: two runs of them), cut from
+// the whole model's and put back; the parts cover every block once and the whole comes back bit for bit.
+void check_stage_parts() {
+    ModelConfig c;
+    c.num_layers = 8;
+    c.channels = 64;
+    c.num_heads = 2;
+    LoraSpec spec;
+    spec.rank = 4;
+    spec.alpha = 8.0f;
+    spec.targets = parse_lora_targets("qkv,fc-proj");
+    const size_t multiple = 16;  // 2 data-parallel ranks
+    const AdapterLayout whole(c, spec, multiple);
+    std::vector<float> values(whole.total, 0.0f);
+    for (int l = 0; l < c.num_layers; l++)
+        for (size_t i = 0; i < whole.layer_size(); i++) values[whole.unit_begin(l) + i] = (float)(l * 100000 + i + 1);
+    const int P = 2;
+    const std::vector<int> per_virtual_stage = {1, 3, 2, 2};  // interleaved: 2 chunks per stage, uneven
+    std::vector<float> rebuilt(whole.total, 0.0f);
+    size_t blocks = 0, counted = 0;
+    bool parts_right = true;
+    for (int s = 0; s < P; s++) {
+        std::vector<int> chunks;
+        const StageModel m = pipeline_stage_model(per_virtual_stage, P, s, &chunks);
+        const AdapterLayout part(c, spec, multiple, m.layers);
+        const std::vector<float> mine = adapter_part(part, whole, values);
+        for (int l = 0; l < part.num_blocks(); l++)  // local block l is global block m.layers[l]
+            parts_right = parts_right && std::equal(mine.begin() + part.unit_begin(l), mine.begin() + part.unit_begin(l) + part.layer_size(),
+                                                    values.begin() + whole.unit_begin(m.layers[l]));
+        parts_right = parts_right && part.unit_sizes().size() == m.layers.size() + 2 && part.total % multiple == 0;
+        put_adapter_part(part, mine, whole, rebuilt);
+        blocks += part.num_blocks();
+        counted += part.count;
+    }
+    expect(parts_right, "stage_parts_hold_their_blocks", "a stage's part differs from its blocks' adapters");
+    expect(blocks == (size_t)c.num_layers && counted == whole.count && rebuilt == values, "stage_parts_rebuild_the_whole",
+           std::to_string(blocks) + " blocks, " + std::to_string(counted) + " of " + std::to_string(whole.count) + " parameters");
+    expect(lora_activation_elements(spec, c, 128, 3, 2) == 128 * 4 * 2 * 3 * 2 + 128 * 4, "activation_elements_per_slot_and_block",
+           std::to_string(lora_activation_elements(spec, c, 128, 3, 2)) + " elements");
+}
+
 void check_slice_targets() {
     check_target_names();
+    check_stage_parts();
     ModelConfig llama;  // grouped-query attention: k and v narrower than q
     llama.family = ModelFamily::kLlama;
     llama.num_layers = 2;

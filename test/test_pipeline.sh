@@ -19,6 +19,11 @@
 #     work; the memory plan shows each stage; every stage reports its timing at the end;
 #   - the Llama family (grouped-query attention; an untied head, and a tied one): 1f1b, interleaved and zb1 on 2 stages,
 #     tp 2 x pp 2 with zb1, and a pp 2 checkpoint resumed on one rank, against one rank.
+#   - LoRA (rank 4 on all four GPT-2 products, dropout 0.1) on 2 stages against one rank, fp32: losses within FP32_TOL
+#     (the same initial adapters and dropout masks, drawn per global block and micro-batch), the adapter file and the
+#     merged model written from the gathered stages within PARAM_TOL of one rank's, and the step-5 checkpoint resumed
+#     on 2 stages; in the full tier also interleaved on 4 stages, zb1, pp 2 x dp 2 with ZeRO-1, QLoRA's NF4 base, and
+#     the Llama family's seven targets.
 # fp32 differences come from the order of the sums (gradient accumulation, the tied embedding's two halves).
 # FP32_TOL = 2e-5 is about 20 fp32 ulps of a loss near 9: reordered sums move a loss by a few ulps, and AdamW's
 # normalisation magnifies rounding noise in gradients near zero. On an H200 the 6-layer run on 4 stages has
@@ -32,7 +37,8 @@
 # Final parameters against pp 1: PARAM_TOL = 1e-4, or no further from pp 1 than 1f1b's on as many stages (the
 # exact check is the bitwise one against 1f1b).
 # The quick tier (TEST_TIER=quick) runs fp32 1F1B and zb1 on 4 stages (losses, tied wte, the log, the final model),
-# the resume 4 -> interleaved 2 x tp 2, and the evaluation and sample through 2 stages; the rest (pp 2, bf16, fp16,
+# the resume 4 -> interleaved 2 x tp 2, the evaluation and sample through 2 stages, and LoRA on 2 stages (its
+# adapters, merge and resume); the rest (pp 2, bf16, fp16,
 # the other schedules and splits, 3D, the other resumes, 1f1b -> zb1 among them, the export, the Llama runs) only in
 # the full tier.
 set -u
@@ -56,7 +62,16 @@ source test/loss_logs.sh  # losses, maxdiff, within, run, compare
 # the evaluation and sample through the stages (checked below) need no other run: they start now, beside the others
 EVAL=(--precision fp32 --steps 2 --val-data "$VAL" --val-every 2 --val-batches 2 --sample-every 2 --sample-tokens 16 --top-k 1)
 { run eval1 1 "${EVAL[@]}"; run eval2 2 "${EVAL[@]}" --pipeline-parallel 2; } & eval_runs=$!
-# max_param_diff A B: the largest difference between the parameters of two fp32 model files
+# LoRA on the stages against one rank (checked below), beside the others too
+LORA=(--precision fp32 --lora-rank 4 --lora-targets qkv,attn-proj,fc,fc-proj --lora-dropout 0.1 --checkpoint-every 5)
+lora_run() { local name=$1 ranks=$2; shift 2; run "$name" "$ranks" "${LORA[@]}" --lora-save "$W/$name.adapters.bin" --lora-merge "$W/$name.merged.bin" "$@"; }
+{
+    lora_run lora_single 1
+    lora_run lora_pp2 2 --pipeline-parallel 2
+    mkdir -p "$W/lora_pp2_resumed"; cp "$W/lora_pp2"/*_00000005* "$W/lora_pp2_resumed/"
+    run lora_pp2_resumed 2 "${LORA[@]}" --pipeline-parallel 2 --resume 1
+} > /dev/null 2>&1 & lora_runs=$!
+# max_param_diff A B: the largest difference between the parameters of two fp32 model files (or adapter files)
 max_param_diff() {
     python3 -c "import numpy as np, sys; a, b = (np.fromfile(f, '<f4', offset=1024) for f in sys.argv[1:]); \
 print(f'{np.abs(a - b).max():.3g}' if a.shape == b.shape else 'inf')" "$1" "$2" 2>/dev/null || echo inf
@@ -152,7 +167,35 @@ fi
 s1=$(grep -A1 'sample:' "$W/eval1.out"); s2=$(grep -A1 'sample:' "$W/eval2.out")
 if [ -n "$s1" ] && [ "$s1" == "$s2" ]; then echo "PASS pipeline pp 2 sample equals pp 1's (greedy, 16 tokens)"
 else echo "FAIL pipeline pp 2 sample differs: '$s2' vs '$s1'"; fi
+
+# LoRA on pipeline stages (started at the top): each stage trains its blocks' adapters; the files hold the whole model
+# lora_matches NAME WHAT: NAME's losses, adapter file and merged model against one rank's (lora_single)
+lora_matches() {
+    local name=$1 what=$2 d_adapters d_merged
+    compare "$name" lora_single $FP32_TOL 0 10 "LoRA $what: 10 losses match one rank"
+    d_adapters=$(max_param_diff "$W/$name.adapters.bin" "$W/lora_single.adapters.bin")
+    d_merged=$(max_param_diff "$W/$name.merged.bin" "$W/lora_single.merged.bin")
+    if [ "$d_adapters" != inf ] && within "$d_adapters" $PARAM_TOL && [ "$d_merged" != inf ] && within "$d_merged" $PARAM_TOL; then
+        echo "PASS pipeline LoRA $what: the adapter file within $d_adapters, the merged model within $d_merged of one rank's (tol $PARAM_TOL)"
+    else
+        echo "FAIL pipeline LoRA $what: adapter file $d_adapters, merged model $d_merged from one rank's (tol $PARAM_TOL) $(grep -m1 -iE 'error|abort' "$W/$name.out")"
+    fi
+}
+wait $lora_runs
+lora_matches lora_pp2 "pp 2 1f1b fp32"
+compare lora_pp2_resumed lora_pp2 $FP32_TOL 5 5 "LoRA resume of the pp 2 checkpoint on 2 stages: steps 5-9"
 [ "$TIER" = full ] || exit 0  # the quick tier ends here
+
+lora_run lora_pp4i 4 --pipeline-parallel 4 --pipeline-schedule interleaved --virtual-stages 2
+lora_matches lora_pp4i "pp 4 interleaved (2 chunks per stage) fp32"
+lora_run lora_pp2z 2 --pipeline-parallel 2 --pipeline-schedule zb1
+lora_matches lora_pp2z "pp 2 zb1 fp32"
+lora_run lora_pp2dp2 4 --pipeline-parallel 2 --zero-stage 1
+lora_matches lora_pp2dp2 "pp 2 x dp 2 ZeRO-1 fp32"
+# QLoRA: each stage quantizes its own blocks, as one rank quantizes them all
+lora_run qlora_single 1 --base-quant nf4
+lora_run qlora_pp2 2 --base-quant nf4 --pipeline-parallel 2
+compare qlora_pp2 qlora_single $FP32_TOL 0 10 "QLoRA (NF4 base) pp 2 1f1b fp32: 10 losses match one rank"
 
 # fp16: the dynamic loss scale and its skip decided from the norm over all stages
 run single_fp16 1 --precision fp16
@@ -250,3 +293,8 @@ run llama_tied_single 1 "${LLAMA[@]}" --tied-head 1
 run llama_tied_pp2 2 "${LLAMA[@]}" --tied-head 1 --pipeline-parallel 2
 compare llama_tied_pp2 llama_tied_single $FP32_TOL 0 10 "llama pp 2 1f1b (tied head) fp32: 10 losses match pp 1"
 tied_identical llama_tied_pp2 "llama pp 2 1f1b (tied head)"
+# LoRA on the Llama family's seven projections (slices of the fused qkv and [gate | up] products), untied head, 2 stages
+LLAMA_LORA=("${LLAMA[@]}" --tied-head 0 --lora-rank 4 --lora-targets q,k,v,o,gate,up,down --lora-dropout 0.1)
+run llama_lora_single 1 "${LLAMA_LORA[@]}"
+run llama_lora_pp2 2 "${LLAMA_LORA[@]}" --pipeline-parallel 2
+compare llama_lora_pp2 llama_lora_single $FP32_TOL 0 10 "llama LoRA (q, k, v, o, gate, up, down) pp 2 1f1b fp32: 10 losses match one rank"
