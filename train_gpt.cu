@@ -324,7 +324,10 @@ static std::vector<std::pair<std::string, std::string>> run_settings(const Optio
             {"batch", std::to_string(batch.B) + " x " + std::to_string(batch.T) + ", " + std::to_string(batch.tokens) + " tokens a step"},
             {"seed", std::to_string(o.seed)},
             {"train_shards", std::to_string(train_data.num_shards()) + " shards " + crc + " (" + o.train_data + ")"},
-            {"base_model", run.lora.enabled() ? base_model_identity(run.initial_model, o.seed) + (run.lora.nf4_base ? ", in NF4 (--base-quant nf4)" : "")
+            {"base_model", run.lora.enabled() ? base_model_identity(run.initial_model, o.seed) +
+                                                    (!run.lora.nf4_base               ? ""
+                                                     : run.lora.nf4_double_quant ? ", in NF4 (--base-quant nf4)"
+                                                                                 : ", in NF4 with fp32 absmaxes (--base-quant nf4 --nf4-double-quant 0)")
                                               : std::string("none (the checkpoint holds the model)")}};
 }
 

@@ -91,6 +91,7 @@ struct Options {
     std::string lora_load = "", lora_save = "", lora_merge = "";
     std::string base_quant = "none";  // nf4: the frozen base's linear weights in QLoRA's 4-bit NF4 (with LoRA)
     std::string nf4_products = "dequantized";  // how the products read the NF4 base: dequantized | packed
+    int nf4_double_quant = 1;                  // the NF4 base's absmaxes in 8 bits (1) or in fp32 (0)
     int deterministic = 0;
     int parameter_checksums = 0;
     int gelu_fusion = 1;
@@ -210,6 +211,7 @@ static std::vector<Flag> flag_table(Options& o) {
         {"--lora-save", nullptr, Flag::STRING, &o.lora_save, anything(), "LoRA: write the adapters to this file at the end (DIR/ or a folder: a PEFT folder)"},
         {"--lora-merge", nullptr, Flag::STRING, &o.lora_merge, anything(), "LoRA: write base + adapters as an llm.c model file at the end"},
         {"--base-quant", nullptr, Flag::STRING, &o.base_quant, one_of({"none", "nf4"}), "LoRA: the frozen base's storage: none (the training precision) | nf4 (QLoRA: the blocks' linear weights in 4-bit NormalFloat with double quantization, 0.516 bytes a weight; embeddings, norms, biases and the LM head stay bf16)"},
+        {"--nf4-double-quant", nullptr, Flag::INT, &o.nf4_double_quant, kOffOn, "with --base-quant nf4: 1 double-quantizes the absmaxes to 8 bits (QLoRA's 0.516 bytes a weight); 0 keeps them fp32 (0.5625 bytes a weight), which stores weights imported from a bitsandbytes NF4 folder exactly as bitsandbytes computes with them"},
         {"--nf4-products", nullptr, Flag::STRING, &o.nf4_products, one_of({"dequantized", "packed"}), "with --base-quant nf4, how the blocks' products read the base: dequantized (each block written to bf16 ahead of its products, which cuBLASLt runs; faster at every shape measured) | packed (our kernels dequantize it inside the product; forwards of at most 8 rows, sampling's, in a small-rows kernel)"},
         {"--zero-stage", "-z", Flag::INT, &o.zero_stage, one_of({"0", "1", "2", "3"}), "ZeRO stage with several GPUs: 0 replicate all, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--offload", nullptr, Flag::STRING, &o.offload, one_of({"none", "optimizer", "optimizer,parameters"}), "ZeRO-Offload: none | optimizer: this rank's shard of the master weights and Adam moments in pinned host memory, AdamW on the CPU (ZeRO stages 1-3) | optimizer,parameters: also the parameter shards (ZeRO-3)"},
@@ -490,8 +492,11 @@ inline RunShape validate_options(const Options& o, int world) {
         if (o.nf4_products == "packed" && o.precision != "bf16")
             die("--nf4-products packed multiplies in bf16, got --precision " + o.precision + ": use --nf4-products dequantized");
         lora.nf4_products = o.nf4_products == "packed" ? Nf4Products::kPacked : Nf4Products::kDequantized;
+        lora.nf4_double_quant = o.nf4_double_quant != 0;
     } else if (o.nf4_products != "dequantized") {
         die("--nf4-products " + o.nf4_products + " chooses how the products read an NF4 base: add --base-quant nf4");
+    } else if (o.nf4_double_quant != 1) {
+        die("--nf4-double-quant " + std::to_string(o.nf4_double_quant) + " chooses how the NF4 base keeps its absmaxes: add --base-quant nf4");
     }
     // ZeRO-Offload: the host holds a data-parallel rank's shard of the optimizer state (ZeRO stages 1-3; one GPU counts
     // as one rank's shard of everything), at stage 3 optionally its parameter shard too

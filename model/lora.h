@@ -73,6 +73,7 @@ struct LoraSpec {
     float dropout = 0.0f;
     bool nf4_base = false;  // the frozen base's blocks' linear weights in QLoRA's NF4 (--base-quant nf4; model/nf4_base.cuh)
     Nf4Products nf4_products = Nf4Products::kDequantized;  // --nf4-products
+    bool nf4_double_quant = true;  // --nf4-double-quant: the NF4 base's absmaxes in 8 bits, or in fp32
     bool enabled() const { return rank > 0; }
     bool targets_has(int t) const { return (targets >> t) & 1u; }
     float scale() const { return alpha / (float)rank; }

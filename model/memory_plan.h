@@ -161,7 +161,7 @@ MemoryPlan plan_memory(const ModelConfig& c, int B, int T, int dp, int tp, int s
     p.adam_state = z.adam_state;
     p.working = z.working;
     const bool nf4 = lora.enabled() && lora.nf4_base;
-    const Nf4BaseMemory nf4_base = nf4_base_memory<floatX>(l);
+    const Nf4BaseMemory nf4_base = nf4_base_memory<floatX>(l, lora.nf4_double_quant);
     if (nf4) {
         p.parameters = nf4_base.parameters();
         p.working = nf4_base.ring;
@@ -274,12 +274,13 @@ MemoryPlan report_memory_plan(FILE* out, const StagePlans<floatX>& plans, int st
         fprintf(out, "LoRA r=%d alpha=%g targets %s: %zu trainable parameters (%.3f%% of %zu); model states %.3f GiB vs %.3f GiB for full fine-tuning\n",
                 lora.rank, lora.alpha, lora_targets.c_str(), trainable, 100.0 * trainable / parameters, parameters, gib(states), gib(full_states));
         if (lora.nf4_base) {
-            const Nf4BaseMemory m = nf4_base_memory<floatX>(ParameterLayout(plans.config, 8 * plans.dp, plans.tp, plans.parts[stage]));
+            const Nf4BaseMemory m =
+                nf4_base_memory<floatX>(ParameterLayout(plans.config, 8 * plans.dp, plans.tp, plans.parts[stage]), lora.nf4_double_quant);
             const char* precision = std::is_same<floatX, float>::value ? "fp32" : "bf16";
-            fprintf(out, "base in NF4 (QLoRA, double quantization, %.4f bytes a weight): the blocks' %zu linear-layer weights with their norms and "
+            fprintf(out, "base in NF4 (QLoRA, %s, %.4f bytes a weight): the blocks' %zu linear-layer weights with their norms and "
                          "biases %.3f GiB | embeddings, final norm and LM head in %s %.3f GiB | ring of two %s blocks %.3f GiB | total %.3f GiB "
                          "vs %.3f GiB for the %s base\n",
-                    nf4_bits_per_weight(true) / 8, m.weights, gib(m.packed), precision, gib(m.persistent), precision, gib(m.ring),
+                    lora.nf4_double_quant ? "double quantization" : "fp32 absmaxes", nf4_bits_per_weight(lora.nf4_double_quant) / 8, m.weights, gib(m.packed), precision, gib(m.persistent), precision, gib(m.ring),
                     gib(m.parameters()), gib(m.dense), precision);
         }
     }

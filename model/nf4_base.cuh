@@ -35,12 +35,12 @@ inline std::vector<size_t> nf4_base_shape(const ParameterLayout& l, BlockTensor 
     const size_t C = l.config.channels, n = l.block_tensor_size[t];
     return t == FCPROJW || t == ATTPROJW ? std::vector<size_t>{C, n / C} : std::vector<size_t>{n / C, C};
 }
-// Bytes of one NF4 weight of n elements as Nf4Base carves it: codes (padded to 16-byte vectors), 8-bit absmax codes,
-// fp32 nested absmaxes, each array 256-byte aligned (its offset is a host value).
-inline size_t nf4_base_weight_bytes(size_t n) {
+// Bytes of one NF4 weight of n elements as Nf4Base carves it: codes (padded to 16-byte vectors), then 8-bit absmax codes
+// and fp32 nested absmaxes (double_quant), or fp32 absmaxes, each array 256-byte aligned (its offset is a host value).
+inline size_t nf4_base_weight_bytes(size_t n, bool double_quant) {
     Nf4DeviceWeight d;
     d.count = n;
-    d.double_quant = true;
+    if (!double_quant) return nf4_base_aligned(d.padded_code_bytes()) + nf4_base_aligned(d.blocks() * sizeof(float));
     return nf4_base_aligned(d.padded_code_bytes()) + nf4_base_aligned(d.blocks()) + nf4_base_aligned(d.nested_blocks() * sizeof(float));
 }
 
@@ -57,7 +57,7 @@ struct Nf4BaseMemory {
     size_t parameters() const { return packed + persistent + ring; }
 };
 template <typename floatX>
-Nf4BaseMemory nf4_base_memory(const ParameterLayout& l) {
+Nf4BaseMemory nf4_base_memory(const ParameterLayout& l, bool double_quant) {
     Nf4BaseMemory m;
     size_t block_rest = 0, largest_weight = 0, largest_block = 0;
     for (int t = 0; t < kBlockTensors; t++) {
@@ -65,7 +65,7 @@ Nf4BaseMemory nf4_base_memory(const ParameterLayout& l) {
             block_rest += l.block_tensor_size[t];
             continue;
         }
-        m.packed += nf4_base_weight_bytes(l.block_tensor_size[t]) * l.num_blocks();
+        m.packed += nf4_base_weight_bytes(l.block_tensor_size[t], double_quant) * l.num_blocks();
         m.weights += l.block_tensor_size[t] * l.num_blocks();
         largest_weight = std::max(largest_weight, l.block_tensor_size[t]);
     }
@@ -87,8 +87,9 @@ template <typename floatX>
 class Nf4Base : public UnitSource<floatX> {
 public:
     // packed: the products read the four weights packed (--nf4-products packed), so the ring's fills leave
-    // them out
-    Nf4Base(const ParameterLayout& layout, bool packed) : packed_products(packed), layout_(layout) {
+    // them out; double_quant: the absmaxes in 8 bits (QLoRA's double quantization), else in fp32 (--nf4-double-quant 0)
+    Nf4Base(const ParameterLayout& layout, bool packed, bool double_quant)
+        : packed_products(packed), double_quant_(double_quant), layout_(layout) {
         for (int t = 0; t < kBlockTensors; t++) {
             rest_offset_[t] = rest_size_;
             if (!nf4_base_tensor(t)) rest_size_ += layout.block_tensor_size[t];
@@ -103,7 +104,7 @@ public:
 
     // One allocation for every block's packed weights and small tensors (zeroed), carved as nf4_base_memory counts it.
     void allocate() {
-        const Nf4BaseMemory m = nf4_base_memory<floatX>(layout_);
+        const Nf4BaseMemory m = nf4_base_memory<floatX>(layout_, double_quant_);
         cudaCheck(cudaMalloc(&storage_, m.packed));
         cudaCheck(cudaMemset(storage_, 0, m.packed));
         uint8_t* next = storage_;
@@ -118,10 +119,14 @@ public:
                 Nf4DeviceWeight& w = weights_[b][k];
                 w.shape = nf4_base_shape(layout_, kNf4BaseTensors[k]);
                 w.count = layout_.block_tensor_size[kNf4BaseTensors[k]];
-                w.double_quant = true;
+                w.double_quant = double_quant_;
                 w.packed = carve(w.padded_code_bytes());
-                w.absmax_codes = carve(w.blocks());
-                w.nested_absmax = reinterpret_cast<float*>(carve(w.nested_blocks() * sizeof(float)));
+                if (double_quant_) {
+                    w.absmax_codes = carve(w.blocks());
+                    w.nested_absmax = reinterpret_cast<float*>(carve(w.nested_blocks() * sizeof(float)));
+                } else {
+                    w.absmax = reinterpret_cast<float*>(carve(w.blocks() * sizeof(float)));
+                }
             }
         rest_ = reinterpret_cast<floatX*>(carve(rest_size_ * layout_.num_blocks() * sizeof(floatX)));
         if ((size_t)(next - storage_) != m.packed) die("internal: the NF4 base's carving disagrees with nf4_base_memory");
@@ -176,6 +181,7 @@ private:
     }
     floatX* rest(int b, int t) const { return rest_ + (size_t)b * rest_size_ + rest_offset_[t]; }
 
+    const bool double_quant_;
     ParameterLayout layout_;
     uint8_t* storage_ = nullptr;                           // everything below, in one allocation
     std::vector<std::array<Nf4DeviceWeight, 4>> weights_;  // per block, kNf4BaseTensors' order

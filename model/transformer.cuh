@@ -136,7 +136,8 @@ struct Transformer {
                                                      zero_stage, s));
             if (lora.nf4_base) {
                 if (layout.tp != 1) die("internal: the NF4 base runs with tp = 1");
-                nf4_base.reset(new Nf4Base<floatX>(layout, std::is_same<floatX, __nv_bfloat16>::value && lora.nf4_products == Nf4Products::kPacked));
+                nf4_base.reset(new Nf4Base<floatX>(layout, std::is_same<floatX, __nv_bfloat16>::value && lora.nf4_products == Nf4Products::kPacked,
+                                                   lora.nf4_double_quant));
                 zero->set_unit_source(nf4_base.get());
                 linear.nf4_base = nf4_base.get();
             }

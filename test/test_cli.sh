@@ -82,6 +82,8 @@ expect_error "NF4 base without LoRA" "--base-quant nf4 quantizes the frozen base
 expect_error "NF4 base in fp16" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp16" $SMALL --lora-rank 4 --base-quant nf4 --precision fp16
 expect_error "packed NF4 products in bf16, not fp32" "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized" \
     $SMALL --lora-rank 4 --base-quant nf4 --nf4-products packed --precision fp32
+expect_error "NF4 absmaxes with an NF4 base" "--nf4-double-quant 0 chooses how the NF4 base keeps its absmaxes: add --base-quant nf4" \
+    $SMALL --lora-rank 4 --nf4-double-quant 0
 expect_error "NF4 products with an NF4 base" "--nf4-products packed chooses how the products read an NF4 base: add --base-quant nf4" \
     $SMALL --lora-rank 4 --nf4-products packed
 expect_error "NF4 base in fp8" "--base-quant nf4 runs in --precision bf16 (or fp32), got fp8" $SMALL --lora-rank 4 --base-quant nf4 --precision fp8

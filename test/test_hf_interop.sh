@@ -19,6 +19,9 @@
 # Before those, with NumPy only (no torch, no GPU): folders written with numpy (llama, qwen2, mistral; fp32, bf16 and
 # f16; single and sharded) imported and exported back bit for bit, ours -> HF -> ours bit for bit, and the Llama
 # family's bad input (rope type, sliding window, attention_bias, a missing shard, a truncated safetensors file);
+# bitsandbytes 4-bit NF4 folders (double and single quantization) imported as the NumPy reference dequantizes them, those
+# weights quantized again without double quantization bit for bit, and bitsandbytes' bad input (FP4, 8-bit, GPTQ, a
+# quant state without quantization_config, a missing absmax, another quant_map, block size 128);
 # with torch also llama_reference.py's model files through export and import, and its reading of imported files.
 # The rest needs torch, transformers and safetensors in python3 ($PYTHON); skipped without them. The quick tier
 # (TEST_TIER=quick) runs 2, 2b and 2c in fp32 only (export, transformers' loss, import back, PEFT): each
@@ -129,6 +132,49 @@ else
     rm -rf "$W/b_trunc"; cp -r "$L" "$W/b_trunc"
     head -c 100000 "$L/model.safetensors" > "$W/b_trunc/model.safetensors"
     bad "truncated safetensors" "$W/bad.bin" $IMPORT "$W/b_trunc" "$W/bad.bin"
+    # bitsandbytes 4-bit NF4 folders (double and single quantization, written as bitsandbytes saves them): imported
+    # bit for bit as the NumPy reference dequantizes them; quantizing those weights again without double quantization
+    # gives them back bit for bit; the refusals
+    for q in double single; do
+        if $LCHECK make-bnb "$L" "$W/bnb_$q" --dequantized "$W/bnb_${q}_dequantized" $([ $q = single ] && echo --single) > "$W/bnb_$q.out" 2>&1 &&
+           $IMPORT "$W/bnb_$q" "$W/bnb_$q.bin" >> "$W/bnb_$q.out" 2>&1 &&
+           $IMPORT "$W/bnb_${q}_dequantized" "$W/bnb_${q}_dequantized.bin" >> "$W/bnb_$q.out" 2>&1 &&
+           cmp -s "$W/bnb_$q.bin" "$W/bnb_${q}_dequantized.bin"; then
+            echo "PASS hf_interop llama bitsandbytes NF4 folder ($q quantization): its weights imported as the NumPy reference dequantizes them, bit for bit"
+        else echo "FAIL hf_interop llama bitsandbytes NF4 folder ($q quantization): $(grep -i error "$W/bnb_$q.out" | head -n 1)"; fi
+    done
+    if out=$($LCHECK exact-requantize "$L" 2>&1); then echo "PASS hf_interop llama NF4 weights quantized again without double quantization: $out"
+    else echo "FAIL hf_interop llama NF4 weights quantized again: $out"; fi
+    B="$W/bnb_double"
+    edit_config "$B" "$W/b_fp4" "c['quantization_config']['bnb_4bit_quant_type'] = 'fp4'"
+    bad "bitsandbytes FP4" "$W/bad.bin" $IMPORT "$W/b_fp4" "$W/bad.bin"
+    edit_config "$B" "$W/b_int8" "c['quantization_config'].update(load_in_4bit=False, load_in_8bit=True)"
+    bad "bitsandbytes 8-bit" "$W/bad.bin" $IMPORT "$W/b_int8" "$W/bad.bin"
+    edit_config "$B" "$W/b_gptq" "c['quantization_config'] = {'quant_method': 'gptq', 'bits': 4}"
+    bad "GPTQ" "$W/bad.bin" $IMPORT "$W/b_gptq" "$W/bad.bin"
+    edit_config "$B" "$W/b_noconfig" "del c['quantization_config']"
+    bad "NF4 quant state without quantization_config" "$W/bad.bin" $IMPORT "$W/b_noconfig" "$W/bad.bin"
+    # edit_tensors DIR PYTHON_STATEMENTS_ON_t: DIR's model.safetensors rewritten from t = {name: stored array}
+    edit_tensors() {
+        $PY - "$1/model.safetensors" "$2" <<'PY'
+import sys
+sys.path.insert(0, "scripts/hf")
+from export_hf import load_stored, read_safetensors_header, write_safetensors
+path = sys.argv[1]
+entries = read_safetensors_header(path)
+t = {name: load_stored(path, e) for name, e in entries.items()}
+exec(sys.argv[2])
+write_safetensors(path, list(t.items()), {name: entries[name][0] if name in entries else "U8" for name in t})
+PY
+    }
+    Q0="model.layers.0.self_attn.q_proj.weight"
+    rm -rf "$W/b_absmax"; cp -r "$B" "$W/b_absmax"; edit_tensors "$W/b_absmax" "del t['$Q0.absmax']"
+    bad "bitsandbytes weight without its absmax" "$W/bad.bin" $IMPORT "$W/b_absmax" "$W/bad.bin"
+    rm -rf "$W/b_map"; cp -r "$B" "$W/b_map"; edit_tensors "$W/b_map" "t['$Q0.quant_map'] = t['$Q0.quant_map'][::-1].copy()"
+    bad "bitsandbytes quant_map other than NF4's" "$W/bad.bin" $IMPORT "$W/b_map" "$W/bad.bin"
+    rm -rf "$W/b_block"; cp -r "$B" "$W/b_block"
+    edit_tensors "$W/b_block" "import json, numpy as np; k = '$Q0.quant_state.bitsandbytes__nf4'; s = json.loads(t[k].tobytes()); s['blocksize'] = 128; t[k] = np.frombuffer(json.dumps(s).encode(), dtype=np.uint8)"
+    bad "bitsandbytes block size 128" "$W/bad.bin" $IMPORT "$W/b_block" "$W/bad.bin"
 fi
 
 if [ "$PART" = files ]; then exit 0

@@ -106,6 +106,7 @@ const PinnedFlag kPinnedFlags[] = {
     {"--lora-save", "", "", ""},
     {"--lora-merge", "", "", ""},
     {"--base-quant", "", "none", "one of none, nf4"},
+    {"--nf4-double-quant", "", "1", "one of 0, 1"},
     {"--nf4-products", "", "dequantized", "one of dequantized, packed"},
     {"--zero-stage", "-z", "1", "one of 0, 1, 2, 3"},
     {"--offload", "", "none", "one of none, optimizer, optimizer,parameters"},
@@ -370,6 +371,8 @@ void test_cross_flag_bounds() {
     boundary("packed NF4 products in bf16, not fp32", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed"}),
              at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed", "--precision", "fp32"}),
              "--nf4-products packed multiplies in bf16, got --precision fp32: use --nf4-products dequantized");
+    boundary("NF4 absmaxes with an NF4 base", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-double-quant", "0"}),
+             at({"--lora-rank", "4", "--nf4-double-quant", "0"}), "--nf4-double-quant 0 chooses how the NF4 base keeps its absmaxes: add --base-quant nf4");
     boundary("NF4 products with an NF4 base", at({"--lora-rank", "4", "--base-quant", "nf4", "--nf4-products", "packed"}),
              at({"--lora-rank", "4", "--nf4-products", "packed"}), "--nf4-products packed chooses how the products read an NF4 base: add --base-quant nf4");
     boundary("NF4 base on one tensor-parallel rank", 2, at({"--lora-rank", "4", "--base-quant", "nf4"}), 2,

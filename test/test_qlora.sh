@@ -20,6 +20,11 @@
 #      1e-3 (the same bf16 operands; each output's fp32 sum taken in another order, then rounded to bf16 once: relative
 #      differences of 2^-9 an element, which average out over the loss), and the same 40 training steps' losses each
 #      within 0.01 of 3's (those differences compound over the steps), with a sample drawn (sampling's one-row forwards);
+#   6. a bitsandbytes 4-bit folder: 1's base exported to Hugging Face, written as bitsandbytes saves it in NF4 (double and
+#      single quantization; test/tools/hf_llama_check.py make-bnb), imported (scripts/hf/import_hf.py: fp32, its weights
+#      dequantized as bitsandbytes computes them) and loaded with --base-quant nf4 --nf4-double-quant 0 in fp32: the
+#      merge of zero adapters (--steps 0) is the imported file, bit for bit (the 4-bit codes and absmaxes stored again
+#      exactly);
 #   5. (full tier) data parallelism: 2 ranks sharing the GPU, ZeRO-1 over the adapters, 4 rows each, against one rank of
 #      8 rows: 10 steps' losses each within 2e-2 (bf16 products and a sum over ranks in another order: test_zero's bf16
 #      tolerance), and the parameters bitwise the same on both ranks (--parameter-checksums 1).
@@ -166,6 +171,26 @@ if [ -f "${BASE:-}" ] && [ -f "$W/load_merged.bin" ] &&
             echo "FAIL qlora the merged model's validation loss '$merged' against the QLoRA run's '$trained'"
         fi
     fi
+fi
+
+# 6. a bitsandbytes NF4 folder of the base, imported and stored again with fp32 absmaxes: the same weights
+if [ -f "${BASE:-}" ] && $PY scripts/hf/export_hf.py "$BASE" "$W/base_hf" > "$W/base_hf.out" 2>&1; then
+    for q in double single; do
+        if $PY test/tools/hf_llama_check.py make-bnb "$W/base_hf" "$W/bnb_$q" $([ $q = single ] && echo --single) > "$W/bnb_$q.make.out" 2>&1 &&
+           $PY scripts/hf/import_hf.py "$W/bnb_$q" "$W/bnb_$q.bin" > "$W/bnb_$q.import.out" 2>&1 &&
+           run bnb_$q --model "$W/bnb_$q.bin" "${RUN[@]}" "${LORA[@]}" --precision fp32 --base-quant nf4 --nf4-double-quant 0 --steps 0 \
+               --lora-merge "$W/bnb_$q.merged.bin"; then
+            if cmp -s -i 1024 "$W/bnb_$q.bin" "$W/bnb_$q.merged.bin" && grep -q "^base in NF4 (QLoRA, fp32 absmaxes, 0.5625 bytes a weight)" "$W/bnb_$q.out"; then
+                echo "PASS qlora a bitsandbytes NF4 folder ($q quantization) imported and stored with fp32 absmaxes: its merged base is the imported model, bit for bit"
+            else
+                echo "FAIL qlora a bitsandbytes NF4 folder ($q quantization): the merged base differs from the imported model, or no fp32-absmax plan line"
+            fi
+        else
+            echo "FAIL qlora a bitsandbytes NF4 folder ($q quantization): $(cat "$W"/bnb_$q.*.out 2>/dev/null | grep -m1 -i error)"
+        fi
+    done
+else
+    echo "FAIL qlora export of the base for the bitsandbytes folder: $(tail -n 1 "$W/base_hf.out" 2>/dev/null)"
 fi
 
 # 5. data parallelism (full tier): 2 ranks sharing the GPU (or one a GPU with ONE_RANK_PER_GPU=1: test/loss_logs.sh),

@@ -247,26 +247,28 @@ def write_model_file(path, c, tensors, bf16):
 # ---- safetensors: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}
 # (offsets relative to the byte buffer that follows), then the tensors' bytes, contiguous, in offset order.
 
-SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+# U8: bitsandbytes' packed 4-bit weights and their quant state (import_hf.py reads them; load_tensor does not)
+SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "U8": "u1"}
 
 
 def write_safetensors(path, named, dtype, metadata=None):
     """named: [(name, array)] all written as one dtype ("F32" or "F16": float arrays, converted; "BF16": uint16 bit
-    patterns)."""
+    patterns; "U8": bytes), or as dtype[name] when dtype is a dict."""
     header, offset = {}, 0
     if metadata:
         header["__metadata__"] = metadata
+    types = dtype if isinstance(dtype, dict) else {name: dtype for name, _ in named}
     for name, a in named:
-        nbytes = a.size * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
+        nbytes = a.size * np.dtype(SAFETENSORS_DTYPES[types[name]]).itemsize
+        header[name] = {"dtype": types[name], "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned (as the safetensors library writes it)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for _, a in named:
-            f.write(np.ascontiguousarray(a, dtype=SAFETENSORS_DTYPES[dtype]).tobytes())
+        for name, a in named:
+            f.write(np.ascontiguousarray(a, dtype=SAFETENSORS_DTYPES[types[name]]).tobytes())
 
 
 def read_safetensors(path):
@@ -277,12 +279,19 @@ def read_safetensors(path):
 def load_tensor(path, entry):
     """One tensor of read_safetensors_header's entries as float32 (bf16 and f16 widen exactly)."""
     dtype, shape, offset = entry
-    np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
+    if dtype == "U8":
+        raise InputError(f"{path}: a tensor of dtype U8 where a float tensor (F32, F16 or BF16) belongs")
+    a = load_stored(path, entry)
+    return bf16_to_f32(a) if dtype == "BF16" else a.astype(np.float32)
+
+
+def load_stored(path, entry):
+    """One tensor as it is stored (BF16: uint16 bit patterns; U8: bytes)."""
+    dtype, shape, offset = entry
     try:
-        a = np.fromfile(path, dtype=np_dtype, offset=offset, count=math.prod(shape)).reshape(shape)
+        return np.fromfile(path, dtype=np.dtype(SAFETENSORS_DTYPES[dtype]), offset=offset, count=math.prod(shape)).reshape(shape)
     except (OSError, ValueError) as e:  # the file changed since its header was read
         raise InputError(f"{path}: cannot read a tensor: {getattr(e, 'strerror', None) or e}")
-    return bf16_to_f32(a) if dtype == "BF16" else a.astype(np.float32)
 
 
 def read_safetensors_header(path):
@@ -314,7 +323,7 @@ def read_safetensors_header(path):
             raise InputError(f"{path}: tensor {name}: malformed header entry {info}")
         begin, end = offsets
         if dtype not in SAFETENSORS_DTYPES:
-            raise InputError(f"{path}: tensor {name} has dtype {dtype} (expected F32, F16 or BF16)")
+            raise InputError(f"{path}: tensor {name} has dtype {dtype} (expected F32, F16, BF16, or U8 for bitsandbytes' 4-bit weights)")
         np_dtype = np.dtype(SAFETENSORS_DTYPES[dtype])
         count = math.prod(shape)  # exact: numpy's product would wrap around at 2^64
         if end - begin != count * np_dtype.itemsize or 8 + n + end > size:

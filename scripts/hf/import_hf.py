@@ -10,6 +10,12 @@ qkvb), gate_proj and up_proj -> fcw [gate | up], as they are: transformers' rota
 Refused, one line naming the key: another rope type than default or llama3, an active sliding window, MoE, head_dim
 other than hidden_size / heads, hidden_act other than silu, Llama's attention_bias or mlp_bias, an lm_head that
 differs from embed_tokens when tied or none when untied. Tensors are streamed one at a time into the file.
+A bitsandbytes 4-bit folder (quantization_config: quant_method bitsandbytes, load_in_4bit, bnb_4bit_quant_type nf4,
+with or without double quantization): each Linear4bit weight is dequantized as bitsandbytes' dequantize_4bit does it
+in float32 (the NumPy reference, scripts/reference/nf4_reference.py), so an fp32 model file holds exactly the weights
+bitsandbytes computes with; `train_gpt --base-quant nf4 --nf4-double-quant 0` then stores them again as the same
+4-bit codes and absmaxes (docs/lora.md). FP4, 8-bit weights, other block sizes and other quantization methods are
+refused.
 
 GPT-2: config.json (model_type gpt2) and model.safetensors (F32, F16 or BF16; or model.safetensors.index.json
 and its shards), or pytorch_model.bin when torch is installed. Tensor names with or without the "transformer."
@@ -21,6 +27,7 @@ rounded to nearest even) with --bf16, through MODEL.bin.tmp and a rename.
 Bad input: one line on stderr, exit 1, nothing written. Needs numpy (torch only for pytorch_model.bin).
 """
 import json
+import math
 import os
 import re
 import sys
@@ -36,7 +43,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_hf import (BLOCK_TENSORS, LLAMA_BLOCK, InputError, config_problem, f32, file_tensor_shapes,  # noqa: E402
-                       llama_parts, load_tensor, pad_vocab, read_safetensors, read_safetensors_header, write_model_file)
+                       llama_parts, load_stored, load_tensor, pad_vocab, read_safetensors, read_safetensors_header,
+                       write_model_file)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import nf4_reference as nf4  # noqa: E402
 
 # GPT2Config's defaults, for keys a config.json leaves out (as transformers reads it)
 DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
@@ -96,6 +106,7 @@ def read_config(hf_dir):
         (h["scale_attn_by_inverse_layer_idx"] is False, "scale_attn_by_inverse_layer_idx", "false"),
         (h["add_cross_attention"] is False, "add_cross_attention", "false"),
         (h["tie_word_embeddings"] is True, "tie_word_embeddings", "true (train_gpt's LM head is wte)"),
+        (h.get("quantization_config") is None, "quantization_config", "absent (bitsandbytes' 4-bit NF4 is read for the Llama family)"),
     ]
     for ok, key, expected in checks:
         if not ok:
@@ -164,7 +175,6 @@ def read_llama_config(path, raw):
         (h.get("partial_rotary_factor", 1.0) == 1.0, "partial_rotary_factor", "1"),
         (is_number(h["rms_norm_eps"]) and 0 < h["rms_norm_eps"] < 1, "rms_norm_eps", "a number in (0, 1)"),
         (isinstance(h["tie_word_embeddings"], bool), "tie_word_embeddings", "true or false"),
-        (h.get("quantization_config") is None, "quantization_config", "absent (quantized weights are not supported)"),
         (kind != "llama" or h["attention_bias"] is False, "attention_bias", "false (biases on q, k, v and o: Qwen2's are on q, k, v only)"),
         (kind != "llama" or h["mlp_bias"] is False, "mlp_bias", "false"),
         (kind != "qwen2" or h["use_sliding_window"] is False, "use_sliding_window", "false (sliding-window attention is not supported)"),
@@ -176,19 +186,88 @@ def read_llama_config(path, raw):
     for ok, key, expected in checks:
         if not ok:
             raise InputError(f"{path}: {key} is {json.dumps(h.get(key))}, expected {expected}")
+    quantized = read_quantization(path, h.get("quantization_config"))
     theta, factor, low, high, positions = rope_settings(path, h)
     V = h["vocab_size"]
     c = dict(family="llama", hf_type=kind, max_seq_len=h["max_position_embeddings"], vocab=V,
              layers=h["num_hidden_layers"], heads=NH, channels=C, padded_vocab=pad_vocab(V),
              kv_heads=h["num_key_value_heads"], ffn=h["intermediate_size"], qkv_bias=kind == "qwen2",
              tied=h["tie_word_embeddings"], norm_eps=f32(h["rms_norm_eps"]), rope_theta=f32(theta),
-             rope_factor=f32(factor), rope_low=f32(low), rope_high=f32(high), rope_positions=positions)
+             rope_factor=f32(factor), rope_low=f32(low), rope_high=f32(high), rope_positions=positions, quantized=quantized)
     if not 0 < positions < 1 << 31:
         raise InputError(f"{path}: rope_scaling.original_max_position_embeddings is {positions}, expected a positive integer")
     problem = config_problem(c)
     if problem:
         raise InputError(f"{path}: train_gpt cannot run this shape: {problem}")
     return c
+
+
+def read_quantization(path, q):
+    """config.json's quantization_config: absent (False), or bitsandbytes' 4-bit NF4 (True: its weights are dequantized
+    as bitsandbytes does, bnb_nf4_weight); anything else refused in one line naming the key."""
+    if q is None:
+        return False
+    if not isinstance(q, dict):
+        raise InputError(f"{path}: quantization_config is {json.dumps(q)}, expected an object (bitsandbytes 4-bit NF4) or absent")
+    checks = [("quant_method", q.get("quant_method") == "bitsandbytes", "\"bitsandbytes\" (other quantization methods are not read)"),
+              ("load_in_4bit", q.get("load_in_4bit") is True, "true (bitsandbytes' 8-bit weights are not read)"),
+              ("bnb_4bit_quant_type", q.get("bnb_4bit_quant_type", "fp4") == "nf4", "\"nf4\" (FP4 is not read)"),
+              ("bnb_4bit_quant_storage", q.get("bnb_4bit_quant_storage", "uint8") == "uint8", "\"uint8\"")]
+    for key, ok, expected in checks:
+        if not ok:
+            raise InputError(f"{path}: quantization_config.{key} is {json.dumps(q.get(key))}, expected {expected}")
+    return True
+
+
+QUANT_STATE = ".quant_state.bitsandbytes__nf4"  # a bitsandbytes NF4 weight's quant state: JSON in a U8 tensor
+
+
+def bnb_nf4_weight(index, name, shape, source):
+    """Linear4bit weight `name` of a bitsandbytes folder (the packed codes, two a byte, the first in the high nibble;
+    absmax, quant_map, and with double quantization nested_absmax, nested_quant_map and the quant state's
+    nested_offset) -> float32 of `shape`, dequantized as bitsandbytes' dequantize_4bit does in float32
+    (nf4_reference.dequantize: bitwise). Blocks of 64 absmaxes, nested groups of 256, NF4's and the dynamic map's
+    tables as bitsandbytes writes them; anything else refused in one line naming the tensor."""
+    def stored(suffix, dtype, count):
+        key = name + suffix
+        if key not in index:
+            raise InputError(f"{source}: missing tensor {key} (part of bitsandbytes' NF4 weight {name})")
+        path, entry = index[key]
+        if entry[0] != dtype or (count is not None and math.prod(entry[1]) != count):
+            raise InputError(f"{source}: tensor {key} is {entry[0]} {list(entry[1])}, expected {dtype} of "
+                             f"{count if count is not None else 'any'} elements")
+        return load_stored(path, entry).reshape(-1)
+
+    try:
+        state = json.loads(stored(QUANT_STATE, "U8", None).tobytes())
+        if not isinstance(state, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InputError(f"{source}: tensor {name}{QUANT_STATE} is not a JSON object ({e})")
+    nested = "nested_offset" in state
+    checks = [("quant_type", state.get("quant_type") == "nf4", "\"nf4\""), ("blocksize", state.get("blocksize") == nf4.BLOCK, nf4.BLOCK),
+              ("shape", state.get("shape") == list(shape), list(shape))]
+    if nested:
+        checks += [("nested_blocksize", state.get("nested_blocksize") == nf4.NESTED_BLOCK, nf4.NESTED_BLOCK),
+                   ("nested_offset", is_number(state["nested_offset"]) and abs(state["nested_offset"]) <= FLOAT32_MAX, "a float32")]
+    for key, ok, expected in checks:
+        if not ok:
+            raise InputError(f"{source}: {name}{QUANT_STATE}: {key} is {json.dumps(state.get(key))}, expected {expected}")
+    n = math.prod(shape)
+    blocks = -(-n // nf4.BLOCK)
+    if not np.array_equal(stored(".quant_map", "F32", 16).view(np.uint32), nf4.NF4.view(np.uint32)):
+        raise InputError(f"{source}: tensor {name}.quant_map differs from NF4's 16 values")
+    if nested:  # absmax = map[code] x nested + offset, two float32 roundings as bitsandbytes' dequantize_blockwise and its add
+        table = stored(".nested_quant_map", "F32", 256)  # the file's own: torch versions round a few values 1 ulp apart
+        if not np.isfinite(table).all():
+            raise InputError(f"{source}: tensor {name}.nested_quant_map holds a value that is not finite")
+        nested_absmax = stored(".nested_absmax", "F32", -(-blocks // nf4.NESTED_BLOCK))
+        absmax = table[stored(".absmax", "U8", blocks)] * np.repeat(nested_absmax, nf4.NESTED_BLOCK)[:blocks] + \
+            np.float32(state["nested_offset"])
+    else:
+        absmax = stored(".absmax", "F32", blocks)
+    q = {"count": n, "packed": stored("", "U8", (n + 1) // 2), "absmax": absmax}
+    return nf4.dequantize(q).reshape(shape)
 
 
 def safetensors_index(hf_dir):
@@ -245,14 +324,21 @@ def llama_writer(c, index, source):
     head = "lm_head.weight"
     if not c["tied"]:
         expected[head] = (V, C)
+    # bitsandbytes' NF4 weights: those with a quant state (its shape is the weight's; the stored tensor is packed)
+    quantized = {name for name in expected if name + QUANT_STATE in index}
+    if quantized and not c["quantized"]:
+        raise InputError(f"{source}: tensor {min(quantized)}{QUANT_STATE} is bitsandbytes' NF4 quant state, but config.json "
+                         f"has no quantization_config")
     for name, shape in expected.items():
         if name not in index:
             raise InputError(f"{source}: missing tensor {name} (expected shape {shape} for the config's {L} layers, "
                              f"{C} channels, {c['kv_heads']} key/value heads, {c['ffn']} MLP units, vocab {V})")
-        if index[name][1][1] != shape:
+        if name not in quantized and index[name][1][1] != shape:
             raise InputError(f"{source}: tensor {name} has shape {index[name][1][1]}, expected {shape}")
     rotary = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")  # a buffer older checkpoints store
-    extra = sorted(n for n in set(index) - set(expected) if not rotary.match(n) and n != head)
+    companion = re.compile(r"(.*\.weight)\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\.bitsandbytes__nf4)$")
+    extra = sorted(n for n in set(index) - set(expected) if not rotary.match(n) and n != head and
+                   not (companion.match(n) and companion.match(n).group(1) in quantized))
     if extra:
         raise InputError(f"{source}: unexpected tensor {extra[0]}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}"
                          f" (expected only {ARCHITECTURES[c['hf_type']]}'s" +
@@ -263,9 +349,12 @@ def llama_writer(c, index, source):
             raise InputError(f"{source}: lm_head.weight differs from model.embed_tokens.weight but "
                              f"tie_word_embeddings is true")
 
+    def weight(name):  # a float tensor, or bitsandbytes' NF4 weight dequantized
+        return bnb_nf4_weight(index, name, expected[name], source) if name in quantized else load(index, name)
+
     def vocab(name):
         def pieces():
-            yield load(index, name)
+            yield weight(name)
             yield np.zeros((Vp - V, C), dtype=np.float32)
         return pieces
 
@@ -273,7 +362,7 @@ def llama_writer(c, index, source):
         def pieces():
             for l in range(L):
                 for name, _ in parts:
-                    yield load(index, f"model.layers.{l}.{name}")
+                    yield weight(f"model.layers.{l}.{name}")
         return pieces
 
     writer = {"wte": vocab("model.embed_tokens.weight"), "lnfw": lambda: [load(index, "model.norm.weight")]}

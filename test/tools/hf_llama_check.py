@@ -6,6 +6,16 @@ NumPy only:
         a small Hugging Face folder written with numpy: config.json and random tensors in model.safetensors (or N
         shards and model.safetensors.index.json). llama: 2 query heads sharing 1 key/value head, an untied head,
         llama3 rope scaling; qwen2: q/k/v biases, a tied head, theta 1e6, eps 1e-6.
+    hf_llama_check.py make-bnb SRC DST [--single] [--dequantized DIR]
+        SRC (one model.safetensors) as bitsandbytes saves it quantized to 4-bit NF4 (load_in_4bit, nf4, double
+        quantization unless --single): each q/k/v/o/gate/up/down weight as Linear4bit's state dict (the packed codes,
+        U8 ((n + 1) / 2, 1); absmax, U8 codes or F32; quant_map; nested_absmax, nested_quant_map; the quant state's JSON
+        in quant_state.bitsandbytes__nf4), quantized by scripts/reference/nf4_reference.py, config.json's
+        quantization_config; --dequantized: also DIR, SRC with those weights dequantized (F32)
+    hf_llama_check.py exact-requantize SRC
+        each q/k/v/o/gate/up/down weight of SRC, and nf4_reference.py's fixture arrays, NF4-quantized (double and
+        single), dequantized, quantized again without double quantization and dequantized: the same weights bit for
+        bit, but in blocks whose absmax dequantizes negative (none in SRC)
     hf_llama_check.py same-tensors DIR_A DIR_B [--values]
         every tensor of the two folders (single or sharded) has the same name, dtype, shape and bytes (--values: the
         same values, whatever the dtypes: an F16 folder imported to fp32 and exported as F32)
@@ -44,7 +54,7 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "hf"))
-from export_hf import InputError, bf16_bits, load_tensor, read_safetensors_header, write_safetensors  # noqa: E402
+from export_hf import InputError, bf16_bits, load_tensor, read_safetensors, read_safetensors_header, write_safetensors  # noqa: E402
 
 SHAPES = {  # layers, channels, heads, kv heads, ffn, vocab, max positions
     "llama": (2, 128, 2, 1, 256, 300, 64),
@@ -108,6 +118,87 @@ def cmd_make(a):
         with open(os.path.join(a.dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
     print(f"{sum(x.size for _, x in named)} parameters, {a.dtype}, {max(a.shards, 1)} file(s)")
+
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def nf4_reference():
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "reference"))
+    import nf4_reference
+    return nf4_reference
+
+
+def linear_weights(tensors):
+    return [name for name in tensors if name.split(".")[-2] in LINEAR and name.endswith(".weight")]
+
+
+def cmd_make_bnb(a):
+    nf4 = nf4_reference()
+    tensors = read_safetensors(os.path.join(a.src, "model.safetensors"))
+    double = not a.single
+    named, dtypes, dequantized = [], {}, []
+    for name, w in tensors.items():
+        if name not in linear_weights(tensors):
+            named.append((name, w))
+            dtypes[name] = "F32"
+            dequantized.append((name, w))
+            continue
+        state = nf4.quantize(w, double)
+        dequantized.append((name, nf4.dequantize(state).reshape(w.shape)))
+        quant_state = {"quant_type": "nf4", "blocksize": nf4.BLOCK, "dtype": "float32", "shape": list(w.shape)}
+        parts = [("", state["packed"].reshape(-1, 1), "U8"), (".quant_map", nf4.NF4, "F32")]
+        if double:
+            parts += [(".absmax", state["absmax_codes"], "U8"), (".nested_absmax", state["nested_absmax"], "F32"),
+                      (".nested_quant_map", nf4.dynamic_map(), "F32")]
+            quant_state.update(nested_blocksize=nf4.NESTED_BLOCK, nested_dtype="float32", nested_offset=float(state["offset"]))
+        else:
+            parts.append((".absmax", state["absmax"], "F32"))
+        parts.append((".quant_state.bitsandbytes__nf4", np.frombuffer(json.dumps(quant_state).encode(), dtype=np.uint8), "U8"))
+        for suffix, x, dtype in parts:
+            named.append((name + suffix, x))
+            dtypes[name + suffix] = dtype
+    with open(os.path.join(a.src, "config.json")) as f:
+        config = json.load(f)
+    quantized = dict(config, quantization_config={
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": double, "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8"})
+    for d, config_json, tensors_out, types in ((a.dst, quantized, named, dtypes), (a.dequantized, config, dequantized, "F32")):
+        if d is None:
+            continue
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config_json, f, indent=2)
+        write_safetensors(os.path.join(d, "model.safetensors"), tensors_out, types, {"format": "pt"})
+    print(f"{len(linear_weights(tensors))} weights in NF4 ({'double' if double else 'single'} quantization)")
+
+
+def cmd_exact_requantize(a):
+    nf4 = nf4_reference()
+    tensors = read_safetensors(os.path.join(a.src, "model.safetensors"))
+    # the folder's weights, and the reference's own fixtures (blocks of zeros, a huge weight, threshold ties, tiny and
+    # subnormal absmaxes)
+    folder = {name: tensors[name] for name in linear_weights(tensors)}
+    weights = dict(folder, **nf4.fixture_inputs(1234))
+    excluded = {}
+    for name, w in weights.items():
+        for double in (True, False):
+            state = nf4.quantize(w, double)
+            scales = nf4.block_scales(state)
+            first = nf4.dequantize(state)
+            again = nf4.dequantize(nf4.quantize(first, False))
+            # a block whose absmax dequantizes negative (a double quantization that failed: a weight of 1e30 beside
+            # ordinary ones) comes back with its weights' signs' codes: not compared, and none may be in the folder
+            kept = np.repeat(scales >= 0, nf4.BLOCK)[:w.size]
+            if (~kept).any():
+                excluded[f"{name} ({'double' if double else 'single'})"] = int((scales < 0).sum())
+            if not np.array_equal(first.view(np.uint32)[kept], again.view(np.uint32)[kept]):
+                raise ValueError(f"{name} ({'double' if double else 'single'}): the weights dequantized again differ")
+    if any(name.split(" ")[0] in folder for name in excluded):
+        raise ValueError(f"a weight of the folder has blocks with a negative absmax: {excluded}")
+    print(f"ok: {len(weights)} weights, double and single quantization: dequantized, quantized without double quantization "
+          f"and dequantized again bit for bit (blocks with a negative absmax left out: " +
+          ", ".join(f"{k} {v}" for k, v in excluded.items()) + ")")
 
 
 def folder_tensors(d, values=False):
@@ -277,6 +368,13 @@ def main(argv):
     s.add_argument("--dtype", choices=["F32", "F16", "BF16"], default="F32")
     s.add_argument("--shards", type=int, default=1)
     s.add_argument("--seed", type=int, default=1)
+    s = sub.add_parser("make-bnb")
+    s.add_argument("src")
+    s.add_argument("dst")
+    s.add_argument("--single", action="store_true")
+    s.add_argument("--dequantized")
+    s = sub.add_parser("exact-requantize")
+    s.add_argument("src")
     s = sub.add_parser("same-tensors")
     s.add_argument("dir_a")
     s.add_argument("dir_b")
@@ -301,7 +399,7 @@ def main(argv):
     s.add_argument("windows", type=int)
     a = p.parse_args(argv)
     try:
-        {"make": cmd_make, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
+        {"make": cmd_make, "make-bnb": cmd_make_bnb, "exact-requantize": cmd_exact_requantize, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
          "hf-vs-hf": cmd_hf_vs_hf, "peft-vs-merged": cmd_peft_vs_merged,
          "masked-loss": cmd_masked_loss}[a.cmd](a)
     except (InputError, OSError, ValueError, KeyError, ImportError) as e:
