@@ -223,6 +223,21 @@ void test_properties() {
     check(worst <= 1.0, "double quantization moves a weight by at most its bound",
           fmt("worst change %.3f of the bound (%.6f x the nested absmax + 2^-22 x the block's absmax)", worst, half_step));
 
+    // NF4 weights quantized again without double quantization (--nf4-double-quant 0 on a model imported from a
+    // bitsandbytes folder, docs/lora.md): the same weights bit for bit, from either mode, for blocks whose absmax is
+    // not negative (all of these; scripts' exact-requantize covers the degenerate ones)
+    for (const Nf4Weight* w : {&single, &doubled}) {
+        const std::vector<float>& first = w == &single ? single_out : double_out;
+        const Nf4Weight again = quantize_nf4(first.data(), n, false);
+        std::vector<float> again_out(n);
+        dequantize_nf4(again, again_out.data());
+        const std::vector<float> scales = nf4_block_scales(*w);
+        const bool none_negative = std::all_of(scales.begin(), scales.end(), [](float a) { return a >= 0.0f; });
+        expect(none_negative && memcmp(first.data(), again_out.data(), n * sizeof(float)) == 0 && again.absmax == scales,
+               std::string("NF4 weights (") + (w == &single ? "single" : "double") + " quantization) quantized again with fp32 absmaxes: the same weights and absmaxes",
+               none_negative ? "the weights or absmaxes differ" : "a block's absmax dequantizes negative");
+    }
+
     // the same bits on any number of threads
     bool same = true;
     for (int threads : {1, 3}) {
