@@ -171,7 +171,8 @@ int generate_only(const Options& o, ProcessGroup& pg, const RunShape& run) {
 // HellaSwag: each item's four candidate completions are four rows; the completion whose tokens have the
 // lowest mean loss is the model's answer. Candidates are short (at most 149 tokens), so the eval runs the
 // model at a reduced sequence length with proportionally more rows: the same activation buffers, a fraction
-// of the work of padding every row to T.
+// of the work of padding every row to T. Under pipeline parallelism the batches go through every stage and the
+// last one, which has the losses, scores them; every stage returns its score.
 
 template <typename floatX>
 HellaSwagScore evaluate_hellaswag(Transformer<floatX>& model, const std::vector<HellaSwagItem>& items, const Tokenizer& tokenizer) {
@@ -192,13 +193,19 @@ HellaSwagScore evaluate_hellaswag(Transformer<floatX>& model, const std::vector<
     for (int b = 0; b < batcher.num_batches(); b++) {
         batcher.fill(b, inputs.data(), targets.data(), mask.data());
         model.upload_batch(inputs.data(), targets.data());
-        model.forward(true, 0.0f);
+        forward_all_stages(model, true);
+        if (!model.layout.part.last) continue;
         cudaCheck(cudaMemcpyAsync(losses.data(), model.losses, N * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
         cudaCheck(cudaStreamSynchronize(model.stream));
         batcher.score(b, losses.data(), score);
     }
     model.B = B;
     model.T = T;
+    if (model.mesh.pipeline.size > 1) {  // the last stage's score (counts below 2^24: exact in floats)
+        const std::vector<std::vector<float>> scores =
+            gather_over_pipeline(model, {(float)score.items, (float)score.correct_sum, (float)score.correct_mean});
+        score = {(int)scores.back()[0], (int)scores.back()[1], (int)scores.back()[2]};
+    }
     return score;
 }
 

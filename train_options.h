@@ -449,7 +449,6 @@ inline RunShape validate_options(const Options& o, int world) {
         die("--pipeline-parallel " + std::to_string(shape.pp) + " runs with --zero-stage 0 or 1 (got " + std::to_string(o.zero_stage) +
             "): stages 2-3 would reduce-scatter every micro-batch's gradients, which a pipeline's interleaved micro-batches make a "
             "reduction per micro-batch instead of one per step");
-    if (shape.pp > 1 && o.hellaswag) die("--hellaswag runs with --pipeline-parallel 1 (got " + std::to_string(shape.pp) + ")");
     if (o.sequence_parallel && o.seq_len % shape.tp != 0)
         die("--sequence-parallel 1: --seq-len " + std::to_string(o.seq_len) + " must be a multiple of --tensor-parallel " + std::to_string(shape.tp));
     if (o.seq_len > config.max_seq_len && o.generate == 0)  // --generate's window is the model's whole length

@@ -19,6 +19,7 @@
 #     work; the memory plan shows each stage; every stage reports its timing at the end;
 #   - the Llama family (grouped-query attention; an untied head, and a tied one): 1f1b, interleaved and zb1 on 2 stages,
 #     tp 2 x pp 2 with zb1, and a pp 2 checkpoint resumed on one rank, against one rank.
+#   - HellaSwag (full tier, GPT-2 d2 at T 256, fp32) through 2 stages: the same scores as one rank;
 #   - LoRA (rank 4 on all four GPT-2 products, dropout 0.1) on 2 stages against one rank, fp32: losses within FP32_TOL
 #     (the same initial adapters and dropout masks, drawn per global block and micro-batch), the adapter file and the
 #     merged model written from the gathered stages within PARAM_TOL of one rank's, and the step-5 checkpoint resumed
@@ -196,6 +197,15 @@ lora_matches lora_pp2dp2 "pp 2 x dp 2 ZeRO-1 fp32"
 lora_run qlora_single 1 --base-quant nf4
 lora_run qlora_pp2 2 --base-quant nf4 --pipeline-parallel 2
 compare qlora_pp2 qlora_single $FP32_TOL 0 10 "QLoRA (NF4 base) pp 2 1f1b fp32: 10 losses match one rank"
+
+# HellaSwag through the stages: the last stage scores the batches; the same counts as one rank
+HELLA=(--model d2 --precision fp32 --seq-len 256 --batch-size 32 --total-batch-tokens 16384 --steps 0 --val-every 1 --hellaswag 1)
+run hella1 1 "${HELLA[@]}"
+run hella2 2 "${HELLA[@]}" --pipeline-parallel 2
+h1=$(grep -m1 'HellaSwag acc_norm' "$W/hella1.out" | sed -E 's/.*(acc_norm [0-9.]+ \([0-9]+\/[0-9]+\), acc [0-9.]+).*/\1/')
+h2=$(grep -m1 'HellaSwag acc_norm' "$W/hella2.out" | sed -E 's/.*(acc_norm [0-9.]+ \([0-9]+\/[0-9]+\), acc [0-9.]+).*/\1/')
+if [ -n "$h1" ] && [ "$h1" = "$h2" ]; then echo "PASS pipeline HellaSwag through 2 stages: $h2, as one rank"
+else echo "FAIL pipeline HellaSwag through 2 stages: '$h2' against one rank's '$h1' $(grep -m1 -iE 'error|abort' "$W/hella2.out")"; fi
 
 # fp16: the dynamic loss scale and its skip decided from the norm over all stages
 run single_fp16 1 --precision fp16
