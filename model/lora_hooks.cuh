@@ -21,7 +21,7 @@ struct LoraHooks {
     ModelConfig config;  // the model's shape: the targets' widths
     int layers = 0;      // this rank's blocks (a pipeline stage's; all of them without pipeline parallelism)
     int slots = 1;       // micro-batches in flight on a chunk (pipeline parallelism), each with its own u
-    int slot = 0;        // the activation set whose forward or backward runs now (set_slot)
+    int slot = 0;        // the activation set whose forward or backward runs now (Transformer::select_lora_slot)
     floatX* u = nullptr;        // u = A dropout(x), (N, r) per slot, layer and target, for the backward
     floatX* du = nullptr;       // (N, r) scratch of the backward
     floatX* dropped = nullptr;  // dropout(x), (N, the widest input) scratch, only with dropout
