@@ -28,7 +28,7 @@
 #   5. (full tier) data parallelism: 2 ranks sharing the GPU, ZeRO-1 over the adapters, 4 rows each, against one rank of
 #      8 rows: 10 steps' losses each within 2e-2 (bf16 products and a sum over ranks in another order: test_zero's bf16
 #      tolerance), and the parameters bitwise the same on both ranks (--parameter-checksums 1).
-# Needs a GPU and NumPy (for the reference); skips without them.
+# Independent runs go side by side on the GPU (below). Needs a GPU and NumPy (for the reference); skips without them.
 set -u
 cd "$(dirname "$0")/.."
 W=build/test_work/qlora
@@ -108,73 +108,24 @@ PY
     fi
 }
 
-# 1-2. a trained base, loaded in NF4
-if run base "${SHAPE[@]}" "${RUN[@]}" --steps 20 --lr 1e-3 --val-every 0 --checkpoint-every 20 -o "$W/base"; then
-    BASE=$W/base/model_00000020.bin
-    if run load_nf4 --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/load_merged.bin"; then
-        grep -q "^base in NF4" "$W/load_nf4.out" || echo "FAIL qlora the start-up report names the NF4 base: $(grep -m1 '^memory plan' "$W/load_nf4.out")"
-        compare_nf4 "model file loaded in NF4" "$BASE" "$W/load_merged.bin"
-        if run dequantized --model "$W/load_merged.bin" "${RUN[@]}" --steps 0 && run bf16_base --model "$BASE" "${RUN[@]}" --steps 0; then
-            nf4=$(val_loss "$W/load_nf4.out") dense=$(val_loss "$W/dequantized.out") original=$(val_loss "$W/bf16_base.out")
-            if [ -n "$nf4" ] && [ "$nf4" = "$dense" ]; then
-                echo "PASS qlora the NF4 base's validation loss $nf4 equals the dequantized bf16 model's as printed (the unquantized base: $original)"
-            elif [ -n "$nf4" ] && [ -n "$dense" ] && awk -v a="$nf4" -v b="$dense" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; then
-                echo "PASS qlora the NF4 base's validation loss $nf4 is within 1e-4 of the dequantized bf16 model's $dense, not equal (the unquantized base: $original)"
-            else
-                echo "FAIL qlora the NF4 base's validation loss '$nf4' against the dequantized bf16 model's '$dense'"
-            fi
-        fi
-    fi
-fi
-# 4. the loaded base's validation loss with packed products
-if [ -f "${BASE:-}" ] && [ -n "${nf4:-}" ] && run load_packed --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --nf4-products packed --steps 0; then
-    packed=$(val_loss "$W/load_packed.out")
-    if [ -n "$packed" ] && awk -v a="$packed" -v b="$nf4" 'BEGIN { d = a - b; exit !(d < 1e-3 && d > -1e-3) }'; then
-        echo "PASS qlora the NF4 base's validation loss with packed products $packed is within 1e-3 of the dequantized products' $nf4"
-    else
-        echo "FAIL qlora the NF4 base's validation loss with packed products '$packed' against the dequantized products' '$nf4' (within 1e-3)"
-    fi
-fi
+# Independent runs go side by side on the GPU (--deterministic 1: the same results as one after the other): the
+# initialisation's pair from the start; after the base, the 40-step runs and the bitsandbytes folders beside the checks
+# of the loaded base. Each group's check lines are printed when it has been waited for.
 # 1. the initialisation, drawn block by block (and the embeddings and LM head in pieces)
-if run init_nf4 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/init_nf4.bin" &&
-   run init_fp32 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --precision fp32 --steps 0 --lora-merge "$W/init_fp32.bin"; then
-    compare_nf4 "initialisation in NF4" "$W/init_fp32.bin" "$W/init_nf4.bin"
-fi
-
-# 3. training: QLoRA against LoRA on the dequantized base in bf16 (the same bf16 operands), then packed products
-if [ -f "${BASE:-}" ] && [ -f "$W/load_merged.bin" ] &&
-   run train --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 40 --lr 3e-3 --val-every 40 \
-       --lora-save "$W/adapters.bin" --lora-merge "$W/trained_merged.bin" -o "$W/train" &&
-   run train_dequantized --model "$W/load_merged.bin" "${RUN[@]}" "${LORA[@]}" --steps 40 --lr 3e-3 --val-every 40 -o "$W/train_dequantized"; then
-    first=$(val_loss "$W/train.out") last=$(last_val_loss "$W/train.out")
-    d=$(maxdiff "$W/train" "$W/train_dequantized")
-    if [ "$(steps "$W/train")" -eq 40 ] && [ "$(steps "$W/train_dequantized")" -eq 40 ] && within "$d" 1e-4 &&
-       awk -v f="$first" -v t="$last" 'BEGIN { exit !(t < f - 0.01) }'; then
-        echo "PASS qlora 40 QLoRA steps: each step's loss within 1e-4 of LoRA's on the dequantized bf16 base (largest difference $d), validation loss $first -> $last"
-    else
-        echo "FAIL qlora 40 QLoRA steps: largest step-loss difference from LoRA on the dequantized bf16 base '$d' (tol 1e-4), validation loss '$first' -> '$last' (expected 0.01 lower)"
+{
+    if run init_nf4 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/init_nf4.bin" &&
+       run init_fp32 "${SHAPE[@]}" "${RUN[@]}" "${LORA[@]}" --precision fp32 --steps 0 --lora-merge "$W/init_fp32.bin"; then
+        compare_nf4 "initialisation in NF4" "$W/init_fp32.bin" "$W/init_nf4.bin"
     fi
-    if run train_packed --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --nf4-products packed --steps 40 --lr 3e-3 --val-every 40 \
-           --sample-every 40 --sample-tokens 16 -o "$W/train_packed"; then
-        d=$(maxdiff "$W/train" "$W/train_packed")
-        if [ "$(steps "$W/train_packed")" -eq 40 ] && within "$d" 0.01 && grep -q "^step 40 sample: " "$W/train_packed.out"; then
-            echo "PASS qlora 40 QLoRA steps with packed products: each step's loss within 0.01 of the dequantized products' (largest difference $d), a sample drawn"
-        else
-            echo "FAIL qlora 40 QLoRA steps with packed products: largest step-loss difference from the dequantized products' '$d' (tol 0.01), or no sample"
-        fi
-    fi
-    if run merged --model "$W/trained_merged.bin" "${RUN[@]}" --steps 0; then
-        trained=$(last_val_loss "$W/train.out") merged=$(val_loss "$W/merged.out")
-        if [ -n "$trained" ] && awk -v a="$trained" -v b="$merged" 'BEGIN { d = a - b; exit !(d < 0.02 && d > -0.02) }'; then
-            echo "PASS qlora the merged model's validation loss $merged is within 0.02 of the QLoRA run's $trained"
-        else
-            echo "FAIL qlora the merged model's validation loss '$merged' against the QLoRA run's '$trained'"
-        fi
-    fi
-fi
+} > "$W/init.checks" 2>&1 &
+init_runs=$!
 
 # 6. a bitsandbytes NF4 folder of the base, imported and stored again with fp32 absmaxes: the same weights
-if [ -f "${BASE:-}" ] && $PY scripts/hf/export_hf.py "$BASE" "$W/base_hf" > "$W/base_hf.out" 2>&1; then
+bnb_folders() {
+    if ! $PY scripts/hf/export_hf.py "$BASE" "$W/base_hf" > "$W/base_hf.out" 2>&1; then
+        echo "FAIL qlora export of the base for the bitsandbytes folder: $(tail -n 1 "$W/base_hf.out")"
+        return
+    fi
     for q in double single; do
         if $PY test/tools/hf_llama_check.py make-bnb "$W/base_hf" "$W/bnb_$q" $([ $q = single ] && echo --single) > "$W/bnb_$q.make.out" 2>&1 &&
            $PY scripts/hf/import_hf.py "$W/bnb_$q" "$W/bnb_$q.bin" > "$W/bnb_$q.import.out" 2>&1 &&
@@ -189,9 +140,87 @@ if [ -f "${BASE:-}" ] && $PY scripts/hf/export_hf.py "$BASE" "$W/base_hf" > "$W/
             echo "FAIL qlora a bitsandbytes NF4 folder ($q quantization): $(cat "$W"/bnb_$q.*.out 2>/dev/null | grep -m1 -i error)"
         fi
     done
-else
-    echo "FAIL qlora export of the base for the bitsandbytes folder: $(tail -n 1 "$W/base_hf.out" 2>/dev/null)"
+}
+
+# 1-2. a trained base, loaded in NF4
+if run base "${SHAPE[@]}" "${RUN[@]}" --steps 20 --lr 1e-3 --val-every 0 --checkpoint-every 20 -o "$W/base"; then
+    BASE=$W/base/model_00000020.bin
+    bnb_folders > "$W/bnb.checks" 2>&1 &
+    bnb_runs=$!
+    # 3-4's runs that need only the base
+    run train --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 40 --lr 3e-3 --val-every 40 \
+        --lora-save "$W/adapters.bin" --lora-merge "$W/trained_merged.bin" -o "$W/train" > "$W/train.checks" 2>&1 &
+    train_run=$!
+    run train_packed --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --nf4-products packed --steps 40 --lr 3e-3 --val-every 40 \
+        --sample-every 40 --sample-tokens 16 -o "$W/train_packed" > "$W/train_packed.checks" 2>&1 &
+    train_packed_run=$!
+    if run load_nf4 --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --steps 0 --lora-merge "$W/load_merged.bin"; then
+        grep -q "^base in NF4" "$W/load_nf4.out" || echo "FAIL qlora the start-up report names the NF4 base: $(grep -m1 '^memory plan' "$W/load_nf4.out")"
+        compare_nf4 "model file loaded in NF4" "$BASE" "$W/load_merged.bin"
+        run train_dequantized --model "$W/load_merged.bin" "${RUN[@]}" "${LORA[@]}" --steps 40 --lr 3e-3 --val-every 40 -o "$W/train_dequantized" \
+            > "$W/train_dequantized.checks" 2>&1 &
+        train_dequantized_run=$!
+        run dequantized --model "$W/load_merged.bin" "${RUN[@]}" --steps 0 & dequantized_run=$!
+        run bf16_base --model "$BASE" "${RUN[@]}" --steps 0 & bf16_base_run=$!
+        run load_packed --model "$BASE" "${RUN[@]}" "${LORA[@]}" --base-quant nf4 --nf4-products packed --steps 0 & load_packed_run=$!
+        wait $dequantized_run; dequantized_ok=$?
+        wait $bf16_base_run; bf16_base_ok=$?
+        if [ $dequantized_ok -eq 0 ] && [ $bf16_base_ok -eq 0 ]; then
+            nf4=$(val_loss "$W/load_nf4.out") dense=$(val_loss "$W/dequantized.out") original=$(val_loss "$W/bf16_base.out")
+            if [ -n "$nf4" ] && [ "$nf4" = "$dense" ]; then
+                echo "PASS qlora the NF4 base's validation loss $nf4 equals the dequantized bf16 model's as printed (the unquantized base: $original)"
+            elif [ -n "$nf4" ] && [ -n "$dense" ] && awk -v a="$nf4" -v b="$dense" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; then
+                echo "PASS qlora the NF4 base's validation loss $nf4 is within 1e-4 of the dequantized bf16 model's $dense, not equal (the unquantized base: $original)"
+            else
+                echo "FAIL qlora the NF4 base's validation loss '$nf4' against the dequantized bf16 model's '$dense'"
+            fi
+        fi
+        # 4. the loaded base's validation loss with packed products
+        if wait $load_packed_run && [ -n "${nf4:-}" ]; then
+            packed=$(val_loss "$W/load_packed.out")
+            if [ -n "$packed" ] && awk -v a="$packed" -v b="$nf4" 'BEGIN { d = a - b; exit !(d < 1e-3 && d > -1e-3) }'; then
+                echo "PASS qlora the NF4 base's validation loss with packed products $packed is within 1e-3 of the dequantized products' $nf4"
+            else
+                echo "FAIL qlora the NF4 base's validation loss with packed products '$packed' against the dequantized products' '$nf4' (within 1e-3)"
+            fi
+        fi
+    fi
+    # 3. training: QLoRA against LoRA on the dequantized base in bf16 (the same bf16 operands), then packed products
+    wait $train_run; train_ok=$?
+    wait ${train_dequantized_run:-$train_run}; train_dequantized_ok=$?
+    wait $train_packed_run; train_packed_ok=$?
+    cat "$W"/train*.checks
+    if [ $train_ok -eq 0 ] && [ -f "$W/load_merged.bin" ] && [ $train_dequantized_ok -eq 0 ]; then
+        first=$(val_loss "$W/train.out") last=$(last_val_loss "$W/train.out")
+        d=$(maxdiff "$W/train" "$W/train_dequantized")
+        if [ "$(steps "$W/train")" -eq 40 ] && [ "$(steps "$W/train_dequantized")" -eq 40 ] && within "$d" 1e-4 &&
+           awk -v f="$first" -v t="$last" 'BEGIN { exit !(t < f - 0.01) }'; then
+            echo "PASS qlora 40 QLoRA steps: each step's loss within 1e-4 of LoRA's on the dequantized bf16 base (largest difference $d), validation loss $first -> $last"
+        else
+            echo "FAIL qlora 40 QLoRA steps: largest step-loss difference from LoRA on the dequantized bf16 base '$d' (tol 1e-4), validation loss '$first' -> '$last' (expected 0.01 lower)"
+        fi
+        if [ $train_packed_ok -eq 0 ]; then
+            d=$(maxdiff "$W/train" "$W/train_packed")
+            if [ "$(steps "$W/train_packed")" -eq 40 ] && within "$d" 0.01 && grep -q "^step 40 sample: " "$W/train_packed.out"; then
+                echo "PASS qlora 40 QLoRA steps with packed products: each step's loss within 0.01 of the dequantized products' (largest difference $d), a sample drawn"
+            else
+                echo "FAIL qlora 40 QLoRA steps with packed products: largest step-loss difference from the dequantized products' '$d' (tol 0.01), or no sample"
+            fi
+        fi
+        if run merged --model "$W/trained_merged.bin" "${RUN[@]}" --steps 0; then
+            trained=$(last_val_loss "$W/train.out") merged=$(val_loss "$W/merged.out")
+            if [ -n "$trained" ] && awk -v a="$trained" -v b="$merged" 'BEGIN { d = a - b; exit !(d < 0.02 && d > -0.02) }'; then
+                echo "PASS qlora the merged model's validation loss $merged is within 0.02 of the QLoRA run's $trained"
+            else
+                echo "FAIL qlora the merged model's validation loss '$merged' against the QLoRA run's '$trained'"
+            fi
+        fi
+    fi
+    wait $bnb_runs
+    cat "$W/bnb.checks"
 fi
+wait $init_runs
+cat "$W/init.checks"
 
 # 5. data parallelism (full tier): 2 ranks sharing the GPU (or one a GPU with ONE_RANK_PER_GPU=1: test/loss_logs.sh),
 #    4 rows each, ZeRO-1 over the adapters, against one rank of 8 rows (--shuffle 0: both read the same tokens)

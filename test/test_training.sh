@@ -15,6 +15,7 @@
 # activation sizes of d12, offload against the resident run in fp32, bf16 and fp16 with its resume chain and
 # non-finite steps, --offload-dir in fp32 and bf16 with its resume chain, the delayed update resumed, in bf16 and
 # twice, a Llama-family model's resume, same-seed rerun, recompute levels and offload, and the curve parity.
+# The LoRA and non-finite runs, independent of the others, go beside them on the GPU.
 set -u
 cd "$(dirname "$0")/.."
 source test/watchdog.sh  # watchdog, watchdog_off
@@ -32,6 +33,47 @@ SMALL=(--layers 4 --heads 4 --channels 256 --max-seq-len 256 --seq-len 256 --bat
        --val-every 10 --val-batches 2 --sample-every 0 --lr 1e-3 --warmup-steps 5 --seed 7 --shuffle 1 --deterministic 1)
 
 train_log_lines() { grep -v '^#' "$1/log.txt" | cut -d' ' -f1-2; }  # step and loss (%.9g: every bit)
+
+# LoRA: fine-tune adapters, save them, merge them; the merged model equals the reference's merge of the same
+# files (fp32: within 1e-6 relative, both sum the product in double and round once)
+lora_checks() {
+    ./train_gpt "${SMALL[@]}" --precision fp32 --steps 10 --checkpoint-every 10 -o "$W/lora_base" > "$W/lora_base.out" 2>&1
+    ./train_gpt --model "$W/lora_base/model_00000010.bin" --train-data "$TRAIN" --seq-len 256 --batch-size 8 --val-every 0 \
+        --sample-every 0 --precision fp32 --steps 10 --lr 1e-3 --lora-rank 8 --lora-targets qkv,fc-proj \
+        --lora-save "$W/lora_adapters.bin" --lora-merge "$W/lora_merged.bin" > "$W/lora.out" 2>&1
+    if grep -q "trainable parameters" "$W/lora.out" && [ -f "$W/lora_adapters.bin" ] && \
+       $PY scripts/reference/gpt2_reference.py export-merged --model "$W/lora_base/model_00000010.bin" --lora "$W/lora_adapters.bin" \
+           --out "$W/lora_merged_ref.bin" > /dev/null 2>&1 && \
+       $PY - "$W/lora_merged.bin" "$W/lora_merged_ref.bin" <<'PY'
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.float32, offset=1024) for p in sys.argv[1:3])
+sys.exit(0 if a.shape == b.shape and np.abs(a - b).max() <= 1e-6 * np.abs(b).max() else 1)
+PY
+    then
+        echo "PASS training LoRA fine-tune: adapters saved; --lora-merge equals the reference's merge ($(grep -m1 -o '[0-9]* trainable parameters' "$W/lora.out"))"
+    else
+        echo "FAIL training LoRA fine-tune/merge: $(grep -m1 error "$W/lora.out")"
+    fi
+}
+# Non-finite steps: --lr 1e4 drives the loss to NaN within a few steps. In every precision each such step is
+# skipped and counted in the step log, and after --max-skipped-steps 3 in a row the run stops with exit 1, naming
+# the step and the newest checkpoint.
+nonfinite_checks() {
+    for p in $PRECISIONS; do
+        ./train_gpt "${SMALL[@]}" --precision $p --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
+            --max-skipped-steps 3 -o "$W/nan-$p" > "$W/nan-$p.out" 2> "$W/nan-$p.err"; rc=$?
+        newest=$(ls "$W/nan-$p"/model_*.bin 2> /dev/null | sort | tail -n 1)
+        if [ $rc -ne 0 ] && grep -q "3 steps in a row .* had a non-finite loss or gradient norm" "$W/nan-$p.err" && [ -n "$newest" ] \
+            && grep -qF "the newest checkpoint is $newest" "$W/nan-$p.err" && grep -q "skipped 3 (this step: non-finite" "$W/nan-$p.out"; then
+            echo "PASS training $p non-finite steps: skipped, counted, and the run stops after 3 in a row naming $(basename "$newest")"
+        else
+            echo "FAIL training $p non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-$p.err") / $(grep -m1 skipped "$W/nan-$p.out")"
+        fi
+    done
+}
+# both independent of the runs before them: started beside them, their lines printed when waited for
+{ lora_checks; nonfinite_checks; } > "$W/side.checks" 2>&1 &
+side_runs=$!
 
 for p in $PRECISIONS; do
     ./train_gpt "${SMALL[@]}" --precision $p --steps 20 --checkpoint-every 10 -o "$W/$p-a" > "$W/$p-a.out" 2>&1 \
@@ -185,40 +227,9 @@ if [ "$TIER" = full ]; then
     fi
 fi
 
-# LoRA: fine-tune adapters, save them, merge them; the merged model equals the reference's merge of the same
-# files (fp32: within 1e-6 relative, both sum the product in double and round once)
-./train_gpt "${SMALL[@]}" --precision fp32 --steps 10 --checkpoint-every 10 -o "$W/lora_base" > "$W/lora_base.out" 2>&1
-./train_gpt --model "$W/lora_base/model_00000010.bin" --train-data "$TRAIN" --seq-len 256 --batch-size 8 --val-every 0 \
-    --sample-every 0 --precision fp32 --steps 10 --lr 1e-3 --lora-rank 8 --lora-targets qkv,fc-proj \
-    --lora-save "$W/lora_adapters.bin" --lora-merge "$W/lora_merged.bin" > "$W/lora.out" 2>&1
-if grep -q "trainable parameters" "$W/lora.out" && [ -f "$W/lora_adapters.bin" ] && \
-   $PY scripts/reference/gpt2_reference.py export-merged --model "$W/lora_base/model_00000010.bin" --lora "$W/lora_adapters.bin" \
-       --out "$W/lora_merged_ref.bin" > /dev/null 2>&1 && \
-   $PY - "$W/lora_merged.bin" "$W/lora_merged_ref.bin" <<'PY'
-import sys, numpy as np
-a, b = (np.fromfile(p, dtype=np.float32, offset=1024) for p in sys.argv[1:3])
-sys.exit(0 if a.shape == b.shape and np.abs(a - b).max() <= 1e-6 * np.abs(b).max() else 1)
-PY
-then
-    echo "PASS training LoRA fine-tune: adapters saved; --lora-merge equals the reference's merge ($(grep -m1 -o '[0-9]* trainable parameters' "$W/lora.out"))"
-else
-    echo "FAIL training LoRA fine-tune/merge: $(grep -m1 error "$W/lora.out")"
-fi
+wait $side_runs
+cat "$W/side.checks"
 
-# Non-finite steps: --lr 1e4 drives the loss to NaN within a few steps. In every precision each such step is
-# skipped and counted in the step log, and after --max-skipped-steps 3 in a row the run stops with exit 1, naming
-# the step and the newest checkpoint.
-for p in $PRECISIONS; do
-    ./train_gpt "${SMALL[@]}" --precision $p --lr 1e4 --warmup-steps 0 --steps 40 --val-every 0 --checkpoint-every 2 \
-        --max-skipped-steps 3 -o "$W/nan-$p" > "$W/nan-$p.out" 2> "$W/nan-$p.err"; rc=$?
-    newest=$(ls "$W/nan-$p"/model_*.bin 2> /dev/null | sort | tail -n 1)
-    if [ $rc -ne 0 ] && grep -q "3 steps in a row .* had a non-finite loss or gradient norm" "$W/nan-$p.err" && [ -n "$newest" ] \
-        && grep -qF "the newest checkpoint is $newest" "$W/nan-$p.err" && grep -q "skipped 3 (this step: non-finite" "$W/nan-$p.out"; then
-        echo "PASS training $p non-finite steps: skipped, counted, and the run stops after 3 in a row naming $(basename "$newest")"
-    else
-        echo "FAIL training $p non-finite steps: rc=$rc: $(tail -n 1 "$W/nan-$p.err") / $(grep -m1 skipped "$W/nan-$p.out")"
-    fi
-done
 
 # ZeRO-Offload on one GPU (--offload optimizer): master weights and Adam moments in pinned host memory, AdamW on the
 # CPU, which is the kernel's arithmetic bit for bit (stochastic rounding included), so the run is the GPU-resident
