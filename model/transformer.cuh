@@ -154,7 +154,9 @@ struct Transformer {
     bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
     // The optimizer of what trains: the adapters under LoRA, else the model.
     ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
-    size_t trainable_parameters() const { return lora.enabled() ? adapter_layout->count : full_layout.count; }
+    size_t trainable_parameters() const {  // of the whole model (a pipeline stage holds its blocks' adapters)
+        return lora.enabled() ? AdapterLayout(config, lora, 8).count : full_layout.count;
+    }
 
     size_t num_parameters() const { return full_layout.count; }  // of the whole model
 
