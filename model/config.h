@@ -421,6 +421,16 @@ struct ParameterLayout {
         }
     }
     int vocab_rows() const { return config.padded_vocab_size / tp; }  // rows of wte (and logits columns) per rank
+    // This rank's share of the attention's heads and the MLP's units (distributed/tensor_parallel.cuh); with tp = 1 all
+    // of them: its query and key/value heads, hidden units, q, k and v columns and fc (or gate and up) columns.
+    int heads() const { return config.num_heads / tp; }
+    int kv_heads() const { return config.key_value_heads() / tp; }
+    int hidden() const { return (int)hidden_width(config, tp); }
+    int qkv_columns() const { return (int)qkv_width(config, tp); }
+    int fc_columns() const { return (int)fc_width(config, tp); }
+    // The qkv bias's columns that its gradient sums from dqkv: all of them with rotary positions; GPT-2's query part
+    // (Transformer::backward_chunk says why).
+    int qkv_bias_columns() const { return config.llama() ? qkv_columns() : heads() * config.head_size(); }
     int num_blocks() const { return (int)part.layers.size(); }
     size_t tensor(int block, BlockTensor t) const { return blocks_begin + block * block_stride + block_offset[t]; }  // local block index
     size_t wte_end() const { return part.has_wte() ? wte + (size_t)vocab_rows() * config.channels : 0; }  // without padding

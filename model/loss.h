@@ -28,6 +28,16 @@ struct LossSums {
 
     static size_t slice(size_t rows) { return rows + 1; }  // a rank's rows and its vote
 
+    // d(summed loss)/d(row loss) for a micro-step of B x T rows: the mean over all rows of all micro-steps, times the
+    // loss scale (fp16; 1 otherwise). Each rank takes the mean of its own rows; the gradient reduction averages over ranks.
+    static float mean_gradient(float scale, int B, int T, int grad_accum_steps) { return scale / ((float)B * T * grad_accum_steps); }
+    // The same for masked data: the mean over the step's targets that count, `counted_targets` over all `ranks`
+    // data-parallel ranks (the gradient reduction's mean over ranks divides by their number again). With every target
+    // counted this is mean_gradient bitwise: counted / ranks is B*T*grad_accum_steps exactly.
+    static float counted_mean_gradient(float scale, uint64_t counted_targets, int ranks) {
+        return scale / (float)((double)counted_targets / ranks);
+    }
+
     // `rows`: one forward's rows on this rank (B*T).
     void allocate(size_t rows, const ProcessMesh& mesh) {
         const size_t dp = mesh.data.size;  // the slices of every data-parallel rank (tensor-parallel ranks share theirs)

@@ -154,9 +154,7 @@ struct Transformer {
     bool model_ends(int k) const { return layout.part.last && k == num_chunks() - 1; }
     // The optimizer of what trains: the adapters under LoRA, else the model.
     ZeroOptimizer<floatX>& trained() { return lora.enabled() ? *adapters : *zero; }
-    size_t trainable_parameters() const {  // of the whole model (a pipeline stage holds its blocks' adapters)
-        return lora.enabled() ? AdapterLayout(config, lora, 8).count : full_layout.count;
-    }
+    size_t trainable_parameters() const { return lora.enabled() ? AdapterLayout(config, lora, 8).count : full_layout.count; }  // whole model's
 
     size_t num_parameters() const { return full_layout.count; }  // of the whole model
 
@@ -197,7 +195,7 @@ struct Transformer {
         losses = take_f(N);
         if (!activation_memory.all_taken()) die("internal: activation plan and allocation disagree");
         cudaCheck(cudaMalloc(&reduce_scratch, reduce_scratch_floats<floatX>(config) * sizeof(float)));
-        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, kv_heads(), head_size())));
+        cudaCheck(cudaMalloc(&attention_scratch, flash_attention_backward_scratch_bytes(B, T, NH, layout.kv_heads(), head_size())));
         if (linear.fp8 && (!std::is_same<floatX, __nv_bfloat16>::value || lora.enabled()))
             die("internal: FP8 products run in a bf16 model without LoRA");
         linear.allocate(config, layout, N, recompute, sequence_split() > 1, ap.sets() > num_chunks(), *zero, reduce_scratch, stream);
@@ -264,17 +262,7 @@ struct Transformer {
     // LinearLayers::gelu_epilogue allows it with the product's adapter, if any.
     bool fc_gelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFc)); }
     bool fcproj_dgelu_fused() const { return !config.llama() && linear.gelu_epilogue(lora_hooks.adapts(kLoraFcProj)); }
-    // Under tensor parallelism this rank computes `heads()` of the attention's heads and `hidden()` of the MLP's
-    // 4C units (distributed/tensor_parallel.cuh); with tp = 1 all of them.
-    int heads() const { return config.num_heads / layout.tp; }
-    int kv_heads() const { return config.key_value_heads() / layout.tp; }
-    int hidden() const { return (int)hidden_width(config, layout.tp); }
     int head_size() const { return config.head_size(); }
-    int qkv_columns() const { return (int)qkv_width(config, layout.tp); }  // this rank's q, k and v columns
-    int fc_columns() const { return (int)fc_width(config, layout.tp); }    // this rank's fc (or gate and up) columns
-    // The qkv bias's columns that its gradient sums from dqkv: all of them with rotary positions; GPT-2's query part
-    // (backward_chunk says why).
-    int qkv_bias_columns() const { return config.llama() ? qkv_columns() : heads() * head_size(); }
     // A block's bias and its gradient, null where the family has none (its tensor is empty).
     const floatX* bias(int l, BlockTensor t) const { return layout.block_tensor_size[t] > 0 ? param(l, t) : nullptr; }
     floatX* bias_grad(int l, BlockTensor t) const { return layout.block_tensor_size[t] > 0 ? grad(l, t) : nullptr; }
@@ -320,8 +308,8 @@ struct Transformer {
     // fch_gelu = the MLP's activation of fch (GELU, or SwiGLU of [gate | up]) of local block l: in bf16, or under
     // fp8_inputs_from_producers() (GPT-2's GELU) as the E4M3 `copies`.
     void block_gelu(int l, LayerActivations<floatX>& a, Fp8Copies copies) {
-        if (linear.fp8_inputs_from_producers()) linear.gelu_fp8(a.fch_gelu, a.fch, N(), hidden(), l, copies);
-        else spec.activation_forward(a.fch_gelu, a.fch, N(), hidden(), stream);
+        if (linear.fp8_inputs_from_producers()) linear.gelu_fp8(a.fch_gelu, a.fch, N(), layout.hidden(), l, copies);
+        else spec.activation_forward(a.fch_gelu, a.fch, N(), layout.hidden(), stream);
     }
 
     // Sequence parallelism leaves each rank the LayerNorm parameters' gradient over its own rows only: summed over
@@ -336,10 +324,10 @@ struct Transformer {
         const int N = B * T, C = config.channels;
         const floatX* x = column_input(a.ln2);
         if (fc_gelu_fused()) {
-            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), bias(l, FCB), N, C, hidden(), stream);
+            matmul_forward_gelu(a.fch_gelu, a.fch, x, param(l, FCW), bias(l, FCB), N, C, layout.hidden(), stream);
             return;
         }
-        linear.forward(a.fch, x, param(l, FCW), bias(l, FCB), N, C, fc_columns(), l, kFp8Fc);
+        linear.forward(a.fch, x, param(l, FCW), bias(l, FCB), N, C, layout.fc_columns(), l, kFp8Fc);
         adapt_forward(l, kLoraFc, a.fch, x);
         block_gelu(l, a, linear.input_copies(kFp8FcProj, recomputing, !recomputing));
     }
@@ -347,14 +335,14 @@ struct Transformer {
     // attn-proj row-parallel and g), the residual add and the second LayerNorm, fc and the GELU; recomputing: in the
     // backward (--recompute 3).
     void attention_and_fc_forward(int l, LayerActivations<floatX>& a, const floatX* residual_in, bool recomputing = false) {
-        const int C = config.channels, Cs = heads() * head_size();
+        const int C = config.channels, Cs = layout.heads() * head_size();
         const floatX* x = column_input(a.ln1);
-        floatX* qkv = a.qkv + (size_t)kv_position * qkv_columns();  // the KV cache's new rows
-        linear.forward(qkv, x, param(l, QKVW), bias(l, QKVB), N(), C, qkv_columns(), l, kFp8Qkv);
+        floatX* qkv = a.qkv + (size_t)kv_position * layout.qkv_columns();  // the KV cache's new rows
+        linear.forward(qkv, x, param(l, QKVW), bias(l, QKVB), N(), C, layout.qkv_columns(), l, kFp8Qkv);
         adapt_forward(l, kLoraQkv, qkv, x);
-        spec.position_forward(qkv, B, T, heads(), kv_heads(), kv_position, stream);  // T new rows at kv_position
-        if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, heads(), kv_heads(), head_size(), stream);
-        else attention_decode(a.atty, a.qkv, kv_position, T, heads(), kv_heads(), head_size(), stream);
+        spec.position_forward(qkv, B, T, layout.heads(), layout.kv_heads(), kv_position, stream);  // T new rows at kv_position
+        if (kv_position == 0) flash_attention_forward(a.atty, a.lse, a.qkv, B, T, layout.heads(), layout.kv_heads(), head_size(), stream);
+        else attention_decode(a.atty, a.qkv, kv_position, T, layout.heads(), layout.kv_heads(), head_size(), stream);
         linear.forward(proj_out, a.atty, param(l, ATTPROJW), row_parallel_bias(l, ATTPROJB), N(), Cs, C, l, kFp8AttnProj);
         adapt_forward(l, kLoraAttnProj, proj_out, a.atty);
         block_layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in, row_output(proj_out), param(l, LN2W), bias(l, LN2B), l, kFp8Fc,
@@ -401,7 +389,7 @@ struct Transformer {
                                 linear.input_copies(kFp8Qkv, false, true));
             const floatX* residual_in = l == begin ? set.input : set.layers[l - begin - 1].residual3;
             attention_and_fc_forward(l, a, residual_in);
-            linear.forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), hidden(), C, l, kFp8FcProj);
+            linear.forward(proj_out, a.fch_gelu, param(l, FCPROJW), row_parallel_bias(l, FCPROJB), N(), layout.hidden(), C, l, kFp8FcProj);
             adapt_forward(l, kLoraFcProj, proj_out, a.fch_gelu);
             // residual3 = residual2 + mlp, normalised by the next block's first LayerNorm (or the final one); under
             // ZeRO-3 the next block's LayerNorm parameters are its gathered copy. At the end of a chunk that does
@@ -504,7 +492,7 @@ struct Transformer {
         const bool input_only = part == BackwardPart::kInputGradient;
         std::vector<LayerOutputGrads<floatX>>* kept_grads = input_only ? &gradient_slots.slot(k, grad_slot) : nullptr;
         const int N = B * T, C = config.channels, Nr = region_rows();
-        const int Cs = heads() * head_size();
+        const int Cs = layout.heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
         if (set.fp8_producer_copies != linear.fp8_inputs_from_producers())
             die("internal: the backward reads the FP8 inputs' copies from their producers when, and only when, its forward (with training set) wrote them");
@@ -539,15 +527,15 @@ struct Transformer {
             const bool bias_in_layernorm = sequence_split() == 1;
             floatX* dact = config.llama() ? dhidden : dfch;
             linear.backward(dact, product_grad(FCPROJW), bias_in_layernorm ? nullptr : product_bias_grad(FCPROJB), dmlp, a.fch_gelu,
-                            param(l, FCPROJW), N, hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
+                            param(l, FCPROJW), N, layout.hidden(), C, l, kFp8FcProj, dgelu_fused ? a.fch : nullptr);
             if (!dgelu_fused) {
                 adapt_backward(l, kLoraFcProj, dact, dmlp, a.fch_gelu);
-                spec.activation_backward(dfch, dact, a.fch, N, hidden(), stream);
+                spec.activation_backward(dfch, dact, a.fch, N, layout.hidden(), stream);
             }
             if (kept) gradient_slots.fch_read(*kept, a.fch);  // fch's last read was the activation's backward
             // ln2 re-gathered under sequence parallelism
             const floatX* dln2 = column_parallel_backward(product_grad(FCW), product_bias_grad(FCB), param(l, FCW), dfch, product_input(a.ln2),
-                                                          fc_columns(), l, kLoraFc);
+                                                          layout.fc_columns(), l, kLoraFc);
             // fc-proj's bias gradient from dresidual as it enters: d(loss)/d(residual3)
             spec.norm_backward(dresidual, grad(l, LN2W), reduce_scratch, dln2, a.residual2, param(l, LN2W), a.ln2_mean, a.ln2_rstd, Nr, stream,
                                bias_in_layernorm ? bias_grad(l, FCPROJB) : nullptr);
@@ -557,9 +545,9 @@ struct Transformer {
             linear.backward(dbtc, product_grad(ATTPROJW), bias_in_layernorm ? nullptr : product_bias_grad(ATTPROJB), dattention, a.atty,
                             param(l, ATTPROJW), N, Cs, C, l, kFp8AttnProj);
             adapt_backward(l, kLoraAttnProj, dbtc, dattention, a.atty);
-            flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, heads(), kv_heads(), head_size(),
+            flash_attention_backward(dqkv, dbtc, a.qkv, a.atty, a.lse, attention_scratch, B, T, layout.heads(), layout.kv_heads(), head_size(),
                                      deterministic_attention, stream);
-            spec.position_backward(dqkv, B, T, heads(), kv_heads(), stream);
+            spec.position_backward(dqkv, B, T, layout.heads(), layout.kv_heads(), stream);
             if (kept) gradient_slots.qkv_read(*kept, a.qkv);  // qkv's last read was the attention's backward
             // The qkv bias gradient, dbig's column sums, without reading dK and dV: their key part is zero (a bias
             // on every key moves each query's scores alike, which the softmax ignores: dS's rows sum to 0) and their
@@ -574,10 +562,10 @@ struct Transformer {
             floatX* dattproj_bias = bias_in_layernorm ? bias_grad(l, ATTPROJB) : nullptr;
             const bool value_bias_from_layernorm = dqkv_bias != nullptr && dattproj_bias != nullptr &&
                                                    !(lora.enabled() && lora.targets_has(kLoraAttnProj));
-            if (dqkv_bias != nullptr && !input_only) bias_backward(dqkv_bias, reduce_scratch, dqkv, N, qkv_bias_columns(), stream, qkv_columns());
+            if (dqkv_bias != nullptr && !input_only) bias_backward(dqkv_bias, reduce_scratch, dqkv, N, layout.qkv_bias_columns(), stream, layout.qkv_columns());
             if (dqkv_bias != nullptr && !config.llama() && !value_bias_from_layernorm)
                 bias_backward(dqkv_bias + 2 * Cs, reduce_scratch, dbtc, N, Cs, stream);
-            const floatX* dln1 = column_parallel_backward(product_grad(QKVW), nullptr, param(l, QKVW), dqkv, product_input(a.ln1), qkv_columns(),
+            const floatX* dln1 = column_parallel_backward(product_grad(QKVW), nullptr, param(l, QKVW), dqkv, product_input(a.ln1), layout.qkv_columns(),
                                                           l, kLoraQkv);
             // the attention projection's bias gradient from d(loss)/d(residual2)
             spec.norm_backward(dresidual, grad(l, LN1W), reduce_scratch, dln1, residual_in, param(l, LN1W), a.ln1_mean, a.ln1_rstd, Nr, stream,
@@ -600,7 +588,7 @@ struct Transformer {
     void weight_gradient_chunk(int k, ActivationSet<floatX>& set, int grad_slot) {
         const std::vector<LayerOutputGrads<floatX>>& kept_grads = gradient_slots.slot(k, grad_slot);
         const int N = B * T, C = config.channels;
-        const int Cs = heads() * head_size();
+        const int Cs = layout.heads() * head_size();
         const int begin = chunk_begin[k], end = chunk_begin[k + 1];
         const bool bias_in_layernorm = sequence_split() == 1;  // B took the row-parallel biases (backward_chunk)
         for (int l = end - 1; l >= begin; l--) {
@@ -610,14 +598,14 @@ struct Transformer {
             zero->before_unit_backward(layout.block_unit(l));
             if (adapters) adapters->before_unit_backward(l + 1);
             recompute_activations(l, a, residual_in);
-            linear.weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : bias_grad(l, FCPROJB), d.fcproj, a.fch_gelu, N, hidden(), C, l,
+            linear.weight_gradient(grad(l, FCPROJW), bias_in_layernorm ? nullptr : bias_grad(l, FCPROJB), d.fcproj, a.fch_gelu, N, layout.hidden(), C, l,
                                    kFp8FcProj);
-            linear.weight_gradient(grad(l, FCW), bias_grad(l, FCB), d.fc, column_input(a.ln2), N, C, fc_columns(), l, kFp8Fc);
+            linear.weight_gradient(grad(l, FCW), bias_grad(l, FCB), d.fc, column_input(a.ln2), N, C, layout.fc_columns(), l, kFp8Fc);
             linear.weight_gradient(grad(l, ATTPROJW), bias_in_layernorm ? nullptr : bias_grad(l, ATTPROJB), d.attproj, a.atty, N, Cs, C, l,
                                    kFp8AttnProj);
             if (bias_grad(l, QKVB) != nullptr)  // B's part (backward_chunk)
-                bias_backward(bias_grad(l, QKVB), reduce_scratch, d.qkv, N, qkv_bias_columns(), stream, qkv_columns());
-            linear.weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), N, C, qkv_columns(), l, kFp8Qkv);
+                bias_backward(bias_grad(l, QKVB), reduce_scratch, d.qkv, N, layout.qkv_bias_columns(), stream, layout.qkv_columns());
+            linear.weight_gradient(grad(l, QKVW), nullptr, d.qkv, column_input(a.ln1), N, C, layout.qkv_columns(), l, kFp8Qkv);
             gradient_slots.hand_back(d, a.qkv, a.fch);  // the output gradients' last read is above
             block_gradients_done(l);
         }
@@ -662,17 +650,10 @@ struct Transformer {
         return {loss, r.grad_norm, trained().scaler.scale, r.skipped, trained().scaler.skipped_steps, r.stop_requested};
     }
 
-    // d(summed loss)/d(row loss) for a micro-step: the mean over all rows of all micro-steps, scaled (fp16).
-    // Each rank takes the mean of its own rows; the gradient reduction averages over ranks.
-    float dloss(int grad_accum_steps) const {
-        return (lora.enabled() ? adapters : zero)->scaler.scale / ((float)B * T * grad_accum_steps);
-    }
-    // The same for masked data: the mean over the step's targets that count, `counted_targets` over all data-parallel
-    // ranks (the gradient reduction's mean over ranks divides by their number again). With every target counted this
-    // is dloss(grad_accum_steps) bitwise: counted / ranks is B*T*grad_accum_steps exactly.
-    float dloss_over_counted(uint64_t counted_targets) const {
-        return (lora.enabled() ? adapters : zero)->scaler.scale / (float)((double)counted_targets / mesh.data.size);
-    }
+    // d(summed loss)/d(row loss) of a micro-step (loss.h): over all rows, or over the targets that count (masked data)
+    float dloss(int grad_accum_steps) const { return LossSums::mean_gradient(trained_scale(), B, T, grad_accum_steps); }
+    float dloss_over_counted(uint64_t counted) const { return LossSums::counted_mean_gradient(trained_scale(), counted, mesh.data.size); }
+    float trained_scale() const { return (lora.enabled() ? adapters : zero)->scaler.scale; }
 
     void init_adapters(uint64_t seed) { lora_hooks.init(seed, stream); }
 };
