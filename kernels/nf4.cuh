@@ -8,8 +8,8 @@
 // by a kernel with the host's arithmetic (max |w|, a rounded reciprocal, a rounded product, the same 15 thresholds);
 // the double quantization of the absmaxes (1/64 of the weights) on the host by nf4.h's own nf4_double_quantize, so its
 // float64 mean sums in the host's order.
-// defines: Nf4Tables, nf4_tables, Nf4DeviceWeight, upload_nf4, allocate_nf4, free_nf4, download_nf4, dequantize_nf4_kernel,
-//          dequantize_nf4_device, Nf4QuantizeScratch, quantize_nf4_kernel, quantize_nf4_device
+// defines: Nf4Tables, nf4_tables, Nf4DeviceWeight, upload_nf4, allocate_nf4, free_nf4, download_nf4, nf4_double_quant_absmax,
+//          dequantize_nf4_kernel, dequantize_nf4_device, Nf4QuantizeScratch, quantize_nf4_kernel, quantize_nf4_device
 #pragma once
 #include <cstring>
 #include "common.cuh"
@@ -129,6 +129,12 @@ inline Nf4Weight download_nf4(const Nf4DeviceWeight& d) {
     return w;
 }
 
+// A double-quantized block's absmax from its 8-bit code's dynamic-map value, its group's nested absmax and the offset:
+// the product, then the sum, each rounded on its own (no fused multiply-add), as model/nf4.h's nf4_block_scales.
+__device__ __forceinline__ float nf4_double_quant_absmax(float map_value, float nested_absmax, float offset) {
+    return __fadd_rn(__fmul_rn(map_value, nested_absmax), offset);
+}
+
 // A warp takes a span of 1024 weights at a time (grid-stride over spans): each lane loads one 16-byte vector of codes
 // (32 weights; the warp's 512 bytes in one coalesced load) into the warp's slice of shared memory, and lanes 0-15
 // each compute one of the span's 16 block absmaxes once. The lanes then read the codes back in the order that makes
@@ -168,7 +174,7 @@ dequantize_nf4_kernel(OutT* out, const uint8_t* packed, const float* absmax, con
         float scale = 0.0f;
         if (lane < kNf4SpanBlocks && block < blocks) {
             if constexpr (kDoubleQuant)
-                scale = __fadd_rn(__fmul_rn(dynamic[absmax_codes[block]], nested_absmax[block / (long)kNf4NestedBlockSize]), absmax_offset);
+                scale = nf4_double_quant_absmax(dynamic[absmax_codes[block]], nested_absmax[block / (long)kNf4NestedBlockSize], absmax_offset);
             else
                 scale = absmax[block];
         }

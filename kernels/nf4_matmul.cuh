@@ -126,7 +126,7 @@ __device__ __forceinline__ void dequantize_weight_tile(unsigned char* tile, cons
     if constexpr (kDoubleQuant) {
         const long b = tile_block<WR, WC>(i, row0, col0, IC);
         const uint32_t code = (scale[i] >> (8 * (int)(b & 3))) & 0xFFu;  // little-endian: block b is byte b % 4 of its word
-        s = __fadd_rn(__fmul_rn(dynamic[code], nested[i]), offset);
+        s = nf4_double_quant_absmax(dynamic[code], nested[i], offset);
     } else {
         s = __uint_as_float(scale[i]);
     }
@@ -305,8 +305,10 @@ nf4_small_rows_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const Nf4Opera
         const int4 codes = __ldcs(reinterpret_cast<const int4*>(w.packed + first / 2));
         const long block = first / 64;
         float scale;
-        if constexpr (kDoubleQuant) scale = __fadd_rn(__fmul_rn(dynamic[w.absmax_codes[block]], w.nested_absmax[block / 256]), w.absmax_offset);
-        else scale = w.absmax[block];
+        if constexpr (kDoubleQuant)
+            scale = nf4_double_quant_absmax(dynamic[w.absmax_codes[block]], w.nested_absmax[block / (long)kNf4NestedBlockSize], w.absmax_offset);
+        else
+            scale = w.absmax[block];
         // weight 2b is byte b's high nibble, 2b + 1 its low one
         const uint32_t words[4] = {(uint32_t)codes.x, (uint32_t)codes.y, (uint32_t)codes.z, (uint32_t)codes.w};
         float wv[32];

@@ -26,7 +26,7 @@
 #include "state_file.h"                    // StateHeader, state_path, read_state_header, write_state_file, read_optimizer_state
 #include "checkpoint_store.h"              // CheckpointManifest, RankExchange, save_committed_checkpoint, checkpoint_path
 #include "transformer.cuh"                 // Transformer
-#include "whole_model.cuh"                 // assemble_whole_model, set_adapters, assemble_whole_adapters
+#include "whole_model.cuh"                 // assemble_whole_model, whole_adapter_layout, set_adapters, assemble_whole_adapters
 
 // The ranks' exchanges of a save or a resume over the world's NCCL communicator (ProcessGroup::all_gather_host): a
 // record is its size, CRC-32C and whether the rank wrote a file, whose name is the rank's state file of `step`.
@@ -139,7 +139,7 @@ bool save_checkpoint(const std::string& dir, const CheckpointManifest& manifest,
         return record;
     };
     auto write_model = [&] {
-        if (lora) return write_adapter_file(model_path, AdapterLayout(model.config, model.lora, 8 * mesh.data.size), adapters, manifest.run_id, step);
+        if (lora) return write_adapter_file(model_path, whole_adapter_layout(model), adapters, manifest.run_id, step);
         return seal_model_file(model_path, model.config, bf16, manifest.run_id, step);
     };
     return save_committed_checkpoint(dir, manifest, exchange, write_own, write_model);
@@ -185,7 +185,7 @@ void save_lora_outputs(FILE* out, Transformer<floatX>& model, const std::string&
     const std::vector<float> adapter_values = assemble_whole_adapters(model, false);
     const std::vector<float> base_values =
         merged_path.empty() ? std::vector<float>() : assemble_whole_model(model, model.zero->parameters_host(), model.stage_parts, false);
-    const AdapterLayout whole(model.config, model.lora, 8 * model.mesh.data.size);
+    const AdapterLayout whole = whole_adapter_layout(model);
     if (main_rank && !adapter_path.empty()) {
         if (is_peft_folder_path(adapter_path)) write_peft_folder(adapter_path, whole, adapter_values);
         else write_adapter_file(adapter_path, whole, adapter_values);

@@ -2,8 +2,8 @@
 // buffer (AdapterLayout), adapter files, and the merge of adapters into the base model.
 // defines: LoraTargetIndex, kLoraProducts, lora_target_name, lora_product, lora_target_weight, lora_in, lora_out,
 //          lora_out_offset, lora_out_stride, lora_stream, LoraSpec, parse_lora_targets, kLoraTargetNames,
-//          lora_targets_problem, AdapterLayout, adapter_part, put_adapter_part, lora_activation_elements, kAdapterMagic,
-//          write_adapter_file, parse_adapter_header, read_adapter_spec, read_adapter_file, merge_adapters
+//          lora_targets_problem, AdapterLayout, adapter_part, put_adapter_part, lora_u_elements, lora_activation_elements,
+//          kAdapterMagic, write_adapter_file, parse_adapter_header, read_adapter_spec, read_adapter_file, merge_adapters
 #pragma once
 #include <algorithm>
 #include <cerrno>
@@ -177,11 +177,13 @@ inline void put_adapter_part(const AdapterLayout& part, const std::vector<float>
 }
 
 // LoRA's activations, in elements: u = A dropout(x) of every target of every block of a stage for each of `slots`
-// micro-batches in flight (pipeline parallelism: the most activation sets of any of its chunks), the backward's du
-// and, with dropout, the dropped input.
+// micro-batches in flight (pipeline parallelism: the most activation sets of any of its chunks; lora_u_elements),
+// the backward's du and, with dropout, the dropped input.
+inline size_t lora_u_elements(const LoraSpec& spec, size_t N, int blocks, int slots) {
+    return N * spec.rank * __builtin_popcount(spec.targets) * blocks * slots;
+}
 inline size_t lora_activation_elements(const LoraSpec& spec, const ModelConfig& c, size_t N, int blocks, int slots) {
-    return N * spec.rank * __builtin_popcount(spec.targets) * blocks * slots + N * spec.rank +
-           (spec.dropout > 0.0f ? N * std::max(c.channels, c.hidden_units()) : 0);
+    return lora_u_elements(spec, N, blocks, slots) + N * spec.rank + (spec.dropout > 0.0f ? N * std::max(c.channels, c.hidden_units()) : 0);
 }
 
 // Adapter files (docs/lora.md): header of 256 int32 (magic 20261127, version 1, rank, alpha, targets, L, C,

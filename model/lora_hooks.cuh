@@ -20,7 +20,6 @@ struct LoraHooks {
     ZeroOptimizer<floatX>* adapters = nullptr;
     ModelConfig config;  // the model's shape: the targets' widths
     int layers = 0;      // this rank's blocks (a pipeline stage's; all of them without pipeline parallelism)
-    int slots = 1;       // micro-batches in flight on a chunk (pipeline parallelism), each with its own u
     int slot = 0;        // the activation set whose forward or backward runs now (Transformer::select_lora_slot)
     floatX* u = nullptr;        // u = A dropout(x), (N, r) per slot, layer and target, for the backward
     floatX* du = nullptr;       // (N, r) scratch of the backward
@@ -48,8 +47,7 @@ struct LoraHooks {
     // Buffers for micro-batches of N rows, `in_flight` of them at once on a chunk (lora_activation_elements counts them).
     void allocate(size_t N, int in_flight) {
         if (!spec.enabled()) return;
-        slots = in_flight;
-        cudaCheck(cudaMalloc(&u, N * spec.rank * __builtin_popcount(spec.targets) * layers * slots * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&u, lora_u_elements(spec, N, layers, in_flight) * sizeof(floatX)));
         cudaCheck(cudaMalloc(&du, N * spec.rank * sizeof(floatX)));
         if (spec.dropout > 0.0f) cudaCheck(cudaMalloc(&dropped, N * std::max(config.channels, config.hidden_units()) * sizeof(floatX)));
     }

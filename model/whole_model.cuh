@@ -4,7 +4,8 @@
 // assemble_whole_model puts every rank's part back together (a collective of the tensor and pipeline groups).
 // Reading and writing model files is model_file.h's (a checkpoint's model file: each rank writes its part in place).
 // LoRA's adapters likewise: a pipeline stage holds its blocks' (set_adapters, assemble_whole_adapters).
-// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model, set_adapters, assemble_whole_adapters
+// defines: holds_whole_model, local_part, set_parameters, assemble_whole_model, whole_adapter_layout, set_adapters,
+//          assemble_whole_adapters
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -76,16 +77,22 @@ std::vector<float> assemble_whole_model(const Transformer<floatX>& model, std::v
     return full;
 }
 
-// LoRA's adapters of the whole model (`values`, the whole model's AdapterLayout as adapter files give them): this
-// rank keeps its stage's blocks'.
+// The whole model's AdapterLayout (adapter files, PEFT folders, the merge), whichever blocks this rank holds.
+template <typename floatX>
+AdapterLayout whole_adapter_layout(const Transformer<floatX>& model) {
+    return AdapterLayout(model.config, model.lora, 8 * model.mesh.data.size);
+}
+
+// LoRA's adapters of the whole model (`values`, in whole_adapter_layout as adapter files give them): this rank keeps
+// its stage's blocks'.
 template <typename floatX>
 void set_adapters(Transformer<floatX>& model, const std::vector<float>& values) {
     const AdapterLayout& part = *model.adapter_layout;
     if (part.whole()) model.adapters->set_parameters(values);
-    else model.adapters->set_parameters(adapter_part(part, AdapterLayout(model.config, model.lora, 8 * model.mesh.data.size), values));
+    else model.adapters->set_parameters(adapter_part(part, whole_adapter_layout(model), values));
 }
 
-// The whole model's adapters (fp32 host, its AdapterLayout) from every pipeline stage's: a collective of the data
+// The whole model's adapters (fp32 host, in whole_adapter_layout) from every pipeline stage's: a collective of the data
 // and pipeline groups (the parameters' read gathers ZeRO-3's shards). everywhere = false: only the main rank gets
 // them, the others an empty vector.
 template <typename floatX>
@@ -102,7 +109,7 @@ std::vector<float> assemble_whole_adapters(Transformer<floatX>& model, bool ever
     const bool keeps = everywhere || model.pg.is_main();
     const std::vector<std::vector<float>> parts = gather_over_pipeline(model, local, keeps);
     if (!keeps) return {};
-    const AdapterLayout whole(model.config, model.lora, unit_multiple);
+    const AdapterLayout whole = whole_adapter_layout(model);
     std::vector<float> values(whole.total, 0.0f);
     for (size_t s = 0; s < parts.size(); s++)
         put_adapter_part(AdapterLayout(model.config, model.lora, unit_multiple, model.stage_parts[s].layers), parts[s], whole, values);

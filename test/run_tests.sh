@@ -125,11 +125,15 @@ gpu_chain_models() {
 gpu_chain_ranks() {
         run checkpoint_resume bash test/test_checkpoint_resume.sh  # killed inside a save and resumed bitwise; LoRA resume and stop; exit 76; a folder's run
         run hf_interop bash test/test_hf_interop.sh transformers  # export to / import from Hugging Face transformers (skips without it)
+        # scripts/train/finetune.sh end to end (full tier: it trains a stand-in model first): a Hugging Face folder
+        # fine-tuned with LoRA (and fully), exported back, against transformers and PEFT; resumed; its refusals
         [ "$TEST_TIER" = full ] && run finetune bash test/test_finetune.sh
         run mesh_nccl bash test/test_mesh_nccl.sh  # the mesh's NCCL communicators, several ranks on one GPU
         run tensor_parallel bash test/test_tensor_parallel.sh  # tp ranks sharing one GPU
         run tensor_parallel_layers bash test/test_tensor_parallel_layers.sh  # split layers and gradients vs dense (ranks sharing one GPU)
         run pipeline bash test/test_pipeline.sh  # pipeline stages (and 3D) as ranks sharing one GPU
+        # ZeRO on 2 ranks: one per GPU, or sharing GPU 0 on a machine with one (which skips the checks that need a GPU
+        # per rank); the full tier also on 4 GPUs
         run "zero 2 ranks" bash test/test_zero.sh 2
 }
 gpu_suites() {
@@ -147,6 +151,8 @@ gpu_suites() {
         if [ "$TEST_TIER" = full ]; then
             if [ "$gpu_count" -ge 4 ]; then run "zero 4 GPUs" bash test/test_zero.sh 4; else skip "zero stages 0-3 on 4 GPUs" "$gpu_count GPU(s)"; fi
         fi
+        # the full tier: the multi-rank suites again with one rank per GPU, for every run that has enough GPUs (the
+        # others share GPU 0)
         if [ "$TEST_TIER" = full ] && [ "$gpu_count" -ge 2 ]; then
             export ONE_RANK_PER_GPU=1
             for suite in mesh_nccl tensor_parallel tensor_parallel_layers pipeline; do
@@ -159,6 +165,8 @@ gpu_suites() {
         fi
 }
 
+# With a GPU the CPU suites run beside the GPU suites (they share no files; the GPU suites use few cores), their
+# lines printed after the GPU suites' and their log appended to $LOG; without one, alone.
 if [ "$gpu_count" -ge 1 ]; then
     cpu_out=$WORK/cpu_suites.out
     (LOG=$WORK/cpu_suites.log; : > "$LOG"; cpu_suites) > "$cpu_out" 2>&1 &

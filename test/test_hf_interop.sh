@@ -154,9 +154,11 @@ else
     bad "GPTQ" "$W/bad.bin" $IMPORT "$W/b_gptq" "$W/bad.bin"
     edit_config "$B" "$W/b_noconfig" "del c['quantization_config']"
     bad "NF4 quant state without quantization_config" "$W/bad.bin" $IMPORT "$W/b_noconfig" "$W/bad.bin"
-    # edit_tensors DIR PYTHON_STATEMENTS_ON_t: DIR's model.safetensors rewritten from t = {name: stored array}
+    # edit_tensors FROM_DIR TO_DIR PYTHON_STATEMENTS_ON_t: a copy of the folder with model.safetensors rewritten from
+    # t = {name: stored array}
     edit_tensors() {
-        $PY - "$1/model.safetensors" "$2" <<'PY'
+        rm -rf "$2"; cp -r "$1" "$2"
+        $PY - "$2/model.safetensors" "$3" <<'PY'
 import sys
 sys.path.insert(0, "scripts/hf")
 from export_hf import load_stored, read_safetensors_header, write_safetensors
@@ -168,12 +170,11 @@ write_safetensors(path, list(t.items()), {name: entries[name][0] if name in entr
 PY
     }
     Q0="model.layers.0.self_attn.q_proj.weight"
-    rm -rf "$W/b_absmax"; cp -r "$B" "$W/b_absmax"; edit_tensors "$W/b_absmax" "del t['$Q0.absmax']"
+    edit_tensors "$B" "$W/b_absmax" "del t['$Q0.absmax']"
     bad "bitsandbytes weight without its absmax" "$W/bad.bin" $IMPORT "$W/b_absmax" "$W/bad.bin"
-    rm -rf "$W/b_map"; cp -r "$B" "$W/b_map"; edit_tensors "$W/b_map" "t['$Q0.quant_map'] = t['$Q0.quant_map'][::-1].copy()"
+    edit_tensors "$B" "$W/b_map" "t['$Q0.quant_map'] = t['$Q0.quant_map'][::-1].copy()"
     bad "bitsandbytes quant_map other than NF4's" "$W/bad.bin" $IMPORT "$W/b_map" "$W/bad.bin"
-    rm -rf "$W/b_block"; cp -r "$B" "$W/b_block"
-    edit_tensors "$W/b_block" "import json, numpy as np; k = '$Q0.quant_state.bitsandbytes__nf4'; s = json.loads(t[k].tobytes()); s['blocksize'] = 128; t[k] = np.frombuffer(json.dumps(s).encode(), dtype=np.uint8)"
+    edit_tensors "$B" "$W/b_block" "import json, numpy as np; k = '$Q0.quant_state.bitsandbytes__nf4'; s = json.loads(t[k].tobytes()); s['blocksize'] = 128; t[k] = np.frombuffer(json.dumps(s).encode(), dtype=np.uint8)"
     bad "bitsandbytes block size 128" "$W/bad.bin" $IMPORT "$W/b_block" "$W/bad.bin"
 fi
 

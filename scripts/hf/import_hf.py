@@ -226,8 +226,8 @@ def bnb_nf4_weight(index, name, shape, source):
     """Linear4bit weight `name` of a bitsandbytes folder (the packed codes, two a byte, the first in the high nibble;
     absmax, quant_map, and with double quantization nested_absmax, nested_quant_map and the quant state's
     nested_offset) -> float32 of `shape`, dequantized as bitsandbytes' dequantize_4bit does in float32
-    (nf4_reference.dequantize: bitwise). Blocks of 64 absmaxes, nested groups of 256, NF4's and the dynamic map's
-    tables as bitsandbytes writes them; anything else refused in one line naming the tensor."""
+    (nf4_reference.dequantize: bitwise), with the file's own 8-bit map. Blocks of 64 weights, nested groups of 256
+    absmaxes, NF4's table; anything else refused in one line naming the tensor."""
     def stored(suffix, dtype, count):
         key = name + suffix
         if key not in index:
@@ -338,7 +338,7 @@ def llama_writer(c, index, source):
     rotary = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")  # a buffer older checkpoints store
     companion = re.compile(r"(.*\.weight)\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\.bitsandbytes__nf4)$")
     extra = sorted(n for n in set(index) - set(expected) if not rotary.match(n) and n != head and
-                   not (companion.match(n) and companion.match(n).group(1) in quantized))
+                   not ((m := companion.match(n)) and m.group(1) in quantized))
     if extra:
         raise InputError(f"{source}: unexpected tensor {extra[0]}{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}"
                          f" (expected only {ARCHITECTURES[c['hf_type']]}'s" +

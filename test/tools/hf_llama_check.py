@@ -137,9 +137,10 @@ def cmd_make_bnb(a):
     nf4 = nf4_reference()
     tensors = read_safetensors(os.path.join(a.src, "model.safetensors"))
     double = not a.single
+    linear = set(linear_weights(tensors))
     named, dtypes, dequantized = [], {}, []
     for name, w in tensors.items():
-        if name not in linear_weights(tensors):
+        if name not in linear:
             named.append((name, w))
             dtypes[name] = "F32"
             dequantized.append((name, w))
@@ -170,7 +171,7 @@ def cmd_make_bnb(a):
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(config_json, f, indent=2)
         write_safetensors(os.path.join(d, "model.safetensors"), tensors_out, types, {"format": "pt"})
-    print(f"{len(linear_weights(tensors))} weights in NF4 ({'double' if double else 'single'} quantization)")
+    print(f"{len(linear)} weights in NF4 ({'double' if double else 'single'} quantization)")
 
 
 def cmd_exact_requantize(a):
@@ -399,7 +400,8 @@ def main(argv):
     s.add_argument("windows", type=int)
     a = p.parse_args(argv)
     try:
-        {"make": cmd_make, "make-bnb": cmd_make_bnb, "exact-requantize": cmd_exact_requantize, "same-tensors": cmd_same_tensors, "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
+        {"make": cmd_make, "make-bnb": cmd_make_bnb, "exact-requantize": cmd_exact_requantize, "same-tensors": cmd_same_tensors,
+         "random": cmd_random, "ours-vs-hf": cmd_ours_vs_hf,
          "hf-vs-hf": cmd_hf_vs_hf, "peft-vs-merged": cmd_peft_vs_merged,
          "masked-loss": cmd_masked_loss}[a.cmd](a)
     except (InputError, OSError, ValueError, KeyError, ImportError) as e:
